@@ -1,0 +1,26 @@
+//! Limits every party checks, with why each is what it is. Defaults that operators tune
+//! (lease TTL, batch sizes) are settings in the services; these are the hard edges of the
+//! protocol itself.
+
+/// A request's target string, in bytes: long URLs fit, a pasted document does not.
+pub const TARGET_BYTES_MAX: usize = 512;
+/// Client ids, idempotency keys and plugin names, in bytes.
+pub const IDENTIFIER_BYTES_MAX: usize = 128;
+/// Plugins in one profile: a scan is a short pipeline, not a program.
+pub const PROFILE_PLUGINS_MAX: usize = 16;
+/// Priority is clamped to this symmetric range so ordering stays meaningful.
+pub const PRIORITY_ABS_MAX: i32 = 1_000;
+/// A task's execution deadline, in seconds (one week).
+pub const EXECUTION_DEADLINE_SECONDS_MAX: u32 = 7 * 24 * 3600;
+/// Leases one acquire can return.
+pub const ACQUIRE_TASKS_MAX: u32 = 256;
+/// Longest acquire long-poll, in milliseconds; below NATS request timeouts clients use.
+pub const ACQUIRE_WAIT_MS_MAX: u32 = 30_000;
+/// A worker's declared capacity.
+pub const WORKER_CAPACITY_MAX: u32 = 1_024;
+/// Capabilities a worker may declare.
+pub const WORKER_CAPABILITIES_MAX: usize = 256;
+/// Highest sequence number of a result batch: bounds the completion check.
+pub const BATCH_SEQUENCE_MAX: u32 = 100_000;
+/// Any single finding text field (title, description, evidence, resource), in bytes.
+pub const FINDING_FIELD_BYTES_MAX: usize = 64 * 1024;

@@ -1,0 +1,494 @@
+//! Dispatch (SPEC §4.2): worker hello, acquire (eligibility, capacity, fencing numbers, lease
+//! tokens), renew and release. Every decision uses the database clock.
+
+use std::time::Duration;
+
+use messages::v1;
+use messages::{ErrorCode, EventKind, Subjects};
+use prost::Message as _;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::fence::{self, LeaseClaim};
+use crate::outbox::{self, OutboxEvent};
+use crate::states::{AttemptStatus, TaskState};
+use crate::StoreError;
+
+/// Discovered assets handed to one lease, at most: bounds the reply size.
+pub const LEASE_ASSETS_MAX: i64 = 1_000;
+
+/// A worker's hello.
+#[derive(Debug, Clone)]
+pub struct HelloParams<'a> {
+    pub worker_id: Uuid,
+    pub software_version: &'a str,
+    pub protocol_version: &'a str,
+    pub capabilities: &'a [String],
+    pub capacity: i32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum HelloOutcome {
+    Accepted { organization_ids: Vec<Uuid> },
+    Refused(v1::Error),
+}
+
+/// Records the worker's advertised capabilities and capacity; refuses unknown or disabled
+/// workers. Registration itself is an administrative act (`palisade worker add`).
+pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutcome, StoreError> {
+    let mut tx = pool.begin().await?;
+    let worker: Option<(bool, bool)> = sqlx::query_as(
+        r#"
+        UPDATE workers
+        SET capabilities = $2, max_concurrent_tasks = $3, software_version = $4,
+            protocol_version = $5, last_seen_at = now(), updated_at = now()
+        WHERE id = $1
+        RETURNING enabled, revoked_at IS NOT NULL
+        "#,
+    )
+    .bind(params.worker_id)
+    .bind(params.capabilities)
+    .bind(params.capacity)
+    .bind(params.software_version)
+    .bind(params.protocol_version)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let outcome = match worker {
+        None => HelloOutcome::Refused(unknown_worker(params.worker_id)),
+        Some((enabled, revoked)) if !enabled || revoked => {
+            HelloOutcome::Refused(worker_disabled(params.worker_id))
+        }
+        Some(_) => HelloOutcome::Accepted {
+            organization_ids: assigned_organizations(&mut tx, params.worker_id, false).await?,
+        },
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// An acquire request.
+#[derive(Debug, Clone)]
+pub struct AcquireParams {
+    pub worker_id: Uuid,
+    pub request_id: Uuid,
+    pub max_tasks: i64,
+    pub lease_ttl: Duration,
+}
+
+/// One granted lease with everything the worker needs to run it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct GrantedLease {
+    pub task_id: Uuid,
+    pub attempt_id: Uuid,
+    pub attempt_number: i32,
+    pub lease_token: String,
+    pub scan_id: Option<Uuid>,
+    pub scan_job_id: Option<Uuid>,
+    pub organization_id: Uuid,
+    pub plugin: String,
+    pub target: String,
+    pub position: i32,
+    pub lease_expires_in_ms: i64,
+    pub execution_deadline_seconds: Option<i32>,
+    #[sqlx(skip)]
+    pub discovered_assets: Vec<(String, String)>,
+}
+
+impl GrantedLease {
+    pub fn to_wire(&self) -> v1::Lease {
+        v1::Lease {
+            lease: Some(v1::LeaseRef {
+                task_id: self.task_id.to_string(),
+                attempt_id: self.attempt_id.to_string(),
+                attempt_number: self.attempt_number as u32,
+                lease_token: self.lease_token.clone(),
+            }),
+            scan_id: self.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+            scan_job_id: self.scan_job_id.map(|id| id.to_string()).unwrap_or_default(),
+            organization_id: self.organization_id.to_string(),
+            plugin: self.plugin.clone(),
+            target: self.target.clone(),
+            lease_expires_in_ms: self.lease_expires_in_ms.clamp(0, i64::from(u32::MAX)) as u32,
+            execution_deadline_in_ms: self
+                .execution_deadline_seconds
+                .map_or(0, |seconds| seconds as u64 * 1_000),
+            discovered_assets: self
+                .discovered_assets
+                .iter()
+                .map(|(kind, value)| v1::Asset {
+                    kind: kind.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            position: self.position as u32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum AcquireOutcome {
+    /// Zero or more leases; zero means nothing is due for this worker now.
+    Leases(Vec<GrantedLease>),
+    Refused(v1::Error),
+}
+
+/// The columns of a `GrantedLease`, over attempt `a` and task `t`.
+macro_rules! lease_columns {
+    () => {
+        r#"
+    a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,
+    t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin,
+    coalesce(t.payload->>'target', '') AS target,
+    coalesce((t.payload->>'position')::int, 0) AS position,
+    greatest(0, (extract(epoch FROM a.lease_expires_at - now()) * 1000)::bigint) AS lease_expires_in_ms,
+    t.execution_deadline_seconds
+"#
+    };
+}
+
+/// Grants up to `max_tasks` leases in one transaction. A replayed `request_id` returns the
+/// leases that request was granted, so a lost reply never strands a lease.
+pub async fn acquire(
+    pool: &PgPool,
+    subjects: &Subjects,
+    params: &AcquireParams,
+) -> Result<AcquireOutcome, StoreError> {
+    let mut tx = pool.begin().await?;
+
+    let replayed = sqlx::query_as::<_, GrantedLease>(concat!(
+        "SELECT ",
+        lease_columns!(),
+        " FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+         WHERE a.worker_id = $1 AND a.acquire_request_id = $2 ORDER BY a.created_at"
+    ))
+    .bind(params.worker_id)
+    .bind(params.request_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !replayed.is_empty() {
+        let leases = with_assets(&mut tx, replayed).await?;
+        tx.commit().await?;
+        return Ok(AcquireOutcome::Leases(leases));
+    }
+
+    // FOR SHARE: a revocation (an UPDATE of this row) waits for us, and we wait for it, so no
+    // lease is granted after a revocation commits.
+    let worker: Option<(bool, bool, Vec<String>, i32)> = sqlx::query_as(
+        r#"
+        SELECT enabled, revoked_at IS NOT NULL, capabilities, max_concurrent_tasks
+        FROM workers WHERE id = $1 FOR SHARE
+        "#,
+    )
+    .bind(params.worker_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((enabled, revoked, capabilities, capacity)) = worker else {
+        return Ok(AcquireOutcome::Refused(unknown_worker(params.worker_id)));
+    };
+    if !enabled || revoked {
+        return Ok(AcquireOutcome::Refused(worker_disabled(params.worker_id)));
+    }
+
+    let live: i64 = sqlx::query_scalar(
+        r#"
+        SELECT count(*) FROM worker_task_attempts
+        WHERE worker_id = $1 AND status IN ('leased', 'running') AND lease_expires_at > now()
+        "#,
+    )
+    .bind(params.worker_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let free = (i64::from(capacity) - live).min(params.max_tasks);
+    if free <= 0 {
+        return Ok(AcquireOutcome::Leases(Vec::new()));
+    }
+
+    let organizations = assigned_organizations(&mut tx, params.worker_id, true).await?;
+    if organizations.is_empty() {
+        return Ok(AcquireOutcome::Leases(Vec::new()));
+    }
+
+    let granted = sqlx::query_as::<_, GrantedLease>(concat!(
+        r#"
+        WITH picked AS (
+            SELECT t.id FROM worker_tasks t
+            WHERE t.state IN ('pending', 'retry_wait')
+              AND t.available_at <= now()
+              AND t.cancel_requested_at IS NULL
+              AND t.organization_id = ANY($2)
+              AND t.required_capabilities <@ $3
+            ORDER BY t.priority DESC, t.available_at, t.created_at
+            LIMIT $4
+            FOR UPDATE SKIP LOCKED
+        ),
+        leased AS (
+            UPDATE worker_tasks t
+            SET state = 'leased', attempt_count = t.attempt_count + 1,
+                last_attempt_number = t.last_attempt_number + 1,
+                current_attempt_id = gen_random_uuid(), updated_at = now()
+            FROM picked WHERE t.id = picked.id
+            RETURNING t.*
+        ),
+        a AS (
+            INSERT INTO worker_task_attempts
+                (id, task_id, worker_id, attempt_number, lease_token, acquire_request_id, status, lease_expires_at)
+            SELECT l.current_attempt_id, l.id, $1, l.last_attempt_number,
+                   replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''),
+                   $5, 'leased', now() + make_interval(secs => $6)
+            FROM leased l
+            RETURNING *
+        )
+        SELECT "#,
+        lease_columns!(),
+        r#" FROM a JOIN leased t ON t.id = a.task_id
+        ORDER BY t.priority DESC, t.created_at
+        "#
+    ))
+    .bind(params.worker_id)
+    .bind(&organizations)
+    .bind(&capabilities)
+    .bind(free)
+    .bind(params.request_id)
+    .bind(crate::seconds(params.lease_ttl))
+    .fetch_all(&mut *tx)
+    .await?;
+
+    sqlx::query("UPDATE workers SET last_seen_at = now() WHERE id = $1")
+        .bind(params.worker_id)
+        .execute(&mut *tx)
+        .await?;
+
+    if granted.is_empty() {
+        tx.commit().await?;
+        return Ok(AcquireOutcome::Leases(granted));
+    }
+
+    let scan_job_ids: Vec<Uuid> = granted.iter().filter_map(|lease| lease.scan_job_id).collect();
+    sqlx::query(
+        "UPDATE scan_jobs SET state = 'running', started_at = coalesce(started_at, now()), updated_at = now()
+         WHERE id = ANY($1) AND state = 'pending'",
+    )
+    .bind(&scan_job_ids)
+    .execute(&mut *tx)
+    .await?;
+    let scan_ids: Vec<Uuid> = granted.iter().filter_map(|lease| lease.scan_id).collect();
+    sqlx::query(
+        "UPDATE scans SET state = 'running', started_at = coalesce(started_at, now()), updated_at = now()
+         WHERE id = ANY($1) AND state = 'pending'",
+    )
+    .bind(&scan_ids)
+    .execute(&mut *tx)
+    .await?;
+
+    let events: Vec<OutboxEvent> = granted
+        .iter()
+        .map(|lease| {
+            let leased = v1::TaskLeased {
+                task_id: lease.task_id.to_string(),
+                attempt_id: lease.attempt_id.to_string(),
+                attempt_number: lease.attempt_number as u32,
+                worker_id: params.worker_id.to_string(),
+                scan_id: lease.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+            };
+            OutboxEvent::new(subjects.event(EventKind::TaskLeased), leased.encode_to_vec())
+        })
+        .collect();
+    outbox::enqueue(&mut tx, &events).await?;
+
+    let leases = with_assets(&mut tx, granted).await?;
+    tx.commit().await?;
+    Ok(AcquireOutcome::Leases(leases))
+}
+
+/// Attaches the assets earlier plugins of each lease's scan discovered.
+async fn with_assets(
+    conn: &mut PgConnection,
+    mut leases: Vec<GrantedLease>,
+) -> Result<Vec<GrantedLease>, StoreError> {
+    let needs_assets: Vec<Uuid> = leases
+        .iter()
+        .filter(|lease| lease.position > 0)
+        .filter_map(|lease| lease.scan_id)
+        .collect();
+    if needs_assets.is_empty() {
+        return Ok(leases);
+    }
+    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(
+        r#"
+        SELECT s.scan_id, s.kind, s.value FROM unnest($1::uuid[]) AS wanted(scan_id)
+        CROSS JOIN LATERAL (
+            SELECT sa.scan_id, a.kind, a.value FROM scan_assets sa JOIN assets a ON a.id = sa.asset_id
+            WHERE sa.scan_id = wanted.scan_id ORDER BY a.kind, a.value LIMIT $2
+        ) s
+        "#,
+    )
+    .bind(&needs_assets)
+    .bind(LEASE_ASSETS_MAX)
+    .fetch_all(conn)
+    .await?;
+    for lease in &mut leases {
+        lease.discovered_assets = rows
+            .iter()
+            .filter(|(scan_id, _, _)| Some(*scan_id) == lease.scan_id)
+            .map(|(_, kind, value)| (kind.clone(), value.clone()))
+            .collect();
+    }
+    Ok(leases)
+}
+
+async fn assigned_organizations(
+    conn: &mut PgConnection,
+    worker_id: Uuid,
+    lock: bool,
+) -> Result<Vec<Uuid>, StoreError> {
+    let sql = if lock {
+        "SELECT organization_id FROM organization_workers
+         WHERE worker_id = $1 AND enabled AND revoked_at IS NULL FOR SHARE"
+    } else {
+        "SELECT organization_id FROM organization_workers
+         WHERE worker_id = $1 AND enabled AND revoked_at IS NULL"
+    };
+    Ok(sqlx::query_scalar(sql).bind(worker_id).fetch_all(conn).await?)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RenewOutcome {
+    Renewed { lease_expires_in_ms: i64 },
+    Refused(v1::Error),
+}
+
+/// Extends the caller's own live attempt; never revives an expired, superseded or cancelled one.
+pub async fn renew(
+    pool: &PgPool,
+    claim: &LeaseClaim,
+    lease_ttl: Duration,
+) -> Result<RenewOutcome, StoreError> {
+    let renewed: Option<i64> = sqlx::query_scalar(
+        r#"
+        WITH renewed AS (
+            UPDATE worker_task_attempts a
+            SET lease_expires_at = now() + make_interval(secs => $6), last_renewed_at = now(),
+                status = 'running', updated_at = now()
+            FROM worker_tasks t
+            WHERE a.id = $1 AND a.task_id = $2 AND a.worker_id = $3 AND a.attempt_number = $4
+              AND a.lease_token = $5 AND a.status IN ('leased', 'running') AND a.lease_expires_at > now()
+              AND t.id = a.task_id AND t.current_attempt_id = a.id
+              AND t.state IN ('leased', 'running') AND t.cancel_requested_at IS NULL
+            RETURNING a.task_id, a.lease_expires_at
+        ),
+        task AS (
+            UPDATE worker_tasks t SET state = 'running', updated_at = now()
+            FROM renewed WHERE t.id = renewed.task_id AND t.state = 'leased'
+        )
+        SELECT (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint FROM renewed
+        "#,
+    )
+    .bind(claim.attempt_id)
+    .bind(claim.task_id)
+    .bind(claim.worker_id)
+    .bind(claim.attempt_number)
+    .bind(&claim.lease_token)
+    .bind(crate::seconds(lease_ttl))
+    .fetch_optional(pool)
+    .await?;
+    if let Some(lease_expires_in_ms) = renewed {
+        return Ok(RenewOutcome::Renewed { lease_expires_in_ms });
+    }
+    // Nothing was written; say why, so the worker knows whether it was cancelled.
+    let cancelled: Option<bool> = sqlx::query_scalar(
+        "SELECT cancel_requested_at IS NOT NULL OR state IN ('cancelling', 'cancelled') FROM worker_tasks WHERE id = $1",
+    )
+    .bind(claim.task_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(RenewOutcome::Refused(if cancelled == Some(true) {
+        v1::Error::new(ErrorCode::CancelRequested, "the task was cancelled; stop working on it")
+    } else {
+        lease_lost(claim)
+    }))
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReleaseOutcome {
+    Released,
+    Refused(v1::Error),
+}
+
+/// Gives a live attempt back without spending the attempt budget; the task is due at once.
+pub async fn release(
+    pool: &PgPool,
+    subjects: &Subjects,
+    claim: &LeaseClaim,
+    reason: &str,
+) -> Result<ReleaseOutcome, StoreError> {
+    let mut tx = pool.begin().await?;
+    let Some(locked) = fence::lock(&mut tx, claim).await? else {
+        return Ok(ReleaseOutcome::Refused(lease_lost(claim)));
+    };
+    if locked.is_presented_by(claim) && locked.attempt_status()? == AttemptStatus::Released {
+        return Ok(ReleaseOutcome::Released);
+    }
+    if !locked.holds_lease(claim)? {
+        return Ok(ReleaseOutcome::Refused(lease_lost(claim)));
+    }
+    sqlx::query(
+        "UPDATE worker_task_attempts SET status = 'released', finished_at = now(), updated_at = now(),
+         error_message = $2 WHERE id = $1",
+    )
+    .bind(claim.attempt_id)
+    .bind(reason)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE worker_tasks SET state = $2, attempt_count = attempt_count - 1, available_at = now(),
+         updated_at = now() WHERE id = $1",
+    )
+    .bind(claim.task_id)
+    .bind(TaskState::Pending.as_str())
+    .execute(&mut *tx)
+    .await?;
+    if let Some(scan_job_id) = locked.scan_job_id {
+        sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
+            .bind(scan_job_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let ready = v1::TaskReady {
+        task_id: claim.task_id.to_string(),
+        scan_id: locked.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+        organization_id: locked.organization_id.to_string(),
+        plugin: locked.plugin.clone(),
+        required_capabilities: vec![locked.plugin.clone()],
+    };
+    outbox::enqueue(
+        &mut tx,
+        &[OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec())],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(ReleaseOutcome::Released)
+}
+
+pub(crate) fn lease_lost(claim: &LeaseClaim) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::LeaseLost,
+        format!(
+            "attempt {} (number {}) of task {} no longer holds the lease; stop and discard its work",
+            claim.attempt_id, claim.attempt_number, claim.task_id
+        ),
+    )
+}
+
+fn unknown_worker(worker_id: Uuid) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::UnknownWorker,
+        format!("worker {worker_id} is not registered; register it with `palisade worker add`"),
+    )
+}
+
+fn worker_disabled(worker_id: Uuid) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::WorkerDisabled,
+        format!("worker {worker_id} is disabled or revoked"),
+    )
+}

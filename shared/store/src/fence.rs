@@ -1,0 +1,110 @@
+//! The fencing check (SPEC I1): a write from an attempt is allowed only when, under row locks
+//! taken in the writing transaction, the attempt is the task's current one, its token and
+//! number match, its lease is unexpired by the database clock, and the task is leased/running.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::states::{AttemptStatus, TaskState};
+
+/// What a worker presents with every mutating message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseClaim {
+    pub worker_id: Uuid,
+    pub task_id: Uuid,
+    pub attempt_id: Uuid,
+    pub attempt_number: i32,
+    pub lease_token: String,
+}
+
+/// The locked attempt and task, as read inside the writing transaction.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct LockedAttempt {
+    pub attempt_number: i32,
+    pub lease_token: String,
+    pub attempt_status: String,
+    pub worker_id: Uuid,
+    pub lease_live: bool,
+    pub task_state: String,
+    pub current_attempt_id: Option<Uuid>,
+    pub organization_id: Uuid,
+    pub scan_id: Option<Uuid>,
+    pub scan_job_id: Option<Uuid>,
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    pub cancel_requested: bool,
+    pub plugin: String,
+}
+
+impl LockedAttempt {
+    pub fn attempt_status(&self) -> Result<AttemptStatus, StoreError> {
+        AttemptStatus::parse(&self.attempt_status)
+            .ok_or_else(|| StoreError::Corrupt(format!("attempt status {:?}", self.attempt_status)))
+    }
+
+    pub fn task_state(&self) -> Result<TaskState, StoreError> {
+        TaskState::parse(&self.task_state)
+            .ok_or_else(|| StoreError::Corrupt(format!("task state {:?}", self.task_state)))
+    }
+
+    /// The claim names this attempt, with its token, from its own worker.
+    pub fn is_presented_by(&self, claim: &LeaseClaim) -> bool {
+        self.worker_id == claim.worker_id
+            && self.attempt_number == claim.attempt_number
+            && constant_time_eq(self.lease_token.as_bytes(), claim.lease_token.as_bytes())
+    }
+
+    /// The attempt may still write: current, live, unexpired, task leased or running.
+    pub fn holds_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError> {
+        Ok(self.is_presented_by(claim)
+            && self.current_attempt_id == Some(claim.attempt_id)
+            && self.attempt_status()?.is_live()
+            && self.lease_live
+            && matches!(self.task_state()?, TaskState::Leased | TaskState::Running))
+    }
+}
+
+/// Locks the attempt and its task (`FOR UPDATE`) and returns them; `None` when the attempt
+/// does not exist or belongs to another task.
+pub(crate) async fn lock(
+    conn: &mut PgConnection,
+    claim: &LeaseClaim,
+) -> Result<Option<LockedAttempt>, StoreError> {
+    let locked = sqlx::query_as::<_, LockedAttempt>(
+        r#"
+        SELECT a.attempt_number, a.lease_token, a.status AS attempt_status, a.worker_id,
+               a.lease_expires_at > now() AS lease_live,
+               t.state AS task_state, t.current_attempt_id, t.organization_id, t.scan_id,
+               t.scan_job_id, t.attempt_count, t.max_attempts,
+               t.cancel_requested_at IS NOT NULL AS cancel_requested,
+               coalesce(t.payload->>'plugin', '') AS plugin
+        FROM worker_task_attempts a
+        JOIN worker_tasks t ON t.id = a.task_id
+        WHERE a.id = $1 AND a.task_id = $2
+        FOR UPDATE OF a, t
+        "#,
+    )
+    .bind(claim.attempt_id)
+    .bind(claim.task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(locked)
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0_u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_compares_bytes() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,734 @@
+//! Ingestion (SPEC §4.3): fenced, idempotent acceptance of result batches, completions and
+//! failures; advancing a scan to its next plugin or to its end.
+//!
+//! Every function runs inside the caller's transaction and returns a decision. A `Refused`
+//! outcome has written nothing, and callers roll back their savepoint on it anyway, so that a
+//! refusal can never commit a partial change.
+
+use std::collections::BTreeMap;
+
+use messages::v1;
+use messages::{ErrorCode, EventKind, Subjects};
+use prost::Message as _;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::dispatch::lease_lost;
+use crate::evidence::{finding_key, redact};
+use crate::fence::{self, LeaseClaim, LockedAttempt};
+use crate::outbox::{self, OutboxEvent};
+use crate::retry::RetryPolicy;
+use crate::states::AttemptStatus;
+use crate::StoreError;
+
+/// What ingestion decided about one message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IngestOutcome {
+    /// Written now.
+    Accepted,
+    /// Accepted earlier; nothing was written again.
+    Duplicate,
+    /// Refused; nothing was written.
+    Refused(v1::Error),
+}
+
+/// The next plugin's (or the first plugin's) scan job and task.
+#[derive(Debug, Clone)]
+pub struct NewScanJob<'a> {
+    pub scan_id: Uuid,
+    pub organization_id: Uuid,
+    pub position: i32,
+    pub plugin: &'a str,
+    pub target: &'a str,
+    pub priority: i32,
+    pub execution_deadline_seconds: Option<i32>,
+    pub max_attempts: i32,
+}
+
+/// Creates a scan job and its task, due now. Returns the task id.
+pub async fn create_scan_job_and_task(
+    conn: &mut PgConnection,
+    job: &NewScanJob<'_>,
+) -> Result<Uuid, StoreError> {
+    let scan_job_id = Uuid::now_v7();
+    let task_id = Uuid::now_v7();
+    let payload = serde_json::json!({
+        "plugin": job.plugin,
+        "target": job.target,
+        "position": job.position,
+    });
+    sqlx::query(
+        r#"
+        WITH job AS (
+            INSERT INTO scan_jobs (id, scan_id, organization_id, position, plugin)
+            VALUES ($1, $3, $4, $5, $6)
+        )
+        INSERT INTO worker_tasks (id, organization_id, scan_id, scan_job_id, required_capabilities,
+                                  payload, priority, execution_deadline_seconds, max_attempts)
+        VALUES ($2, $4, $3, $1, ARRAY[$6], $7, $8, $9, $10)
+        "#,
+    )
+    .bind(scan_job_id)
+    .bind(task_id)
+    .bind(job.scan_id)
+    .bind(job.organization_id)
+    .bind(job.position)
+    .bind(job.plugin)
+    .bind(payload)
+    .bind(job.priority)
+    .bind(job.execution_deadline_seconds)
+    .bind(job.max_attempts)
+    .execute(conn)
+    .await?;
+    Ok(task_id)
+}
+
+/// One result batch, its checksum already verified against its payload.
+#[derive(Debug, Clone)]
+pub struct BatchParams<'a> {
+    pub claim: &'a LeaseClaim,
+    pub sequence_number: i32,
+    pub idempotency_key: &'a str,
+    pub payload_sha256: &'a str,
+    pub findings: &'a [v1::Finding],
+    pub assets: &'a [v1::Asset],
+}
+
+/// Accepts a batch once per (task, idempotency key) and persists its evidence.
+pub async fn accept_batch(
+    conn: &mut PgConnection,
+    params: &BatchParams<'_>,
+) -> Result<IngestOutcome, StoreError> {
+    let claim = params.claim;
+    // A replay is answered from the batch row alone, even after the task has ended.
+    let existing: Option<String> = sqlx::query_scalar(
+        "SELECT payload_sha256 FROM worker_result_batches WHERE task_id = $1 AND idempotency_key = $2",
+    )
+    .bind(claim.task_id)
+    .bind(params.idempotency_key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(checksum) = existing {
+        return Ok(same_checksum_or_conflict(&checksum, params));
+    }
+
+    let locked = match lock_live(conn, claim).await? {
+        Ok(locked) => locked,
+        Err(refusal) => return Ok(IngestOutcome::Refused(refusal)),
+    };
+    let (Some(scan_id), Some(scan_job_id)) = (locked.scan_id, locked.scan_job_id) else {
+        return Err(StoreError::Corrupt(format!("task {} has no scan job", claim.task_id)));
+    };
+
+    let inserted: Option<Uuid> = sqlx::query_scalar(
+        r#"
+        INSERT INTO worker_result_batches (id, task_id, attempt_id, sequence_number, idempotency_key,
+                                           payload_sha256, status, finding_count, asset_count, persisted_at)
+        VALUES ($1, $2, $3, $4, $5, $6, 'persisted', $7, $8, now())
+        ON CONFLICT DO NOTHING
+        RETURNING id
+        "#,
+    )
+    .bind(Uuid::now_v7())
+    .bind(claim.task_id)
+    .bind(claim.attempt_id)
+    .bind(params.sequence_number)
+    .bind(params.idempotency_key)
+    .bind(params.payload_sha256)
+    .bind(params.findings.len() as i32)
+    .bind(params.assets.len() as i32)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if inserted.is_none() {
+        // We hold the task lock, so no concurrent insert of this key: the sequence number
+        // was already used by this attempt under another key.
+        return Ok(IngestOutcome::Refused(v1::Error::new(
+            ErrorCode::BatchConflict,
+            format!(
+                "sequence number {} of attempt {} was already accepted under another idempotency key",
+                params.sequence_number, claim.attempt_id
+            ),
+        )));
+    }
+
+    upsert_assets(conn, &locked, scan_id, scan_job_id, claim.attempt_id, params.assets).await?;
+    upsert_findings(conn, &locked, scan_id, scan_job_id, claim.attempt_id, params.findings).await?;
+
+    sqlx::query("UPDATE worker_task_attempts SET status = 'running', updated_at = now() WHERE id = $1 AND status = 'leased'")
+        .bind(claim.attempt_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("UPDATE worker_tasks SET state = 'running', updated_at = now() WHERE id = $1 AND state = 'leased'")
+        .bind(claim.task_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(IngestOutcome::Accepted)
+}
+
+fn same_checksum_or_conflict(checksum: &str, params: &BatchParams<'_>) -> IngestOutcome {
+    if checksum == params.payload_sha256 {
+        IngestOutcome::Duplicate
+    } else {
+        IngestOutcome::Refused(v1::Error::new(
+            ErrorCode::BatchConflict,
+            format!(
+                "idempotency key {:?} was accepted with checksum {checksum}, not {}; a key must always carry the same payload",
+                params.idempotency_key, params.payload_sha256
+            ),
+        ))
+    }
+}
+
+/// Locks the attempt and task and checks the claim still holds the lease.
+async fn lock_live(
+    conn: &mut PgConnection,
+    claim: &LeaseClaim,
+) -> Result<Result<LockedAttempt, v1::Error>, StoreError> {
+    let Some(locked) = fence::lock(conn, claim).await? else {
+        return Ok(Err(lease_lost(claim)));
+    };
+    if locked.holds_lease(claim)? {
+        return Ok(Ok(locked));
+    }
+    if locked.is_presented_by(claim) && locked.cancel_requested {
+        return Ok(Err(v1::Error::new(
+            ErrorCode::CancelRequested,
+            "the task was cancelled; stop working on it",
+        )));
+    }
+    Ok(Err(lease_lost(claim)))
+}
+
+async fn upsert_assets(
+    conn: &mut PgConnection,
+    locked: &LockedAttempt,
+    scan_id: Uuid,
+    scan_job_id: Uuid,
+    attempt_id: Uuid,
+    assets: &[v1::Asset],
+) -> Result<(), StoreError> {
+    if assets.is_empty() {
+        return Ok(());
+    }
+    // Sorted and deduplicated: concurrent upserts of shared assets lock rows in one order.
+    let unique: std::collections::BTreeSet<(&str, &str)> = assets
+        .iter()
+        .map(|asset| (asset.kind.as_str(), asset.value.as_str()))
+        .collect();
+    let ids: Vec<Uuid> = unique.iter().map(|_| Uuid::now_v7()).collect();
+    let kinds: Vec<&str> = unique.iter().map(|(kind, _)| *kind).collect();
+    let values: Vec<&str> = unique.iter().map(|(_, value)| *value).collect();
+    sqlx::query(
+        r#"
+        WITH upserted AS (
+            INSERT INTO assets (id, organization_id, kind, value)
+            SELECT id, $1, kind, value FROM UNNEST($2::uuid[], $3::text[], $4::text[]) AS u(id, kind, value)
+            ON CONFLICT (organization_id, kind, value) DO UPDATE SET last_seen_at = now()
+            RETURNING id
+        )
+        INSERT INTO scan_assets (scan_id, asset_id, scan_job_id, attempt_id)
+        SELECT $5, id, $6, $7 FROM upserted
+        ON CONFLICT (scan_id, asset_id) DO UPDATE SET attempt_id = EXCLUDED.attempt_id
+            WHERE scan_assets.scan_job_id = EXCLUDED.scan_job_id
+        "#,
+    )
+    .bind(locked.organization_id)
+    .bind(&ids)
+    .bind(&kinds)
+    .bind(&values)
+    .bind(scan_id)
+    .bind(scan_job_id)
+    .bind(attempt_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn upsert_findings(
+    conn: &mut PgConnection,
+    locked: &LockedAttempt,
+    scan_id: Uuid,
+    scan_job_id: Uuid,
+    attempt_id: Uuid,
+    findings: &[v1::Finding],
+) -> Result<(), StoreError> {
+    if findings.is_empty() {
+        return Ok(());
+    }
+    // One row per key (the last wins) and in key order, so one statement never touches a row
+    // twice and concurrent writers lock in one order.
+    let by_key: BTreeMap<String, &v1::Finding> = findings
+        .iter()
+        .map(|finding| {
+            let key = finding_key(
+                &locked.plugin,
+                &finding.rule_id,
+                &finding.resource,
+                &finding.discriminator,
+            );
+            (key, finding)
+        })
+        .collect();
+    let n = by_key.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut rule_ids = Vec::with_capacity(n);
+    let mut resources = Vec::with_capacity(n);
+    let mut discriminators = Vec::with_capacity(n);
+    let mut severities = Vec::with_capacity(n);
+    let mut titles = Vec::with_capacity(n);
+    let mut descriptions = Vec::with_capacity(n);
+    let mut evidence = Vec::with_capacity(n);
+    let mut cves = Vec::with_capacity(n);
+    for (key, finding) in &by_key {
+        ids.push(Uuid::now_v7());
+        keys.push(key.as_str());
+        rule_ids.push(finding.rule_id.as_str());
+        resources.push(redact(&finding.resource));
+        discriminators.push(finding.discriminator.as_str());
+        severities.push(finding.severity.as_str());
+        titles.push(redact(&finding.title));
+        descriptions.push(redact(&finding.description));
+        evidence.push(redact(&finding.evidence));
+        cves.push(finding.cve_ids.join(","));
+    }
+    sqlx::query(
+        r#"
+        INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
+                              rule_id, resource, discriminator, severity, title, description, evidence, cve_ids)
+        SELECT u.id, $1, $2, $3, $4, u.key, $5, u.rule_id, u.resource, u.discriminator, u.severity,
+               u.title, u.description, u.evidence, string_to_array(nullif(u.cves, ''), ',')::text[]
+        FROM UNNEST($6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
+                    $12::text[], $13::text[], $14::text[], $15::text[])
+             AS u(id, key, rule_id, resource, discriminator, severity, title, description, evidence, cves)
+        ON CONFLICT (scan_id, finding_key) DO UPDATE
+        SET attempt_id = EXCLUDED.attempt_id, severity = EXCLUDED.severity, title = EXCLUDED.title,
+            description = EXCLUDED.description, evidence = EXCLUDED.evidence,
+            cve_ids = coalesce(EXCLUDED.cve_ids, '{}'), updated_at = now()
+        "#,
+    )
+    .bind(locked.organization_id)
+    .bind(scan_id)
+    .bind(scan_job_id)
+    .bind(attempt_id)
+    .bind(&locked.plugin)
+    .bind(&ids)
+    .bind(&keys)
+    .bind(&rule_ids)
+    .bind(&resources)
+    .bind(&discriminators)
+    .bind(&severities)
+    .bind(&titles)
+    .bind(&descriptions)
+    .bind(&evidence)
+    .bind(&cves)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct LockedScan {
+    plugins: Vec<String>,
+    state: String,
+    client_id: String,
+    idempotency_key: String,
+    priority: i32,
+    execution_deadline_seconds: Option<i32>,
+    target: String,
+    admitted_at_unix_ms: i64,
+}
+
+/// Completes an attempt: every batch below `batch_count` must be persisted. Publishes the
+/// scan job's evidence once, then creates the next plugin's task or completes the scan (and
+/// creates its one enrichment job).
+pub async fn complete(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    claim: &LeaseClaim,
+    batch_count: i32,
+    summary: &str,
+) -> Result<IngestOutcome, StoreError> {
+    let Some(locked) = fence::lock(conn, claim).await? else {
+        return Ok(IngestOutcome::Refused(lease_lost(claim)));
+    };
+    if locked.is_presented_by(claim) && locked.attempt_status()? == AttemptStatus::Succeeded {
+        return Ok(IngestOutcome::Duplicate);
+    }
+    let locked = match lock_live(conn, claim).await? {
+        Ok(locked) => locked,
+        Err(refusal) => return Ok(IngestOutcome::Refused(refusal)),
+    };
+    let (Some(scan_id), Some(scan_job_id)) = (locked.scan_id, locked.scan_job_id) else {
+        return Err(StoreError::Corrupt(format!("task {} has no scan job", claim.task_id)));
+    };
+
+    let missing: Vec<i32> = sqlx::query_scalar(
+        r#"
+        SELECT s FROM generate_series(0, $2 - 1) AS s
+        WHERE NOT EXISTS (SELECT 1 FROM worker_result_batches b WHERE b.attempt_id = $1 AND b.sequence_number = s)
+        ORDER BY s LIMIT 1000
+        "#,
+    )
+    .bind(claim.attempt_id)
+    .bind(batch_count)
+    .fetch_all(&mut *conn)
+    .await?;
+    if !missing.is_empty() {
+        let mut error = v1::Error::new(
+            ErrorCode::BatchMissing,
+            format!("{} of {batch_count} batches were never persisted; resend them, then complete again", missing.len()),
+        );
+        error.missing_sequence_numbers = missing.into_iter().map(|s| s as u32).collect();
+        return Ok(IngestOutcome::Refused(error));
+    }
+    let beyond: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1 AND sequence_number >= $2",
+    )
+    .bind(claim.attempt_id)
+    .bind(batch_count)
+    .fetch_one(&mut *conn)
+    .await?;
+    if beyond > 0 {
+        return Ok(IngestOutcome::Refused(v1::Error::new(
+            ErrorCode::SequenceOutOfRange,
+            format!("{beyond} accepted batches have sequence numbers at or above batch_count {batch_count}"),
+        )));
+    }
+
+    let already_published: bool = sqlx::query_scalar(
+        "SELECT evidence_published_at IS NOT NULL FROM scan_jobs WHERE id = $1 FOR UPDATE",
+    )
+    .bind(scan_job_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if already_published {
+        return Ok(IngestOutcome::Refused(v1::Error::new(
+            ErrorCode::EvidenceConflict,
+            format!("scan job {scan_job_id} already published its evidence; it is never replaced"),
+        )));
+    }
+
+    // What superseded attempts of this job left behind is not this job's evidence.
+    sqlx::query("DELETE FROM findings WHERE scan_job_id = $1 AND attempt_id <> $2")
+        .bind(scan_job_id)
+        .bind(claim.attempt_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("DELETE FROM scan_assets WHERE scan_job_id = $1 AND attempt_id <> $2")
+        .bind(scan_job_id)
+        .bind(claim.attempt_id)
+        .execute(&mut *conn)
+        .await?;
+    let (finding_count, asset_count): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM findings WHERE scan_job_id = $1), (SELECT count(*) FROM scan_assets WHERE scan_job_id = $1)",
+    )
+    .bind(scan_job_id)
+    .fetch_one(&mut *conn)
+    .await?;
+
+    sqlx::query(
+        "UPDATE worker_task_attempts SET status = 'succeeded', finished_at = now(), updated_at = now() WHERE id = $1",
+    )
+    .bind(claim.attempt_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE worker_tasks SET state = 'completed', completed_at = now(), updated_at = now() WHERE id = $1",
+    )
+    .bind(claim.task_id)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        r#"
+        UPDATE scan_jobs SET state = 'completed', evidence_published_at = now(), finished_at = now(),
+               finding_count = $2, asset_count = $3, summary = $4, updated_at = now()
+        WHERE id = $1
+        "#,
+    )
+    .bind(scan_job_id)
+    .bind(finding_count as i32)
+    .bind(asset_count as i32)
+    .bind(summary)
+    .execute(&mut *conn)
+    .await?;
+
+    let mut events = vec![OutboxEvent::new(
+        subjects.event(EventKind::TaskCompleted),
+        v1::TaskCompleted {
+            task_id: claim.task_id.to_string(),
+            attempt_id: claim.attempt_id.to_string(),
+            scan_id: scan_id.to_string(),
+            plugin: locked.plugin.clone(),
+            finding_count: finding_count as u32,
+            asset_count: asset_count as u32,
+        }
+        .encode_to_vec(),
+    )];
+
+    let scan = lock_scan(conn, scan_id).await?;
+    let position: i32 = sqlx::query_scalar("SELECT position FROM scan_jobs WHERE id = $1")
+        .bind(scan_job_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    if matches!(scan.state.as_str(), "pending" | "running") {
+        let next_position = position + 1;
+        if let Some(next_plugin) = scan.plugins.get(next_position as usize) {
+            let max_attempts = locked.max_attempts;
+            let task_id = create_scan_job_and_task(
+                conn,
+                &NewScanJob {
+                    scan_id,
+                    organization_id: locked.organization_id,
+                    position: next_position,
+                    plugin: next_plugin,
+                    target: &scan.target,
+                    priority: scan.priority,
+                    execution_deadline_seconds: scan.execution_deadline_seconds,
+                    max_attempts,
+                },
+            )
+            .await?;
+            events.push(OutboxEvent::new(
+                subjects.event(EventKind::TaskReady),
+                v1::TaskReady {
+                    task_id: task_id.to_string(),
+                    scan_id: scan_id.to_string(),
+                    organization_id: locked.organization_id.to_string(),
+                    plugin: next_plugin.clone(),
+                    required_capabilities: vec![next_plugin.clone()],
+                }
+                .encode_to_vec(),
+            ));
+        } else {
+            events.push(complete_scan(conn, subjects, scan_id, locked.organization_id, &scan).await?);
+        }
+    }
+    outbox::enqueue(conn, &events).await?;
+    Ok(IngestOutcome::Accepted)
+}
+
+async fn lock_scan(conn: &mut PgConnection, scan_id: Uuid) -> Result<LockedScan, StoreError> {
+    Ok(sqlx::query_as::<_, LockedScan>(
+        r#"
+        SELECT s.plugins, s.state, s.client_id, s.idempotency_key, s.priority,
+               s.execution_deadline_seconds, t.locator AS target,
+               (extract(epoch FROM s.created_at) * 1000)::bigint AS admitted_at_unix_ms
+        FROM scans s JOIN targets t ON t.id = s.target_id
+        WHERE s.id = $1
+        FOR UPDATE OF s
+        "#,
+    )
+    .bind(scan_id)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Marks the scan completed, creates its one enrichment job, returns the scan.completed event.
+async fn complete_scan(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    scan_id: Uuid,
+    organization_id: Uuid,
+    scan: &LockedScan,
+) -> Result<OutboxEvent, StoreError> {
+    let (finding_count, completed_at_unix_ms): (i32, i64) = sqlx::query_as(
+        r#"
+        UPDATE scans SET state = 'completed', finished_at = now(), updated_at = now(),
+               finding_count = (SELECT count(*) FROM findings WHERE scan_id = $1)
+        WHERE id = $1
+        RETURNING finding_count, (extract(epoch FROM finished_at) * 1000)::bigint
+        "#,
+    )
+    .bind(scan_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO enrichment_jobs (id, scan_id, organization_id) VALUES ($1, $2, $3) ON CONFLICT (scan_id) DO NOTHING",
+    )
+    .bind(Uuid::now_v7())
+    .bind(scan_id)
+    .bind(organization_id)
+    .execute(&mut *conn)
+    .await?;
+    let enrichment_job_id: Uuid =
+        sqlx::query_scalar("SELECT id FROM enrichment_jobs WHERE scan_id = $1")
+            .bind(scan_id)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(OutboxEvent::new(
+        subjects.event(EventKind::ScanCompleted),
+        v1::ScanCompleted {
+            scan_id: scan_id.to_string(),
+            organization_id: organization_id.to_string(),
+            client_id: scan.client_id.clone(),
+            idempotency_key: scan.idempotency_key.clone(),
+            finding_count: finding_count as u32,
+            admitted_at_unix_ms: scan.admitted_at_unix_ms,
+            completed_at_unix_ms,
+            enrichment_job_id: enrichment_job_id.to_string(),
+        }
+        .encode_to_vec(),
+    ))
+}
+
+/// A worker-reported failure.
+#[derive(Debug, Clone)]
+pub struct FailParams<'a> {
+    pub claim: &'a LeaseClaim,
+    pub error_code: &'a str,
+    pub error_message: &'a str,
+    pub retryable: bool,
+    pub retry: RetryPolicy,
+}
+
+/// Fails an attempt: the task waits for a retry while budget remains and the failure is
+/// retryable; otherwise it fails terminally and so does its scan.
+pub async fn fail(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    params: &FailParams<'_>,
+) -> Result<IngestOutcome, StoreError> {
+    let claim = params.claim;
+    let Some(locked) = fence::lock(conn, claim).await? else {
+        return Ok(IngestOutcome::Refused(lease_lost(claim)));
+    };
+    if locked.is_presented_by(claim) && locked.attempt_status()? == AttemptStatus::Failed {
+        return Ok(IngestOutcome::Duplicate);
+    }
+    let locked = match lock_live(conn, claim).await? {
+        Ok(locked) => locked,
+        Err(refusal) => return Ok(IngestOutcome::Refused(refusal)),
+    };
+    sqlx::query(
+        r#"
+        UPDATE worker_task_attempts SET status = 'failed', finished_at = now(), updated_at = now(),
+               error_code = $2, error_message = $3
+        WHERE id = $1
+        "#,
+    )
+    .bind(claim.attempt_id)
+    .bind(params.error_code)
+    .bind(params.error_message)
+    .execute(&mut *conn)
+    .await?;
+    let error = v1::Error {
+        code: params.error_code.to_owned(),
+        message: params.error_message.to_owned(),
+        ..Default::default()
+    };
+    let events = fail_task(conn, subjects, &locked, claim.task_id, claim.attempt_id, &error, params.retryable, params.retry)
+        .await?;
+    outbox::enqueue(conn, &events).await?;
+    Ok(IngestOutcome::Accepted)
+}
+
+/// Moves a task whose attempt ended badly to `retry_wait` or `failed_terminal` (failing its
+/// scan job and scan too), returning the events to publish. Shared by ingestion and the
+/// reaper's stale recovery.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn fail_task(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    locked: &LockedAttempt,
+    task_id: Uuid,
+    attempt_id: Uuid,
+    error: &v1::Error,
+    retryable: bool,
+    retry: RetryPolicy,
+) -> Result<Vec<OutboxEvent>, StoreError> {
+    let will_retry = retryable && locked.attempt_count < locked.max_attempts;
+    let scan_id = locked.scan_id.map(|id| id.to_string()).unwrap_or_default();
+    let mut events = vec![OutboxEvent::new(
+        subjects.event(EventKind::TaskFailed),
+        v1::TaskFailed {
+            task_id: task_id.to_string(),
+            attempt_id: attempt_id.to_string(),
+            scan_id: scan_id.clone(),
+            plugin: locked.plugin.clone(),
+            error: Some(error.clone()),
+            will_retry,
+        }
+        .encode_to_vec(),
+    )];
+    if will_retry {
+        let delay = retry.delay(locked.attempt_count as u32, &mut rand::rng());
+        sqlx::query(
+            r#"
+            UPDATE worker_tasks SET state = 'retry_wait', available_at = now() + make_interval(secs => $2),
+                   last_error_code = $3, last_error = $4, updated_at = now()
+            WHERE id = $1
+            "#,
+        )
+        .bind(task_id)
+        .bind(crate::seconds(delay))
+        .bind(&error.code)
+        .bind(&error.message)
+        .execute(&mut *conn)
+        .await?;
+        if let Some(scan_job_id) = locked.scan_job_id {
+            sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
+                .bind(scan_job_id)
+                .execute(&mut *conn)
+                .await?;
+        }
+        return Ok(events);
+    }
+
+    sqlx::query(
+        r#"
+        UPDATE worker_tasks SET state = 'failed_terminal', last_error_code = $2, last_error = $3,
+               completed_at = now(), updated_at = now()
+        WHERE id = $1
+        "#,
+    )
+    .bind(task_id)
+    .bind(&error.code)
+    .bind(&error.message)
+    .execute(&mut *conn)
+    .await?;
+    if let Some(scan_job_id) = locked.scan_job_id {
+        sqlx::query(
+            r#"
+            UPDATE scan_jobs SET state = 'failed', error_code = $2, error_message = $3,
+                   finished_at = now(), updated_at = now()
+            WHERE id = $1 AND state IN ('pending', 'running')
+            "#,
+        )
+        .bind(scan_job_id)
+        .bind(&error.code)
+        .bind(&error.message)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if let Some(scan_uuid) = locked.scan_id {
+        let failed: Option<(String, String, i64)> = sqlx::query_as(
+            r#"
+            UPDATE scans SET state = 'failed', failure_code = $2, failure_reason = $3,
+                   finished_at = now(), updated_at = now()
+            WHERE id = $1 AND state IN ('pending', 'running')
+            RETURNING client_id, idempotency_key, (extract(epoch FROM finished_at) * 1000)::bigint
+            "#,
+        )
+        .bind(scan_uuid)
+        .bind(&error.code)
+        .bind(format!("plugin {} failed: {}", locked.plugin, error.message))
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some((client_id, idempotency_key, failed_at_unix_ms)) = failed {
+            events.push(OutboxEvent::new(
+                subjects.event(EventKind::ScanFailed),
+                v1::ScanFailed {
+                    scan_id,
+                    organization_id: locked.organization_id.to_string(),
+                    client_id,
+                    idempotency_key,
+                    error: Some(error.clone()),
+                    failed_at_unix_ms,
+                }
+                .encode_to_vec(),
+            ));
+        }
+    }
+    Ok(events)
+}

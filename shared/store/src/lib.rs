@@ -1,0 +1,200 @@
+//! palisade's PostgreSQL layer: the migrations and every SQL statement palisade runs.
+//!
+//! Services never write SQL; they call repository functions here, each taking the connection
+//! or transaction it runs in, so a service decides the transaction boundary (one per message,
+//! or one per fetched batch with a savepoint per message) and this crate decides what is true.
+//! Every rule that says "unique", "at most one" or "never" is a constraint or a locked re-check
+//! inside the writing transaction; every lease decision uses the database clock (`now()`).
+
+pub mod admin;
+pub mod admission;
+pub mod dispatch;
+pub mod evidence;
+pub mod ingestion;
+pub mod outbox;
+pub mod recovery;
+pub mod retry;
+pub mod states;
+
+mod fence;
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use thiserror::Error;
+
+pub use outbox::OutboxEvent;
+pub use retry::RetryPolicy;
+pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+
+/// The embedded migrations under `migrations/`.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// Failures of the database itself. Refusals that a sender caused (bad input, lost lease)
+/// are not errors here: repository functions return them as outcomes.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("cannot connect to PostgreSQL at {url}: {source}; start PostgreSQL or set DATABASE_URL")]
+    Connect {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// True when running the same work again may succeed: lost connections, deadlocks,
+    /// serialization failures, pool timeouts. False for bugs and constraint violations.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Connect { .. } => true,
+            StoreError::Database(error) => is_transient_sqlx(error),
+            StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
+        }
+    }
+}
+
+fn is_transient_sqlx(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // serialization_failure, deadlock_detected, lock_not_available, admin shutdown,
+            // cannot_connect_now, too_many_connections
+            Some("40001" | "40P01" | "55P03" | "57P01" | "57P03" | "53300")
+        ),
+        _ => false,
+    }
+}
+
+/// How to reach PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct DatabaseSettings {
+    pub url: String,
+    /// Connections per process; the hot paths hold one only for a transaction.
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+impl DatabaseSettings {
+    pub const DEFAULT_URL: &'static str = "postgres://postgres@127.0.0.1:5432/palisade";
+    pub const MAX_CONNECTIONS_DEFAULT: u32 = 16;
+
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            max_connections: Self::MAX_CONNECTIONS_DEFAULT,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Opens a pool; fails fast with a message that says how to fix it.
+pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, StoreError> {
+    let options: PgConnectOptions =
+        settings
+            .url
+            .parse()
+            .map_err(|source| StoreError::Connect {
+                url: redact_url(&settings.url),
+                source,
+            })?;
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_with(options)
+        .await
+        .map_err(|source| StoreError::Connect {
+            url: redact_url(&settings.url),
+            source,
+        })
+}
+
+/// Creates the database named in `url` if it does not exist (development and tests).
+pub async fn create_database_if_missing(url: &str) -> Result<(), StoreError> {
+    use sqlx::migrate::MigrateDatabase as _;
+    let exists = Postgres::database_exists(url)
+        .await
+        .map_err(|source| StoreError::Connect {
+            url: redact_url(url),
+            source,
+        })?;
+    if !exists {
+        Postgres::create_database(url)
+            .await
+            .map_err(|source| StoreError::Connect {
+                url: redact_url(url),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// Applies every pending migration. Safe to run from many replicas at once (sqlx takes an
+/// advisory lock) and to re-run after a partial failure (each migration is one transaction
+/// and every statement is idempotent).
+pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+/// The newest migration version this build knows; `/readyz` compares it with the database.
+pub fn expected_migration_version() -> i64 {
+    MIGRATOR
+        .iter()
+        .map(|migration| migration.version)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The newest migration version applied to the database, if any.
+pub async fn applied_migration_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
+    let version: Option<i64> = sqlx::query_scalar(
+        "SELECT max(version) FROM _sqlx_migrations WHERE success",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(version)
+}
+
+/// `url` without its password, for messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _password)) => {
+                    format!("{}{}:***{}", &url[..scheme_end + 3], user, &url[at..])
+                }
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Milliseconds as the float seconds `make_interval` takes.
+pub(crate) fn seconds(duration: Duration) -> f64 {
+    duration.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+    }
+}

@@ -1,0 +1,156 @@
+//! Stale-attempt recovery (SPEC §4.5): expired leases go back to the queue or fail
+//! terminally when the budget is spent. One statement decides, with `FOR UPDATE SKIP LOCKED`
+//! and guards on state and expiry, so it never waits on a busy row and never touches an
+//! attempt that completed, renewed or was superseded meanwhile.
+
+use messages::v1;
+use messages::{ErrorCode, EventKind, Subjects};
+use prost::Message as _;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::outbox::{self, OutboxEvent};
+use crate::retry::RetryPolicy;
+use crate::StoreError;
+
+/// What one recovery pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryOutcome {
+    /// Tasks returned to `retry_wait`.
+    pub retried: Vec<Uuid>,
+    /// Tasks that spent their budget and failed terminally (their scans failed too).
+    pub failed: Vec<Uuid>,
+}
+
+impl RecoveryOutcome {
+    pub fn is_empty(&self) -> bool {
+        self.retried.is_empty() && self.failed.is_empty()
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct Recovered {
+    task_id: Uuid,
+    attempt_id: Uuid,
+    state: String,
+    scan_id: Option<Uuid>,
+    scan_job_id: Option<Uuid>,
+    organization_id: Uuid,
+    plugin: String,
+}
+
+/// Recovers up to `limit` expired attempts in one transaction.
+pub async fn recover_expired(
+    pool: &PgPool,
+    subjects: &Subjects,
+    retry: RetryPolicy,
+    limit: i64,
+) -> Result<RecoveryOutcome, StoreError> {
+    let mut tx = pool.begin().await?;
+    let recovered = sqlx::query_as::<_, Recovered>(
+        r#"
+        WITH stale AS (
+            SELECT a.id, a.task_id FROM worker_task_attempts a
+            WHERE a.status IN ('leased', 'running') AND a.lease_expires_at <= now()
+            ORDER BY a.lease_expires_at
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        ),
+        expired AS (
+            UPDATE worker_task_attempts a
+            SET status = 'expired', finished_at = now(), updated_at = now(), error_code = 'lease_expired',
+                error_message = 'lease expired without renewal'
+            FROM stale
+            WHERE a.id = stale.id AND a.status IN ('leased', 'running') AND a.lease_expires_at <= now()
+            RETURNING a.id, a.task_id
+        )
+        UPDATE worker_tasks t
+        SET state = CASE WHEN t.attempt_count >= t.max_attempts THEN 'failed_terminal' ELSE 'retry_wait' END,
+            available_at = now() + make_interval(secs =>
+                random() * least($3, $2 * power(2, greatest(t.attempt_count, 1) - 1))),
+            completed_at = CASE WHEN t.attempt_count >= t.max_attempts THEN now() END,
+            last_error_code = 'lease_expired', last_error = 'lease expired without renewal',
+            updated_at = now()
+        FROM expired
+        WHERE t.id = expired.task_id AND t.current_attempt_id = expired.id AND t.state IN ('leased', 'running')
+        RETURNING t.id AS task_id, expired.id AS attempt_id, t.state, t.scan_id, t.scan_job_id,
+                  t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin
+        "#,
+    )
+    .bind(limit)
+    .bind(retry.base.as_secs_f64())
+    .bind(retry.cap.as_secs_f64())
+    .fetch_all(&mut *tx)
+    .await?;
+
+    let mut outcome = RecoveryOutcome::default();
+    let mut events = Vec::new();
+    let error = v1::Error::new(ErrorCode::LeaseLost, "lease expired without renewal");
+    for row in &recovered {
+        let terminal = row.state == "failed_terminal";
+        events.push(OutboxEvent::new(
+            subjects.event(EventKind::TaskFailed),
+            v1::TaskFailed {
+                task_id: row.task_id.to_string(),
+                attempt_id: row.attempt_id.to_string(),
+                scan_id: row.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+                plugin: row.plugin.clone(),
+                error: Some(error.clone()),
+                will_retry: !terminal,
+            }
+            .encode_to_vec(),
+        ));
+        if !terminal {
+            if let Some(scan_job_id) = row.scan_job_id {
+                sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
+                    .bind(scan_job_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            outcome.retried.push(row.task_id);
+            continue;
+        }
+        outcome.failed.push(row.task_id);
+        if let Some(scan_job_id) = row.scan_job_id {
+            sqlx::query(
+                "UPDATE scan_jobs SET state = 'failed', error_code = 'lease_expired', error_message = $2,
+                 finished_at = now(), updated_at = now() WHERE id = $1 AND state IN ('pending', 'running')",
+            )
+            .bind(scan_job_id)
+            .bind("every attempt's lease expired")
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let Some(scan_id) = row.scan_id {
+            let failed: Option<(String, String, i64)> = sqlx::query_as(
+                r#"
+                UPDATE scans SET state = 'failed', failure_code = 'lease_expired', failure_reason = $2,
+                       finished_at = now(), updated_at = now()
+                WHERE id = $1 AND state IN ('pending', 'running')
+                RETURNING client_id, idempotency_key, (extract(epoch FROM finished_at) * 1000)::bigint
+                "#,
+            )
+            .bind(scan_id)
+            .bind(format!("plugin {} spent its attempt budget: every lease expired", row.plugin))
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some((client_id, idempotency_key, failed_at_unix_ms)) = failed {
+                events.push(OutboxEvent::new(
+                    subjects.event(EventKind::ScanFailed),
+                    v1::ScanFailed {
+                        scan_id: scan_id.to_string(),
+                        organization_id: row.organization_id.to_string(),
+                        client_id,
+                        idempotency_key,
+                        error: Some(error.clone()),
+                        failed_at_unix_ms,
+                    }
+                    .encode_to_vec(),
+                ));
+            }
+        }
+    }
+    outbox::enqueue(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
