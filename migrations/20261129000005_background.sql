@@ -57,3 +57,16 @@ CREATE INDEX IF NOT EXISTS outbox_unpublished_idx
 CREATE INDEX IF NOT EXISTS outbox_published_idx
     ON outbox (published_at)
     WHERE published_at IS NOT NULL;
+
+-- Messages that failed max_deliver times for reasons of their own: recorded, never lost silently.
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id UUID PRIMARY KEY,
+    consumer TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    stream_sequence BIGINT NOT NULL,
+    delivered BIGINT NOT NULL,
+    reason TEXT NOT NULL,
+    payload BYTEA NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    CONSTRAINT dead_letters_message_unique UNIQUE (consumer, stream_sequence)
+);

@@ -1,1 +1,342 @@
-//! placeholder
+//! Admission (SPEC §4.1): consumes scan requests from JetStream (and answers the synchronous
+//! request/reply subject), and admits each request exactly once. A fetched batch is decided in
+//! one transaction with a savepoint per request; acknowledgements follow the commit.
+
+pub mod request;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
+use bytes::Bytes;
+use messages::{v1, ErrorCode, EventKind};
+use outbox::Relay;
+use prost::Message as _;
+use runtime::{env, CommonSettings, Connections, SettingsError};
+use store::admission::{AdmitOutcome, AdmitParams};
+use store::{PgPool, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::request::ValidScanRequest;
+
+/// The durable consumer's name on the requests stream.
+pub const CONSUMER_NAME: &str = "admission";
+/// Queue group for the request/reply subject, shared by replicas.
+pub const QUEUE_GROUP: &str = "admission";
+
+/// Admission's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub common: CommonSettings,
+    /// Attempt budget of every task (`PALISADE_MAX_ATTEMPTS`, default 3).
+    pub max_attempts: i32,
+    /// Requests decided per transaction (`PALISADE_ADMISSION_BATCH_SIZE`, default 128).
+    pub batch_size: usize,
+    /// Redelivery after this long without an ack (`PALISADE_ADMISSION_ACK_WAIT_MS`, default 30000).
+    pub ack_wait: Duration,
+    /// Deliveries before a request is recorded dead (`PALISADE_ADMISSION_MAX_DELIVER`, default 10).
+    pub max_deliver: i64,
+    /// Test fault injection: crash after commit, before ack.
+    pub crash_after_commit: Option<Arc<AtomicBool>>,
+}
+
+impl Settings {
+    pub const MAX_ATTEMPTS_DEFAULT: i32 = 3;
+
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_common(CommonSettings::from_env()?)
+    }
+
+    /// Service-specific settings from the environment over the given common ones.
+    pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
+        let max_attempts = env::parse("PALISADE_MAX_ATTEMPTS", Self::MAX_ATTEMPTS_DEFAULT)?;
+        if !(1..=100).contains(&max_attempts) {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_MAX_ATTEMPTS",
+                value: max_attempts.to_string(),
+                reason: "must be 1..=100".into(),
+            });
+        }
+        let batch_size = env::parse("PALISADE_ADMISSION_BATCH_SIZE", ConsumerSpec::BATCH_SIZE_DEFAULT)?;
+        if !(1..=1_000).contains(&batch_size) {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_ADMISSION_BATCH_SIZE",
+                value: batch_size.to_string(),
+                reason: "must be 1..=1000".into(),
+            });
+        }
+        Ok(Self {
+            common,
+            max_attempts,
+            batch_size,
+            ack_wait: Duration::from_millis(env::parse(
+                "PALISADE_ADMISSION_ACK_WAIT_MS",
+                ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
+            )?),
+            max_deliver: env::parse("PALISADE_ADMISSION_MAX_DELIVER", ConsumerSpec::MAX_DELIVER_DEFAULT)?,
+            crash_after_commit: None,
+        })
+    }
+}
+
+/// A built admission service, ready to run.
+pub struct Service {
+    settings: Settings,
+    bus: Bus,
+    relay: Relay,
+    admission: Arc<Admission>,
+}
+
+impl Service {
+    /// Connects (checking NATS version, streams and schema) and builds the service.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let connections = Connections::open(&settings.common, "palisade-admission")
+            .await
+            .context("failed to connect")?;
+        Ok(Self::from_connections(settings, connections))
+    }
+
+    /// Builds over existing connections (the all-in-one command and the tests).
+    pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let relay = Relay::new(connections.pool.clone(), connections.bus.clone(), Default::default());
+        let admission = Arc::new(Admission {
+            pool: connections.pool,
+            bus: connections.bus.clone(),
+            relay: relay.clone(),
+            max_attempts: settings.max_attempts,
+        });
+        Self {
+            settings,
+            bus: connections.bus,
+            relay,
+            admission,
+        }
+    }
+
+    /// Runs the consumer, the request/reply server and the outbox relay until `shutdown`,
+    /// or until one of them fails.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let subjects = self.bus.subjects().clone();
+        let mut spec = ConsumerSpec::new(subjects.requests_stream(), CONSUMER_NAME, subjects.scan_request());
+        spec.batch_size = self.settings.batch_size;
+        spec.ack_wait = self.settings.ack_wait;
+        spec.max_deliver = self.settings.max_deliver;
+        spec.crash_after_commit = self.settings.crash_after_commit.clone();
+
+        let stop = shutdown.child_token();
+        let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+        let admission = self.admission.clone();
+        let server = bus::serve::serve(
+            &self.bus,
+            subjects.scan_submit(),
+            QUEUE_GROUP,
+            move |message| {
+                let admission = admission.clone();
+                async move { Some(admission.submit(&message.payload).await) }
+            },
+            stop.clone(),
+        );
+        let consumer = bus::consume::run(&self.bus, spec, self.admission.clone(), stop.clone());
+        let result = tokio::select! {
+            result = consumer => result.context("admission consumer stopped"),
+            result = server => result.context("admission request server stopped"),
+        };
+        stop.cancel();
+        let _ = relay.await;
+        result
+    }
+}
+
+/// What admission decided about one request.
+#[derive(Debug)]
+enum Verdict {
+    Admitted { scan_id: uuid::Uuid },
+    Duplicate { scan_id: uuid::Uuid, state: store::states::ScanState },
+    Refused { wire: Option<v1::ScanRequest>, error: v1::Error },
+    Failed(StoreError),
+}
+
+struct Admission {
+    pool: PgPool,
+    bus: Bus,
+    relay: Relay,
+    max_attempts: i32,
+}
+
+impl Admission {
+    /// Decides every request of a batch in one transaction, a savepoint each, in lock-key
+    /// order so two replicas never deadlock on each other's advisory locks.
+    async fn decide(&self, payloads: &[&[u8]]) -> Vec<Verdict> {
+        let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(payloads.len());
+        let mut valid: Vec<(usize, ValidScanRequest)> = Vec::new();
+        for (index, payload) in payloads.iter().enumerate() {
+            match request::parse(payload) {
+                (_, Ok(request)) => {
+                    verdicts.push(None);
+                    valid.push((index, request));
+                }
+                (wire, Err(error)) => verdicts.push(Some(Verdict::Refused { wire, error })),
+            }
+        }
+        valid.sort_by(|(_, a), (_, b)| {
+            (a.organization_id, &a.target).cmp(&(b.organization_id, &b.target))
+        });
+        match self.decide_valid(&valid).await {
+            Ok(decided) => {
+                for ((index, _), verdict) in valid.iter().zip(decided) {
+                    verdicts[*index] = Some(verdict);
+                }
+            }
+            Err(error) => {
+                let reason = error.to_string();
+                for (index, _) in &valid {
+                    verdicts[*index] = Some(Verdict::Failed(StoreError::Corrupt(reason.clone())));
+                }
+                tracing::warn!(%error, requests = valid.len(), "admission transaction failed");
+            }
+        }
+        verdicts.into_iter().map(|verdict| verdict.expect("every request decided")).collect()
+    }
+
+    async fn decide_valid(&self, valid: &[(usize, ValidScanRequest)]) -> Result<Vec<Verdict>, StoreError> {
+        if valid.is_empty() {
+            return Ok(Vec::new());
+        }
+        let subjects = self.bus.subjects();
+        let mut tx = self.pool.begin().await?;
+        let mut verdicts = Vec::with_capacity(valid.len());
+        for (_, request) in valid {
+            let params = AdmitParams {
+                organization_id: request.organization_id,
+                target: &request.target,
+                plugins: &request.plugins,
+                priority: request.priority,
+                execution_deadline_seconds: request.execution_deadline_seconds,
+                client_id: &request.client_id,
+                idempotency_key: &request.idempotency_key,
+                fingerprint: &request.fingerprint,
+                max_attempts: self.max_attempts,
+            };
+            let mut savepoint = store::savepoint(&mut tx).await?;
+            let verdict = match store::admission::admit(&mut savepoint, subjects, &params).await {
+                Ok(AdmitOutcome::Admitted { scan_id, .. }) => {
+                    savepoint.commit().await?;
+                    Verdict::Admitted { scan_id }
+                }
+                Ok(AdmitOutcome::Duplicate { scan_id, state }) => {
+                    savepoint.rollback().await?;
+                    Verdict::Duplicate { scan_id, state }
+                }
+                Ok(AdmitOutcome::Refused(error)) => {
+                    savepoint.rollback().await?;
+                    Verdict::Refused { wire: None, error }
+                }
+                Err(error) => {
+                    savepoint.rollback().await?;
+                    Verdict::Failed(error)
+                }
+            };
+            verdicts.push(verdict);
+        }
+        tx.commit().await?;
+        if verdicts.iter().any(|verdict| matches!(verdict, Verdict::Admitted { .. })) {
+            self.relay.notify();
+        }
+        Ok(verdicts)
+    }
+
+    /// The request/reply path: one request, one transaction, one reply.
+    async fn submit(&self, payload: &[u8]) -> Bytes {
+        let verdict = self.decide(&[payload]).await.pop().expect("one verdict");
+        let reply = match verdict {
+            Verdict::Admitted { scan_id } => v1::ScanRequestReply {
+                scan_id: scan_id.to_string(),
+                deduplicated: false,
+                state: store::states::ScanState::Pending.as_str().into(),
+                error: None,
+            },
+            Verdict::Duplicate { scan_id, state } => v1::ScanRequestReply {
+                scan_id: scan_id.to_string(),
+                deduplicated: true,
+                state: state.as_str().into(),
+                error: None,
+            },
+            Verdict::Refused { error, .. } => v1::ScanRequestReply {
+                error: Some(error),
+                ..Default::default()
+            },
+            Verdict::Failed(error) => v1::ScanRequestReply {
+                error: Some(v1::Error::new(
+                    ErrorCode::Internal,
+                    format!("admission could not decide ({error}); retry with the same idempotency key"),
+                )),
+                ..Default::default()
+            },
+        };
+        reply.encode_to_vec().into()
+    }
+}
+
+impl BatchHandler for Admission {
+    async fn handle(&self, batch: &[Delivery]) -> Vec<Decision> {
+        let payloads: Vec<&[u8]> = batch.iter().map(Delivery::payload).collect();
+        let verdicts = self.decide(&payloads).await;
+
+        // Refusals are answered on the events stream, after the commit.
+        let mut rejections = Vec::new();
+        let mut decisions: Vec<Decision> = Vec::with_capacity(batch.len());
+        for (delivery, verdict) in batch.iter().zip(verdicts) {
+            match verdict {
+                Verdict::Admitted { .. } | Verdict::Duplicate { .. } => decisions.push(Decision::Ack),
+                Verdict::Failed(error) => decisions.push(Decision::Retry {
+                    reason: error.to_string(),
+                }),
+                Verdict::Refused { wire, error } => {
+                    let wire = wire.or_else(|| v1::ScanRequest::decode(delivery.payload()).ok());
+                    let rejected = v1::ScanRejected {
+                        organization_id: wire.as_ref().map(|w| w.organization_id.clone()).unwrap_or_default(),
+                        client_id: wire.as_ref().map(|w| w.client_id.clone()).unwrap_or_default(),
+                        idempotency_key: wire.as_ref().map(|w| w.idempotency_key.clone()).unwrap_or_default(),
+                        error: Some(error.clone()),
+                    };
+                    tracing::info!(code = %error.code, stream_sequence = delivery.stream_sequence, "scan request refused");
+                    rejections.push((decisions.len(), bus::OutgoingMessage {
+                        subject: self.bus.subjects().event(EventKind::ScanRejected),
+                        msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
+                        headers: Default::default(),
+                        payload: rejected.encode_to_vec().into(),
+                    }));
+                    decisions.push(Decision::Reject { reason: error.code });
+                }
+            }
+        }
+        if !rejections.is_empty() {
+            let (indices, messages): (Vec<usize>, Vec<bus::OutgoingMessage>) = rejections.into_iter().unzip();
+            for (index, result) in indices.into_iter().zip(self.bus.publish_durable_all(messages).await) {
+                if let Err(error) = result {
+                    decisions[index] = Decision::Retry {
+                        reason: format!("could not publish the rejection: {error}"),
+                    };
+                }
+            }
+        }
+        decisions
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) {
+        let letter = store::dead_letters::DeadLetter {
+            consumer: CONSUMER_NAME,
+            subject: delivery.subject(),
+            stream_sequence: delivery.stream_sequence,
+            delivered: delivery.delivered,
+            reason,
+            payload: delivery.payload(),
+        };
+        tracing::error!(stream_sequence = delivery.stream_sequence, reason, "scan request dead after its last delivery");
+        if let Err(error) = store::dead_letters::record(&self.pool, &letter).await {
+            tracing::error!(%error, "could not record a dead scan request");
+        }
+    }
+}

@@ -1,1 +1,332 @@
-//! placeholder
+//! palisade's NATS layer: connecting (with a server version check), provisioning streams and
+//! consumers idempotently, publishing with every PubAck awaited, and consuming with one rule
+//! for acknowledgement (see [`consume`]): a handler returns a decision, the bus acknowledges.
+
+pub mod consume;
+pub mod serve;
+pub mod trace;
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use messages::Subjects;
+use thiserror::Error;
+
+pub use async_nats;
+pub use consume::{BatchHandler, ConsumerSpec, Decision, Delivery};
+
+/// The oldest server palisade runs on. Nothing palisade relies on is newer than 2.9
+/// (no `filter_subjects`, per-message TTL, priority groups or atomic batches).
+pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 9, 0);
+
+/// How long JetStream remembers a `Nats-Msg-Id` for de-duplication.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// How long streams keep messages: long enough to survive any outage of palisade's consumers.
+pub const STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Largest message palisade accepts on its streams (a 1 MiB batch plus envelope).
+pub const MESSAGE_BYTES_MAX: i32 = 2 * 1024 * 1024;
+
+#[derive(Debug, Error)]
+pub enum BusError {
+    #[error("cannot connect to NATS at {url}: {source}; start nats-server with JetStream (-js) or set NATS_URL")]
+    Connect {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("NATS server {found} is too old: palisade needs {}.{}.{} or newer with JetStream enabled", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
+    ServerTooOld { found: String },
+    #[error("NATS server has JetStream disabled: start it with -js (or `jetstream {{}}` in its config)")]
+    JetStreamDisabled,
+    #[error("cannot provision stream {stream}: {message}")]
+    Provision { stream: String, message: String },
+    #[error("publish to {subject} failed: {message}")]
+    Publish { subject: String, message: String },
+    #[error("request to {subject} failed: {message}")]
+    Request { subject: String, message: String },
+    #[error("subscribe to {subject} failed: {message}")]
+    Subscribe { subject: String, message: String },
+    #[error("consumer {consumer} failed: {message}")]
+    Consume { consumer: String, message: String },
+}
+
+/// Stream settings operators tune (replicas for clusters).
+#[derive(Debug, Clone)]
+pub struct StreamSettings {
+    /// 1 for a single server; 3 on a cluster.
+    pub replicas: usize,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        Self { replicas: 1 }
+    }
+}
+
+/// A connection to NATS and JetStream for one palisade installation (one subject prefix).
+#[derive(Clone)]
+pub struct Bus {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    subjects: Subjects,
+}
+
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bus").field("subjects", &self.subjects).finish()
+    }
+}
+
+impl Bus {
+    /// Connects, checks the server version, and returns a handle. Call [`Bus::provision`]
+    /// once at start-up before consuming.
+    pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
+        let client = async_nats::ConnectOptions::new()
+            .name(name)
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .connect(url);
+        // Fail fast when nothing listens: retry_on_initial_connect would wait forever.
+        let client = tokio::time::timeout(Duration::from_secs(10), client)
+            .await
+            .map_err(|_| BusError::Connect {
+                url: url.to_owned(),
+                source: async_nats::ConnectError::from(async_nats::ConnectErrorKind::TimedOut),
+            })?
+            .map_err(|source| BusError::Connect {
+                url: url.to_owned(),
+                source,
+            })?;
+        Self::from_client(client, subjects).await
+    }
+
+    /// Wraps an existing client (tests, the all-in-one command).
+    pub async fn from_client(
+        client: async_nats::Client,
+        subjects: Subjects,
+    ) -> Result<Self, BusError> {
+        let version = client.server_info().version;
+        check_server_version(&version)?;
+        let jetstream = jetstream::new(client.clone());
+        Ok(Self {
+            client,
+            jetstream,
+            subjects,
+        })
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
+    /// Creates palisade's three streams, or updates them to this build's configuration.
+    /// Idempotent; every service calls it at start-up.
+    pub async fn provision(&self, settings: &StreamSettings) -> Result<(), BusError> {
+        let subjects = &self.subjects;
+        let streams = [
+            (subjects.requests_stream(), vec![subjects.scan_request()]),
+            (subjects.events_stream(), vec![subjects.events_wildcard()]),
+            (
+                subjects.results_stream(),
+                [
+                    messages::WorkerVerb::Result,
+                    messages::WorkerVerb::Complete,
+                    messages::WorkerVerb::Fail,
+                ]
+                .into_iter()
+                .map(|verb| subjects.worker_wildcard(verb))
+                .collect(),
+            ),
+        ];
+        for (name, stream_subjects) in streams {
+            let config = stream::Config {
+                name: name.clone(),
+                subjects: stream_subjects,
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                num_replicas: settings.replicas,
+                max_age: STREAM_MAX_AGE,
+                max_message_size: MESSAGE_BYTES_MAX,
+                duplicate_window: DUPLICATE_WINDOW,
+                ..Default::default()
+            };
+            let provision_error = |message: String| BusError::Provision {
+                stream: name.clone(),
+                message,
+            };
+            match self.jetstream.get_stream(&name).await {
+                Ok(_) => {
+                    self.jetstream
+                        .update_stream(&config)
+                        .await
+                        .map_err(|error| provision_error(error.to_string()))?;
+                }
+                Err(_) => {
+                    self.jetstream
+                        .get_or_create_stream(config.clone())
+                        .await
+                        .map_err(|error| {
+                            if error.to_string().contains("not enabled") {
+                                BusError::JetStreamDisabled
+                            } else {
+                                provision_error(error.to_string())
+                            }
+                        })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes to a stream and waits for its PubAck. `msg_id` becomes `Nats-Msg-Id`.
+    pub async fn publish_durable(
+        &self,
+        subject: String,
+        msg_id: &str,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<jetstream::publish::PublishAck, BusError> {
+        let acks = self
+            .publish_durable_all(vec![OutgoingMessage {
+                subject,
+                msg_id: msg_id.to_owned(),
+                headers,
+                payload,
+            }])
+            .await;
+        acks.into_iter().next().expect("one message, one result")
+    }
+
+    /// Publishes every message without waiting in between, then awaits every PubAck. The
+    /// result for each message is in input order.
+    pub async fn publish_durable_all(
+        &self,
+        messages: Vec<OutgoingMessage>,
+    ) -> Vec<Result<jetstream::publish::PublishAck, BusError>> {
+        let mut pending = Vec::with_capacity(messages.len());
+        for message in messages {
+            let mut headers = message.headers;
+            headers.insert(messages::HEADER_MSG_ID, message.msg_id.as_str());
+            trace::inject_current(&mut headers);
+            let sent = self
+                .jetstream
+                .publish_with_headers(message.subject.clone(), headers, message.payload)
+                .await;
+            pending.push((message.subject, sent));
+        }
+        let mut results = Vec::with_capacity(pending.len());
+        for (subject, sent) in pending {
+            let result = match sent {
+                Ok(ack_future) => ack_future.await.map_err(|error| BusError::Publish {
+                    subject,
+                    message: error.to_string(),
+                }),
+                Err(error) => Err(BusError::Publish {
+                    subject,
+                    message: error.to_string(),
+                }),
+            };
+            results.push(result);
+        }
+        results
+    }
+
+    /// Core-NATS publish (replies and acknowledgements to workers). Best effort by design:
+    /// every such message has a durable fallback (the requester retries).
+    pub async fn publish_core(&self, subject: String, payload: Bytes) -> Result<(), BusError> {
+        let mut headers = HeaderMap::new();
+        trace::inject_current(&mut headers);
+        self.client
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+            .map_err(|error| BusError::Publish {
+                subject,
+                message: error.to_string(),
+            })
+    }
+
+    /// Core-NATS request with a timeout.
+    pub async fn request(
+        &self,
+        subject: String,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<async_nats::Message, BusError> {
+        let mut headers = HeaderMap::new();
+        trace::inject_current(&mut headers);
+        let request = async_nats::Request::new()
+            .payload(payload)
+            .headers(headers)
+            .timeout(Some(timeout));
+        self.client
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|error| BusError::Request {
+                subject,
+                message: error.to_string(),
+            })
+    }
+
+    /// Flushes buffered publishes (tests and shutdown).
+    pub async fn flush(&self) -> Result<(), BusError> {
+        self.client.flush().await.map_err(|error| BusError::Publish {
+            subject: "(flush)".into(),
+            message: error.to_string(),
+        })
+    }
+}
+
+/// One message for [`Bus::publish_durable_all`].
+#[derive(Debug, Clone)]
+pub struct OutgoingMessage {
+    pub subject: String,
+    pub msg_id: String,
+    pub headers: HeaderMap,
+    pub payload: Bytes,
+}
+
+/// Refuses servers older than [`SERVER_VERSION_MIN`].
+pub fn check_server_version(version: &str) -> Result<(), BusError> {
+    let parsed: Vec<u64> = version
+        .split(['.', '-', '+'])
+        .take(3)
+        .map(|part| part.parse().unwrap_or(0))
+        .collect();
+    let found = (
+        parsed.first().copied().unwrap_or(0),
+        parsed.get(1).copied().unwrap_or(0),
+        parsed.get(2).copied().unwrap_or(0),
+    );
+    if found < SERVER_VERSION_MIN {
+        return Err(BusError::ServerTooOld {
+            found: version.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_version_check() {
+        assert!(check_server_version("2.9.10").is_ok());
+        assert!(check_server_version("2.12.3").is_ok());
+        assert!(check_server_version("2.10.0-beta.1").is_ok());
+        assert!(check_server_version("2.8.4").is_err());
+        assert!(check_server_version("").is_err());
+    }
+}

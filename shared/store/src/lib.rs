@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod dead_letters;
 pub mod dispatch;
 pub mod evidence;
 pub mod ingestion;
@@ -197,4 +198,13 @@ mod tests {
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
     }
+}
+
+/// Opens a savepoint inside `tx`: one message of a batch is decided in it, and rolled back
+/// alone when that message is refused or fails.
+pub async fn savepoint<'c>(
+    tx: &'c mut Transaction<'_, Postgres>,
+) -> Result<Transaction<'c, Postgres>, StoreError> {
+    use sqlx::Acquire as _;
+    Ok((&mut **tx).begin().await?)
 }

@@ -1,0 +1,176 @@
+//! Parsing a scan request off the wire into a request admission can act on.
+
+use messages::limits::{
+    EXECUTION_DEADLINE_SECONDS_MAX, IDENTIFIER_BYTES_MAX, PRIORITY_ABS_MAX, PROFILE_PLUGINS_MAX,
+    TARGET_BYTES_MAX,
+};
+use messages::{v1, ErrorCode};
+use prost::Message as _;
+use uuid::Uuid;
+
+/// A scan request whose every field has its documented form.
+#[derive(Debug, Clone)]
+pub struct ValidScanRequest {
+    pub organization_id: Uuid,
+    pub target: String,
+    pub plugins: Vec<String>,
+    pub priority: i32,
+    pub execution_deadline_seconds: Option<i32>,
+    pub client_id: String,
+    pub idempotency_key: String,
+    pub fingerprint: String,
+}
+
+/// Decodes and validates; the error is what the sender gets back. `wire` is returned too so
+/// a refusal can name the client and key when the message decoded at all.
+pub fn parse(bytes: &[u8]) -> (Option<v1::ScanRequest>, Result<ValidScanRequest, v1::Error>) {
+    match v1::ScanRequest::decode(bytes) {
+        Ok(wire) => {
+            let valid = validate(&wire);
+            (Some(wire), valid)
+        }
+        Err(error) => (
+            None,
+            Err(v1::Error::new(
+                ErrorCode::MalformedMessage,
+                format!("not a palisade.v1.ScanRequest: {error}"),
+            )),
+        ),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> v1::Error {
+    v1::Error::new(ErrorCode::InvalidField, message)
+}
+
+/// Checks every field of `wire`.
+pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
+    if wire.schema_version != messages::SCHEMA_VERSION {
+        return Err(v1::Error::new(
+            ErrorCode::UnsupportedSchemaVersion,
+            format!(
+                "schema_version {} is not supported; send {}",
+                wire.schema_version,
+                messages::SCHEMA_VERSION
+            ),
+        ));
+    }
+    let organization_id = Uuid::parse_str(&wire.organization_id)
+        .map_err(|_| invalid(format!("organization_id {:?} is not a UUID", wire.organization_id)))?;
+    if wire.target.is_empty() || wire.target.chars().any(char::is_control) {
+        return Err(invalid("target must be non-empty text without control characters"));
+    }
+    if wire.target.len() > TARGET_BYTES_MAX {
+        return Err(v1::Error::new(
+            ErrorCode::TooLarge,
+            format!("target is {} bytes, at most {TARGET_BYTES_MAX} are allowed", wire.target.len()),
+        ));
+    }
+    if wire.plugins.is_empty() {
+        return Err(invalid("plugins must name at least one plugin"));
+    }
+    if wire.plugins.len() > PROFILE_PLUGINS_MAX {
+        return Err(v1::Error::new(
+            ErrorCode::TooLarge,
+            format!("{} plugins in the profile, at most {PROFILE_PLUGINS_MAX}", wire.plugins.len()),
+        ));
+    }
+    for plugin in &wire.plugins {
+        if !is_identifier(plugin) {
+            return Err(invalid(format!(
+                "plugin name {plugin:?} must be 1..={IDENTIFIER_BYTES_MAX} characters of [a-z0-9_-]"
+            )));
+        }
+    }
+    if wire.priority.abs() > PRIORITY_ABS_MAX {
+        return Err(invalid(format!(
+            "priority {} is outside -{PRIORITY_ABS_MAX}..={PRIORITY_ABS_MAX}",
+            wire.priority
+        )));
+    }
+    if wire.execution_deadline_seconds > EXECUTION_DEADLINE_SECONDS_MAX {
+        return Err(invalid(format!(
+            "execution_deadline_seconds {} is over {EXECUTION_DEADLINE_SECONDS_MAX}",
+            wire.execution_deadline_seconds
+        )));
+    }
+    for (name, value) in [("client_id", &wire.client_id), ("idempotency_key", &wire.idempotency_key)] {
+        if value.is_empty() || value.len() > IDENTIFIER_BYTES_MAX || value.chars().any(char::is_control) {
+            return Err(invalid(format!(
+                "{name} must be 1..={IDENTIFIER_BYTES_MAX} bytes without control characters"
+            )));
+        }
+    }
+    Ok(ValidScanRequest {
+        organization_id,
+        target: wire.target.clone(),
+        plugins: wire.plugins.clone(),
+        priority: wire.priority,
+        execution_deadline_seconds: (wire.execution_deadline_seconds > 0)
+            .then_some(wire.execution_deadline_seconds as i32),
+        client_id: wire.client_id.clone(),
+        idempotency_key: wire.idempotency_key.clone(),
+        fingerprint: messages::scan_request_fingerprint(wire),
+    })
+}
+
+fn is_identifier(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= IDENTIFIER_BYTES_MAX
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> v1::ScanRequest {
+        v1::ScanRequest {
+            schema_version: 1,
+            organization_id: Uuid::now_v7().to_string(),
+            target: "http://127.0.0.1:8080".into(),
+            plugins: vec!["tcp_connect".into()],
+            priority: 0,
+            execution_deadline_seconds: 0,
+            client_id: "ci".into(),
+            idempotency_key: "k".into(),
+        }
+    }
+
+    #[test]
+    fn accepts_a_well_formed_request() {
+        assert!(validate(&request()).is_ok());
+    }
+
+    #[test]
+    fn refuses_each_bad_field_with_its_code() {
+        let cases: Vec<(Box<dyn Fn(&mut v1::ScanRequest)>, ErrorCode)> = vec![
+            (Box::new(|r| r.schema_version = 2), ErrorCode::UnsupportedSchemaVersion),
+            (Box::new(|r| r.organization_id = "nope".into()), ErrorCode::InvalidField),
+            (Box::new(|r| r.target = String::new()), ErrorCode::InvalidField),
+            (Box::new(|r| r.target = "x".repeat(513)), ErrorCode::TooLarge),
+            (Box::new(|r| r.plugins.clear()), ErrorCode::InvalidField),
+            (Box::new(|r| r.plugins = vec!["a".into(); 17]), ErrorCode::TooLarge),
+            (Box::new(|r| r.plugins = vec!["Bad Name".into()]), ErrorCode::InvalidField),
+            (Box::new(|r| r.priority = 5_000), ErrorCode::InvalidField),
+            (Box::new(|r| r.execution_deadline_seconds = u32::MAX), ErrorCode::InvalidField),
+            (Box::new(|r| r.client_id = String::new()), ErrorCode::InvalidField),
+            (Box::new(|r| r.idempotency_key = "k".repeat(129)), ErrorCode::InvalidField),
+        ];
+        for (change, code) in cases {
+            let mut bad = request();
+            change(&mut bad);
+            let error = validate(&bad).expect_err("refused");
+            assert_eq!(error.error_code(), Some(code), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_bytes_are_malformed_message() {
+        let (wire, result) = parse(&[0xff, 0xff, 0xff]);
+        assert!(wire.is_none());
+        assert_eq!(result.unwrap_err().error_code(), Some(ErrorCode::MalformedMessage));
+    }
+}

@@ -1,0 +1,256 @@
+//! Durable pull consumers with one acknowledgement rule for every service:
+//! a handler decides, the bus acknowledges.
+//!
+//! - [`Decision::Ack`]: the handler's transaction committed (or nothing needed writing);
+//!   acknowledged only now, after the commit (SPEC I3).
+//! - [`Decision::Retry`]: something transient failed; `Nak` with a backoff that grows with
+//!   the delivery count. On the last allowed delivery the message is recorded as dead (the
+//!   handler's [`BatchHandler::dead_letter`]) and terminated instead of being lost silently.
+//! - [`Decision::Reject`]: bad input; the handler already told the sender. `Term`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Bus, BusError};
+
+/// Everything about one durable consumer, spelled out.
+#[derive(Debug, Clone)]
+pub struct ConsumerSpec {
+    pub stream: String,
+    pub durable_name: String,
+    /// One subject filter (servers before 2.10 ignore `filter_subjects`).
+    pub filter_subject: String,
+    /// Redelivery after this long without an acknowledgement.
+    pub ack_wait: Duration,
+    /// Deliveries before a message is recorded dead.
+    pub max_deliver: i64,
+    /// Unacknowledged messages in flight across all replicas.
+    pub max_ack_pending: i64,
+    /// Messages handed to the handler at once (one transaction per batch).
+    pub batch_size: usize,
+    /// Nak delay after the first delivery; doubles per delivery up to `retry_delay_max`.
+    pub retry_delay_base: Duration,
+    pub retry_delay_max: Duration,
+    /// Fault injection for tests: when set, the consumer "crashes" after the handler
+    /// returned (its transaction committed) and before any acknowledgement.
+    pub crash_after_commit: Option<Arc<AtomicBool>>,
+}
+
+impl ConsumerSpec {
+    pub const ACK_WAIT_DEFAULT: Duration = Duration::from_secs(30);
+    pub const MAX_DELIVER_DEFAULT: i64 = 10;
+    pub const MAX_ACK_PENDING_DEFAULT: i64 = 20_000;
+    pub const BATCH_SIZE_DEFAULT: usize = 128;
+
+    pub fn new(stream: String, durable_name: &str, filter_subject: String) -> Self {
+        Self {
+            stream,
+            durable_name: durable_name.to_owned(),
+            filter_subject,
+            ack_wait: Self::ACK_WAIT_DEFAULT,
+            max_deliver: Self::MAX_DELIVER_DEFAULT,
+            max_ack_pending: Self::MAX_ACK_PENDING_DEFAULT,
+            batch_size: Self::BATCH_SIZE_DEFAULT,
+            retry_delay_base: Duration::from_millis(500),
+            retry_delay_max: Duration::from_secs(30),
+            crash_after_commit: None,
+        }
+    }
+
+    fn retry_delay(&self, delivered: i64) -> Duration {
+        let exponent = (delivered.max(1) - 1).min(16) as u32;
+        self.retry_delay_base
+            .saturating_mul(1 << exponent)
+            .min(self.retry_delay_max)
+    }
+}
+
+/// One delivered message.
+#[derive(Debug)]
+pub struct Delivery {
+    message: jetstream::Message,
+    /// 1 on first delivery.
+    pub delivered: i64,
+    pub stream_sequence: u64,
+}
+
+impl Delivery {
+    pub fn subject(&self) -> &str {
+        self.message.subject.as_str()
+    }
+
+    pub fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    pub fn headers(&self) -> Option<&async_nats::HeaderMap> {
+        self.message.headers.as_ref()
+    }
+
+    pub fn is_redelivery(&self) -> bool {
+        self.delivered > 1
+    }
+}
+
+/// What to do with one delivery once the handler is done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Ack,
+    Retry { reason: String },
+    Reject { reason: String },
+}
+
+/// A service's message handler.
+pub trait BatchHandler: Send + Sync + 'static {
+    /// Handles a batch; returns one decision per delivery, in order.
+    fn handle(&self, batch: &[Delivery]) -> impl Future<Output = Vec<Decision>> + Send;
+
+    /// Records a message that failed `max_deliver` times for reasons of its own.
+    fn dead_letter(&self, delivery: &Delivery, reason: &str) -> impl Future<Output = ()> + Send {
+        tracing::error!(
+            subject = delivery.subject(),
+            stream_sequence = delivery.stream_sequence,
+            delivered = delivery.delivered,
+            reason,
+            "message dead after its last delivery"
+        );
+        async {}
+    }
+}
+
+/// Creates the consumer if needed and runs it until `shutdown`.
+pub async fn run<H: BatchHandler>(
+    bus: &Bus,
+    spec: ConsumerSpec,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+) -> Result<(), BusError> {
+    let consume_error = |message: String| BusError::Consume {
+        consumer: spec.durable_name.clone(),
+        message,
+    };
+    let stream = bus
+        .jetstream()
+        .get_stream(&spec.stream)
+        .await
+        .map_err(|error| consume_error(format!("stream {} missing ({error}); run provisioning first", spec.stream)))?;
+    let config = pull::Config {
+        durable_name: Some(spec.durable_name.clone()),
+        filter_subject: spec.filter_subject.clone(),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: spec.ack_wait,
+        max_deliver: spec.max_deliver,
+        max_ack_pending: spec.max_ack_pending,
+        ..Default::default()
+    };
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .create_consumer(config)
+        .await
+        .map_err(|error| consume_error(error.to_string()))?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(spec.batch_size)
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+        .map_err(|error| consume_error(error.to_string()))?
+        .ready_chunks(spec.batch_size);
+
+    loop {
+        let chunk = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            chunk = messages.next() => chunk,
+        };
+        let Some(chunk) = chunk else {
+            return Err(consume_error("message stream ended".into()));
+        };
+        let mut batch = Vec::with_capacity(chunk.len());
+        for message in chunk {
+            match message {
+                Ok(message) => {
+                    let (delivered, stream_sequence) = match message.info() {
+                        Ok(info) => (info.delivered, info.stream_sequence),
+                        Err(_) => (1, 0),
+                    };
+                    batch.push(Delivery {
+                        message,
+                        delivered,
+                        stream_sequence,
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(consumer = %spec.durable_name, %error, "pull consumer hiccup, continuing");
+                }
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let decisions = handler.handle(&batch).await;
+        assert_eq!(
+            decisions.len(),
+            batch.len(),
+            "a handler returns one decision per delivery"
+        );
+        if let Some(crash) = &spec.crash_after_commit
+            && crash.load(Ordering::SeqCst)
+        {
+            return Err(consume_error("injected crash after commit, before ack".into()));
+        }
+        for (delivery, decision) in batch.iter().zip(decisions) {
+            acknowledge(&spec, handler.as_ref(), delivery, decision).await;
+        }
+    }
+}
+
+async fn acknowledge<H: BatchHandler>(
+    spec: &ConsumerSpec,
+    handler: &H,
+    delivery: &Delivery,
+    decision: Decision,
+) {
+    let kind = match decision {
+        Decision::Ack => AckKind::Ack,
+        Decision::Reject { reason } => {
+            tracing::debug!(subject = delivery.subject(), reason, "message rejected");
+            AckKind::Term
+        }
+        Decision::Retry { reason } if delivery.delivered >= spec.max_deliver => {
+            handler.dead_letter(delivery, &reason).await;
+            AckKind::Term
+        }
+        Decision::Retry { reason } => {
+            tracing::warn!(
+                subject = delivery.subject(),
+                delivered = delivery.delivered,
+                reason,
+                "message will be redelivered"
+            );
+            AckKind::Nak(Some(spec.retry_delay(delivery.delivered)))
+        }
+    };
+    if let Err(error) = delivery.message.ack_with(kind).await {
+        // The message will be redelivered after ack_wait; handlers are idempotent.
+        tracing::warn!(subject = delivery.subject(), %error, "acknowledgement failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_grows_and_is_capped() {
+        let spec = ConsumerSpec::new("S".into(), "c", "s".into());
+        assert_eq!(spec.retry_delay(1), Duration::from_millis(500));
+        assert_eq!(spec.retry_delay(2), Duration::from_secs(1));
+        assert_eq!(spec.retry_delay(100), Duration::from_secs(30));
+    }
+}
