@@ -1,1 +1,330 @@
-//! placeholder
+//! Dispatch (SPEC §4.2): answers workers' hello, acquire (long-poll), renew and release on
+//! `<prefix>.v1.worker.<worker_id>.<verb>`. Every decision is one PostgreSQL transaction;
+//! `task.ready` events only wake long-polls early, they never decide anything.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bus::Bus;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use messages::limits::{
+    ACQUIRE_TASKS_MAX, ACQUIRE_WAIT_MS_MAX, IDENTIFIER_BYTES_MAX, WORKER_CAPABILITIES_MAX,
+    WORKER_CAPACITY_MAX,
+};
+use messages::{v1, ErrorCode, EventKind, WorkerVerb};
+use outbox::Relay;
+use prost::Message as _;
+use runtime::{env, BatchLimits, CommonSettings, Connections, LeaseSettings, SettingsError};
+use store::dispatch::{AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome};
+use store::{LeaseClaim, PgPool, StoreError};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Queue group shared by dispatch replicas.
+pub const QUEUE_GROUP: &str = "dispatch";
+
+/// Dispatch's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub common: CommonSettings,
+    pub lease: LeaseSettings,
+    pub batch_limits: BatchLimits,
+    /// A waiting acquire re-checks the database this often even without a wake-up, for tasks
+    /// that became due by time (`PALISADE_ACQUIRE_POLL_MS`, default 1000).
+    pub acquire_poll: Duration,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_common(CommonSettings::from_env()?)
+    }
+
+    pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
+        Ok(Self {
+            common,
+            lease: LeaseSettings::from_env()?,
+            batch_limits: BatchLimits::from_env()?,
+            acquire_poll: Duration::from_millis(env::parse("PALISADE_ACQUIRE_POLL_MS", 1_000_u64)?),
+        })
+    }
+}
+
+/// A built dispatch service.
+pub struct Service {
+    bus: Bus,
+    relay: Relay,
+    dispatch: Arc<Dispatch>,
+    wake: watch::Sender<u64>,
+}
+
+impl Service {
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let connections = Connections::open(&settings.common, "palisade-dispatch")
+            .await
+            .context("failed to connect")?;
+        Ok(Self::from_connections(settings, connections))
+    }
+
+    pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let relay = Relay::new(connections.pool.clone(), connections.bus.clone(), Default::default());
+        let (wake, wake_rx) = watch::channel(0_u64);
+        let dispatch = Arc::new(Dispatch {
+            pool: connections.pool,
+            bus: connections.bus.clone(),
+            relay: relay.clone(),
+            settings,
+            wake: wake_rx,
+        });
+        Self {
+            bus: connections.bus,
+            relay,
+            dispatch,
+            wake,
+        }
+    }
+
+    /// Serves the four worker verbs and relays the outbox until `shutdown`.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let subjects = self.bus.subjects().clone();
+        let stop = shutdown.child_token();
+        let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+
+        let mut ready = self
+            .bus
+            .client()
+            .subscribe(subjects.event(EventKind::TaskReady))
+            .await
+            .context("failed to subscribe to task.ready")?;
+        let wake = self.wake;
+        let wake_stop = stop.clone();
+        let waker = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = wake_stop.cancelled() => return,
+                    event = ready.next() => match event {
+                        Some(_) => { wake.send_modify(|generation| *generation += 1); }
+                        None => return,
+                    },
+                }
+            }
+        });
+
+        let mut servers = tokio::task::JoinSet::new();
+        for verb in [WorkerVerb::Hello, WorkerVerb::Acquire, WorkerVerb::Renew, WorkerVerb::Release] {
+            let dispatch = self.dispatch.clone();
+            let bus = self.bus.clone();
+            let subject = subjects.worker_wildcard(verb);
+            let stop = stop.clone();
+            servers.spawn(async move {
+                bus::serve::serve(
+                    &bus,
+                    subject,
+                    QUEUE_GROUP,
+                    move |message| {
+                        let dispatch = dispatch.clone();
+                        async move { Some(dispatch.answer(verb, &message).await) }
+                    },
+                    stop,
+                )
+                .await
+            });
+        }
+        let result = tokio::select! {
+            () = stop.cancelled() => Ok(()),
+            Some(joined) = servers.join_next() => match joined {
+                Ok(result) => result.context("dispatch server stopped"),
+                Err(error) => Err(error).context("dispatch server panicked"),
+            },
+        };
+        stop.cancel();
+        while servers.join_next().await.is_some() {}
+        let _ = waker.await;
+        let _ = relay.await;
+        result
+    }
+}
+
+struct Dispatch {
+    pool: PgPool,
+    bus: Bus,
+    relay: Relay,
+    settings: Settings,
+    wake: watch::Receiver<u64>,
+}
+
+fn invalid(message: impl Into<String>) -> v1::Error {
+    v1::Error::new(ErrorCode::InvalidField, message)
+}
+
+fn internal(error: &StoreError) -> v1::Error {
+    tracing::warn!(%error, "dispatch could not decide");
+    v1::Error::new(ErrorCode::Internal, format!("dispatch could not decide ({error}); retry"))
+}
+
+fn malformed(kind: &str, error: prost::DecodeError) -> v1::Error {
+    v1::Error::new(ErrorCode::MalformedMessage, format!("not a palisade.v1.{kind}: {error}"))
+}
+
+/// The worker id a request was sent under: the subject token and the field must agree.
+fn worker_id(subject_worker: Option<&str>, field: &str) -> Result<Uuid, v1::Error> {
+    if subject_worker != Some(field) {
+        return Err(invalid(format!(
+            "worker_id {field:?} does not match the subject's worker id {subject_worker:?}"
+        )));
+    }
+    Uuid::parse_str(field).map_err(|_| invalid(format!("worker_id {field:?} is not a UUID")))
+}
+
+fn schema(version: u32) -> Result<(), v1::Error> {
+    if version == messages::SCHEMA_VERSION {
+        Ok(())
+    } else {
+        Err(v1::Error::new(
+            ErrorCode::UnsupportedSchemaVersion,
+            format!("schema_version {version} is not supported; send {}", messages::SCHEMA_VERSION),
+        ))
+    }
+}
+
+impl Dispatch {
+    async fn answer(&self, verb: WorkerVerb, message: &bus::async_nats::Message) -> Bytes {
+        let subject_worker = self.bus.subjects().worker_id_of(message.subject.as_str());
+        let payload = &message.payload;
+        let reply = match verb {
+            WorkerVerb::Hello => {
+                let error = |error| v1::HelloReply { error: Some(error), ..Default::default() };
+                match self.hello(subject_worker, payload).await {
+                    Ok(reply) => reply,
+                    Err(refusal) => error(refusal),
+                }
+                .encode_to_vec()
+            }
+            WorkerVerb::Acquire => match self.acquire(subject_worker, payload).await {
+                Ok(leases) => v1::AcquireReply { error: None, leases },
+                Err(error) => v1::AcquireReply { error: Some(error), leases: Vec::new() },
+            }
+            .encode_to_vec(),
+            WorkerVerb::Renew => match self.renew(subject_worker, payload).await {
+                Ok(lease_expires_in_ms) => v1::RenewReply { error: None, lease_expires_in_ms },
+                Err(error) => v1::RenewReply { error: Some(error), lease_expires_in_ms: 0 },
+            }
+            .encode_to_vec(),
+            WorkerVerb::Release => v1::ReleaseReply {
+                error: self.release(subject_worker, payload).await.err(),
+            }
+            .encode_to_vec(),
+            WorkerVerb::Result | WorkerVerb::Complete | WorkerVerb::Fail | WorkerVerb::Ack => {
+                unreachable!("dispatch only serves hello, acquire, renew and release")
+            }
+        };
+        reply.into()
+    }
+
+    async fn hello(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<v1::HelloReply, v1::Error> {
+        let request = v1::HelloRequest::decode(payload).map_err(|error| malformed("HelloRequest", error))?;
+        schema(request.schema_version)?;
+        let worker_id = worker_id(subject_worker, &request.worker_id)?;
+        if request.capacity == 0 || request.capacity > WORKER_CAPACITY_MAX {
+            return Err(invalid(format!("capacity must be 1..={WORKER_CAPACITY_MAX}")));
+        }
+        if request.capabilities.len() > WORKER_CAPABILITIES_MAX
+            || request.capabilities.iter().any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX)
+        {
+            return Err(invalid(format!(
+                "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes"
+            )));
+        }
+        let params = HelloParams {
+            worker_id,
+            software_version: &request.software_version,
+            protocol_version: &request.protocol_version,
+            capabilities: &request.capabilities,
+            capacity: request.capacity as i32,
+        };
+        match store::dispatch::hello(&self.pool, &params).await {
+            Ok(HelloOutcome::Accepted { organization_ids }) => Ok(v1::HelloReply {
+                error: None,
+                lease_ttl_ms: self.settings.lease.ttl.as_millis() as u32,
+                renew_interval_ms: self.settings.lease.renew_interval.as_millis() as u32,
+                batch_findings_max: self.settings.batch_limits.findings_max as u32,
+                batch_bytes_max: self.settings.batch_limits.bytes_max as u32,
+                organization_ids: organization_ids.iter().map(Uuid::to_string).collect(),
+            }),
+            Ok(HelloOutcome::Refused(error)) => Err(error),
+            Err(error) => Err(internal(&error)),
+        }
+    }
+
+    /// Grants leases at once when tasks are due; otherwise waits up to `wait_ms`, re-trying on
+    /// every `task.ready` wake-up and on the poll interval.
+    async fn acquire(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<Vec<v1::Lease>, v1::Error> {
+        let request = v1::AcquireRequest::decode(payload).map_err(|error| malformed("AcquireRequest", error))?;
+        schema(request.schema_version)?;
+        let worker_id = worker_id(subject_worker, &request.worker_id)?;
+        let request_id = Uuid::parse_str(&request.request_id)
+            .map_err(|_| invalid("request_id must be a UUID"))?;
+        if request.max_tasks == 0 || request.max_tasks > ACQUIRE_TASKS_MAX {
+            return Err(invalid(format!("max_tasks must be 1..={ACQUIRE_TASKS_MAX}")));
+        }
+        if request.wait_ms > ACQUIRE_WAIT_MS_MAX {
+            return Err(invalid(format!("wait_ms must be at most {ACQUIRE_WAIT_MS_MAX}")));
+        }
+        let params = AcquireParams {
+            worker_id,
+            request_id,
+            max_tasks: i64::from(request.max_tasks),
+            lease_ttl: self.settings.lease.ttl,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(request.wait_ms));
+        let mut wake = self.wake.clone();
+        loop {
+            wake.borrow_and_update();
+            match store::dispatch::acquire(&self.pool, self.bus.subjects(), &params).await {
+                Ok(AcquireOutcome::Leases(leases)) if !leases.is_empty() => {
+                    self.relay.notify();
+                    return Ok(leases.iter().map(store::dispatch::GrantedLease::to_wire).collect());
+                }
+                Ok(AcquireOutcome::Leases(_)) => {}
+                Ok(AcquireOutcome::Refused(error)) => return Err(error),
+                Err(error) => return Err(internal(&error)),
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            let pause = (deadline - now).min(self.settings.acquire_poll);
+            let _ = tokio::time::timeout(pause, wake.changed()).await;
+        }
+    }
+
+    async fn renew(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<u32, v1::Error> {
+        let request = v1::RenewRequest::decode(payload).map_err(|error| malformed("RenewRequest", error))?;
+        schema(request.schema_version)?;
+        let worker_id = worker_id(subject_worker, &request.worker_id)?;
+        let claim = LeaseClaim::from_wire(worker_id, request.lease.as_ref())?;
+        match store::dispatch::renew(&self.pool, &claim, self.settings.lease.ttl).await {
+            Ok(RenewOutcome::Renewed { lease_expires_in_ms }) => Ok(lease_expires_in_ms.clamp(0, i64::from(u32::MAX)) as u32),
+            Ok(RenewOutcome::Refused(error)) => Err(error),
+            Err(error) => Err(internal(&error)),
+        }
+    }
+
+    async fn release(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<(), v1::Error> {
+        let request = v1::ReleaseRequest::decode(payload).map_err(|error| malformed("ReleaseRequest", error))?;
+        schema(request.schema_version)?;
+        let worker_id = worker_id(subject_worker, &request.worker_id)?;
+        let claim = LeaseClaim::from_wire(worker_id, request.lease.as_ref())?;
+        let reason: String = request.reason.chars().take(512).collect();
+        match store::dispatch::release(&self.pool, self.bus.subjects(), &claim, &reason).await {
+            Ok(ReleaseOutcome::Released) => {
+                self.relay.notify();
+                Ok(())
+            }
+            Ok(ReleaseOutcome::Refused(error)) => Err(error),
+            Err(error) => Err(internal(&error)),
+        }
+    }
+}

@@ -120,3 +120,116 @@ pub fn shutdown_on_signal() -> CancellationToken {
 pub fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
+
+/// Lease timing, shared by dispatch (which grants and renews) and workers (told at hello).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSettings {
+    pub ttl: Duration,
+    pub renew_interval: Duration,
+}
+
+impl LeaseSettings {
+    pub const TTL_DEFAULT: Duration = Duration::from_secs(30);
+    pub const RENEW_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+
+    /// `PALISADE_LEASE_TTL_MS`, `PALISADE_RENEW_INTERVAL_MS`; a renew interval at or above the
+    /// TTL is refused (every lease would expire between renewals).
+    pub fn from_env() -> Result<Self, SettingsError> {
+        let ttl = Duration::from_millis(env::parse(
+            "PALISADE_LEASE_TTL_MS",
+            Self::TTL_DEFAULT.as_millis() as u64,
+        )?);
+        let renew_interval = Duration::from_millis(env::parse(
+            "PALISADE_RENEW_INTERVAL_MS",
+            Self::RENEW_INTERVAL_DEFAULT.as_millis() as u64,
+        )?);
+        Self::new(ttl, renew_interval)
+    }
+
+    pub fn new(ttl: Duration, renew_interval: Duration) -> Result<Self, SettingsError> {
+        if ttl < Duration::from_millis(100) || ttl > Duration::from_secs(3_600) {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_LEASE_TTL_MS",
+                value: ttl.as_millis().to_string(),
+                reason: "must be 100..=3600000".into(),
+            });
+        }
+        if renew_interval.is_zero() || renew_interval >= ttl {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_RENEW_INTERVAL_MS",
+                value: renew_interval.as_millis().to_string(),
+                reason: format!(
+                    "must be above 0 and below the lease TTL ({} ms); a third of it is usual",
+                    ttl.as_millis()
+                ),
+            });
+        }
+        Ok(Self { ttl, renew_interval })
+    }
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            ttl: Self::TTL_DEFAULT,
+            renew_interval: Self::RENEW_INTERVAL_DEFAULT,
+        }
+    }
+}
+
+/// Result batch limits, shared by ingestion (which enforces them) and workers (told at hello).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    pub findings_max: usize,
+    pub bytes_max: usize,
+}
+
+impl BatchLimits {
+    /// One INSERT of a full batch stays far below PostgreSQL's bind-parameter limit.
+    pub const FINDINGS_MAX_DEFAULT: usize = 1_000;
+    pub const BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+
+    /// `PALISADE_BATCH_FINDINGS_MAX`, `PALISADE_BATCH_BYTES_MAX`.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        let findings_max = env::parse("PALISADE_BATCH_FINDINGS_MAX", Self::FINDINGS_MAX_DEFAULT)?;
+        let bytes_max = env::parse("PALISADE_BATCH_BYTES_MAX", Self::BYTES_MAX_DEFAULT)?;
+        if !(1..=10_000).contains(&findings_max) {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_BATCH_FINDINGS_MAX",
+                value: findings_max.to_string(),
+                reason: "must be 1..=10000".into(),
+            });
+        }
+        if !(1_024..=bus::MESSAGE_BYTES_MAX as usize / 2).contains(&bytes_max) {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_BATCH_BYTES_MAX",
+                value: bytes_max.to_string(),
+                reason: format!("must be 1024..={}", bus::MESSAGE_BYTES_MAX / 2),
+            });
+        }
+        Ok(Self { findings_max, bytes_max })
+    }
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        Self {
+            findings_max: Self::FINDINGS_MAX_DEFAULT,
+            bytes_max: Self::BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renew_interval_must_be_below_the_ttl() {
+        let ttl = Duration::from_secs(30);
+        assert!(LeaseSettings::new(ttl, Duration::from_secs(10)).is_ok());
+        assert!(LeaseSettings::new(ttl, ttl).is_err());
+        assert!(LeaseSettings::new(ttl, Duration::from_secs(31)).is_err());
+        assert!(LeaseSettings::new(ttl, Duration::ZERO).is_err());
+    }
+}

@@ -205,7 +205,13 @@ pub async fn acquire(
 
     let organizations = assigned_organizations(&mut tx, params.worker_id, true).await?;
     if organizations.is_empty() {
-        return Ok(AcquireOutcome::Leases(Vec::new()));
+        return Ok(AcquireOutcome::Refused(v1::Error::new(
+            ErrorCode::WorkerNotAssigned,
+            format!(
+                "worker {} serves no organization; assign it with `palisade worker assign`",
+                params.worker_id
+            ),
+        )));
     }
 
     let granted = sqlx::query_as::<_, GrantedLease>(concat!(

@@ -18,6 +18,36 @@ pub struct LeaseClaim {
     pub lease_token: String,
 }
 
+impl LeaseClaim {
+    /// Parses the lease a message carries, sent by `worker_id`.
+    pub fn from_wire(
+        worker_id: Uuid,
+        lease: Option<&messages::v1::LeaseRef>,
+    ) -> Result<Self, messages::v1::Error> {
+        use messages::{v1, ErrorCode};
+        let invalid = |message: &str| v1::Error::new(ErrorCode::InvalidField, message);
+        let lease = lease.ok_or_else(|| invalid("lease is required"))?;
+        let task_id = Uuid::parse_str(&lease.task_id)
+            .map_err(|_| invalid("lease.task_id is not a UUID"))?;
+        let attempt_id = Uuid::parse_str(&lease.attempt_id)
+            .map_err(|_| invalid("lease.attempt_id is not a UUID"))?;
+        let attempt_number = i32::try_from(lease.attempt_number)
+            .ok()
+            .filter(|number| *number > 0)
+            .ok_or_else(|| invalid("lease.attempt_number must be a positive 32-bit integer"))?;
+        if lease.lease_token.is_empty() || lease.lease_token.len() > 128 {
+            return Err(invalid("lease.lease_token must be 1..=128 bytes"));
+        }
+        Ok(Self {
+            worker_id,
+            task_id,
+            attempt_id,
+            attempt_number,
+            lease_token: lease.lease_token.clone(),
+        })
+    }
+}
+
 /// The locked attempt and task, as read inside the writing transaction.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct LockedAttempt {

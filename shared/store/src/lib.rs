@@ -24,6 +24,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use thiserror::Error;
 
+pub use fence::LeaseClaim;
 pub use outbox::OutboxEvent;
 pub use retry::RetryPolicy;
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
