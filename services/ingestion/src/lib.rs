@@ -1,1 +1,325 @@
-//! placeholder
+//! Ingestion (SPEC §4.3): consumes result batches, completions and failures from the results
+//! stream, decides each under the fence in one transaction per fetched batch (a savepoint per
+//! message), and only after the commit answers the worker and acknowledges JetStream.
+
+pub mod parse;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
+use messages::{v1, ErrorCode, WorkerVerb};
+use outbox::Relay;
+use prost::Message as _;
+use runtime::{env, BatchLimits, CommonSettings, Connections, SettingsError};
+use store::ingestion::{BatchParams, FailParams, IngestOutcome};
+use store::{PgPool, RetryPolicy, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::parse::{AckAddress, WorkerMessage};
+
+/// The durable consumer's name on the results stream.
+pub const CONSUMER_NAME: &str = "ingestion";
+
+/// Ingestion's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub common: CommonSettings,
+    pub batch_limits: BatchLimits,
+    /// Backoff between attempts of a failed task (`PALISADE_RETRY_BASE_MS` 5000,
+    /// `PALISADE_RETRY_CAP_MS` 300000).
+    pub retry: RetryPolicy,
+    /// Messages decided per transaction (`PALISADE_INGESTION_BATCH_SIZE`, default 128).
+    pub batch_size: usize,
+    /// `PALISADE_INGESTION_ACK_WAIT_MS` (default 30000).
+    pub ack_wait: Duration,
+    /// `PALISADE_INGESTION_MAX_DELIVER` (default 10).
+    pub max_deliver: i64,
+    /// Test fault injection: crash after commit, before ack.
+    pub crash_after_commit: Option<Arc<AtomicBool>>,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_common(CommonSettings::from_env()?)
+    }
+
+    pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
+        let base = Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?);
+        let cap = Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?);
+        if base.is_zero() || cap < base {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_RETRY_CAP_MS",
+                value: cap.as_millis().to_string(),
+                reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0".into(),
+            });
+        }
+        let batch_size = env::parse("PALISADE_INGESTION_BATCH_SIZE", ConsumerSpec::BATCH_SIZE_DEFAULT)?;
+        if !(1..=1_000).contains(&batch_size) {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_INGESTION_BATCH_SIZE",
+                value: batch_size.to_string(),
+                reason: "must be 1..=1000".into(),
+            });
+        }
+        Ok(Self {
+            common,
+            batch_limits: BatchLimits::from_env()?,
+            retry: RetryPolicy { base, cap },
+            batch_size,
+            ack_wait: Duration::from_millis(env::parse(
+                "PALISADE_INGESTION_ACK_WAIT_MS",
+                ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
+            )?),
+            max_deliver: env::parse("PALISADE_INGESTION_MAX_DELIVER", ConsumerSpec::MAX_DELIVER_DEFAULT)?,
+            crash_after_commit: None,
+        })
+    }
+}
+
+/// A built ingestion service.
+pub struct Service {
+    settings: Settings,
+    bus: Bus,
+    relay: Relay,
+    ingestion: Arc<Ingestion>,
+}
+
+impl Service {
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let connections = Connections::open(&settings.common, "palisade-ingestion")
+            .await
+            .context("failed to connect")?;
+        Ok(Self::from_connections(settings, connections))
+    }
+
+    pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let relay = Relay::new(connections.pool.clone(), connections.bus.clone(), Default::default());
+        let ingestion = Arc::new(Ingestion {
+            pool: connections.pool,
+            bus: connections.bus.clone(),
+            relay: relay.clone(),
+            limits: settings.batch_limits,
+            retry: settings.retry,
+        });
+        Self {
+            settings,
+            bus: connections.bus,
+            relay,
+            ingestion,
+        }
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let subjects = self.bus.subjects();
+        let mut spec = ConsumerSpec::new(
+            subjects.results_stream(),
+            CONSUMER_NAME,
+            format!("{}.v1.worker.*.*", subjects.prefix()),
+        );
+        spec.batch_size = self.settings.batch_size;
+        spec.ack_wait = self.settings.ack_wait;
+        spec.max_deliver = self.settings.max_deliver;
+        spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        let stop = shutdown.child_token();
+        let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+        let result = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone())
+            .await
+            .context("ingestion consumer stopped");
+        stop.cancel();
+        let _ = relay.await;
+        result
+    }
+}
+
+/// What ingestion decided about one message.
+#[derive(Debug)]
+enum Verdict {
+    Accepted,
+    Duplicate,
+    Refused(v1::Error),
+    Failed(String),
+}
+
+struct Ingestion {
+    pool: PgPool,
+    bus: Bus,
+    relay: Relay,
+    limits: BatchLimits,
+    retry: RetryPolicy,
+}
+
+fn verb_of(subject: &str) -> Option<WorkerVerb> {
+    match subject.rsplit('.').next()? {
+        "result" => Some(WorkerVerb::Result),
+        "complete" => Some(WorkerVerb::Complete),
+        "fail" => Some(WorkerVerb::Fail),
+        _ => None,
+    }
+}
+
+impl Ingestion {
+    /// Decides the valid messages in one transaction, a savepoint each.
+    async fn decide(&self, messages: &[(usize, WorkerMessage)]) -> Result<Vec<Verdict>, StoreError> {
+        let subjects = self.bus.subjects();
+        let mut tx = self.pool.begin().await?;
+        let mut verdicts = Vec::with_capacity(messages.len());
+        for (_, message) in messages {
+            let mut savepoint = store::savepoint(&mut tx).await?;
+            let outcome = match message {
+                WorkerMessage::Result { claim, sequence_number, idempotency_key, payload_sha256, payload } => {
+                    store::ingestion::accept_batch(
+                        &mut savepoint,
+                        &BatchParams {
+                            claim,
+                            sequence_number: *sequence_number,
+                            idempotency_key,
+                            payload_sha256,
+                            findings: &payload.findings,
+                            assets: &payload.assets,
+                        },
+                    )
+                    .await
+                }
+                WorkerMessage::Complete { claim, batch_count, summary } => {
+                    store::ingestion::complete(&mut savepoint, subjects, claim, *batch_count, summary).await
+                }
+                WorkerMessage::Fail { claim, error_code, error_message, retryable } => {
+                    store::ingestion::fail(
+                        &mut savepoint,
+                        subjects,
+                        &FailParams {
+                            claim,
+                            error_code,
+                            error_message,
+                            retryable: *retryable,
+                            retry: self.retry,
+                        },
+                    )
+                    .await
+                }
+            };
+            let verdict = match outcome {
+                Ok(IngestOutcome::Accepted) => {
+                    savepoint.commit().await?;
+                    Verdict::Accepted
+                }
+                Ok(IngestOutcome::Duplicate) => {
+                    savepoint.rollback().await?;
+                    Verdict::Duplicate
+                }
+                Ok(IngestOutcome::Refused(error)) => {
+                    savepoint.rollback().await?;
+                    Verdict::Refused(error)
+                }
+                Err(error) => {
+                    savepoint.rollback().await?;
+                    tracing::warn!(%error, task_id = %message.claim().task_id, "ingestion could not decide");
+                    Verdict::Failed(error.to_string())
+                }
+            };
+            verdicts.push(verdict);
+        }
+        tx.commit().await?;
+        Ok(verdicts)
+    }
+
+    async fn answer(&self, address: &AckAddress, verdict: &Verdict) {
+        let Some(worker_id) = &address.worker_id else { return };
+        let error = match verdict {
+            Verdict::Refused(error) => Some(error.clone()),
+            Verdict::Accepted | Verdict::Duplicate => None,
+            Verdict::Failed(_) => return,
+        };
+        let ack = v1::IngestAck {
+            kind: address.kind.to_owned(),
+            task_id: address.task_id.clone(),
+            attempt_id: address.attempt_id.clone(),
+            idempotency_key: address.idempotency_key.clone(),
+            sequence_number: address.sequence_number,
+            error,
+            duplicate: matches!(verdict, Verdict::Duplicate),
+        };
+        let subject = self.bus.subjects().worker(worker_id, WorkerVerb::Ack);
+        if let Err(error) = self.bus.publish_core(subject, ack.encode_to_vec().into()).await {
+            // The worker resends after its ack timeout and gets the same answer again.
+            tracing::debug!(%error, "ingest ack not sent");
+        }
+    }
+}
+
+impl BatchHandler for Ingestion {
+    async fn handle(&self, batch: &[Delivery]) -> Vec<Decision> {
+        let subjects = self.bus.subjects();
+        let mut addresses = Vec::with_capacity(batch.len());
+        let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(batch.len());
+        let mut valid = Vec::new();
+        for (index, delivery) in batch.iter().enumerate() {
+            let (address, parsed) = parse::parse(
+                verb_of(delivery.subject()),
+                subjects.worker_id_of(delivery.subject()),
+                delivery.payload(),
+                &self.limits,
+            );
+            addresses.push(address);
+            match parsed {
+                Ok(message) => {
+                    verdicts.push(None);
+                    valid.push((index, message));
+                }
+                Err(error) => verdicts.push(Some(Verdict::Refused(error))),
+            }
+        }
+        valid.sort_by_key(|(_, message)| message.sort_key());
+        match self.decide(&valid).await {
+            Ok(decided) => {
+                let any_accepted = decided.iter().any(|verdict| matches!(verdict, Verdict::Accepted));
+                for ((index, _), verdict) in valid.iter().zip(decided) {
+                    verdicts[*index] = Some(verdict);
+                }
+                if any_accepted {
+                    self.relay.notify();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, messages = valid.len(), "ingestion transaction failed");
+                for (index, _) in &valid {
+                    verdicts[*index] = Some(Verdict::Failed(error.to_string()));
+                }
+            }
+        }
+        let mut decisions = Vec::with_capacity(batch.len());
+        for (address, verdict) in addresses.iter().zip(verdicts) {
+            let verdict = verdict.expect("every message decided");
+            self.answer(address, &verdict).await;
+            decisions.push(match verdict {
+                Verdict::Accepted | Verdict::Duplicate => Decision::Ack,
+                Verdict::Refused(error) => {
+                    if error.error_code() != Some(ErrorCode::LeaseLost) {
+                        tracing::info!(code = %error.code, kind = address.kind, task_id = %address.task_id, "worker message refused");
+                    }
+                    Decision::Reject { reason: error.code }
+                }
+                Verdict::Failed(reason) => Decision::Retry { reason },
+            });
+        }
+        decisions
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) {
+        let letter = store::dead_letters::DeadLetter {
+            consumer: CONSUMER_NAME,
+            subject: delivery.subject(),
+            stream_sequence: delivery.stream_sequence,
+            delivered: delivery.delivered,
+            reason,
+            payload: delivery.payload(),
+        };
+        tracing::error!(stream_sequence = delivery.stream_sequence, reason, "worker message dead after its last delivery");
+        if let Err(error) = store::dead_letters::record(&self.pool, &letter).await {
+            tracing::error!(%error, "could not record a dead worker message");
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! Parsing worker messages off the wire into what ingestion can act on.
+
+use messages::limits::{BATCH_SEQUENCE_MAX, FINDING_FIELD_BYTES_MAX, IDENTIFIER_BYTES_MAX};
+use messages::{v1, ErrorCode, WorkerVerb};
+use prost::Message as _;
+use runtime::BatchLimits;
+use store::LeaseClaim;
+use uuid::Uuid;
+
+/// Longest text kept from a completion summary or failure message.
+pub const TEXT_CHARS_MAX: usize = 4_096;
+
+const SEVERITIES: [&str; 5] = ["info", "low", "medium", "high", "critical"];
+
+/// A worker message that passed validation.
+#[derive(Debug, Clone)]
+pub enum WorkerMessage {
+    Result {
+        claim: LeaseClaim,
+        sequence_number: i32,
+        idempotency_key: String,
+        payload_sha256: String,
+        payload: v1::BatchPayload,
+    },
+    Complete {
+        claim: LeaseClaim,
+        batch_count: i32,
+        summary: String,
+    },
+    Fail {
+        claim: LeaseClaim,
+        error_code: String,
+        error_message: String,
+        retryable: bool,
+    },
+}
+
+impl WorkerMessage {
+    pub fn claim(&self) -> &LeaseClaim {
+        match self {
+            WorkerMessage::Result { claim, .. }
+            | WorkerMessage::Complete { claim, .. }
+            | WorkerMessage::Fail { claim, .. } => claim,
+        }
+    }
+
+    /// Order within a batch: by task, results before the completion or failure, results by
+    /// sequence. Transactions then lock tasks in one order, and a completion that arrives in
+    /// the same fetch as its last batches sees them.
+    pub fn sort_key(&self) -> (Uuid, u8, i32) {
+        match self {
+            WorkerMessage::Result { claim, sequence_number, .. } => (claim.task_id, 0, *sequence_number),
+            WorkerMessage::Complete { claim, .. } => (claim.task_id, 1, 0),
+            WorkerMessage::Fail { claim, .. } => (claim.task_id, 1, 0),
+        }
+    }
+}
+
+/// How to answer a message: what is known about it even when it is refused.
+#[derive(Debug, Clone, Default)]
+pub struct AckAddress {
+    pub worker_id: Option<String>,
+    pub kind: &'static str,
+    pub task_id: String,
+    pub attempt_id: String,
+    pub idempotency_key: String,
+    pub sequence_number: u32,
+}
+
+fn invalid(message: impl Into<String>) -> v1::Error {
+    v1::Error::new(ErrorCode::InvalidField, message)
+}
+
+fn too_large(message: impl Into<String>) -> v1::Error {
+    v1::Error::new(ErrorCode::TooLarge, message)
+}
+
+fn malformed(kind: &str, error: prost::DecodeError) -> v1::Error {
+    v1::Error::new(ErrorCode::MalformedMessage, format!("not a palisade.v1.{kind}: {error}"))
+}
+
+fn schema(version: u32) -> Result<(), v1::Error> {
+    if version == messages::SCHEMA_VERSION {
+        Ok(())
+    } else {
+        Err(v1::Error::new(
+            ErrorCode::UnsupportedSchemaVersion,
+            format!("schema_version {version} is not supported; send {}", messages::SCHEMA_VERSION),
+        ))
+    }
+}
+
+fn worker_id(subject_worker: Option<&str>, field: &str) -> Result<Uuid, v1::Error> {
+    if subject_worker != Some(field) {
+        return Err(invalid(format!(
+            "worker_id {field:?} does not match the subject's worker id {subject_worker:?}"
+        )));
+    }
+    Uuid::parse_str(field).map_err(|_| v1::Error::new(ErrorCode::UnknownWorker, format!("worker_id {field:?} is not a UUID")))
+}
+
+fn address(subject_worker: Option<&str>, kind: &'static str, lease: Option<&v1::LeaseRef>) -> AckAddress {
+    AckAddress {
+        worker_id: subject_worker.map(str::to_owned),
+        kind,
+        task_id: lease.map(|l| l.task_id.clone()).unwrap_or_default(),
+        attempt_id: lease.map(|l| l.attempt_id.clone()).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// Decodes and validates one message from `verb`'s subject.
+pub fn parse(
+    verb: Option<WorkerVerb>,
+    subject_worker: Option<&str>,
+    payload: &[u8],
+    limits: &BatchLimits,
+) -> (AckAddress, Result<WorkerMessage, v1::Error>) {
+    match verb {
+        Some(WorkerVerb::Result) => parse_result(subject_worker, payload, limits),
+        Some(WorkerVerb::Complete) => match v1::TaskComplete::decode(payload) {
+            Err(error) => (address(subject_worker, "complete", None), Err(malformed("TaskComplete", error))),
+            Ok(message) => {
+                let address = address(subject_worker, "complete", message.lease.as_ref());
+                let parsed = (|| {
+                    schema(message.schema_version)?;
+                    let claim = LeaseClaim::from_wire(worker_id(subject_worker, &message.worker_id)?, message.lease.as_ref())?;
+                    if message.batch_count > BATCH_SEQUENCE_MAX + 1 {
+                        return Err(v1::Error::new(
+                            ErrorCode::SequenceOutOfRange,
+                            format!("batch_count {} is over {}", message.batch_count, BATCH_SEQUENCE_MAX + 1),
+                        ));
+                    }
+                    Ok(WorkerMessage::Complete {
+                        claim,
+                        batch_count: message.batch_count as i32,
+                        summary: message.summary.chars().take(TEXT_CHARS_MAX).collect(),
+                    })
+                })();
+                (address, parsed)
+            }
+        },
+        Some(WorkerVerb::Fail) => match v1::TaskFail::decode(payload) {
+            Err(error) => (address(subject_worker, "fail", None), Err(malformed("TaskFail", error))),
+            Ok(message) => {
+                let address = address(subject_worker, "fail", message.lease.as_ref());
+                let parsed = (|| {
+                    schema(message.schema_version)?;
+                    let claim = LeaseClaim::from_wire(worker_id(subject_worker, &message.worker_id)?, message.lease.as_ref())?;
+                    let error = message.error.unwrap_or_default();
+                    let error_code = if error.code.is_empty() { "plugin_failed".to_owned() } else { error.code };
+                    if error_code.len() > IDENTIFIER_BYTES_MAX {
+                        return Err(too_large(format!("error.code is over {IDENTIFIER_BYTES_MAX} bytes")));
+                    }
+                    Ok(WorkerMessage::Fail {
+                        claim,
+                        error_code,
+                        error_message: error.message.chars().take(TEXT_CHARS_MAX).collect(),
+                        retryable: message.retryable,
+                    })
+                })();
+                (address, parsed)
+            }
+        },
+        _ => (
+            AckAddress { worker_id: subject_worker.map(str::to_owned), kind: "unknown", ..Default::default() },
+            Err(invalid("unexpected subject on the results stream")),
+        ),
+    }
+}
+
+fn parse_result(
+    subject_worker: Option<&str>,
+    payload: &[u8],
+    limits: &BatchLimits,
+) -> (AckAddress, Result<WorkerMessage, v1::Error>) {
+    let message = match v1::ResultBatch::decode(payload) {
+        Ok(message) => message,
+        Err(error) => return (address(subject_worker, "result", None), Err(malformed("ResultBatch", error))),
+    };
+    let mut address = address(subject_worker, "result", message.lease.as_ref());
+    address.idempotency_key = message.idempotency_key.clone();
+    address.sequence_number = message.sequence_number;
+    let parsed = (|| {
+        schema(message.schema_version)?;
+        let claim = LeaseClaim::from_wire(worker_id(subject_worker, &message.worker_id)?, message.lease.as_ref())?;
+        if message.sequence_number > BATCH_SEQUENCE_MAX {
+            return Err(v1::Error::new(
+                ErrorCode::SequenceOutOfRange,
+                format!("sequence_number {} is over {BATCH_SEQUENCE_MAX}", message.sequence_number),
+            ));
+        }
+        if message.idempotency_key.is_empty() || message.idempotency_key.len() > IDENTIFIER_BYTES_MAX {
+            return Err(invalid(format!("idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes")));
+        }
+        let checksum_form = message.payload_sha256.len() == 64
+            && message.payload_sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !checksum_form {
+            return Err(invalid("payload_sha256 must be 64 lowercase hex digits"));
+        }
+        if message.payload.len() > limits.bytes_max {
+            return Err(too_large(format!(
+                "batch payload is {} bytes, at most {} are accepted; send smaller batches",
+                message.payload.len(),
+                limits.bytes_max
+            )));
+        }
+        let actual = messages::sha256_hex(&message.payload);
+        if actual != message.payload_sha256 {
+            return Err(v1::Error::new(
+                ErrorCode::ChecksumMismatch,
+                format!("payload hashes to {actual}, the message says {}", message.payload_sha256),
+            ));
+        }
+        let batch = v1::BatchPayload::decode(message.payload.as_slice()).map_err(|error| malformed("BatchPayload", error))?;
+        if batch.findings.len() > limits.findings_max {
+            return Err(too_large(format!(
+                "batch has {} findings, at most {} are accepted; send smaller batches",
+                batch.findings.len(),
+                limits.findings_max
+            )));
+        }
+        for finding in &batch.findings {
+            validate_finding(finding)?;
+        }
+        for asset in &batch.assets {
+            if asset.kind.is_empty() || asset.kind.len() > 64 || asset.value.is_empty() || asset.value.len() > 2_048 {
+                return Err(invalid("asset kind must be 1..=64 bytes and value 1..=2048 bytes"));
+            }
+        }
+        Ok(WorkerMessage::Result {
+            claim,
+            sequence_number: message.sequence_number as i32,
+            idempotency_key: message.idempotency_key.clone(),
+            payload_sha256: message.payload_sha256.clone(),
+            payload: batch,
+        })
+    })();
+    (address, parsed)
+}
+
+fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {
+    if finding.rule_id.is_empty() || finding.rule_id.len() > IDENTIFIER_BYTES_MAX {
+        return Err(invalid(format!("finding rule_id must be 1..={IDENTIFIER_BYTES_MAX} bytes")));
+    }
+    if finding.resource.is_empty() || finding.title.is_empty() {
+        return Err(invalid(format!("finding {:?} needs a resource and a title", finding.rule_id)));
+    }
+    if !SEVERITIES.contains(&finding.severity.as_str()) {
+        return Err(invalid(format!(
+            "finding severity {:?} is not one of {}",
+            finding.severity,
+            SEVERITIES.join(", ")
+        )));
+    }
+    for (name, text) in [
+        ("resource", &finding.resource),
+        ("discriminator", &finding.discriminator),
+        ("title", &finding.title),
+        ("description", &finding.description),
+        ("evidence", &finding.evidence),
+    ] {
+        if text.len() > FINDING_FIELD_BYTES_MAX {
+            return Err(too_large(format!("finding {name} is over {FINDING_FIELD_BYTES_MAX} bytes")));
+        }
+    }
+    if finding.cve_ids.iter().any(|cve| !is_cve_id(cve)) {
+        return Err(invalid("finding cve_ids must look like CVE-2024-12345"));
+    }
+    Ok(())
+}
+
+fn is_cve_id(text: &str) -> bool {
+    let mut parts = text.split('-');
+    matches!(
+        (parts.next(), parts.next(), parts.next(), parts.next()),
+        (Some("CVE"), Some(year), Some(number), None)
+            if year.len() == 4 && year.bytes().all(|b| b.is_ascii_digit())
+            && (4..=7).contains(&number.len()) && number.bytes().all(|b| b.is_ascii_digit())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease() -> v1::LeaseRef {
+        v1::LeaseRef {
+            task_id: Uuid::now_v7().to_string(),
+            attempt_id: Uuid::now_v7().to_string(),
+            attempt_number: 1,
+            lease_token: "t".into(),
+        }
+    }
+
+    fn batch(worker: &str, payload: Vec<u8>, checksum: String) -> Vec<u8> {
+        v1::ResultBatch {
+            schema_version: 1,
+            worker_id: worker.into(),
+            lease: Some(lease()),
+            sequence_number: 0,
+            idempotency_key: "k".into(),
+            payload_sha256: checksum,
+            payload,
+        }
+        .encode_to_vec()
+    }
+
+    fn finding() -> v1::Finding {
+        v1::Finding {
+            rule_id: "r".into(),
+            resource: "x".into(),
+            severity: "low".into(),
+            title: "t".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn checksum_mismatch_is_detected() {
+        let worker = Uuid::now_v7().to_string();
+        let payload = v1::BatchPayload { findings: vec![finding()], assets: vec![] }.encode_to_vec();
+        let good = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
+        let (_, parsed) = parse(Some(WorkerVerb::Result), Some(&worker), &good, &BatchLimits::default());
+        assert!(parsed.is_ok());
+        let bad = batch(&worker, payload, messages::sha256_hex(b"other"));
+        let (_, parsed) = parse(Some(WorkerVerb::Result), Some(&worker), &bad, &BatchLimits::default());
+        assert_eq!(parsed.unwrap_err().error_code(), Some(ErrorCode::ChecksumMismatch));
+    }
+
+    #[test]
+    fn oversized_batches_are_too_large() {
+        let worker = Uuid::now_v7().to_string();
+        let payload = v1::BatchPayload { findings: vec![finding(); 3], assets: vec![] }.encode_to_vec();
+        let message = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
+        let limits = BatchLimits { findings_max: 2, bytes_max: 1 << 20 };
+        let (_, parsed) = parse(Some(WorkerVerb::Result), Some(&worker), &message, &limits);
+        assert_eq!(parsed.unwrap_err().error_code(), Some(ErrorCode::TooLarge));
+    }
+
+    #[test]
+    fn worker_id_must_match_the_subject() {
+        let worker = Uuid::now_v7().to_string();
+        let payload = v1::BatchPayload::default().encode_to_vec();
+        let message = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
+        let (_, parsed) = parse(Some(WorkerVerb::Result), Some("someone-else"), &message, &BatchLimits::default());
+        assert_eq!(parsed.unwrap_err().error_code(), Some(ErrorCode::InvalidField));
+    }
+
+    #[test]
+    fn cve_ids_are_checked() {
+        assert!(is_cve_id("CVE-2024-12345"));
+        assert!(!is_cve_id("CVE-24-1"));
+        assert!(!is_cve_id("cve-2024-1234"));
+    }
+}
