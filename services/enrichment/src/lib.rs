@@ -1,1 +1,94 @@
-//! placeholder
+//! Enrichment (SPEC §4.4): claims the one enrichment job of each completed scan under a
+//! fenced lease and completes it.
+//!
+//! Scope today: the durable job loop (claim with `SKIP LOCKED`, fencing token, fenced
+//! completion, expired claims taken over). CVE lookups against the NVD API or local NVD files,
+//! checkpoints, retries and the four request outcomes come with the enrichment issue; until
+//! then a job completes recording the CVE ids it found and `"source": "none"`.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use runtime::{env, CommonSettings, Connections, SettingsError};
+use store::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// Enrichment settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub common: CommonSettings,
+    /// Pause when no job is due (`PALISADE_ENRICHMENT_POLL_MS`, default 1000).
+    pub poll: Duration,
+    /// Claim lease (`PALISADE_ENRICHMENT_LEASE_TTL_MS`, default 60000).
+    pub lease_ttl: Duration,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_common(CommonSettings::from_env()?)
+    }
+
+    pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
+        Ok(Self {
+            common,
+            poll: Duration::from_millis(env::parse("PALISADE_ENRICHMENT_POLL_MS", 1_000_u64)?),
+            lease_ttl: Duration::from_millis(env::parse("PALISADE_ENRICHMENT_LEASE_TTL_MS", 60_000_u64)?),
+        })
+    }
+}
+
+/// A built enrichment service.
+pub struct Service {
+    settings: Settings,
+    pool: PgPool,
+    owner: String,
+}
+
+impl Service {
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let connections = Connections::open(&settings.common, "palisade-enrichment")
+            .await
+            .context("failed to connect")?;
+        Ok(Self::from_connections(settings, connections))
+    }
+
+    pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        Self {
+            settings,
+            pool: connections.pool,
+            owner: format!("enrichment-{}", uuid::Uuid::new_v4()),
+        }
+    }
+
+    /// Claims and completes at most one job; true when it did.
+    pub async fn run_once(&self) -> Result<bool, store::StoreError> {
+        let Some(job) = store::enrichment::claim(&self.pool, &self.owner, self.settings.lease_ttl).await? else {
+            return Ok(false);
+        };
+        let cve_ids = store::enrichment::scan_cve_ids(&self.pool, job.scan_id).await?;
+        let checkpoint = serde_json::json!({ "cve_ids": cve_ids, "source": "none" });
+        if !store::enrichment::complete(&self.pool, &job, checkpoint).await? {
+            tracing::warn!(job_id = %job.id, "enrichment job was taken over; dropping this result");
+        }
+        Ok(true)
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        loop {
+            let worked = match self.run_once().await {
+                Ok(worked) => worked,
+                Err(error) => {
+                    tracing::warn!(%error, "enrichment pass failed");
+                    false
+                }
+            };
+            if worked {
+                continue;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep(self.settings.poll) => {}
+            }
+        }
+    }
+}

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod admission;
 pub mod dead_letters;
 pub mod dispatch;
+pub mod enrichment;
 pub mod evidence;
 pub mod ingestion;
 pub mod outbox;

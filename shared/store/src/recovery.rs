@@ -154,3 +154,12 @@ pub async fn recover_expired(
     tx.commit().await?;
     Ok(outcome)
 }
+
+/// How many `retry_wait` tasks are due now (index-served).
+pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM worker_tasks WHERE state = 'retry_wait' AND available_at <= now() LIMIT 1000) due",
+    )
+    .fetch_one(pool)
+    .await?)
+}
