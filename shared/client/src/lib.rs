@@ -1,1 +1,159 @@
-//! placeholder
+//! The client for services that submit scans: synchronous submission over request/reply
+//! (retried with the same idempotency key, so a lost reply never creates a second scan),
+//! durable fire-and-forget submission over JetStream, and a subscription to scan outcomes.
+
+use std::time::Duration;
+
+use bus::async_nats::jetstream::consumer::{self, DeliverPolicy};
+use bus::Bus;
+use futures::StreamExt as _;
+use messages::{v1, ErrorCode, EventKind};
+use prost::Message as _;
+use thiserror::Error;
+
+/// Attempts of a synchronous submission before giving up.
+pub const SUBMIT_ATTEMPTS_MAX: u32 = 5;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Bus(#[from] bus::BusError),
+    #[error("admission did not answer after {attempts} attempts: {last}; is palisade-admission running?")]
+    NoAnswer { attempts: u32, last: String },
+    #[error("admission answered with bytes that are not a ScanRequestReply: {0}")]
+    BadReply(prost::DecodeError),
+    #[error("cannot follow scan events: {0}")]
+    Events(String),
+}
+
+/// Submits scans for one client id.
+#[derive(Debug, Clone)]
+pub struct Client {
+    bus: Bus,
+    client_id: String,
+    timeout: Duration,
+}
+
+impl Client {
+    pub fn new(bus: Bus, client_id: impl Into<String>) -> Self {
+        Self {
+            bus,
+            client_id: client_id.into(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// A request for this client; fill in the rest.
+    pub fn request(&self, organization_id: &str, target: &str, plugins: &[&str], idempotency_key: &str) -> v1::ScanRequest {
+        v1::ScanRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            organization_id: organization_id.to_owned(),
+            target: target.to_owned(),
+            plugins: plugins.iter().map(|plugin| (*plugin).to_owned()).collect(),
+            priority: 0,
+            execution_deadline_seconds: 0,
+            client_id: self.client_id.clone(),
+            idempotency_key: idempotency_key.to_owned(),
+        }
+    }
+
+    /// Submits and waits for admission's answer. Retries timeouts and `internal` answers with
+    /// the same request (same idempotency key), which admission answers with the same scan.
+    pub async fn submit(&self, request: &v1::ScanRequest) -> Result<v1::ScanRequestReply, ClientError> {
+        let payload = request.encode_to_vec();
+        let subject = self.bus.subjects().scan_submit();
+        let mut last = String::new();
+        for attempt in 1..=SUBMIT_ATTEMPTS_MAX {
+            match self.bus.request(subject.clone(), payload.clone().into(), self.timeout).await {
+                Ok(reply) => {
+                    let reply = v1::ScanRequestReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)?;
+                    let internal = reply.error.as_ref().and_then(v1::Error::error_code) == Some(ErrorCode::Internal);
+                    if !internal {
+                        return Ok(reply);
+                    }
+                    last = reply.error.map(|error| error.message).unwrap_or_default();
+                }
+                Err(error) => last = error.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+        }
+        Err(ClientError::NoAnswer {
+            attempts: SUBMIT_ATTEMPTS_MAX,
+            last,
+        })
+    }
+
+    /// Publishes to the durable request stream and waits for the PubAck: the request is then
+    /// durable and admission will decide it. `Nats-Msg-Id` is `client:key:fingerprint`, so an
+    /// exact replay is de-duplicated by JetStream and a conflicting reuse still reaches admission.
+    pub async fn publish(&self, request: &v1::ScanRequest) -> Result<(), ClientError> {
+        let msg_id = format!(
+            "{}:{}:{}",
+            request.client_id,
+            request.idempotency_key,
+            messages::scan_request_fingerprint(request)
+        );
+        self.bus
+            .publish_durable(
+                self.bus.subjects().scan_request(),
+                &msg_id,
+                Default::default(),
+                request.encode_to_vec().into(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Scan outcome events from now on (deduplicated: read from the events stream).
+    pub async fn outcomes(&self) -> Result<impl futures::Stream<Item = Outcome> + use<>, ClientError> {
+        let subjects = self.bus.subjects();
+        let stream = self
+            .bus
+            .jetstream()
+            .get_stream(subjects.events_stream())
+            .await
+            .map_err(|error| ClientError::Events(error.to_string()))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: format!("{}.v1.event.scan.*", subjects.prefix()),
+                deliver_policy: DeliverPolicy::New,
+                ..Default::default()
+            })
+            .await
+            .map_err(|error| ClientError::Events(error.to_string()))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|error| ClientError::Events(error.to_string()))?;
+        let completed = subjects.event(EventKind::ScanCompleted);
+        let failed = subjects.event(EventKind::ScanFailed);
+        let rejected = subjects.event(EventKind::ScanRejected);
+        Ok(messages.filter_map(move |message| {
+            let outcome = message.ok().and_then(|message| {
+                let subject = message.subject.as_str();
+                if subject == completed {
+                    v1::ScanCompleted::decode(message.payload.as_ref()).ok().map(Outcome::Completed)
+                } else if subject == failed {
+                    v1::ScanFailed::decode(message.payload.as_ref()).ok().map(Outcome::Failed)
+                } else if subject == rejected {
+                    v1::ScanRejected::decode(message.payload.as_ref()).ok().map(Outcome::Rejected)
+                } else {
+                    None
+                }
+            });
+            futures::future::ready(outcome)
+        }))
+    }
+}
+
+/// How a scan ended (or why its request was refused).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Completed(v1::ScanCompleted),
+    Failed(v1::ScanFailed),
+    Rejected(v1::ScanRejected),
+}

@@ -151,3 +151,10 @@ pub async fn findings(pool: &PgPool, scan_id: Uuid) -> Result<Vec<FindingView>, 
     .fetch_all(pool)
     .await?)
 }
+
+/// (scans, completed scans) in the whole database: the demo's cross-check.
+pub async fn scan_counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
+    Ok(sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM scans")
+        .fetch_one(pool)
+        .await?)
+}

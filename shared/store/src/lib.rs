@@ -210,3 +210,14 @@ pub async fn savepoint<'c>(
     use sqlx::Acquire as _;
     Ok((&mut **tx).begin().await?)
 }
+
+/// Drops the database named in `url` (demo and test clean-up), closing its other sessions.
+pub async fn drop_database(url: &str) -> Result<(), StoreError> {
+    use sqlx::migrate::MigrateDatabase as _;
+    Postgres::force_drop_database(url)
+        .await
+        .map_err(|source| StoreError::Connect {
+            url: redact_url(url),
+            source,
+        })
+}

@@ -1,0 +1,269 @@
+//! The `palisade` command: run everything for development, migrate, submit and inspect scans,
+//! administer workers, run the demo.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use palisade::demo::{self, DemoOptions};
+use palisade::system::{self, System, SystemSettings};
+use runtime::CommonSettings;
+use uuid::Uuid;
+
+/// palisade: durable security scans on remote workers over NATS JetStream and PostgreSQL.
+///
+/// Connection settings come from the environment: DATABASE_URL (default
+/// postgres://postgres@127.0.0.1:5432/palisade), NATS_URL (default nats://127.0.0.1:4222),
+/// PALISADE_SUBJECT_PREFIX (default palisade).
+#[derive(Debug, Parser)]
+#[command(name = "palisade", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Migrate, provision, and run all five services and N reference workers in one process.
+    Dev {
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value_t = 8)]
+        capacity: u32,
+    },
+    /// Create the database if needed and apply every migration.
+    Migrate,
+    /// Run everything in-process against a fresh database and submit a realistic load.
+    Demo {
+        #[arg(long, default_value_t = 1_000)]
+        scans: usize,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        #[arg(long, default_value_t = 32)]
+        capacity: u32,
+        #[arg(long, default_value_t = 128)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 10)]
+        duplicate_percent: usize,
+        #[arg(long, default_value_t = 5)]
+        conflict_percent: usize,
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// Keep the demo database afterwards (it is dropped by default).
+        #[arg(long)]
+        keep_database: bool,
+    },
+    /// Organizations (tenants).
+    #[command(subcommand)]
+    Org(OrgCommand),
+    /// Scans.
+    #[command(subcommand)]
+    Scan(ScanCommand),
+    /// Workers.
+    #[command(subcommand)]
+    Worker(WorkerCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum OrgCommand {
+    /// Create an organization; prints its id.
+    Add {
+        #[arg(long)]
+        name: String,
+        /// Scans admitted per rolling hour.
+        #[arg(long)]
+        hourly_quota: Option<i32>,
+        #[arg(long)]
+        id: Option<Uuid>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ScanCommand {
+    /// Submit a scan request and print admission's answer.
+    Submit {
+        #[arg(long)]
+        org: Uuid,
+        #[arg(long)]
+        target: String,
+        /// Comma-separated plugins, run in order.
+        #[arg(long, value_delimiter = ',')]
+        plugins: Vec<String>,
+        #[arg(long, default_value = "cli")]
+        client: String,
+        /// Idempotency key; a fresh one when omitted.
+        #[arg(long)]
+        key: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        priority: i32,
+        #[arg(long, default_value_t = 0)]
+        deadline_secs: u32,
+    },
+    /// Show a scan, its plugin jobs and its findings.
+    Show { scan_id: Uuid },
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkerCommand {
+    /// Register a worker identity; prints its id (give it to the worker as PALISADE_WORKER_ID).
+    Add {
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value_t = 4)]
+        capacity: i32,
+        #[arg(long)]
+        id: Option<Uuid>,
+    },
+    /// Let a worker serve an organization.
+    Assign {
+        #[arg(long)]
+        worker: Uuid,
+        #[arg(long)]
+        org: Uuid,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let telemetry_settings = telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
+    let _telemetry = telemetry::init("palisade", &telemetry_settings)?;
+    let common = CommonSettings::from_env().context("invalid settings")?;
+    match cli.command {
+        Command::Dev { workers, capacity } => dev(common, workers, capacity).await,
+        Command::Migrate => {
+            system::prepare_database(&common).await?;
+            println!("database migrated to version {}", store::expected_migration_version());
+            Ok(())
+        }
+        Command::Demo {
+            scans,
+            workers,
+            capacity,
+            concurrency,
+            duplicate_percent,
+            conflict_percent,
+            timeout_secs,
+            keep_database,
+        } => {
+            let options = DemoOptions {
+                scans,
+                workers,
+                worker_capacity: capacity,
+                duplicate_percent,
+                conflict_percent,
+                concurrency,
+                timeout: Duration::from_secs(timeout_secs),
+                keep_database,
+            };
+            let report = demo::run(common, options).await?;
+            if demo::print_report(&report) {
+                Ok(())
+            } else {
+                anyhow::bail!("the demo's checks did not all hold (see the table above)")
+            }
+        }
+        Command::Org(OrgCommand::Add { name, hourly_quota, id }) => {
+            let pool = store::connect(&common.database).await?;
+            let id = id.unwrap_or_else(Uuid::now_v7);
+            store::admin::create_organization(&pool, id, &name, hourly_quota).await?;
+            println!("{id}");
+            Ok(())
+        }
+        Command::Scan(ScanCommand::Submit {
+            org,
+            target,
+            plugins,
+            client,
+            key,
+            priority,
+            deadline_secs,
+        }) => {
+            let bus = bus::Bus::connect(&common.nats_url, common.subjects.clone(), "palisade-cli").await?;
+            let client = client::Client::new(bus, client);
+            let key = key.unwrap_or_else(|| Uuid::new_v4().to_string());
+            let plugin_names: Vec<&str> = plugins.iter().map(String::as_str).collect();
+            let mut request = client.request(&org.to_string(), &target, &plugin_names, &key);
+            request.priority = priority;
+            request.execution_deadline_seconds = deadline_secs;
+            let reply = client.submit(&request).await?;
+            match reply.error {
+                Some(error) => anyhow::bail!("refused: {} ({})", error.message, error.code),
+                None => {
+                    let note = if reply.deduplicated { " (replay: the original scan)" } else { "" };
+                    println!("{} {}{note}", reply.scan_id, reply.state);
+                    Ok(())
+                }
+            }
+        }
+        Command::Scan(ScanCommand::Show { scan_id }) => show_scan(&common, scan_id).await,
+        Command::Worker(WorkerCommand::Add { name, capacity, id }) => {
+            let pool = store::connect(&common.database).await?;
+            let id = id.unwrap_or_else(Uuid::new_v4);
+            store::admin::register_worker(&pool, id, &name, capacity).await?;
+            println!("{id}");
+            Ok(())
+        }
+        Command::Worker(WorkerCommand::Assign { worker, org }) => {
+            let pool = store::connect(&common.database).await?;
+            store::admin::assign_worker(&pool, org, worker).await?;
+            println!("worker {worker} now serves organization {org}");
+            Ok(())
+        }
+    }
+}
+
+async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::Result<()> {
+    let settings = SystemSettings::from_common(common).context("invalid settings")?;
+    let mut system = System::start(settings).await?;
+    let organization_id = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0001);
+    store::admin::create_organization(&system.connections.pool, organization_id, "dev", None).await?;
+    system.spawn_workers(organization_id, workers, capacity).await?;
+    println!("palisade dev: five services and {workers} workers running; Ctrl-C stops them");
+    println!("organization `dev`: {organization_id}");
+    println!(
+        "try: palisade scan submit --org {organization_id} --target http://127.0.0.1:8080 --plugins tcp_connect,http_headers"
+    );
+    system.run_until(runtime::shutdown_on_signal()).await
+}
+
+async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {
+    let pool = store::connect(&common.database).await?;
+    let Some(scan) = store::admin::scan(&pool, scan_id).await? else {
+        anyhow::bail!("no scan {scan_id} in this database");
+    };
+    println!("scan        {}", scan.id);
+    println!("state       {}", scan.state);
+    println!("target      {}", scan.target);
+    println!("profile     {}", scan.plugins.join(" -> "));
+    println!("client/key  {} / {}", scan.client_id, scan.idempotency_key);
+    println!("admitted    {}", scan.created_at);
+    if let Some(finished) = scan.finished_at {
+        println!("finished    {finished}");
+    }
+    if !scan.failure_code.is_empty() {
+        println!("failure     {}: {}", scan.failure_code, scan.failure_reason);
+    }
+    println!("\n{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}", "#", "plugin", "job", "task", "attempts", "findings", "assets");
+    for job in store::admin::scan_jobs(&pool, scan_id).await? {
+        println!(
+            "{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",
+            job.position,
+            job.plugin,
+            job.state,
+            job.task_state.unwrap_or_default(),
+            job.attempt_count.unwrap_or_default(),
+            job.finding_count,
+            job.asset_count
+        );
+        if !job.error_code.is_empty() {
+            println!("     error {}: {}", job.error_code, job.error_message);
+        }
+    }
+    let findings = store::admin::findings(&pool, scan_id).await?;
+    println!("\n{} findings", findings.len());
+    for finding in findings.iter().take(50) {
+        println!("  [{:<8}] {:<14} {:<32} {}", finding.severity, finding.plugin, finding.rule_id, finding.resource);
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The whole of palisade in one process: the five services over shared connections, and
+//! optionally reference workers. `palisade dev`, `palisade demo` and the system tests use it,
+//! so all three run the same code the service binaries run.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use runtime::{CommonSettings, Connections};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Settings of every service, each starting from the environment.
+#[derive(Debug, Clone)]
+pub struct SystemSettings {
+    pub common: CommonSettings,
+    pub admission: admission::Settings,
+    pub dispatch: dispatch::Settings,
+    pub ingestion: ingestion::Settings,
+    pub enrichment: enrichment::Settings,
+    pub reaper: reaper::Settings,
+}
+
+impl SystemSettings {
+    /// Every service's settings from the environment over `common`.
+    pub fn from_common(common: CommonSettings) -> Result<Self, runtime::SettingsError> {
+        Ok(Self {
+            admission: admission::Settings::from_common(common.clone())?,
+            dispatch: dispatch::Settings::from_common(common.clone())?,
+            ingestion: ingestion::Settings::from_common(common.clone())?,
+            enrichment: enrichment::Settings::from_common(common.clone())?,
+            reaper: reaper::Settings::from_common(common.clone())?,
+            common,
+        })
+    }
+}
+
+/// A running palisade.
+pub struct System {
+    pub connections: Connections,
+    shutdown: CancellationToken,
+    tasks: JoinSet<(String, anyhow::Result<()>)>,
+}
+
+impl System {
+    /// Creates the database if missing, migrates, provisions, and starts the five services.
+    pub async fn start(settings: SystemSettings) -> anyhow::Result<Self> {
+        prepare_database(&settings.common).await?;
+        let connections = Connections::open(&settings.common, "palisade-dev")
+            .await
+            .context("failed to connect")?;
+        let shutdown = CancellationToken::new();
+        let mut system = Self {
+            connections: connections.clone(),
+            shutdown: shutdown.clone(),
+            tasks: JoinSet::new(),
+        };
+        let c = || connections.clone();
+        system.spawn("admission", admission::Service::from_connections(settings.admission, c()).run_until_stopped(shutdown.clone()));
+        system.spawn("dispatch", dispatch::Service::from_connections(settings.dispatch, c()).run_until_stopped(shutdown.clone()));
+        system.spawn("ingestion", ingestion::Service::from_connections(settings.ingestion, c()).run_until_stopped(shutdown.clone()));
+        system.spawn("enrichment", enrichment::Service::from_connections(settings.enrichment, c()).run_until_stopped(shutdown.clone()));
+        system.spawn("reaper", reaper::Service::from_connections(settings.reaper, c()).run_until_stopped(shutdown.clone()));
+        Ok(system)
+    }
+
+    /// Runs `future` as part of the system, named for error reports.
+    pub fn spawn(&mut self, name: &str, future: impl Future<Output = anyhow::Result<()>> + Send + 'static) {
+        let name = name.to_owned();
+        self.tasks.spawn(async move { (name, future.await) });
+    }
+
+    /// Registers `count` reference workers (idempotently, by name), assigns them to
+    /// `organization_id`, and runs them in-process. Returns their stats.
+    pub async fn spawn_workers(
+        &mut self,
+        organization_id: Uuid,
+        count: usize,
+        capacity: u32,
+    ) -> anyhow::Result<Vec<Arc<worker::WorkerStats>>> {
+        let mut stats = Vec::with_capacity(count);
+        for index in 0..count {
+            let worker_id = Uuid::new_v4();
+            store::admin::register_worker(&self.connections.pool, worker_id, &format!("in-process-{index}"), capacity as i32)
+                .await?;
+            store::admin::assign_worker(&self.connections.pool, organization_id, worker_id).await?;
+            let worker = worker::Worker::new(
+                self.connections.bus.clone(),
+                worker::WorkerConfig::new(worker_id, capacity),
+                reference_worker::plugins(),
+            )?;
+            stats.push(worker.stats());
+            let shutdown = self.shutdown.clone();
+            self.spawn(&format!("worker-{index}"), async move {
+                worker.run(shutdown).await.context("worker stopped")
+            });
+        }
+        Ok(stats)
+    }
+
+    /// Waits until `stop` fires or a component fails; then stops everything.
+    pub async fn run_until(mut self, stop: CancellationToken) -> anyhow::Result<()> {
+        let result = tokio::select! {
+            () = stop.cancelled() => Ok(()),
+            Some(joined) = self.tasks.join_next() => match joined {
+                Ok((name, Ok(()))) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
+                Ok((name, Err(error))) => Err(error.context(format!("{name} failed"))),
+                Err(error) => Err(anyhow::anyhow!("a component panicked: {error}")),
+            },
+        };
+        self.stop().await;
+        result
+    }
+
+    /// Stops every component and waits for them.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Creates the database if it does not exist and applies every migration.
+pub async fn prepare_database(common: &CommonSettings) -> anyhow::Result<()> {
+    store::create_database_if_missing(&common.database.url)
+        .await
+        .context("failed to create the database")?;
+    let pool = store::connect(&common.database).await?;
+    store::migrate(&pool).await.context("failed to migrate the database")?;
+    pool.close().await;
+    Ok(())
+}
