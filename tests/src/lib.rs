@@ -1,1 +1,683 @@
-//! placeholder
+//! The system-test harness: [`TestSystem`] starts palisade's services in-process on real
+//! PostgreSQL and NATS, with a database and a subject prefix of its own, so tests run in
+//! parallel; [`ManualWorker`] speaks the worker protocol by hand so a test controls every
+//! message. Tests wait on conditions with deadlines, never on sleeps.
+//!
+//! PostgreSQL and NATS come from `DATABASE_URL` / `NATS_URL`, else the local defaults.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bus::Bus;
+use bus::async_nats;
+use futures::StreamExt as _;
+use messages::{Subjects, WorkerVerb, v1};
+use palisade::system::SystemSettings;
+use prost::Message as _;
+use runtime::{CommonSettings, Connections};
+use store::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// How long a test waits for any one condition before failing.
+pub const WAIT_MAX: Duration = Duration::from_secs(20);
+
+/// Every table palisade writes, for "nothing was written" checks.
+pub const TABLES: [&str; 16] = [
+    "organizations",
+    "targets",
+    "workers",
+    "organization_workers",
+    "scans",
+    "scan_jobs",
+    "worker_tasks",
+    "worker_task_attempts",
+    "worker_result_batches",
+    "assets",
+    "scan_assets",
+    "findings",
+    "enrichment_jobs",
+    "outbox",
+    "dead_letters",
+    "leader_leases",
+];
+
+/// The services a test can start, stop and crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Component {
+    Admission,
+    Dispatch,
+    Ingestion,
+    Reaper,
+}
+
+/// palisade in-process for one test.
+pub struct TestSystem {
+    pub pool: PgPool,
+    pub bus: Bus,
+    pub subjects: Subjects,
+    pub settings: SystemSettings,
+    /// Set to make admission crash after its next commit, before acknowledging.
+    pub admission_crash: Arc<AtomicBool>,
+    /// Set to make ingestion crash after its next commit, before acknowledging.
+    pub ingestion_crash: Arc<AtomicBool>,
+    database_url: String,
+    shutdown: CancellationToken,
+    running: Mutex<HashMap<Component, (CancellationToken, JoinHandle<anyhow::Result<()>>)>>,
+}
+
+fn init_test_logging() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+fn base_database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// `url` with its database name replaced.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |index| index + 3);
+    let host = match base[scheme_end..].find('/') {
+        Some(index) => &base[..scheme_end + index],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{host}/{database}?{query}"),
+        None => format!("{host}/{database}"),
+    }
+}
+
+impl TestSystem {
+    /// Admission, dispatch and ingestion running; the reaper is driven by the test.
+    pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    /// Like [`TestSystem::spawn`], with settings adjusted first.
+    pub async fn spawn_with(configure: impl FnOnce(&mut SystemSettings)) -> Self {
+        init_test_logging();
+        let id = Uuid::new_v4().simple().to_string();
+        let database_url = with_database(&base_database_url(), &format!("palisade_test_{id}"));
+        let mut common = CommonSettings::from_env().expect("valid environment");
+        common.database = store::DatabaseSettings::new(database_url.clone());
+        common.database.max_connections = 8;
+        common.nats_url = nats_url();
+        common.subjects = Subjects::new(&format!("t{}", &id[..12])).expect("valid prefix");
+
+        let mut settings = SystemSettings::from_common(common.clone()).expect("valid settings");
+        // Fast redelivery and polling so tests finish quickly; behaviour is unchanged.
+        settings.admission.ack_wait = Duration::from_secs(1);
+        settings.ingestion.ack_wait = Duration::from_secs(1);
+        settings.dispatch.acquire_poll = Duration::from_millis(100);
+        settings.ingestion.retry = store::RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(1),
+        };
+        settings.reaper.retry = settings.ingestion.retry;
+        settings.reaper.interval = Duration::from_millis(100);
+        settings.enrichment.poll = Duration::from_millis(100);
+        configure(&mut settings);
+
+        palisade::system::prepare_database(&settings.common)
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "PostgreSQL is not usable at {}: {error:#}; start it or set DATABASE_URL",
+                    store::redact_url(&database_url)
+                )
+            });
+        let connections = Connections::open(&settings.common, "palisade-test")
+            .await
+            .unwrap_or_else(|error| {
+                panic!("cannot start palisade: {error}; is NATS with JetStream running (NATS_URL)?")
+            });
+        let system = Self {
+            pool: connections.pool.clone(),
+            bus: connections.bus.clone(),
+            subjects: settings.common.subjects.clone(),
+            settings,
+            admission_crash: Arc::new(AtomicBool::new(false)),
+            ingestion_crash: Arc::new(AtomicBool::new(false)),
+            database_url,
+            shutdown: CancellationToken::new(),
+            running: Mutex::new(HashMap::new()),
+        };
+        for component in [
+            Component::Admission,
+            Component::Dispatch,
+            Component::Ingestion,
+        ] {
+            system.start(component);
+        }
+        system
+    }
+
+    fn connections(&self) -> Connections {
+        Connections {
+            pool: self.pool.clone(),
+            bus: self.bus.clone(),
+        }
+    }
+
+    /// Starts (or restarts) a component.
+    pub fn start(&self, component: Component) {
+        let stop = self.shutdown.child_token();
+        let token = stop.clone();
+        let handle = match component {
+            Component::Admission => {
+                let mut settings = self.settings.admission.clone();
+                settings.crash_after_commit = Some(self.admission_crash.clone());
+                let service = admission::Service::from_connections(settings, self.connections());
+                tokio::spawn(service.run_until_stopped(token))
+            }
+            Component::Dispatch => {
+                let service = dispatch::Service::from_connections(
+                    self.settings.dispatch.clone(),
+                    self.connections(),
+                );
+                tokio::spawn(service.run_until_stopped(token))
+            }
+            Component::Ingestion => {
+                let mut settings = self.settings.ingestion.clone();
+                settings.crash_after_commit = Some(self.ingestion_crash.clone());
+                let service = ingestion::Service::from_connections(settings, self.connections());
+                tokio::spawn(service.run_until_stopped(token))
+            }
+            Component::Reaper => {
+                let service = reaper::Service::from_connections(
+                    self.settings.reaper.clone(),
+                    self.connections(),
+                );
+                tokio::spawn(service.run_until_stopped(token))
+            }
+        };
+        let previous = self
+            .running
+            .lock()
+            .expect("not poisoned")
+            .insert(component, (stop, handle));
+        if let Some((previous_stop, _)) = previous {
+            previous_stop.cancel();
+        }
+    }
+
+    /// Waits for a component to end by itself (an injected crash) and returns how it ended.
+    pub async fn wait_stopped(&self, component: Component) -> anyhow::Result<()> {
+        let (_, handle) = self
+            .running
+            .lock()
+            .expect("not poisoned")
+            .remove(&component)
+            .expect("component was started");
+        tokio::time::timeout(WAIT_MAX, handle)
+            .await
+            .unwrap_or_else(|_| panic!("{component:?} did not stop within {WAIT_MAX:?}"))
+            .expect("component did not panic")
+    }
+
+    /// A reaper whose `run_once` the test calls.
+    pub fn reaper(&self) -> reaper::Service {
+        reaper::Service::from_connections(self.settings.reaper.clone(), self.connections())
+    }
+
+    /// A new organization.
+    pub async fn organization(&self) -> Uuid {
+        let id = Uuid::now_v7();
+        store::admin::create_organization(&self.pool, id, "test", None)
+            .await
+            .expect("organization created");
+        id
+    }
+
+    /// A registered worker assigned to `organization_id`, driven by hand.
+    pub async fn manual_worker(&self, organization_id: Uuid, capacity: u32) -> ManualWorker {
+        let id = self.registered_worker(organization_id, capacity).await;
+        ManualWorker::connect(self.bus.clone(), id).await
+    }
+
+    /// Registers a worker and assigns it; returns its id.
+    pub async fn registered_worker(&self, organization_id: Uuid, capacity: u32) -> Uuid {
+        let id = Uuid::new_v4();
+        store::admin::register_worker(&self.pool, id, "test-worker", capacity as i32)
+            .await
+            .expect("worker registered");
+        store::admin::assign_worker(&self.pool, organization_id, id)
+            .await
+            .expect("worker assigned");
+        id
+    }
+
+    /// Runs a reference worker (all plugins) in-process until the test ends.
+    pub async fn reference_worker(
+        &self,
+        organization_id: Uuid,
+        capacity: u32,
+    ) -> Arc<worker::WorkerStats> {
+        let id = self.registered_worker(organization_id, capacity).await;
+        let worker = worker::Worker::new(
+            self.bus.clone(),
+            worker::WorkerConfig::new(id, capacity),
+            reference_worker::plugins(),
+        )
+        .expect("valid worker");
+        let stats = worker.stats();
+        tokio::spawn(worker.run(self.shutdown.child_token()));
+        stats
+    }
+
+    pub fn client(&self) -> client::Client {
+        client::Client::new(self.bus.clone(), "test-client")
+    }
+
+    /// A valid request for `organization_id` with a fresh key.
+    pub fn request(
+        &self,
+        organization_id: Uuid,
+        target: &str,
+        plugins: &[&str],
+    ) -> v1::ScanRequest {
+        self.client().request(
+            &organization_id.to_string(),
+            target,
+            plugins,
+            &Uuid::new_v4().to_string(),
+        )
+    }
+
+    /// Submits over request/reply.
+    pub async fn submit(&self, request: &v1::ScanRequest) -> v1::ScanRequestReply {
+        self.client()
+            .submit(request)
+            .await
+            .expect("admission answers")
+    }
+
+    /// Publishes raw bytes to the durable scan request subject with a fresh `Nats-Msg-Id`.
+    pub async fn publish_request_bytes(&self, payload: Vec<u8>) {
+        self.bus
+            .publish_durable(
+                self.subjects.scan_request(),
+                &Uuid::new_v4().to_string(),
+                Default::default(),
+                payload.into(),
+            )
+            .await
+            .expect("request published");
+    }
+
+    /// Row count of every table.
+    pub async fn table_counts(&self) -> BTreeMap<&'static str, i64> {
+        let mut counts = BTreeMap::new();
+        for table in TABLES {
+            let count: i64 = store::admin::count_rows(&self.pool, table)
+                .await
+                .expect("count rows");
+            counts.insert(table, count);
+        }
+        counts
+    }
+
+    /// Polls `probe` until it returns `Some`, failing the test after [`WAIT_MAX`].
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, mut probe: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + WAIT_MAX;
+        loop {
+            if let Some(value) = probe().await {
+                return value;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The scan's state.
+    pub async fn scan_state(&self, scan_id: &str) -> String {
+        let id = Uuid::parse_str(scan_id).expect("scan id is a UUID");
+        store::admin::scan(&self.pool, id)
+            .await
+            .expect("scan read")
+            .expect("scan exists")
+            .state
+    }
+
+    /// Waits until the scan reaches `state`.
+    pub async fn wait_scan_state(&self, scan_id: &str, state: &str) {
+        self.wait_for(&format!("scan {scan_id} to be {state}"), || async {
+            (self.scan_state(scan_id).await == state).then_some(())
+        })
+        .await;
+    }
+
+    /// Stops everything and drops the test's database.
+    pub async fn finish(self) {
+        self.shutdown.cancel();
+        let running: Vec<_> = self.running.lock().expect("not poisoned").drain().collect();
+        for (_, (_, handle)) in running {
+            let _ = handle.await;
+        }
+        self.pool.close().await;
+        let _ = store::drop_database(&self.database_url).await;
+    }
+}
+
+/// A worker whose every message the test sends by hand.
+pub struct ManualWorker {
+    pub id: Uuid,
+    bus: Bus,
+    acks: tokio::sync::Mutex<async_nats::Subscriber>,
+}
+
+impl ManualWorker {
+    pub async fn connect(bus: Bus, id: Uuid) -> Self {
+        let acks = bus
+            .client()
+            .subscribe(bus.subjects().worker(&id.to_string(), WorkerVerb::Ack))
+            .await
+            .expect("ack subscription");
+        bus.flush().await.expect("subscription registered");
+        Self {
+            id,
+            bus,
+            acks: tokio::sync::Mutex::new(acks),
+        }
+    }
+
+    fn subject(&self, verb: WorkerVerb) -> String {
+        self.bus.subjects().worker(&self.id.to_string(), verb)
+    }
+
+    /// A request/reply round trip with raw bytes.
+    pub async fn request_raw(&self, verb: WorkerVerb, payload: Vec<u8>) -> bytes::Bytes {
+        self.bus
+            .request(self.subject(verb), payload.into(), Duration::from_secs(35))
+            .await
+            .expect("dispatch answers")
+            .payload
+    }
+
+    pub async fn hello(&self, capabilities: &[&str]) -> v1::HelloReply {
+        let request = v1::HelloRequest {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            software_version: "manual/1".into(),
+            protocol_version: messages::PROTOCOL_VERSION.into(),
+            capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+            capacity: 8,
+        };
+        v1::HelloReply::decode(
+            self.request_raw(WorkerVerb::Hello, request.encode_to_vec())
+                .await,
+        )
+        .expect("HelloReply")
+    }
+
+    pub async fn acquire(
+        &self,
+        request_id: Uuid,
+        max_tasks: u32,
+        wait_ms: u32,
+    ) -> v1::AcquireReply {
+        let request = v1::AcquireRequest {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            request_id: request_id.to_string(),
+            max_tasks,
+            wait_ms,
+        };
+        v1::AcquireReply::decode(
+            self.request_raw(WorkerVerb::Acquire, request.encode_to_vec())
+                .await,
+        )
+        .expect("AcquireReply")
+    }
+
+    /// Acquires exactly one lease, waiting for it.
+    pub async fn acquire_one(&self) -> v1::Lease {
+        let reply = self.acquire(Uuid::new_v4(), 1, 10_000).await;
+        assert!(reply.error.is_none(), "acquire refused: {:?}", reply.error);
+        reply
+            .leases
+            .into_iter()
+            .next()
+            .expect("a lease within the long-poll")
+    }
+
+    pub async fn renew(&self, lease: &v1::Lease) -> v1::RenewReply {
+        let request = v1::RenewRequest {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            lease: lease.lease.clone(),
+        };
+        v1::RenewReply::decode(
+            self.request_raw(WorkerVerb::Renew, request.encode_to_vec())
+                .await,
+        )
+        .expect("RenewReply")
+    }
+
+    pub async fn release(&self, lease: &v1::Lease) -> v1::ReleaseReply {
+        let request = v1::ReleaseRequest {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            lease: lease.lease.clone(),
+            reason: "test".into(),
+        };
+        v1::ReleaseReply::decode(
+            self.request_raw(WorkerVerb::Release, request.encode_to_vec())
+                .await,
+        )
+        .expect("ReleaseReply")
+    }
+
+    /// A well-formed batch for `lease` with a correct checksum and key `attempt:sequence`.
+    pub fn batch(
+        &self,
+        lease: &v1::Lease,
+        sequence_number: u32,
+        payload: &v1::BatchPayload,
+    ) -> v1::ResultBatch {
+        let reference = lease.lease.clone().expect("lease ref");
+        let bytes = payload.encode_to_vec();
+        v1::ResultBatch {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            idempotency_key: format!("{}:{sequence_number}", reference.attempt_id),
+            lease: Some(reference),
+            sequence_number,
+            payload_sha256: messages::sha256_hex(&bytes),
+            payload: bytes,
+        }
+    }
+
+    /// Publishes raw bytes on this worker's `verb` stream subject with a fresh `Nats-Msg-Id`
+    /// (so JetStream never de-duplicates a deliberate repeat).
+    pub async fn publish_raw(&self, verb: WorkerVerb, payload: Vec<u8>) {
+        self.bus
+            .publish_durable(
+                self.subject(verb),
+                &Uuid::new_v4().to_string(),
+                Default::default(),
+                payload.into(),
+            )
+            .await
+            .expect("published");
+    }
+
+    /// The next acknowledgement from ingestion.
+    pub async fn next_ack(&self) -> v1::IngestAck {
+        let mut acks = self.acks.lock().await;
+        let message = tokio::time::timeout(WAIT_MAX, acks.next())
+            .await
+            .expect("ingestion answered in time")
+            .expect("ack subscription open");
+        v1::IngestAck::decode(message.payload.as_ref()).expect("IngestAck")
+    }
+
+    pub async fn send_batch(&self, batch: &v1::ResultBatch) -> v1::IngestAck {
+        self.publish_raw(WorkerVerb::Result, batch.encode_to_vec())
+            .await;
+        self.next_ack().await
+    }
+
+    pub fn completion(&self, lease: &v1::Lease, batch_count: u32) -> v1::TaskComplete {
+        v1::TaskComplete {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            lease: lease.lease.clone(),
+            batch_count,
+            summary: "done".into(),
+        }
+    }
+
+    pub async fn complete(&self, lease: &v1::Lease, batch_count: u32) -> v1::IngestAck {
+        self.publish_raw(
+            WorkerVerb::Complete,
+            self.completion(lease, batch_count).encode_to_vec(),
+        )
+        .await;
+        self.next_ack().await
+    }
+
+    pub fn failure(&self, lease: &v1::Lease, code: &str, retryable: bool) -> v1::TaskFail {
+        v1::TaskFail {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            lease: lease.lease.clone(),
+            error: Some(v1::Error {
+                code: code.into(),
+                message: "test failure".into(),
+                ..Default::default()
+            }),
+            retryable,
+        }
+    }
+
+    pub async fn fail(&self, lease: &v1::Lease, code: &str, retryable: bool) -> v1::IngestAck {
+        self.publish_raw(
+            WorkerVerb::Fail,
+            self.failure(lease, code, retryable).encode_to_vec(),
+        )
+        .await;
+        self.next_ack().await
+    }
+}
+
+/// A small batch payload: `count` findings with stable keys.
+pub fn findings_payload(count: usize) -> v1::BatchPayload {
+    v1::BatchPayload {
+        findings: (0..count)
+            .map(|index| v1::Finding {
+                rule_id: format!("rule-{index}"),
+                resource: "http://example.test/".into(),
+                severity: "low".into(),
+                title: format!("finding {index}"),
+                ..Default::default()
+            })
+            .collect(),
+        assets: vec![v1::Asset {
+            kind: "http_service".into(),
+            value: "http://example.test:80".into(),
+        }],
+    }
+}
+
+/// Waits until a durable consumer has nothing pending and nothing unacknowledged: every
+/// message was acknowledged or terminated (none is left to be redelivered).
+pub async fn wait_consumer_idle(system: &TestSystem, stream: &str, consumer: &str) {
+    system
+        .wait_for(&format!("consumer {consumer} to drain"), || async {
+            let stream = system.bus.jetstream().get_stream(stream).await.ok()?;
+            let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+                stream.get_consumer(consumer).await.ok()?;
+            let info = consumer.info().await.ok()?;
+            (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
+        })
+        .await;
+}
+
+/// An organization, a manual worker serving it with `plugins` as capabilities, and one scan
+/// of `plugins` whose first task the worker has leased.
+pub struct LeasedScan {
+    pub organization_id: Uuid,
+    pub worker: ManualWorker,
+    pub scan_id: String,
+    pub lease: v1::Lease,
+}
+
+impl TestSystem {
+    pub async fn leased_scan(&self, plugins: &[&str]) -> LeasedScan {
+        let organization_id = self.organization().await;
+        let worker = self.manual_worker(organization_id, 8).await;
+        let hello = worker.hello(plugins).await;
+        assert!(hello.error.is_none(), "{hello:?}");
+        let reply = self
+            .submit(&self.request(organization_id, "http://target.test", plugins))
+            .await;
+        assert!(reply.error.is_none(), "{reply:?}");
+        let lease = worker.acquire_one().await;
+        LeasedScan {
+            organization_id,
+            worker,
+            scan_id: reply.scan_id,
+            lease,
+        }
+    }
+
+    /// Expires the live attempt of `lease`'s task by the database clock, recovers it with the
+    /// reaper, and makes the task due at once.
+    pub async fn expire_and_recover(&self, lease: &v1::Lease) {
+        let task_id =
+            Uuid::parse_str(&lease.lease.as_ref().expect("lease ref").task_id).expect("uuid");
+        store::admin::expire_live_attempt(&self.pool, task_id)
+            .await
+            .expect("expired");
+        let outcome = self.reaper().run_once().await.expect("reaper sweep");
+        assert!(outcome.retried.contains(&task_id), "{outcome:?}");
+        store::admin::make_task_due(&self.pool, task_id)
+            .await
+            .expect("due");
+    }
+}
+
+/// A local web app without the usual security headers, for the plugins to scan.
+pub async fn start_web_app() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0_u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\nServer: test-app/1.0\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    address
+}

@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
 use bytes::Bytes;
-use messages::{v1, ErrorCode, EventKind};
+use messages::{ErrorCode, EventKind, v1};
 use outbox::Relay;
 use prost::Message as _;
-use runtime::{env, CommonSettings, Connections, SettingsError};
+use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::admission::{AdmitOutcome, AdmitParams};
 use store::{PgPool, StoreError};
 use tokio_util::sync::CancellationToken;
@@ -59,7 +59,10 @@ impl Settings {
                 reason: "must be 1..=100".into(),
             });
         }
-        let batch_size = env::parse("PALISADE_ADMISSION_BATCH_SIZE", ConsumerSpec::BATCH_SIZE_DEFAULT)?;
+        let batch_size = env::parse(
+            "PALISADE_ADMISSION_BATCH_SIZE",
+            ConsumerSpec::BATCH_SIZE_DEFAULT,
+        )?;
         if !(1..=1_000).contains(&batch_size) {
             return Err(SettingsError::Invalid {
                 name: "PALISADE_ADMISSION_BATCH_SIZE",
@@ -75,7 +78,10 @@ impl Settings {
                 "PALISADE_ADMISSION_ACK_WAIT_MS",
                 ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
             )?),
-            max_deliver: env::parse("PALISADE_ADMISSION_MAX_DELIVER", ConsumerSpec::MAX_DELIVER_DEFAULT)?,
+            max_deliver: env::parse(
+                "PALISADE_ADMISSION_MAX_DELIVER",
+                ConsumerSpec::MAX_DELIVER_DEFAULT,
+            )?,
             crash_after_commit: None,
         })
     }
@@ -100,7 +106,11 @@ impl Service {
 
     /// Builds over existing connections (the all-in-one command and the tests).
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let relay = Relay::new(connections.pool.clone(), connections.bus.clone(), Default::default());
+        let relay = Relay::new(
+            connections.pool.clone(),
+            connections.bus.clone(),
+            Default::default(),
+        );
         let admission = Arc::new(Admission {
             pool: connections.pool,
             bus: connections.bus.clone(),
@@ -119,7 +129,11 @@ impl Service {
     /// or until one of them fails.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let subjects = self.bus.subjects().clone();
-        let mut spec = ConsumerSpec::new(subjects.requests_stream(), CONSUMER_NAME, subjects.scan_request());
+        let mut spec = ConsumerSpec::new(
+            subjects.requests_stream(),
+            CONSUMER_NAME,
+            subjects.scan_request(),
+        );
         spec.batch_size = self.settings.batch_size;
         spec.ack_wait = self.settings.ack_wait;
         spec.max_deliver = self.settings.max_deliver;
@@ -152,9 +166,17 @@ impl Service {
 /// What admission decided about one request.
 #[derive(Debug)]
 enum Verdict {
-    Admitted { scan_id: uuid::Uuid },
-    Duplicate { scan_id: uuid::Uuid, state: store::states::ScanState },
-    Refused { wire: Option<v1::ScanRequest>, error: v1::Error },
+    Admitted {
+        scan_id: uuid::Uuid,
+    },
+    Duplicate {
+        scan_id: uuid::Uuid,
+        state: store::states::ScanState,
+    },
+    Refused {
+        wire: Option<v1::ScanRequest>,
+        error: v1::Error,
+    },
     Failed(StoreError),
 }
 
@@ -197,10 +219,16 @@ impl Admission {
                 tracing::warn!(%error, requests = valid.len(), "admission transaction failed");
             }
         }
-        verdicts.into_iter().map(|verdict| verdict.expect("every request decided")).collect()
+        verdicts
+            .into_iter()
+            .map(|verdict| verdict.expect("every request decided"))
+            .collect()
     }
 
-    async fn decide_valid(&self, valid: &[(usize, ValidScanRequest)]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide_valid(
+        &self,
+        valid: &[(usize, ValidScanRequest)],
+    ) -> Result<Vec<Verdict>, StoreError> {
         if valid.is_empty() {
             return Ok(Vec::new());
         }
@@ -241,7 +269,10 @@ impl Admission {
             verdicts.push(verdict);
         }
         tx.commit().await?;
-        if verdicts.iter().any(|verdict| matches!(verdict, Verdict::Admitted { .. })) {
+        if verdicts
+            .iter()
+            .any(|verdict| matches!(verdict, Verdict::Admitted { .. }))
+        {
             self.relay.notify();
         }
         Ok(verdicts)
@@ -270,7 +301,9 @@ impl Admission {
             Verdict::Failed(error) => v1::ScanRequestReply {
                 error: Some(v1::Error::new(
                     ErrorCode::Internal,
-                    format!("admission could not decide ({error}); retry with the same idempotency key"),
+                    format!(
+                        "admission could not decide ({error}); retry with the same idempotency key"
+                    ),
                 )),
                 ..Default::default()
             },
@@ -289,32 +322,50 @@ impl BatchHandler for Admission {
         let mut decisions: Vec<Decision> = Vec::with_capacity(batch.len());
         for (delivery, verdict) in batch.iter().zip(verdicts) {
             match verdict {
-                Verdict::Admitted { .. } | Verdict::Duplicate { .. } => decisions.push(Decision::Ack),
+                Verdict::Admitted { .. } | Verdict::Duplicate { .. } => {
+                    decisions.push(Decision::Ack)
+                }
                 Verdict::Failed(error) => decisions.push(Decision::Retry {
                     reason: error.to_string(),
                 }),
                 Verdict::Refused { wire, error } => {
                     let wire = wire.or_else(|| v1::ScanRequest::decode(delivery.payload()).ok());
                     let rejected = v1::ScanRejected {
-                        organization_id: wire.as_ref().map(|w| w.organization_id.clone()).unwrap_or_default(),
-                        client_id: wire.as_ref().map(|w| w.client_id.clone()).unwrap_or_default(),
-                        idempotency_key: wire.as_ref().map(|w| w.idempotency_key.clone()).unwrap_or_default(),
+                        organization_id: wire
+                            .as_ref()
+                            .map(|w| w.organization_id.clone())
+                            .unwrap_or_default(),
+                        client_id: wire
+                            .as_ref()
+                            .map(|w| w.client_id.clone())
+                            .unwrap_or_default(),
+                        idempotency_key: wire
+                            .as_ref()
+                            .map(|w| w.idempotency_key.clone())
+                            .unwrap_or_default(),
                         error: Some(error.clone()),
                     };
                     tracing::info!(code = %error.code, stream_sequence = delivery.stream_sequence, "scan request refused");
-                    rejections.push((decisions.len(), bus::OutgoingMessage {
-                        subject: self.bus.subjects().event(EventKind::ScanRejected),
-                        msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
-                        headers: Default::default(),
-                        payload: rejected.encode_to_vec().into(),
-                    }));
+                    rejections.push((
+                        decisions.len(),
+                        bus::OutgoingMessage {
+                            subject: self.bus.subjects().event(EventKind::ScanRejected),
+                            msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
+                            headers: Default::default(),
+                            payload: rejected.encode_to_vec().into(),
+                        },
+                    ));
                     decisions.push(Decision::Reject { reason: error.code });
                 }
             }
         }
         if !rejections.is_empty() {
-            let (indices, messages): (Vec<usize>, Vec<bus::OutgoingMessage>) = rejections.into_iter().unzip();
-            for (index, result) in indices.into_iter().zip(self.bus.publish_durable_all(messages).await) {
+            let (indices, messages): (Vec<usize>, Vec<bus::OutgoingMessage>) =
+                rejections.into_iter().unzip();
+            for (index, result) in indices
+                .into_iter()
+                .zip(self.bus.publish_durable_all(messages).await)
+            {
                 if let Err(error) = result {
                     decisions[index] = Decision::Retry {
                         reason: format!("could not publish the rejection: {error}"),
@@ -334,7 +385,11 @@ impl BatchHandler for Admission {
             reason,
             payload: delivery.payload(),
         };
-        tracing::error!(stream_sequence = delivery.stream_sequence, reason, "scan request dead after its last delivery");
+        tracing::error!(
+            stream_sequence = delivery.stream_sequence,
+            reason,
+            "scan request dead after its last delivery"
+        );
         if let Err(error) = store::dead_letters::record(&self.pool, &letter).await {
             tracing::error!(%error, "could not record a dead scan request");
         }

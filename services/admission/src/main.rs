@@ -11,5 +11,7 @@ async fn main() -> anyhow::Result<()> {
     let service = admission::Service::build(settings)
         .await
         .context("failed to start admission")?;
-    service.run_until_stopped(runtime::shutdown_on_signal()).await
+    service
+        .run_until_stopped(runtime::shutdown_on_signal())
+        .await
 }

@@ -4,7 +4,7 @@ use messages::limits::{
     EXECUTION_DEADLINE_SECONDS_MAX, IDENTIFIER_BYTES_MAX, PRIORITY_ABS_MAX, PROFILE_PLUGINS_MAX,
     TARGET_BYTES_MAX,
 };
-use messages::{v1, ErrorCode};
+use messages::{ErrorCode, v1};
 use prost::Message as _;
 use uuid::Uuid;
 
@@ -55,15 +55,24 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             ),
         ));
     }
-    let organization_id = Uuid::parse_str(&wire.organization_id)
-        .map_err(|_| invalid(format!("organization_id {:?} is not a UUID", wire.organization_id)))?;
+    let organization_id = Uuid::parse_str(&wire.organization_id).map_err(|_| {
+        invalid(format!(
+            "organization_id {:?} is not a UUID",
+            wire.organization_id
+        ))
+    })?;
     if wire.target.is_empty() || wire.target.chars().any(char::is_control) {
-        return Err(invalid("target must be non-empty text without control characters"));
+        return Err(invalid(
+            "target must be non-empty text without control characters",
+        ));
     }
     if wire.target.len() > TARGET_BYTES_MAX {
         return Err(v1::Error::new(
             ErrorCode::TooLarge,
-            format!("target is {} bytes, at most {TARGET_BYTES_MAX} are allowed", wire.target.len()),
+            format!(
+                "target is {} bytes, at most {TARGET_BYTES_MAX} are allowed",
+                wire.target.len()
+            ),
         ));
     }
     if wire.plugins.is_empty() {
@@ -72,7 +81,10 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
     if wire.plugins.len() > PROFILE_PLUGINS_MAX {
         return Err(v1::Error::new(
             ErrorCode::TooLarge,
-            format!("{} plugins in the profile, at most {PROFILE_PLUGINS_MAX}", wire.plugins.len()),
+            format!(
+                "{} plugins in the profile, at most {PROFILE_PLUGINS_MAX}",
+                wire.plugins.len()
+            ),
         ));
     }
     for plugin in &wire.plugins {
@@ -82,7 +94,7 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             )));
         }
     }
-    if wire.priority.abs() > PRIORITY_ABS_MAX {
+    if !(-PRIORITY_ABS_MAX..=PRIORITY_ABS_MAX).contains(&wire.priority) {
         return Err(invalid(format!(
             "priority {} is outside -{PRIORITY_ABS_MAX}..={PRIORITY_ABS_MAX}",
             wire.priority
@@ -94,8 +106,14 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             wire.execution_deadline_seconds
         )));
     }
-    for (name, value) in [("client_id", &wire.client_id), ("idempotency_key", &wire.idempotency_key)] {
-        if value.is_empty() || value.len() > IDENTIFIER_BYTES_MAX || value.chars().any(char::is_control) {
+    for (name, value) in [
+        ("client_id", &wire.client_id),
+        ("idempotency_key", &wire.idempotency_key),
+    ] {
+        if value.is_empty()
+            || value.len() > IDENTIFIER_BYTES_MAX
+            || value.chars().any(char::is_control)
+        {
             return Err(invalid(format!(
                 "{name} must be 1..={IDENTIFIER_BYTES_MAX} bytes without control characters"
             )));
@@ -147,17 +165,44 @@ mod tests {
     #[test]
     fn refuses_each_bad_field_with_its_code() {
         let cases: Vec<(Box<dyn Fn(&mut v1::ScanRequest)>, ErrorCode)> = vec![
-            (Box::new(|r| r.schema_version = 2), ErrorCode::UnsupportedSchemaVersion),
-            (Box::new(|r| r.organization_id = "nope".into()), ErrorCode::InvalidField),
-            (Box::new(|r| r.target = String::new()), ErrorCode::InvalidField),
-            (Box::new(|r| r.target = "x".repeat(513)), ErrorCode::TooLarge),
+            (
+                Box::new(|r| r.schema_version = 2),
+                ErrorCode::UnsupportedSchemaVersion,
+            ),
+            (
+                Box::new(|r| r.organization_id = "nope".into()),
+                ErrorCode::InvalidField,
+            ),
+            (
+                Box::new(|r| r.target = String::new()),
+                ErrorCode::InvalidField,
+            ),
+            (
+                Box::new(|r| r.target = "x".repeat(513)),
+                ErrorCode::TooLarge,
+            ),
             (Box::new(|r| r.plugins.clear()), ErrorCode::InvalidField),
-            (Box::new(|r| r.plugins = vec!["a".into(); 17]), ErrorCode::TooLarge),
-            (Box::new(|r| r.plugins = vec!["Bad Name".into()]), ErrorCode::InvalidField),
+            (
+                Box::new(|r| r.plugins = vec!["a".into(); 17]),
+                ErrorCode::TooLarge,
+            ),
+            (
+                Box::new(|r| r.plugins = vec!["Bad Name".into()]),
+                ErrorCode::InvalidField,
+            ),
             (Box::new(|r| r.priority = 5_000), ErrorCode::InvalidField),
-            (Box::new(|r| r.execution_deadline_seconds = u32::MAX), ErrorCode::InvalidField),
-            (Box::new(|r| r.client_id = String::new()), ErrorCode::InvalidField),
-            (Box::new(|r| r.idempotency_key = "k".repeat(129)), ErrorCode::InvalidField),
+            (
+                Box::new(|r| r.execution_deadline_seconds = u32::MAX),
+                ErrorCode::InvalidField,
+            ),
+            (
+                Box::new(|r| r.client_id = String::new()),
+                ErrorCode::InvalidField,
+            ),
+            (
+                Box::new(|r| r.idempotency_key = "k".repeat(129)),
+                ErrorCode::InvalidField,
+            ),
         ];
         for (change, code) in cases {
             let mut bad = request();
@@ -171,6 +216,9 @@ mod tests {
     fn malformed_bytes_are_malformed_message() {
         let (wire, result) = parse(&[0xff, 0xff, 0xff]);
         assert!(wire.is_none());
-        assert_eq!(result.unwrap_err().error_code(), Some(ErrorCode::MalformedMessage));
+        assert_eq!(
+            result.unwrap_err().error_code(),
+            Some(ErrorCode::MalformedMessage)
+        );
     }
 }

@@ -13,11 +13,13 @@ use messages::limits::{
     ACQUIRE_TASKS_MAX, ACQUIRE_WAIT_MS_MAX, IDENTIFIER_BYTES_MAX, WORKER_CAPABILITIES_MAX,
     WORKER_CAPACITY_MAX,
 };
-use messages::{v1, ErrorCode, EventKind, WorkerVerb};
+use messages::{ErrorCode, EventKind, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
-use runtime::{env, BatchLimits, CommonSettings, Connections, LeaseSettings, SettingsError};
-use store::dispatch::{AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome};
+use runtime::{BatchLimits, CommonSettings, Connections, LeaseSettings, SettingsError, env};
+use store::dispatch::{
+    AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
+};
 use store::{LeaseClaim, PgPool, StoreError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -69,7 +71,11 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let relay = Relay::new(connections.pool.clone(), connections.bus.clone(), Default::default());
+        let relay = Relay::new(
+            connections.pool.clone(),
+            connections.bus.clone(),
+            Default::default(),
+        );
         let (wake, wake_rx) = watch::channel(0_u64);
         let dispatch = Arc::new(Dispatch {
             pool: connections.pool,
@@ -113,7 +119,12 @@ impl Service {
         });
 
         let mut servers = tokio::task::JoinSet::new();
-        for verb in [WorkerVerb::Hello, WorkerVerb::Acquire, WorkerVerb::Renew, WorkerVerb::Release] {
+        for verb in [
+            WorkerVerb::Hello,
+            WorkerVerb::Acquire,
+            WorkerVerb::Renew,
+            WorkerVerb::Release,
+        ] {
             let dispatch = self.dispatch.clone();
             let bus = self.bus.clone();
             let subject = subjects.worker_wildcard(verb);
@@ -161,11 +172,17 @@ fn invalid(message: impl Into<String>) -> v1::Error {
 
 fn internal(error: &StoreError) -> v1::Error {
     tracing::warn!(%error, "dispatch could not decide");
-    v1::Error::new(ErrorCode::Internal, format!("dispatch could not decide ({error}); retry"))
+    v1::Error::new(
+        ErrorCode::Internal,
+        format!("dispatch could not decide ({error}); retry"),
+    )
 }
 
 fn malformed(kind: &str, error: prost::DecodeError) -> v1::Error {
-    v1::Error::new(ErrorCode::MalformedMessage, format!("not a palisade.v1.{kind}: {error}"))
+    v1::Error::new(
+        ErrorCode::MalformedMessage,
+        format!("not a palisade.v1.{kind}: {error}"),
+    )
 }
 
 /// The worker id a request was sent under: the subject token and the field must agree.
@@ -184,7 +201,10 @@ fn schema(version: u32) -> Result<(), v1::Error> {
     } else {
         Err(v1::Error::new(
             ErrorCode::UnsupportedSchemaVersion,
-            format!("schema_version {version} is not supported; send {}", messages::SCHEMA_VERSION),
+            format!(
+                "schema_version {version} is not supported; send {}",
+                messages::SCHEMA_VERSION
+            ),
         ))
     }
 }
@@ -195,7 +215,10 @@ impl Dispatch {
         let payload = &message.payload;
         let reply = match verb {
             WorkerVerb::Hello => {
-                let error = |error| v1::HelloReply { error: Some(error), ..Default::default() };
+                let error = |error| v1::HelloReply {
+                    error: Some(error),
+                    ..Default::default()
+                };
                 match self.hello(subject_worker, payload).await {
                     Ok(reply) => reply,
                     Err(refusal) => error(refusal),
@@ -203,13 +226,25 @@ impl Dispatch {
                 .encode_to_vec()
             }
             WorkerVerb::Acquire => match self.acquire(subject_worker, payload).await {
-                Ok(leases) => v1::AcquireReply { error: None, leases },
-                Err(error) => v1::AcquireReply { error: Some(error), leases: Vec::new() },
+                Ok(leases) => v1::AcquireReply {
+                    error: None,
+                    leases,
+                },
+                Err(error) => v1::AcquireReply {
+                    error: Some(error),
+                    leases: Vec::new(),
+                },
             }
             .encode_to_vec(),
             WorkerVerb::Renew => match self.renew(subject_worker, payload).await {
-                Ok(lease_expires_in_ms) => v1::RenewReply { error: None, lease_expires_in_ms },
-                Err(error) => v1::RenewReply { error: Some(error), lease_expires_in_ms: 0 },
+                Ok(lease_expires_in_ms) => v1::RenewReply {
+                    error: None,
+                    lease_expires_in_ms,
+                },
+                Err(error) => v1::RenewReply {
+                    error: Some(error),
+                    lease_expires_in_ms: 0,
+                },
             }
             .encode_to_vec(),
             WorkerVerb::Release => v1::ReleaseReply {
@@ -223,15 +258,25 @@ impl Dispatch {
         reply.into()
     }
 
-    async fn hello(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<v1::HelloReply, v1::Error> {
-        let request = v1::HelloRequest::decode(payload).map_err(|error| malformed("HelloRequest", error))?;
+    async fn hello(
+        &self,
+        subject_worker: Option<&str>,
+        payload: &[u8],
+    ) -> Result<v1::HelloReply, v1::Error> {
+        let request =
+            v1::HelloRequest::decode(payload).map_err(|error| malformed("HelloRequest", error))?;
         schema(request.schema_version)?;
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
         if request.capacity == 0 || request.capacity > WORKER_CAPACITY_MAX {
-            return Err(invalid(format!("capacity must be 1..={WORKER_CAPACITY_MAX}")));
+            return Err(invalid(format!(
+                "capacity must be 1..={WORKER_CAPACITY_MAX}"
+            )));
         }
         if request.capabilities.len() > WORKER_CAPABILITIES_MAX
-            || request.capabilities.iter().any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX)
+            || request
+                .capabilities
+                .iter()
+                .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX)
         {
             return Err(invalid(format!(
                 "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes"
@@ -260,17 +305,26 @@ impl Dispatch {
 
     /// Grants leases at once when tasks are due; otherwise waits up to `wait_ms`, re-trying on
     /// every `task.ready` wake-up and on the poll interval.
-    async fn acquire(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<Vec<v1::Lease>, v1::Error> {
-        let request = v1::AcquireRequest::decode(payload).map_err(|error| malformed("AcquireRequest", error))?;
+    async fn acquire(
+        &self,
+        subject_worker: Option<&str>,
+        payload: &[u8],
+    ) -> Result<Vec<v1::Lease>, v1::Error> {
+        let request = v1::AcquireRequest::decode(payload)
+            .map_err(|error| malformed("AcquireRequest", error))?;
         schema(request.schema_version)?;
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
         let request_id = Uuid::parse_str(&request.request_id)
             .map_err(|_| invalid("request_id must be a UUID"))?;
         if request.max_tasks == 0 || request.max_tasks > ACQUIRE_TASKS_MAX {
-            return Err(invalid(format!("max_tasks must be 1..={ACQUIRE_TASKS_MAX}")));
+            return Err(invalid(format!(
+                "max_tasks must be 1..={ACQUIRE_TASKS_MAX}"
+            )));
         }
         if request.wait_ms > ACQUIRE_WAIT_MS_MAX {
-            return Err(invalid(format!("wait_ms must be at most {ACQUIRE_WAIT_MS_MAX}")));
+            return Err(invalid(format!(
+                "wait_ms must be at most {ACQUIRE_WAIT_MS_MAX}"
+            )));
         }
         let params = AcquireParams {
             worker_id,
@@ -278,14 +332,18 @@ impl Dispatch {
             max_tasks: i64::from(request.max_tasks),
             lease_ttl: self.settings.lease.ttl,
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(request.wait_ms));
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(u64::from(request.wait_ms));
         let mut wake = self.wake.clone();
         loop {
             wake.borrow_and_update();
             match store::dispatch::acquire(&self.pool, self.bus.subjects(), &params).await {
                 Ok(AcquireOutcome::Leases(leases)) if !leases.is_empty() => {
                     self.relay.notify();
-                    return Ok(leases.iter().map(store::dispatch::GrantedLease::to_wire).collect());
+                    return Ok(leases
+                        .iter()
+                        .map(store::dispatch::GrantedLease::to_wire)
+                        .collect());
                 }
                 Ok(AcquireOutcome::Leases(_)) => {}
                 Ok(AcquireOutcome::Refused(error)) => return Err(error),
@@ -301,19 +359,23 @@ impl Dispatch {
     }
 
     async fn renew(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<u32, v1::Error> {
-        let request = v1::RenewRequest::decode(payload).map_err(|error| malformed("RenewRequest", error))?;
+        let request =
+            v1::RenewRequest::decode(payload).map_err(|error| malformed("RenewRequest", error))?;
         schema(request.schema_version)?;
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
         let claim = LeaseClaim::from_wire(worker_id, request.lease.as_ref())?;
         match store::dispatch::renew(&self.pool, &claim, self.settings.lease.ttl).await {
-            Ok(RenewOutcome::Renewed { lease_expires_in_ms }) => Ok(lease_expires_in_ms.clamp(0, i64::from(u32::MAX)) as u32),
+            Ok(RenewOutcome::Renewed {
+                lease_expires_in_ms,
+            }) => Ok(lease_expires_in_ms.clamp(0, i64::from(u32::MAX)) as u32),
             Ok(RenewOutcome::Refused(error)) => Err(error),
             Err(error) => Err(internal(&error)),
         }
     }
 
     async fn release(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<(), v1::Error> {
-        let request = v1::ReleaseRequest::decode(payload).map_err(|error| malformed("ReleaseRequest", error))?;
+        let request = v1::ReleaseRequest::decode(payload)
+            .map_err(|error| malformed("ReleaseRequest", error))?;
         schema(request.schema_version)?;
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
         let claim = LeaseClaim::from_wire(worker_id, request.lease.as_ref())?;

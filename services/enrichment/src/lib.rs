@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use runtime::{env, CommonSettings, Connections, SettingsError};
+use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -32,7 +32,10 @@ impl Settings {
         Ok(Self {
             common,
             poll: Duration::from_millis(env::parse("PALISADE_ENRICHMENT_POLL_MS", 1_000_u64)?),
-            lease_ttl: Duration::from_millis(env::parse("PALISADE_ENRICHMENT_LEASE_TTL_MS", 60_000_u64)?),
+            lease_ttl: Duration::from_millis(env::parse(
+                "PALISADE_ENRICHMENT_LEASE_TTL_MS",
+                60_000_u64,
+            )?),
         })
     }
 }
@@ -62,7 +65,9 @@ impl Service {
 
     /// Claims and completes at most one job; true when it did.
     pub async fn run_once(&self) -> Result<bool, store::StoreError> {
-        let Some(job) = store::enrichment::claim(&self.pool, &self.owner, self.settings.lease_ttl).await? else {
+        let Some(job) =
+            store::enrichment::claim(&self.pool, &self.owner, self.settings.lease_ttl).await?
+        else {
             return Ok(false);
         };
         let cve_ids = store::enrichment::scan_cve_ids(&self.pool, job.scan_id).await?;

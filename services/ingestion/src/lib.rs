@@ -4,16 +4,16 @@
 
 pub mod parse;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
-use messages::{v1, ErrorCode, WorkerVerb};
+use messages::{ErrorCode, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
-use runtime::{env, BatchLimits, CommonSettings, Connections, SettingsError};
+use runtime::{BatchLimits, CommonSettings, Connections, SettingsError, env};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
 use tokio_util::sync::CancellationToken;
@@ -53,10 +53,14 @@ impl Settings {
             return Err(SettingsError::Invalid {
                 name: "PALISADE_RETRY_CAP_MS",
                 value: cap.as_millis().to_string(),
-                reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0".into(),
+                reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0"
+                    .into(),
             });
         }
-        let batch_size = env::parse("PALISADE_INGESTION_BATCH_SIZE", ConsumerSpec::BATCH_SIZE_DEFAULT)?;
+        let batch_size = env::parse(
+            "PALISADE_INGESTION_BATCH_SIZE",
+            ConsumerSpec::BATCH_SIZE_DEFAULT,
+        )?;
         if !(1..=1_000).contains(&batch_size) {
             return Err(SettingsError::Invalid {
                 name: "PALISADE_INGESTION_BATCH_SIZE",
@@ -73,7 +77,10 @@ impl Settings {
                 "PALISADE_INGESTION_ACK_WAIT_MS",
                 ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
             )?),
-            max_deliver: env::parse("PALISADE_INGESTION_MAX_DELIVER", ConsumerSpec::MAX_DELIVER_DEFAULT)?,
+            max_deliver: env::parse(
+                "PALISADE_INGESTION_MAX_DELIVER",
+                ConsumerSpec::MAX_DELIVER_DEFAULT,
+            )?,
             crash_after_commit: None,
         })
     }
@@ -96,7 +103,11 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let relay = Relay::new(connections.pool.clone(), connections.bus.clone(), Default::default());
+        let relay = Relay::new(
+            connections.pool.clone(),
+            connections.bus.clone(),
+            Default::default(),
+        );
         let ingestion = Arc::new(Ingestion {
             pool: connections.pool,
             bus: connections.bus.clone(),
@@ -162,14 +173,23 @@ fn verb_of(subject: &str) -> Option<WorkerVerb> {
 
 impl Ingestion {
     /// Decides the valid messages in one transaction, a savepoint each.
-    async fn decide(&self, messages: &[(usize, WorkerMessage)]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(
+        &self,
+        messages: &[(usize, WorkerMessage)],
+    ) -> Result<Vec<Verdict>, StoreError> {
         let subjects = self.bus.subjects();
         let mut tx = self.pool.begin().await?;
         let mut verdicts = Vec::with_capacity(messages.len());
         for (_, message) in messages {
             let mut savepoint = store::savepoint(&mut tx).await?;
             let outcome = match message {
-                WorkerMessage::Result { claim, sequence_number, idempotency_key, payload_sha256, payload } => {
+                WorkerMessage::Result {
+                    claim,
+                    sequence_number,
+                    idempotency_key,
+                    payload_sha256,
+                    payload,
+                } => {
                     store::ingestion::accept_batch(
                         &mut savepoint,
                         &BatchParams {
@@ -183,10 +203,26 @@ impl Ingestion {
                     )
                     .await
                 }
-                WorkerMessage::Complete { claim, batch_count, summary } => {
-                    store::ingestion::complete(&mut savepoint, subjects, claim, *batch_count, summary).await
+                WorkerMessage::Complete {
+                    claim,
+                    batch_count,
+                    summary,
+                } => {
+                    store::ingestion::complete(
+                        &mut savepoint,
+                        subjects,
+                        claim,
+                        *batch_count,
+                        summary,
+                    )
+                    .await
                 }
-                WorkerMessage::Fail { claim, error_code, error_message, retryable } => {
+                WorkerMessage::Fail {
+                    claim,
+                    error_code,
+                    error_message,
+                    retryable,
+                } => {
                     store::ingestion::fail(
                         &mut savepoint,
                         subjects,
@@ -227,7 +263,9 @@ impl Ingestion {
     }
 
     async fn answer(&self, address: &AckAddress, verdict: &Verdict) {
-        let Some(worker_id) = &address.worker_id else { return };
+        let Some(worker_id) = &address.worker_id else {
+            return;
+        };
         let error = match verdict {
             Verdict::Refused(error) => Some(error.clone()),
             Verdict::Accepted | Verdict::Duplicate => None,
@@ -243,7 +281,11 @@ impl Ingestion {
             duplicate: matches!(verdict, Verdict::Duplicate),
         };
         let subject = self.bus.subjects().worker(worker_id, WorkerVerb::Ack);
-        if let Err(error) = self.bus.publish_core(subject, ack.encode_to_vec().into()).await {
+        if let Err(error) = self
+            .bus
+            .publish_core(subject, ack.encode_to_vec().into())
+            .await
+        {
             // The worker resends after its ack timeout and gets the same answer again.
             tracing::debug!(%error, "ingest ack not sent");
         }
@@ -275,7 +317,9 @@ impl BatchHandler for Ingestion {
         valid.sort_by_key(|(_, message)| message.sort_key());
         match self.decide(&valid).await {
             Ok(decided) => {
-                let any_accepted = decided.iter().any(|verdict| matches!(verdict, Verdict::Accepted));
+                let any_accepted = decided
+                    .iter()
+                    .any(|verdict| matches!(verdict, Verdict::Accepted));
                 for ((index, _), verdict) in valid.iter().zip(decided) {
                     verdicts[*index] = Some(verdict);
                 }
@@ -317,7 +361,11 @@ impl BatchHandler for Ingestion {
             reason,
             payload: delivery.payload(),
         };
-        tracing::error!(stream_sequence = delivery.stream_sequence, reason, "worker message dead after its last delivery");
+        tracing::error!(
+            stream_sequence = delivery.stream_sequence,
+            reason,
+            "worker message dead after its last delivery"
+        );
         if let Err(error) = store::dead_letters::record(&self.pool, &letter).await {
             tracing::error!(%error, "could not record a dead worker message");
         }

@@ -11,5 +11,7 @@ async fn main() -> anyhow::Result<()> {
     let service = ingestion::Service::build(settings)
         .await
         .context("failed to start ingestion")?;
-    service.run_until_stopped(runtime::shutdown_on_signal()).await
+    service
+        .run_until_stopped(runtime::shutdown_on_signal())
+        .await
 }

@@ -1,7 +1,7 @@
 //! Parsing worker messages off the wire into what ingestion can act on.
 
 use messages::limits::{BATCH_SEQUENCE_MAX, FINDING_FIELD_BYTES_MAX, IDENTIFIER_BYTES_MAX};
-use messages::{v1, ErrorCode, WorkerVerb};
+use messages::{ErrorCode, WorkerVerb, v1};
 use prost::Message as _;
 use runtime::BatchLimits;
 use store::LeaseClaim;
@@ -49,7 +49,11 @@ impl WorkerMessage {
     /// the same fetch as its last batches sees them.
     pub fn sort_key(&self) -> (Uuid, u8, i32) {
         match self {
-            WorkerMessage::Result { claim, sequence_number, .. } => (claim.task_id, 0, *sequence_number),
+            WorkerMessage::Result {
+                claim,
+                sequence_number,
+                ..
+            } => (claim.task_id, 0, *sequence_number),
             WorkerMessage::Complete { claim, .. } => (claim.task_id, 1, 0),
             WorkerMessage::Fail { claim, .. } => (claim.task_id, 1, 0),
         }
@@ -76,7 +80,10 @@ fn too_large(message: impl Into<String>) -> v1::Error {
 }
 
 fn malformed(kind: &str, error: prost::DecodeError) -> v1::Error {
-    v1::Error::new(ErrorCode::MalformedMessage, format!("not a palisade.v1.{kind}: {error}"))
+    v1::Error::new(
+        ErrorCode::MalformedMessage,
+        format!("not a palisade.v1.{kind}: {error}"),
+    )
 }
 
 fn schema(version: u32) -> Result<(), v1::Error> {
@@ -85,7 +92,10 @@ fn schema(version: u32) -> Result<(), v1::Error> {
     } else {
         Err(v1::Error::new(
             ErrorCode::UnsupportedSchemaVersion,
-            format!("schema_version {version} is not supported; send {}", messages::SCHEMA_VERSION),
+            format!(
+                "schema_version {version} is not supported; send {}",
+                messages::SCHEMA_VERSION
+            ),
         ))
     }
 }
@@ -96,10 +106,19 @@ fn worker_id(subject_worker: Option<&str>, field: &str) -> Result<Uuid, v1::Erro
             "worker_id {field:?} does not match the subject's worker id {subject_worker:?}"
         )));
     }
-    Uuid::parse_str(field).map_err(|_| v1::Error::new(ErrorCode::UnknownWorker, format!("worker_id {field:?} is not a UUID")))
+    Uuid::parse_str(field).map_err(|_| {
+        v1::Error::new(
+            ErrorCode::UnknownWorker,
+            format!("worker_id {field:?} is not a UUID"),
+        )
+    })
 }
 
-fn address(subject_worker: Option<&str>, kind: &'static str, lease: Option<&v1::LeaseRef>) -> AckAddress {
+fn address(
+    subject_worker: Option<&str>,
+    kind: &'static str,
+    lease: Option<&v1::LeaseRef>,
+) -> AckAddress {
     AckAddress {
         worker_id: subject_worker.map(str::to_owned),
         kind,
@@ -119,43 +138,75 @@ pub fn parse(
     match verb {
         Some(WorkerVerb::Result) => parse_result(subject_worker, payload, limits),
         Some(WorkerVerb::Complete) => match v1::TaskComplete::decode(payload) {
-            Err(error) => (address(subject_worker, "complete", None), Err(malformed("TaskComplete", error))),
+            Err(error) => (
+                address(subject_worker, "complete", None),
+                Err(malformed("TaskComplete", error)),
+            ),
             Ok(message) => {
                 let address = address(subject_worker, "complete", message.lease.as_ref());
                 let parsed = (|| {
                     schema(message.schema_version)?;
-                    let claim = LeaseClaim::from_wire(worker_id(subject_worker, &message.worker_id)?, message.lease.as_ref())?;
+                    let claim = LeaseClaim::from_wire(
+                        worker_id(subject_worker, &message.worker_id)?,
+                        message.lease.as_ref(),
+                    )?;
                     if message.batch_count > BATCH_SEQUENCE_MAX + 1 {
                         return Err(v1::Error::new(
                             ErrorCode::SequenceOutOfRange,
-                            format!("batch_count {} is over {}", message.batch_count, BATCH_SEQUENCE_MAX + 1),
+                            format!(
+                                "batch_count {} is over {}",
+                                message.batch_count,
+                                BATCH_SEQUENCE_MAX + 1
+                            ),
                         ));
                     }
                     Ok(WorkerMessage::Complete {
                         claim,
                         batch_count: message.batch_count as i32,
-                        summary: message.summary.chars().take(TEXT_CHARS_MAX).collect(),
+                        summary: message
+                            .summary
+                            .chars()
+                            .filter(|c| *c != '\0')
+                            .take(TEXT_CHARS_MAX)
+                            .collect(),
                     })
                 })();
                 (address, parsed)
             }
         },
         Some(WorkerVerb::Fail) => match v1::TaskFail::decode(payload) {
-            Err(error) => (address(subject_worker, "fail", None), Err(malformed("TaskFail", error))),
+            Err(error) => (
+                address(subject_worker, "fail", None),
+                Err(malformed("TaskFail", error)),
+            ),
             Ok(message) => {
                 let address = address(subject_worker, "fail", message.lease.as_ref());
                 let parsed = (|| {
                     schema(message.schema_version)?;
-                    let claim = LeaseClaim::from_wire(worker_id(subject_worker, &message.worker_id)?, message.lease.as_ref())?;
+                    let claim = LeaseClaim::from_wire(
+                        worker_id(subject_worker, &message.worker_id)?,
+                        message.lease.as_ref(),
+                    )?;
                     let error = message.error.unwrap_or_default();
-                    let error_code = if error.code.is_empty() { "plugin_failed".to_owned() } else { error.code };
-                    if error_code.len() > IDENTIFIER_BYTES_MAX {
-                        return Err(too_large(format!("error.code is over {IDENTIFIER_BYTES_MAX} bytes")));
+                    let error_code = if error.code.is_empty() {
+                        "plugin_failed".to_owned()
+                    } else {
+                        error.code
+                    };
+                    if error_code.len() > IDENTIFIER_BYTES_MAX || error_code.contains('\0') {
+                        return Err(invalid(format!(
+                            "error.code must be 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
+                        )));
                     }
                     Ok(WorkerMessage::Fail {
                         claim,
                         error_code,
-                        error_message: error.message.chars().take(TEXT_CHARS_MAX).collect(),
+                        error_message: error
+                            .message
+                            .chars()
+                            .filter(|c| *c != '\0')
+                            .take(TEXT_CHARS_MAX)
+                            .collect(),
                         retryable: message.retryable,
                     })
                 })();
@@ -163,7 +214,11 @@ pub fn parse(
             }
         },
         _ => (
-            AckAddress { worker_id: subject_worker.map(str::to_owned), kind: "unknown", ..Default::default() },
+            AckAddress {
+                worker_id: subject_worker.map(str::to_owned),
+                kind: "unknown",
+                ..Default::default()
+            },
             Err(invalid("unexpected subject on the results stream")),
         ),
     }
@@ -176,25 +231,43 @@ fn parse_result(
 ) -> (AckAddress, Result<WorkerMessage, v1::Error>) {
     let message = match v1::ResultBatch::decode(payload) {
         Ok(message) => message,
-        Err(error) => return (address(subject_worker, "result", None), Err(malformed("ResultBatch", error))),
+        Err(error) => {
+            return (
+                address(subject_worker, "result", None),
+                Err(malformed("ResultBatch", error)),
+            );
+        }
     };
     let mut address = address(subject_worker, "result", message.lease.as_ref());
     address.idempotency_key = message.idempotency_key.clone();
     address.sequence_number = message.sequence_number;
     let parsed = (|| {
         schema(message.schema_version)?;
-        let claim = LeaseClaim::from_wire(worker_id(subject_worker, &message.worker_id)?, message.lease.as_ref())?;
+        let claim = LeaseClaim::from_wire(
+            worker_id(subject_worker, &message.worker_id)?,
+            message.lease.as_ref(),
+        )?;
         if message.sequence_number > BATCH_SEQUENCE_MAX {
             return Err(v1::Error::new(
                 ErrorCode::SequenceOutOfRange,
-                format!("sequence_number {} is over {BATCH_SEQUENCE_MAX}", message.sequence_number),
+                format!(
+                    "sequence_number {} is over {BATCH_SEQUENCE_MAX}",
+                    message.sequence_number
+                ),
             ));
         }
-        if message.idempotency_key.is_empty() || message.idempotency_key.len() > IDENTIFIER_BYTES_MAX {
-            return Err(invalid(format!("idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes")));
+        if message.idempotency_key.is_empty()
+            || message.idempotency_key.len() > IDENTIFIER_BYTES_MAX
+        {
+            return Err(invalid(format!(
+                "idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes"
+            )));
         }
         let checksum_form = message.payload_sha256.len() == 64
-            && message.payload_sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            && message
+                .payload_sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if !checksum_form {
             return Err(invalid("payload_sha256 must be 64 lowercase hex digits"));
         }
@@ -209,10 +282,14 @@ fn parse_result(
         if actual != message.payload_sha256 {
             return Err(v1::Error::new(
                 ErrorCode::ChecksumMismatch,
-                format!("payload hashes to {actual}, the message says {}", message.payload_sha256),
+                format!(
+                    "payload hashes to {actual}, the message says {}",
+                    message.payload_sha256
+                ),
             ));
         }
-        let batch = v1::BatchPayload::decode(message.payload.as_slice()).map_err(|error| malformed("BatchPayload", error))?;
+        let batch = v1::BatchPayload::decode(message.payload.as_slice())
+            .map_err(|error| malformed("BatchPayload", error))?;
         if batch.findings.len() > limits.findings_max {
             return Err(too_large(format!(
                 "batch has {} findings, at most {} are accepted; send smaller batches",
@@ -224,8 +301,16 @@ fn parse_result(
             validate_finding(finding)?;
         }
         for asset in &batch.assets {
-            if asset.kind.is_empty() || asset.kind.len() > 64 || asset.value.is_empty() || asset.value.len() > 2_048 {
-                return Err(invalid("asset kind must be 1..=64 bytes and value 1..=2048 bytes"));
+            if asset.kind.is_empty()
+                || asset.kind.len() > 64
+                || asset.value.is_empty()
+                || asset.value.len() > 2_048
+                || asset.kind.contains('\0')
+                || asset.value.contains('\0')
+            {
+                return Err(invalid(
+                    "asset kind must be 1..=64 bytes and value 1..=2048 bytes",
+                ));
             }
         }
         Ok(WorkerMessage::Result {
@@ -241,10 +326,15 @@ fn parse_result(
 
 fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {
     if finding.rule_id.is_empty() || finding.rule_id.len() > IDENTIFIER_BYTES_MAX {
-        return Err(invalid(format!("finding rule_id must be 1..={IDENTIFIER_BYTES_MAX} bytes")));
+        return Err(invalid(format!(
+            "finding rule_id must be 1..={IDENTIFIER_BYTES_MAX} bytes"
+        )));
     }
     if finding.resource.is_empty() || finding.title.is_empty() {
-        return Err(invalid(format!("finding {:?} needs a resource and a title", finding.rule_id)));
+        return Err(invalid(format!(
+            "finding {:?} needs a resource and a title",
+            finding.rule_id
+        )));
     }
     if !SEVERITIES.contains(&finding.severity.as_str()) {
         return Err(invalid(format!(
@@ -254,6 +344,8 @@ fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {
         )));
     }
     for (name, text) in [
+        ("rule_id", &finding.rule_id),
+        ("severity", &finding.severity),
         ("resource", &finding.resource),
         ("discriminator", &finding.discriminator),
         ("title", &finding.title),
@@ -261,7 +353,12 @@ fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {
         ("evidence", &finding.evidence),
     ] {
         if text.len() > FINDING_FIELD_BYTES_MAX {
-            return Err(too_large(format!("finding {name} is over {FINDING_FIELD_BYTES_MAX} bytes")));
+            return Err(too_large(format!(
+                "finding {name} is over {FINDING_FIELD_BYTES_MAX} bytes"
+            )));
+        }
+        if text.contains('\0') {
+            return Err(invalid(format!("finding {name} contains a NUL character")));
         }
     }
     if finding.cve_ids.iter().any(|cve| !is_cve_id(cve)) {
@@ -319,21 +416,45 @@ mod tests {
     #[test]
     fn checksum_mismatch_is_detected() {
         let worker = Uuid::now_v7().to_string();
-        let payload = v1::BatchPayload { findings: vec![finding()], assets: vec![] }.encode_to_vec();
+        let payload = v1::BatchPayload {
+            findings: vec![finding()],
+            assets: vec![],
+        }
+        .encode_to_vec();
         let good = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
-        let (_, parsed) = parse(Some(WorkerVerb::Result), Some(&worker), &good, &BatchLimits::default());
+        let (_, parsed) = parse(
+            Some(WorkerVerb::Result),
+            Some(&worker),
+            &good,
+            &BatchLimits::default(),
+        );
         assert!(parsed.is_ok());
         let bad = batch(&worker, payload, messages::sha256_hex(b"other"));
-        let (_, parsed) = parse(Some(WorkerVerb::Result), Some(&worker), &bad, &BatchLimits::default());
-        assert_eq!(parsed.unwrap_err().error_code(), Some(ErrorCode::ChecksumMismatch));
+        let (_, parsed) = parse(
+            Some(WorkerVerb::Result),
+            Some(&worker),
+            &bad,
+            &BatchLimits::default(),
+        );
+        assert_eq!(
+            parsed.unwrap_err().error_code(),
+            Some(ErrorCode::ChecksumMismatch)
+        );
     }
 
     #[test]
     fn oversized_batches_are_too_large() {
         let worker = Uuid::now_v7().to_string();
-        let payload = v1::BatchPayload { findings: vec![finding(); 3], assets: vec![] }.encode_to_vec();
+        let payload = v1::BatchPayload {
+            findings: vec![finding(); 3],
+            assets: vec![],
+        }
+        .encode_to_vec();
         let message = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
-        let limits = BatchLimits { findings_max: 2, bytes_max: 1 << 20 };
+        let limits = BatchLimits {
+            findings_max: 2,
+            bytes_max: 1 << 20,
+        };
         let (_, parsed) = parse(Some(WorkerVerb::Result), Some(&worker), &message, &limits);
         assert_eq!(parsed.unwrap_err().error_code(), Some(ErrorCode::TooLarge));
     }
@@ -343,8 +464,16 @@ mod tests {
         let worker = Uuid::now_v7().to_string();
         let payload = v1::BatchPayload::default().encode_to_vec();
         let message = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
-        let (_, parsed) = parse(Some(WorkerVerb::Result), Some("someone-else"), &message, &BatchLimits::default());
-        assert_eq!(parsed.unwrap_err().error_code(), Some(ErrorCode::InvalidField));
+        let (_, parsed) = parse(
+            Some(WorkerVerb::Result),
+            Some("someone-else"),
+            &message,
+            &BatchLimits::default(),
+        );
+        assert_eq!(
+            parsed.unwrap_err().error_code(),
+            Some(ErrorCode::InvalidField)
+        );
     }
 
     #[test]

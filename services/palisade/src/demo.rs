@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::StreamExt as _;
-use messages::{v1, ErrorCode};
+use messages::{ErrorCode, v1};
 use runtime::CommonSettings;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -74,7 +74,10 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
     let database = format!("palisade_demo_{}", &stamp[stamp.len() - 12..]);
     common.database.url = with_database(&common.database.url, &database)?;
     common.subjects = messages::Subjects::new(&format!("demo-{}", &stamp[stamp.len() - 8..]))?;
-    println!("demo: database {database}, subject prefix {}", common.subjects.prefix());
+    println!(
+        "demo: database {database}, subject prefix {}",
+        common.subjects.prefix()
+    );
 
     let settings = SystemSettings::from_common(common.clone())?;
     let mut system = System::start(settings).await?;
@@ -117,24 +120,31 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
         progress_stop.clone(),
     ));
 
-    let answers: Vec<(RequestKind, v1::ScanRequest, Result<v1::ScanRequestReply, client::ClientError>)> =
-        futures::stream::iter(requests)
-            .map(|(kind, request)| {
-                let client = client.clone();
-                let tally = tally.clone();
-                let submitted = submitted.clone();
-                async move {
-                    if kind == RequestKind::Original {
-                        tally.lock().expect("not poisoned").submitted_at.insert(request.idempotency_key.clone(), Instant::now());
-                    }
-                    let reply = client.submit(&request).await;
-                    submitted.fetch_add(1, Ordering::Relaxed);
-                    (kind, request, reply)
+    let answers: Vec<(
+        RequestKind,
+        v1::ScanRequest,
+        Result<v1::ScanRequestReply, client::ClientError>,
+    )> = futures::stream::iter(requests)
+        .map(|(kind, request)| {
+            let client = client.clone();
+            let tally = tally.clone();
+            let submitted = submitted.clone();
+            async move {
+                if kind == RequestKind::Original {
+                    tally
+                        .lock()
+                        .expect("not poisoned")
+                        .submitted_at
+                        .insert(request.idempotency_key.clone(), Instant::now());
                 }
-            })
-            .buffer_unordered(options.concurrency)
-            .collect()
-            .await;
+                let reply = client.submit(&request).await;
+                submitted.fetch_add(1, Ordering::Relaxed);
+                (kind, request, reply)
+            }
+        })
+        .buffer_unordered(options.concurrency)
+        .collect()
+        .await;
 
     let mut report = DemoReport {
         requests: total_requests,
@@ -143,7 +153,9 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
     let mut scan_by_key: HashMap<String, String> = HashMap::new();
     let mut replays: Vec<(String, String)> = Vec::new();
     for (_kind, request, reply) in &answers {
-        let reply = reply.as_ref().map_err(|error| anyhow::anyhow!("submission failed: {error}"))?;
+        let reply = reply
+            .as_ref()
+            .map_err(|error| anyhow::anyhow!("submission failed: {error}"))?;
         match reply.error.as_ref().and_then(v1::Error::error_code) {
             None if reply.deduplicated => {
                 report.deduplicated += 1;
@@ -179,7 +191,8 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
         let tally = tally.lock().expect("not poisoned");
         report.completed = tally.completed.len();
         report.failed = tally.failed.len();
-        report.completion_events_repeated = tally.completed.values().filter(|count| **count > 1).count();
+        report.completion_events_repeated =
+            tally.completed.values().filter(|count| **count > 1).count();
         report.findings = tally.findings;
         report.p50_ms = tally.latencies.value_at_quantile(0.50);
         report.p99_ms = tally.latencies.value_at_quantile(0.99);
@@ -288,7 +301,8 @@ fn demo_requests(
         let key = format!("demo-scan-{index}");
         let original = client.request(&organization_id.to_string(), &target, &DEMO_PROFILE, &key);
         requests.push((RequestKind::Original, original.clone()));
-        if options.duplicate_percent > 0 && index % (100 / options.duplicate_percent.min(100)) == 0 {
+        if options.duplicate_percent > 0 && index % (100 / options.duplicate_percent.min(100)) == 0
+        {
             requests.push((RequestKind::Duplicate, original.clone()));
         }
         if options.conflict_percent > 0 && index % (100 / options.conflict_percent.min(100)) == 1 {
@@ -306,7 +320,13 @@ async fn start_demo_http_server() -> anyhow::Result<(SocketAddr, CancellationTok
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
     let app = axum::Router::new().fallback(|| async {
-        ([("server", "demo-app/1.0"), ("x-content-type-options", "nosniff")], "hello from the demo app\n")
+        (
+            [
+                ("server", "demo-app/1.0"),
+                ("x-content-type-options", "nosniff"),
+            ],
+            "hello from the demo app\n",
+        )
     });
     let stop = CancellationToken::new();
     let shutdown = stop.clone();
@@ -323,8 +343,14 @@ pub fn print_report(report: &DemoReport) -> bool {
     let rows = [
         ("requests sent", report.requests.to_string()),
         ("admitted", report.admitted.to_string()),
-        ("deduplicated (original scan returned)", report.deduplicated.to_string()),
-        ("conflicts (idempotency_conflict)", report.conflicts.to_string()),
+        (
+            "deduplicated (original scan returned)",
+            report.deduplicated.to_string(),
+        ),
+        (
+            "conflicts (idempotency_conflict)",
+            report.conflicts.to_string(),
+        ),
         ("other refusals", report.other_refusals.to_string()),
         ("completed", report.completed.to_string()),
         ("failed", report.failed.to_string()),
@@ -332,7 +358,10 @@ pub fn print_report(report: &DemoReport) -> bool {
         ("p50 request-to-completion", format!("{} ms", report.p50_ms)),
         ("p99 request-to-completion", format!("{} ms", report.p99_ms)),
         ("elapsed", format!("{:.1} s", report.elapsed.as_secs_f64())),
-        ("throughput", format!("{:.1} scans/s", report.scans_per_second)),
+        (
+            "throughput",
+            format!("{:.1} scans/s", report.scans_per_second),
+        ),
     ];
     println!();
     println!("{:<40} {:>14}", "palisade demo", "");
@@ -354,7 +383,10 @@ pub fn print_report(report: &DemoReport) -> bool {
             "every replay returned its original scan",
             report.deduplicated_to_other_scan == 0,
         ),
-        ("every conflicting reuse was refused", report.other_refusals == 0),
+        (
+            "every conflicting reuse was refused",
+            report.other_refusals == 0,
+        ),
     ];
     let mut all = true;
     for (name, held) in checks {

@@ -126,14 +126,18 @@ enum WorkerCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let telemetry_settings = telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
+    let telemetry_settings =
+        telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     let _telemetry = telemetry::init("palisade", &telemetry_settings)?;
     let common = CommonSettings::from_env().context("invalid settings")?;
     match cli.command {
         Command::Dev { workers, capacity } => dev(common, workers, capacity).await,
         Command::Migrate => {
             system::prepare_database(&common).await?;
-            println!("database migrated to version {}", store::expected_migration_version());
+            println!(
+                "database migrated to version {}",
+                store::expected_migration_version()
+            );
             Ok(())
         }
         Command::Demo {
@@ -163,7 +167,11 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::bail!("the demo's checks did not all hold (see the table above)")
             }
         }
-        Command::Org(OrgCommand::Add { name, hourly_quota, id }) => {
+        Command::Org(OrgCommand::Add {
+            name,
+            hourly_quota,
+            id,
+        }) => {
             let pool = store::connect(&common.database).await?;
             let id = id.unwrap_or_else(Uuid::now_v7);
             store::admin::create_organization(&pool, id, &name, hourly_quota).await?;
@@ -179,7 +187,8 @@ async fn main() -> anyhow::Result<()> {
             priority,
             deadline_secs,
         }) => {
-            let bus = bus::Bus::connect(&common.nats_url, common.subjects.clone(), "palisade-cli").await?;
+            let bus = bus::Bus::connect(&common.nats_url, common.subjects.clone(), "palisade-cli")
+                .await?;
             let client = client::Client::new(bus, client);
             let key = key.unwrap_or_else(|| Uuid::new_v4().to_string());
             let plugin_names: Vec<&str> = plugins.iter().map(String::as_str).collect();
@@ -190,7 +199,11 @@ async fn main() -> anyhow::Result<()> {
             match reply.error {
                 Some(error) => anyhow::bail!("refused: {} ({})", error.message, error.code),
                 None => {
-                    let note = if reply.deduplicated { " (replay: the original scan)" } else { "" };
+                    let note = if reply.deduplicated {
+                        " (replay: the original scan)"
+                    } else {
+                        ""
+                    };
                     println!("{} {}{note}", reply.scan_id, reply.state);
                     Ok(())
                 }
@@ -217,8 +230,11 @@ async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::R
     let settings = SystemSettings::from_common(common).context("invalid settings")?;
     let mut system = System::start(settings).await?;
     let organization_id = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0001);
-    store::admin::create_organization(&system.connections.pool, organization_id, "dev", None).await?;
-    system.spawn_workers(organization_id, workers, capacity).await?;
+    store::admin::create_organization(&system.connections.pool, organization_id, "dev", None)
+        .await?;
+    system
+        .spawn_workers(organization_id, workers, capacity)
+        .await?;
     println!("palisade dev: five services and {workers} workers running; Ctrl-C stops them");
     println!("organization `dev`: {organization_id}");
     println!(
@@ -244,7 +260,10 @@ async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()>
     if !scan.failure_code.is_empty() {
         println!("failure     {}: {}", scan.failure_code, scan.failure_reason);
     }
-    println!("\n{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}", "#", "plugin", "job", "task", "attempts", "findings", "assets");
+    println!(
+        "\n{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",
+        "#", "plugin", "job", "task", "attempts", "findings", "assets"
+    );
     for job in store::admin::scan_jobs(&pool, scan_id).await? {
         println!(
             "{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",
@@ -263,7 +282,10 @@ async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()>
     let findings = store::admin::findings(&pool, scan_id).await?;
     println!("\n{} findings", findings.len());
     for finding in findings.iter().take(50) {
-        println!("  [{:<8}] {:<14} {:<32} {}", finding.severity, finding.plugin, finding.rule_id, finding.resource);
+        println!(
+            "  [{:<8}] {:<14} {:<32} {}",
+            finding.severity, finding.plugin, finding.rule_id, finding.resource
+        );
     }
     Ok(())
 }

@@ -19,6 +19,8 @@ pub struct SystemSettings {
     pub ingestion: ingestion::Settings,
     pub enrichment: enrichment::Settings,
     pub reaper: reaper::Settings,
+    /// Run the reaper's sweeps (tests that drive recovery by hand turn them off).
+    pub reaper_enabled: bool,
 }
 
 impl SystemSettings {
@@ -30,6 +32,7 @@ impl SystemSettings {
             ingestion: ingestion::Settings::from_common(common.clone())?,
             enrichment: enrichment::Settings::from_common(common.clone())?,
             reaper: reaper::Settings::from_common(common.clone())?,
+            reaper_enabled: true,
             common,
         })
     }
@@ -56,16 +59,42 @@ impl System {
             tasks: JoinSet::new(),
         };
         let c = || connections.clone();
-        system.spawn("admission", admission::Service::from_connections(settings.admission, c()).run_until_stopped(shutdown.clone()));
-        system.spawn("dispatch", dispatch::Service::from_connections(settings.dispatch, c()).run_until_stopped(shutdown.clone()));
-        system.spawn("ingestion", ingestion::Service::from_connections(settings.ingestion, c()).run_until_stopped(shutdown.clone()));
-        system.spawn("enrichment", enrichment::Service::from_connections(settings.enrichment, c()).run_until_stopped(shutdown.clone()));
-        system.spawn("reaper", reaper::Service::from_connections(settings.reaper, c()).run_until_stopped(shutdown.clone()));
+        system.spawn(
+            "admission",
+            admission::Service::from_connections(settings.admission, c())
+                .run_until_stopped(shutdown.clone()),
+        );
+        system.spawn(
+            "dispatch",
+            dispatch::Service::from_connections(settings.dispatch, c())
+                .run_until_stopped(shutdown.clone()),
+        );
+        system.spawn(
+            "ingestion",
+            ingestion::Service::from_connections(settings.ingestion, c())
+                .run_until_stopped(shutdown.clone()),
+        );
+        system.spawn(
+            "enrichment",
+            enrichment::Service::from_connections(settings.enrichment, c())
+                .run_until_stopped(shutdown.clone()),
+        );
+        if settings.reaper_enabled {
+            system.spawn(
+                "reaper",
+                reaper::Service::from_connections(settings.reaper, c())
+                    .run_until_stopped(shutdown.clone()),
+            );
+        }
         Ok(system)
     }
 
     /// Runs `future` as part of the system, named for error reports.
-    pub fn spawn(&mut self, name: &str, future: impl Future<Output = anyhow::Result<()>> + Send + 'static) {
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        future: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) {
         let name = name.to_owned();
         self.tasks.spawn(async move { (name, future.await) });
     }
@@ -81,8 +110,13 @@ impl System {
         let mut stats = Vec::with_capacity(count);
         for index in 0..count {
             let worker_id = Uuid::new_v4();
-            store::admin::register_worker(&self.connections.pool, worker_id, &format!("in-process-{index}"), capacity as i32)
-                .await?;
+            store::admin::register_worker(
+                &self.connections.pool,
+                worker_id,
+                &format!("in-process-{index}"),
+                capacity as i32,
+            )
+            .await?;
             store::admin::assign_worker(&self.connections.pool, organization_id, worker_id).await?;
             let worker = worker::Worker::new(
                 self.connections.bus.clone(),
@@ -125,7 +159,9 @@ pub async fn prepare_database(common: &CommonSettings) -> anyhow::Result<()> {
         .await
         .context("failed to create the database")?;
     let pool = store::connect(&common.database).await?;
-    store::migrate(&pool).await.context("failed to migrate the database")?;
+    store::migrate(&pool)
+        .await
+        .context("failed to migrate the database")?;
     pool.close().await;
     Ok(())
 }

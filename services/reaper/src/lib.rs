@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bus::Bus;
-use messages::{v1, EventKind};
+use messages::{EventKind, v1};
 use outbox::Relay;
 use prost::Message as _;
-use runtime::{env, CommonSettings, Connections, SettingsError};
+use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::recovery::RecoveryOutcome;
 use store::{PgPool, RetryPolicy, StoreError};
 use tokio_util::sync::CancellationToken;
@@ -72,7 +72,11 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let relay = Relay::new(connections.pool.clone(), connections.bus.clone(), Default::default());
+        let relay = Relay::new(
+            connections.pool.clone(),
+            connections.bus.clone(),
+            Default::default(),
+        );
         Self {
             settings,
             pool: connections.pool,

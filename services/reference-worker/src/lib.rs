@@ -1,1 +1,184 @@
-//! placeholder
+//! palisade's reference worker: the plugins it ships ([`plugins`]) and the process around
+//! them ([`Settings`], [`run`]), so `main.rs` only wires signals and logging.
+//!
+//! Every plugin works offline. `tcp_connect` discovers `http_service` assets that
+//! `http_headers` then checks: a profile `[tcp_connect, http_headers]` is the asset-discovery
+//! pipeline.
+
+pub mod http_headers;
+pub mod secrets;
+pub mod synthetic;
+pub mod target;
+pub mod tcp_connect;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use messages::Subjects;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Every plugin this worker runs; their names are its capabilities.
+pub fn plugins() -> Vec<Arc<dyn worker::Plugin>> {
+    vec![
+        Arc::new(synthetic::Synthetic),
+        Arc::new(tcp_connect::TcpConnect),
+        Arc::new(http_headers::HttpHeaders),
+        Arc::new(secrets::Secrets),
+    ]
+}
+
+/// The worker's settings, all from environment variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `NATS_URL`, default [`Settings::NATS_URL_DEFAULT`].
+    pub nats_url: String,
+    /// `PALISADE_SUBJECT_PREFIX`, default `palisade`.
+    pub subjects: Subjects,
+    /// `PALISADE_WORKER_ID`, required: the id `palisade worker add` printed.
+    pub worker_id: Uuid,
+    /// `PALISADE_WORKER_CAPACITY`, default [`Settings::CAPACITY_DEFAULT`].
+    pub capacity: u32,
+}
+
+/// A setting that is missing or malformed.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error(
+        "PALISADE_WORKER_ID is not set: register the worker with `palisade worker add` and set the id it prints"
+    )]
+    MissingWorkerId,
+    #[error("PALISADE_WORKER_ID {value:?} is not a UUID")]
+    InvalidWorkerId { value: String },
+    #[error("PALISADE_WORKER_CAPACITY {value:?} is not a number in 1..={max}")]
+    InvalidCapacity { value: String, max: u32 },
+    #[error("PALISADE_SUBJECT_PREFIX: {0}")]
+    InvalidPrefix(#[from] messages::subjects::InvalidPrefix),
+}
+
+impl Settings {
+    pub const NATS_URL_DEFAULT: &str = "nats://127.0.0.1:4222";
+    pub const CAPACITY_DEFAULT: u32 = 4;
+
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let set = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
+        let nats_url = set("NATS_URL").unwrap_or_else(|| Self::NATS_URL_DEFAULT.to_owned());
+        let prefix = set("PALISADE_SUBJECT_PREFIX");
+        let subjects = Subjects::new(prefix.as_deref().unwrap_or(Subjects::DEFAULT_PREFIX))?;
+        let worker_id = set("PALISADE_WORKER_ID").ok_or(SettingsError::MissingWorkerId)?;
+        let worker_id = Uuid::parse_str(worker_id.trim())
+            .ok()
+            .filter(|id| !id.is_nil())
+            .ok_or(SettingsError::InvalidWorkerId { value: worker_id })?;
+        let capacity = match set("PALISADE_WORKER_CAPACITY") {
+            None => Self::CAPACITY_DEFAULT,
+            Some(value) => value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|capacity| (1..=messages::limits::WORKER_CAPACITY_MAX).contains(capacity))
+                .ok_or(SettingsError::InvalidCapacity {
+                    value,
+                    max: messages::limits::WORKER_CAPACITY_MAX,
+                })?,
+        };
+        Ok(Self {
+            nats_url,
+            subjects,
+            worker_id,
+            capacity,
+        })
+    }
+}
+
+/// Connects to NATS and runs the worker with every plugin until `shutdown`, then releases
+/// the leases still running.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let bus = bus::Bus::connect(
+        &settings.nats_url,
+        settings.subjects.clone(),
+        "palisade-worker",
+    )
+    .await
+    .context("failed to connect to NATS")?;
+    let mut config = worker::WorkerConfig::new(settings.worker_id, settings.capacity);
+    config.software_version = format!("palisade-worker/{}", env!("CARGO_PKG_VERSION"));
+    let worker =
+        worker::Worker::new(bus, config, plugins()).context("failed to set up the worker")?;
+    worker.run(shutdown).await.context("worker stopped")
+}
+
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+pub fn cancel_on_signal(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("failed to listen for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("failed to listen for SIGINT")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM received, releasing leases"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received, releasing leases"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn settings(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        Settings::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    const ID: &str = "0193c3c4-0000-7000-8000-000000000001";
+
+    #[test]
+    fn defaults_everything_but_the_worker_id() {
+        let settings = settings(&[("PALISADE_WORKER_ID", ID)]).unwrap();
+        assert_eq!(settings.nats_url, Settings::NATS_URL_DEFAULT);
+        assert_eq!(settings.subjects.prefix(), "palisade");
+        assert_eq!(settings.worker_id.to_string(), ID);
+        assert_eq!(settings.capacity, 4);
+    }
+
+    #[test]
+    fn refuses_bad_settings_with_advice() {
+        let missing = settings(&[]).unwrap_err().to_string();
+        assert!(missing.contains("palisade worker add"), "{missing}");
+        assert!(settings(&[("PALISADE_WORKER_ID", "w1")]).is_err());
+        let nil = "00000000-0000-0000-0000-000000000000";
+        assert!(settings(&[("PALISADE_WORKER_ID", nil)]).is_err());
+        for capacity in ["0", "1025", "four"] {
+            let result = settings(&[
+                ("PALISADE_WORKER_ID", ID),
+                ("PALISADE_WORKER_CAPACITY", capacity),
+            ]);
+            assert!(result.is_err(), "{capacity}");
+        }
+        let result = settings(&[
+            ("PALISADE_WORKER_ID", ID),
+            ("PALISADE_SUBJECT_PREFIX", "a.b"),
+        ]);
+        assert!(result.is_err());
+    }
+
+    #[test]
+    fn plugin_names_are_unique() {
+        let names: std::collections::HashSet<_> =
+            plugins().iter().map(|plugin| plugin.name()).collect();
+        assert_eq!(names.len(), plugins().len());
+        assert!(names.contains("synthetic") && names.contains("secrets"));
+    }
+}

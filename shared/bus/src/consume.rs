@@ -8,11 +8,11 @@
 //!   handler's [`BatchHandler::dead_letter`]) and terminated instead of being lost silently.
 //! - [`Decision::Reject`]: bad input; the handler already told the sender. `Term`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
+use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
@@ -139,7 +139,12 @@ pub async fn run<H: BatchHandler>(
         .jetstream()
         .get_stream(&spec.stream)
         .await
-        .map_err(|error| consume_error(format!("stream {} missing ({error}); run provisioning first", spec.stream)))?;
+        .map_err(|error| {
+            consume_error(format!(
+                "stream {} missing ({error}); run provisioning first",
+                spec.stream
+            ))
+        })?;
     let config = pull::Config {
         durable_name: Some(spec.durable_name.clone()),
         filter_subject: spec.filter_subject.clone(),
@@ -202,7 +207,9 @@ pub async fn run<H: BatchHandler>(
         if let Some(crash) = &spec.crash_after_commit
             && crash.load(Ordering::SeqCst)
         {
-            return Err(consume_error("injected crash after commit, before ack".into()));
+            return Err(consume_error(
+                "injected crash after commit, before ack".into(),
+            ));
         }
         for (delivery, decision) in batch.iter().zip(decisions) {
             acknowledge(&spec, handler.as_ref(), delivery, decision).await;

@@ -8,8 +8,8 @@ pub mod trace;
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
+use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use messages::Subjects;
 use thiserror::Error;
@@ -32,7 +32,9 @@ pub const MESSAGE_BYTES_MAX: i32 = 2 * 1024 * 1024;
 
 #[derive(Debug, Error)]
 pub enum BusError {
-    #[error("cannot connect to NATS at {url}: {source}; start nats-server with JetStream (-js) or set NATS_URL")]
+    #[error(
+        "cannot connect to NATS at {url}: {source}; start nats-server with JetStream (-js) or set NATS_URL"
+    )]
     Connect {
         url: String,
         #[source]
@@ -40,7 +42,9 @@ pub enum BusError {
     },
     #[error("NATS server {found} is too old: palisade needs {}.{}.{} or newer with JetStream enabled", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
     ServerTooOld { found: String },
-    #[error("NATS server has JetStream disabled: start it with -js (or `jetstream {{}}` in its config)")]
+    #[error(
+        "NATS server has JetStream disabled: start it with -js (or `jetstream {{}}` in its config)"
+    )]
     JetStreamDisabled,
     #[error("cannot provision stream {stream}: {message}")]
     Provision { stream: String, message: String },
@@ -77,7 +81,9 @@ pub struct Bus {
 
 impl std::fmt::Debug for Bus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bus").field("subjects", &self.subjects).finish()
+        f.debug_struct("Bus")
+            .field("subjects", &self.subjects)
+            .finish()
     }
 }
 
@@ -85,18 +91,13 @@ impl Bus {
     /// Connects, checks the server version, and returns a handle. Call [`Bus::provision`]
     /// once at start-up before consuming.
     pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
+        // No retry_on_initial_connect: the version check below needs the server's INFO,
+        // which only a completed connection has.
         let client = async_nats::ConnectOptions::new()
             .name(name)
-            .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
-            .connect(url);
-        // Fail fast when nothing listens: retry_on_initial_connect would wait forever.
-        let client = tokio::time::timeout(Duration::from_secs(10), client)
+            .connect(url)
             .await
-            .map_err(|_| BusError::Connect {
-                url: url.to_owned(),
-                source: async_nats::ConnectError::from(async_nats::ConnectErrorKind::TimedOut),
-            })?
             .map_err(|source| BusError::Connect {
                 url: url.to_owned(),
                 source,
@@ -281,10 +282,13 @@ impl Bus {
 
     /// Flushes buffered publishes (tests and shutdown).
     pub async fn flush(&self) -> Result<(), BusError> {
-        self.client.flush().await.map_err(|error| BusError::Publish {
-            subject: "(flush)".into(),
-            message: error.to_string(),
-        })
+        self.client
+            .flush()
+            .await
+            .map_err(|error| BusError::Publish {
+                subject: "(flush)".into(),
+                message: error.to_string(),
+            })
     }
 }
 

@@ -63,4 +63,3 @@ pub fn headers_of_current() -> std::collections::BTreeMap<String, String> {
         })
         .collect()
 }
-

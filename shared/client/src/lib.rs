@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use bus::async_nats::jetstream::consumer::{self, DeliverPolicy};
 use bus::Bus;
+use bus::async_nats::jetstream::consumer::{self, DeliverPolicy};
 use futures::StreamExt as _;
-use messages::{v1, ErrorCode, EventKind};
+use messages::{ErrorCode, EventKind, v1};
 use prost::Message as _;
 use thiserror::Error;
 
@@ -18,7 +18,9 @@ pub const SUBMIT_ATTEMPTS_MAX: u32 = 5;
 pub enum ClientError {
     #[error(transparent)]
     Bus(#[from] bus::BusError),
-    #[error("admission did not answer after {attempts} attempts: {last}; is palisade-admission running?")]
+    #[error(
+        "admission did not answer after {attempts} attempts: {last}; is palisade-admission running?"
+    )]
     NoAnswer { attempts: u32, last: String },
     #[error("admission answered with bytes that are not a ScanRequestReply: {0}")]
     BadReply(prost::DecodeError),
@@ -48,7 +50,13 @@ impl Client {
     }
 
     /// A request for this client; fill in the rest.
-    pub fn request(&self, organization_id: &str, target: &str, plugins: &[&str], idempotency_key: &str) -> v1::ScanRequest {
+    pub fn request(
+        &self,
+        organization_id: &str,
+        target: &str,
+        plugins: &[&str],
+        idempotency_key: &str,
+    ) -> v1::ScanRequest {
         v1::ScanRequest {
             schema_version: messages::SCHEMA_VERSION,
             organization_id: organization_id.to_owned(),
@@ -63,15 +71,24 @@ impl Client {
 
     /// Submits and waits for admission's answer. Retries timeouts and `internal` answers with
     /// the same request (same idempotency key), which admission answers with the same scan.
-    pub async fn submit(&self, request: &v1::ScanRequest) -> Result<v1::ScanRequestReply, ClientError> {
+    pub async fn submit(
+        &self,
+        request: &v1::ScanRequest,
+    ) -> Result<v1::ScanRequestReply, ClientError> {
         let payload = request.encode_to_vec();
         let subject = self.bus.subjects().scan_submit();
         let mut last = String::new();
         for attempt in 1..=SUBMIT_ATTEMPTS_MAX {
-            match self.bus.request(subject.clone(), payload.clone().into(), self.timeout).await {
+            match self
+                .bus
+                .request(subject.clone(), payload.clone().into(), self.timeout)
+                .await
+            {
                 Ok(reply) => {
-                    let reply = v1::ScanRequestReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)?;
-                    let internal = reply.error.as_ref().and_then(v1::Error::error_code) == Some(ErrorCode::Internal);
+                    let reply = v1::ScanRequestReply::decode(reply.payload.as_ref())
+                        .map_err(ClientError::BadReply)?;
+                    let internal = reply.error.as_ref().and_then(v1::Error::error_code)
+                        == Some(ErrorCode::Internal);
                     if !internal {
                         return Ok(reply);
                     }
@@ -109,7 +126,9 @@ impl Client {
     }
 
     /// Scan outcome events from now on (deduplicated: read from the events stream).
-    pub async fn outcomes(&self) -> Result<impl futures::Stream<Item = Outcome> + use<>, ClientError> {
+    pub async fn outcomes(
+        &self,
+    ) -> Result<impl futures::Stream<Item = Outcome> + use<>, ClientError> {
         let subjects = self.bus.subjects();
         let stream = self
             .bus
@@ -136,11 +155,17 @@ impl Client {
             let outcome = message.ok().and_then(|message| {
                 let subject = message.subject.as_str();
                 if subject == completed {
-                    v1::ScanCompleted::decode(message.payload.as_ref()).ok().map(Outcome::Completed)
+                    v1::ScanCompleted::decode(message.payload.as_ref())
+                        .ok()
+                        .map(Outcome::Completed)
                 } else if subject == failed {
-                    v1::ScanFailed::decode(message.payload.as_ref()).ok().map(Outcome::Failed)
+                    v1::ScanFailed::decode(message.payload.as_ref())
+                        .ok()
+                        .map(Outcome::Failed)
                 } else if subject == rejected {
-                    v1::ScanRejected::decode(message.payload.as_ref()).ok().map(Outcome::Rejected)
+                    v1::ScanRejected::decode(message.payload.as_ref())
+                        .ok()
+                        .map(Outcome::Rejected)
                 } else {
                     None
                 }

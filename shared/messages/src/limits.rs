@@ -8,7 +8,7 @@ pub const TARGET_BYTES_MAX: usize = 512;
 pub const IDENTIFIER_BYTES_MAX: usize = 128;
 /// Plugins in one profile: a scan is a short pipeline, not a program.
 pub const PROFILE_PLUGINS_MAX: usize = 16;
-/// Priority is clamped to this symmetric range so ordering stays meaningful.
+/// Priority must lie in this symmetric range (others are refused) so ordering stays meaningful.
 pub const PRIORITY_ABS_MAX: i32 = 1_000;
 /// A task's execution deadline, in seconds (one week).
 pub const EXECUTION_DEADLINE_SECONDS_MAX: u32 = 7 * 24 * 3600;

@@ -136,13 +136,19 @@ impl Subjects {
 
     /// The worker id token of a `<prefix>.v1.worker.<worker_id>.<verb>` subject.
     pub fn worker_id_of<'s>(&self, subject: &'s str) -> Option<&'s str> {
-        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".v1.worker.")?;
+        let rest = subject
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(".v1.worker.")?;
         let (worker_id, _verb) = rest.split_once('.')?;
         Some(worker_id)
     }
 
     fn stream(&self, suffix: &str) -> String {
-        format!("{}_{}", self.prefix.replace('-', "_").to_ascii_uppercase(), suffix)
+        format!(
+            "{}_{}",
+            self.prefix.replace('-', "_").to_ascii_uppercase(),
+            suffix
+        )
     }
 
     /// Stream of scan requests.
@@ -171,7 +177,10 @@ mod tests {
         assert_eq!(s.scan_request(), "t-1.v1.scan.request");
         assert_eq!(s.event(EventKind::TaskReady), "t-1.v1.event.task.ready");
         assert_eq!(s.worker("w", WorkerVerb::Ack), "t-1.v1.worker.w.ack");
-        assert_eq!(s.worker_wildcard(WorkerVerb::Result), "t-1.v1.worker.*.result");
+        assert_eq!(
+            s.worker_wildcard(WorkerVerb::Result),
+            "t-1.v1.worker.*.result"
+        );
         assert_eq!(s.worker_id_of("t-1.v1.worker.abc.renew"), Some("abc"));
         assert_eq!(s.worker_id_of("other.v1.worker.abc.renew"), None);
         assert_eq!(s.results_stream(), "T_1_RESULTS");

@@ -13,7 +13,10 @@ pub enum SettingsError {
         reason: String,
     },
     #[error("{name} is required: {hint}")]
-    Missing { name: &'static str, hint: &'static str },
+    Missing {
+        name: &'static str,
+        hint: &'static str,
+    },
 }
 
 /// The variable's value, or `default` when unset or empty.
@@ -32,11 +35,14 @@ where
 {
     match std::env::var(name) {
         Ok(value) if !value.trim().is_empty() => {
-            value.trim().parse().map_err(|error: T::Err| SettingsError::Invalid {
-                name,
-                value,
-                reason: error.to_string(),
-            })
+            value
+                .trim()
+                .parse()
+                .map_err(|error: T::Err| SettingsError::Invalid {
+                    name,
+                    value,
+                    reason: error.to_string(),
+                })
         }
         _ => Ok(default),
     }
@@ -50,11 +56,14 @@ where
 {
     match std::env::var(name) {
         Ok(value) if !value.trim().is_empty() => {
-            value.trim().parse().map_err(|error: T::Err| SettingsError::Invalid {
-                name,
-                value,
-                reason: error.to_string(),
-            })
+            value
+                .trim()
+                .parse()
+                .map_err(|error: T::Err| SettingsError::Invalid {
+                    name,
+                    value,
+                    reason: error.to_string(),
+                })
         }
         _ => Err(SettingsError::Missing { name, hint }),
     }

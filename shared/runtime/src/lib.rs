@@ -29,7 +29,8 @@ impl CommonSettings {
     /// `DATABASE_URL`, `NATS_URL`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
     /// `PALISADE_DB_MAX_CONNECTIONS`.
     pub fn from_env() -> Result<Self, SettingsError> {
-        let mut database = DatabaseSettings::new(env::string("DATABASE_URL", DatabaseSettings::DEFAULT_URL));
+        let mut database =
+            DatabaseSettings::new(env::string("DATABASE_URL", DatabaseSettings::DEFAULT_URL));
         database.max_connections = env::parse(
             "PALISADE_DB_MAX_CONNECTIONS",
             DatabaseSettings::MAX_CONNECTIONS_DEFAULT,
@@ -81,7 +82,9 @@ impl Connections {
     /// checks the schema is migrated.
     pub async fn open(settings: &CommonSettings, client_name: &str) -> Result<Self, StartupError> {
         let pool = store::connect(&settings.database).await?;
-        let applied = store::applied_migration_version(&pool).await.unwrap_or(None);
+        let applied = store::applied_migration_version(&pool)
+            .await
+            .unwrap_or(None);
         let expected = store::expected_migration_version();
         if applied.is_none_or(|applied| applied < expected) {
             return Err(StartupError::SchemaBehind { applied, expected });
@@ -164,7 +167,10 @@ impl LeaseSettings {
                 ),
             });
         }
-        Ok(Self { ttl, renew_interval })
+        Ok(Self {
+            ttl,
+            renew_interval,
+        })
     }
 }
 
@@ -207,7 +213,10 @@ impl BatchLimits {
                 reason: format!("must be 1024..={}", bus::MESSAGE_BYTES_MAX / 2),
             });
         }
-        Ok(Self { findings_max, bytes_max })
+        Ok(Self {
+            findings_max,
+            bytes_max,
+        })
     }
 }
 

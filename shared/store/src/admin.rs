@@ -154,7 +154,73 @@ pub async fn findings(pool: &PgPool, scan_id: Uuid) -> Result<Vec<FindingView>, 
 
 /// (scans, completed scans) in the whole database: the demo's cross-check.
 pub async fn scan_counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
-    Ok(sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM scans")
+    Ok(
+        sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM scans")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Rows in one of palisade's tables (tests' "nothing was written" checks).
+pub async fn count_rows(pool: &PgPool, table: &str) -> Result<i64, StoreError> {
+    let known = [
+        "organizations",
+        "targets",
+        "workers",
+        "organization_workers",
+        "scans",
+        "scan_jobs",
+        "worker_tasks",
+        "worker_task_attempts",
+        "worker_result_batches",
+        "worker_artifact_uploads",
+        "assets",
+        "scan_assets",
+        "findings",
+        "enrichment_jobs",
+        "outbox",
+        "dead_letters",
+        "leader_leases",
+    ];
+    if !known.contains(&table) {
+        return Err(StoreError::Corrupt(format!("unknown table {table:?}")));
+    }
+    let sql = format!("SELECT count(*) FROM {table}");
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .fetch_one(pool)
         .await?)
+}
+
+/// Test and operator aid: ends the live attempt's lease now (by the database clock).
+pub async fn expire_live_attempt(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE worker_task_attempts SET lease_expires_at = now() - interval '1 millisecond'
+         WHERE task_id = $1 AND status IN ('leased', 'running')",
+    )
+    .bind(task_id)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Test and operator aid: a task waiting for a retry becomes due now.
+pub async fn make_task_due(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE worker_tasks SET available_at = now() WHERE id = $1 AND state = 'retry_wait'",
+    )
+    .bind(task_id)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Outbox rows per subject (tests: "exactly one scan.completed").
+pub async fn outbox_subject_counts(
+    pool: &PgPool,
+) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT subject, count(*) FROM outbox GROUP BY subject")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
 }

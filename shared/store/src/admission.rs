@@ -7,9 +7,9 @@ use prost::Message as _;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::StoreError;
 use crate::outbox::{self, OutboxEvent};
 use crate::states::ScanState;
-use crate::StoreError;
 
 /// A scan request that passed validation.
 #[derive(Debug, Clone)]
@@ -104,7 +104,9 @@ pub async fn admit(
     if let Some(active_scan_id) = active {
         let mut error = v1::Error::new(
             ErrorCode::ScanAlreadyActive,
-            format!("target already has active scan {active_scan_id}; wait for it to finish or cancel it"),
+            format!(
+                "target already has active scan {active_scan_id}; wait for it to finish or cancel it"
+            ),
         );
         error.active_scan_id = active_scan_id.to_string();
         return Ok(AdmitOutcome::Refused(error));
@@ -125,7 +127,9 @@ pub async fn admit(
         if recent >= i64::from(quota) {
             return Ok(AdmitOutcome::Refused(v1::Error::new(
                 ErrorCode::QuotaExceeded,
-                format!("organization admitted {recent} scans in the last hour, its quota is {quota}; retry later or raise the quota"),
+                format!(
+                    "organization admitted {recent} scans in the last hour, its quota is {quota}; retry later or raise the quota"
+                ),
             )));
         }
     }
@@ -197,7 +201,10 @@ pub async fn admit(
     outbox::enqueue(
         conn,
         &[
-            OutboxEvent::new(subjects.event(EventKind::ScanAdmitted), admitted.encode_to_vec()),
+            OutboxEvent::new(
+                subjects.event(EventKind::ScanAdmitted),
+                admitted.encode_to_vec(),
+            ),
             OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec()),
         ],
     )

@@ -9,10 +9,10 @@ use prost::Message as _;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::StoreError;
 use crate::fence::{self, LeaseClaim};
 use crate::outbox::{self, OutboxEvent};
 use crate::states::{AttemptStatus, TaskState};
-use crate::StoreError;
 
 /// Discovered assets handed to one lease, at most: bounds the reply size.
 pub const LEASE_ASSETS_MAX: i64 = 1_000;
@@ -104,7 +104,10 @@ impl GrantedLease {
                 lease_token: self.lease_token.clone(),
             }),
             scan_id: self.scan_id.map(|id| id.to_string()).unwrap_or_default(),
-            scan_job_id: self.scan_job_id.map(|id| id.to_string()).unwrap_or_default(),
+            scan_job_id: self
+                .scan_job_id
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
             organization_id: self.organization_id.to_string(),
             plugin: self.plugin.clone(),
             target: self.target.clone(),
@@ -269,7 +272,10 @@ pub async fn acquire(
         return Ok(AcquireOutcome::Leases(granted));
     }
 
-    let scan_job_ids: Vec<Uuid> = granted.iter().filter_map(|lease| lease.scan_job_id).collect();
+    let scan_job_ids: Vec<Uuid> = granted
+        .iter()
+        .filter_map(|lease| lease.scan_job_id)
+        .collect();
     sqlx::query(
         "UPDATE scan_jobs SET state = 'running', started_at = coalesce(started_at, now()), updated_at = now()
          WHERE id = ANY($1) AND state = 'pending'",
@@ -296,7 +302,10 @@ pub async fn acquire(
                 worker_id: params.worker_id.to_string(),
                 scan_id: lease.scan_id.map(|id| id.to_string()).unwrap_or_default(),
             };
-            OutboxEvent::new(subjects.event(EventKind::TaskLeased), leased.encode_to_vec())
+            OutboxEvent::new(
+                subjects.event(EventKind::TaskLeased),
+                leased.encode_to_vec(),
+            )
         })
         .collect();
     outbox::enqueue(&mut tx, &events).await?;
@@ -354,7 +363,10 @@ async fn assigned_organizations(
         "SELECT organization_id FROM organization_workers
          WHERE worker_id = $1 AND enabled AND revoked_at IS NULL"
     };
-    Ok(sqlx::query_scalar(sql).bind(worker_id).fetch_all(conn).await?)
+    Ok(sqlx::query_scalar(sql)
+        .bind(worker_id)
+        .fetch_all(conn)
+        .await?)
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -398,7 +410,9 @@ pub async fn renew(
     .fetch_optional(pool)
     .await?;
     if let Some(lease_expires_in_ms) = renewed {
-        return Ok(RenewOutcome::Renewed { lease_expires_in_ms });
+        return Ok(RenewOutcome::Renewed {
+            lease_expires_in_ms,
+        });
     }
     // Nothing was written; say why, so the worker knows whether it was cancelled.
     let cancelled: Option<bool> = sqlx::query_scalar(
@@ -408,7 +422,10 @@ pub async fn renew(
     .fetch_optional(pool)
     .await?;
     Ok(RenewOutcome::Refused(if cancelled == Some(true) {
-        v1::Error::new(ErrorCode::CancelRequested, "the task was cancelled; stop working on it")
+        v1::Error::new(
+            ErrorCode::CancelRequested,
+            "the task was cancelled; stop working on it",
+        )
     } else {
         lease_lost(claim)
     }))
@@ -468,7 +485,10 @@ pub async fn release(
     };
     outbox::enqueue(
         &mut tx,
-        &[OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec())],
+        &[OutboxEvent::new(
+            subjects.event(EventKind::TaskReady),
+            ready.encode_to_vec(),
+        )],
     )
     .await?;
     tx.commit().await?;

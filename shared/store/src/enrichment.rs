@@ -18,7 +18,11 @@ pub struct ClaimedJob {
 }
 
 /// Claims the oldest due job (pending, or running with an expired lease), `SKIP LOCKED`.
-pub async fn claim(pool: &PgPool, owner: &str, lease_ttl: Duration) -> Result<Option<ClaimedJob>, StoreError> {
+pub async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    lease_ttl: Duration,
+) -> Result<Option<ClaimedJob>, StoreError> {
     Ok(sqlx::query_as::<_, ClaimedJob>(
         r#"
         WITH due AS (
@@ -54,7 +58,11 @@ pub async fn scan_cve_ids(pool: &PgPool, scan_id: Uuid) -> Result<Vec<String>, S
 }
 
 /// Completes the job if `job` still holds its lease; false when a newer claim fenced it out.
-pub async fn complete(pool: &PgPool, job: &ClaimedJob, checkpoint: serde_json::Value) -> Result<bool, StoreError> {
+pub async fn complete(
+    pool: &PgPool,
+    job: &ClaimedJob,
+    checkpoint: serde_json::Value,
+) -> Result<bool, StoreError> {
     let updated = sqlx::query(
         r#"
         UPDATE enrichment_jobs

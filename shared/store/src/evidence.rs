@@ -65,9 +65,18 @@ mod tests {
 
     #[test]
     fn finding_key_ignores_presentation_and_separates_parts() {
-        assert_eq!(finding_key("p", "r", "x", ""), finding_key("p", "r", "x", ""));
-        assert_ne!(finding_key("p", "r", "x", ""), finding_key("p", "r", "x", "d"));
-        assert_ne!(finding_key("p", "rx", "", ""), finding_key("p", "r", "x", ""));
+        assert_eq!(
+            finding_key("p", "r", "x", ""),
+            finding_key("p", "r", "x", "")
+        );
+        assert_ne!(
+            finding_key("p", "r", "x", ""),
+            finding_key("p", "r", "x", "d")
+        );
+        assert_ne!(
+            finding_key("p", "rx", "", ""),
+            finding_key("p", "r", "x", "")
+        );
     }
 
     #[test]
@@ -76,7 +85,10 @@ mod tests {
         let redacted = redact(text);
         assert!(!redacted.contains("AKIAABCDEFGHIJKLMNOP"), "{redacted}");
         assert!(!redacted.contains("hunter2"), "{redacted}");
-        assert!(!redacted.contains("abcdefghijklmnopqrstuvwxyz"), "{redacted}");
+        assert!(
+            !redacted.contains("abcdefghijklmnopqrstuvwxyz"),
+            "{redacted}"
+        );
         assert!(redacted.contains("password=[REDACTED]"), "{redacted}");
         let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----";
         assert_eq!(redact(pem), REDACTED);

@@ -24,11 +24,11 @@ impl LeaseClaim {
         worker_id: Uuid,
         lease: Option<&messages::v1::LeaseRef>,
     ) -> Result<Self, messages::v1::Error> {
-        use messages::{v1, ErrorCode};
+        use messages::{ErrorCode, v1};
         let invalid = |message: &str| v1::Error::new(ErrorCode::InvalidField, message);
         let lease = lease.ok_or_else(|| invalid("lease is required"))?;
-        let task_id = Uuid::parse_str(&lease.task_id)
-            .map_err(|_| invalid("lease.task_id is not a UUID"))?;
+        let task_id =
+            Uuid::parse_str(&lease.task_id).map_err(|_| invalid("lease.task_id is not a UUID"))?;
         let attempt_id = Uuid::parse_str(&lease.attempt_id)
             .map_err(|_| invalid("lease.attempt_id is not a UUID"))?;
         let attempt_number = i32::try_from(lease.attempt_number)

@@ -13,13 +13,13 @@ use prost::Message as _;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::StoreError;
 use crate::dispatch::lease_lost;
 use crate::evidence::{finding_key, redact};
 use crate::fence::{self, LeaseClaim, LockedAttempt};
 use crate::outbox::{self, OutboxEvent};
 use crate::retry::RetryPolicy;
 use crate::states::AttemptStatus;
-use crate::StoreError;
 
 /// What ingestion decided about one message.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,7 +117,10 @@ pub async fn accept_batch(
         Err(refusal) => return Ok(IngestOutcome::Refused(refusal)),
     };
     let (Some(scan_id), Some(scan_job_id)) = (locked.scan_id, locked.scan_job_id) else {
-        return Err(StoreError::Corrupt(format!("task {} has no scan job", claim.task_id)));
+        return Err(StoreError::Corrupt(format!(
+            "task {} has no scan job",
+            claim.task_id
+        )));
     };
 
     let inserted: Option<Uuid> = sqlx::query_scalar(
@@ -151,8 +154,24 @@ pub async fn accept_batch(
         )));
     }
 
-    upsert_assets(conn, &locked, scan_id, scan_job_id, claim.attempt_id, params.assets).await?;
-    upsert_findings(conn, &locked, scan_id, scan_job_id, claim.attempt_id, params.findings).await?;
+    upsert_assets(
+        conn,
+        &locked,
+        scan_id,
+        scan_job_id,
+        claim.attempt_id,
+        params.assets,
+    )
+    .await?;
+    upsert_findings(
+        conn,
+        &locked,
+        scan_id,
+        scan_job_id,
+        claim.attempt_id,
+        params.findings,
+    )
+    .await?;
 
     sqlx::query("UPDATE worker_task_attempts SET status = 'running', updated_at = now() WHERE id = $1 AND status = 'leased'")
         .bind(claim.attempt_id)
@@ -297,7 +316,7 @@ async fn upsert_findings(
         INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
                               rule_id, resource, discriminator, severity, title, description, evidence, cve_ids)
         SELECT u.id, $1, $2, $3, $4, u.key, $5, u.rule_id, u.resource, u.discriminator, u.severity,
-               u.title, u.description, u.evidence, string_to_array(nullif(u.cves, ''), ',')::text[]
+               u.title, u.description, u.evidence, coalesce(string_to_array(nullif(u.cves, ''), ','), '{}')::text[]
         FROM UNNEST($6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
                     $12::text[], $13::text[], $14::text[], $15::text[])
              AS u(id, key, rule_id, resource, discriminator, severity, title, description, evidence, cves)
@@ -360,7 +379,10 @@ pub async fn complete(
         Err(refusal) => return Ok(IngestOutcome::Refused(refusal)),
     };
     let (Some(scan_id), Some(scan_job_id)) = (locked.scan_id, locked.scan_job_id) else {
-        return Err(StoreError::Corrupt(format!("task {} has no scan job", claim.task_id)));
+        return Err(StoreError::Corrupt(format!(
+            "task {} has no scan job",
+            claim.task_id
+        )));
     };
 
     let missing: Vec<i32> = sqlx::query_scalar(
@@ -377,7 +399,10 @@ pub async fn complete(
     if !missing.is_empty() {
         let mut error = v1::Error::new(
             ErrorCode::BatchMissing,
-            format!("{} of {batch_count} batches were never persisted; resend them, then complete again", missing.len()),
+            format!(
+                "{} of {batch_count} batches were never persisted; resend them, then complete again",
+                missing.len()
+            ),
         );
         error.missing_sequence_numbers = missing.into_iter().map(|s| s as u32).collect();
         return Ok(IngestOutcome::Refused(error));
@@ -392,7 +417,9 @@ pub async fn complete(
     if beyond > 0 {
         return Ok(IngestOutcome::Refused(v1::Error::new(
             ErrorCode::SequenceOutOfRange,
-            format!("{beyond} accepted batches have sequence numbers at or above batch_count {batch_count}"),
+            format!(
+                "{beyond} accepted batches have sequence numbers at or above batch_count {batch_count}"
+            ),
         )));
     }
 
@@ -501,7 +528,8 @@ pub async fn complete(
                 .encode_to_vec(),
             ));
         } else {
-            events.push(complete_scan(conn, subjects, scan_id, locked.organization_id, &scan).await?);
+            events
+                .push(complete_scan(conn, subjects, scan_id, locked.organization_id, &scan).await?);
         }
     }
     outbox::enqueue(conn, &events).await?;
@@ -617,8 +645,17 @@ pub async fn fail(
         message: params.error_message.to_owned(),
         ..Default::default()
     };
-    let events = fail_task(conn, subjects, &locked, claim.task_id, claim.attempt_id, &error, params.retryable, params.retry)
-        .await?;
+    let events = fail_task(
+        conn,
+        subjects,
+        &locked,
+        claim.task_id,
+        claim.attempt_id,
+        &error,
+        params.retryable,
+        params.retry,
+    )
+    .await?;
     outbox::enqueue(conn, &events).await?;
     Ok(IngestOutcome::Accepted)
 }
@@ -712,7 +749,10 @@ pub(crate) async fn fail_task(
         )
         .bind(scan_uuid)
         .bind(&error.code)
-        .bind(format!("plugin {} failed: {}", locked.plugin, error.message))
+        .bind(format!(
+            "plugin {} failed: {}",
+            locked.plugin, error.message
+        ))
         .fetch_optional(&mut *conn)
         .await?;
         if let Some((client_id, idempotency_key, failed_at_unix_ms)) = failed {

@@ -37,7 +37,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 /// are not errors here: repository functions return them as outcomes.
 #[derive(Debug, Error)]
 pub enum StoreError {
-    #[error("cannot connect to PostgreSQL at {url}: {source}; start PostgreSQL or set DATABASE_URL")]
+    #[error(
+        "cannot connect to PostgreSQL at {url}: {source}; start PostgreSQL or set DATABASE_URL"
+    )]
     Connect {
         url: String,
         #[source]
@@ -100,14 +102,10 @@ impl DatabaseSettings {
 
 /// Opens a pool; fails fast with a message that says how to fix it.
 pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, StoreError> {
-    let options: PgConnectOptions =
-        settings
-            .url
-            .parse()
-            .map_err(|source| StoreError::Connect {
-                url: redact_url(&settings.url),
-                source,
-            })?;
+    let options: PgConnectOptions = settings.url.parse().map_err(|source| StoreError::Connect {
+        url: redact_url(&settings.url),
+        source,
+    })?;
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
@@ -158,11 +156,10 @@ pub fn expected_migration_version() -> i64 {
 
 /// The newest migration version applied to the database, if any.
 pub async fn applied_migration_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
-    let version: Option<i64> = sqlx::query_scalar(
-        "SELECT max(version) FROM _sqlx_migrations WHERE success",
-    )
-    .fetch_one(pool)
-    .await?;
+    let version: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool)
+            .await?;
     Ok(version)
 }
 

@@ -37,7 +37,10 @@ pub async fn enqueue(conn: &mut PgConnection, events: &[OutboxEvent]) -> Result<
     }
     let ids: Vec<Uuid> = events.iter().map(|event| event.id).collect();
     let subjects: Vec<&str> = events.iter().map(|event| event.subject.as_str()).collect();
-    let payloads: Vec<&[u8]> = events.iter().map(|event| event.payload.as_slice()).collect();
+    let payloads: Vec<&[u8]> = events
+        .iter()
+        .map(|event| event.payload.as_slice())
+        .collect();
     let headers: Vec<serde_json::Value> = events
         .iter()
         .map(|event| serde_json::to_value(&event.headers).expect("string map serializes"))
@@ -115,10 +118,12 @@ pub async fn unclaim(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL")
-        .bind(ids)
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

@@ -9,9 +9,9 @@ use prost::Message as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::StoreError;
 use crate::outbox::{self, OutboxEvent};
 use crate::retry::RetryPolicy;
-use crate::StoreError;
 
 /// What one recovery pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

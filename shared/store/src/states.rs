@@ -48,7 +48,10 @@ string_enum! {
 
 impl ScanState {
     pub fn is_terminal(self) -> bool {
-        matches!(self, ScanState::Completed | ScanState::Failed | ScanState::Cancelled)
+        matches!(
+            self,
+            ScanState::Completed | ScanState::Failed | ScanState::Cancelled
+        )
     }
 }
 

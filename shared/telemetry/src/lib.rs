@@ -38,12 +38,19 @@ pub struct TelemetryGuard {
 }
 
 /// Installs the global subscriber for `service_name`. Log level from `RUST_LOG` (default `info`).
-pub fn init(service_name: &str, settings: &TelemetrySettings) -> Result<TelemetryGuard, TelemetryError> {
+pub fn init(
+    service_name: &str,
+    settings: &TelemetrySettings,
+) -> Result<TelemetryGuard, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(filter);
     let installed = if settings.json {
         registry
-            .with(tracing_subscriber::fmt::layer().json().with_current_span(true))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true),
+            )
             .try_init()
     } else {
         registry.with(tracing_subscriber::fmt::layer()).try_init()

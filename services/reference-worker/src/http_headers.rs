@@ -1,0 +1,401 @@
+//! `http_headers`: the security headers of each HTTP service a scan found. It checks every
+//! `http_service` asset an earlier plugin discovered (or the target itself when it is an
+//! http(s) URL and nothing was discovered), with one `GET /` each.
+//!
+//! Plain HTTP only: this build carries no TLS stack, so an https service gets an
+//! informational `https-not-checked` finding instead of a check.
+
+use std::time::Duration;
+
+use reqwest::Url;
+use reqwest::header::{HeaderMap, HeaderName};
+use tokio_util::sync::CancellationToken;
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+
+use crate::target;
+
+/// One service's whole request, connect to last header.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// Services checked per task: a scan of one target does not find more than a handful.
+pub const SERVICES_MAX: usize = 64;
+/// The longest banner kept as evidence.
+const BANNER_BYTES_MAX: usize = 256;
+
+pub struct HttpHeaders;
+
+impl Plugin for HttpHeaders {
+    fn name(&self) -> &'static str {
+        "http_headers"
+    }
+
+    fn run<'a>(
+        &'a self,
+        task: TaskInput,
+        sink: ResultSink,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<String, PluginError>> {
+        Box::pin(async move {
+            let services = services(&task);
+            if services.is_empty() {
+                return Ok("no http services to check".into());
+            }
+            let client = reqwest::Client::builder()
+                .timeout(REQUEST_TIMEOUT)
+                // The first response's headers are what a browser sees first; a scanner
+                // talks to the target directly, never through the environment's proxy.
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
+                .build()
+                .map_err(|error| PluginError::retryable("internal", error.to_string()))?;
+            let mut checked = 0;
+            for service in &services {
+                let findings = tokio::select! {
+                    () = cancel.cancelled() => return Err(PluginError::retryable("cancelled", "cancelled")),
+                    findings = check(&client, service) => findings?,
+                };
+                checked += 1;
+                for finding in findings {
+                    sink.finding(finding).await?;
+                }
+            }
+            Ok(format!("checked the headers of {checked} http services"))
+        })
+    }
+}
+
+/// One HTTP service to check.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Service {
+    /// `scheme://host:port`, the port always spelled out (as `tcp_connect` names services),
+    /// so findings keep one resource however the service was written.
+    resource: String,
+    /// `scheme://host:port/`, what is fetched.
+    url: Url,
+}
+
+/// The services to check, deduplicated, at most [`SERVICES_MAX`].
+fn services(task: &TaskInput) -> Vec<Service> {
+    let mut services: Vec<Service> = task
+        .discovered_assets
+        .iter()
+        .filter(|asset| asset.kind == "http_service")
+        .filter_map(|asset| service(&asset.value))
+        .collect();
+    if services.is_empty()
+        && let Some(target) = service(&task.target)
+    {
+        services.push(target);
+    }
+    services.sort();
+    services.dedup();
+    services.truncate(SERVICES_MAX);
+    services
+}
+
+/// The service an http(s) URL points at; `None` for anything else.
+fn service(text: &str) -> Option<Service> {
+    let url = Url::parse(text.trim()).ok()?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return None;
+    }
+    let host = match url.host()? {
+        url::Host::Domain(domain) => domain.to_owned(),
+        url::Host::Ipv4(address) => address.to_string(),
+        url::Host::Ipv6(address) => address.to_string(),
+    };
+    let port = url.port_or_known_default()?;
+    let resource = format!("{}://{}", url.scheme(), target::authority(&host, port));
+    let url = Url::parse(&format!("{resource}/")).ok()?;
+    Some(Service { resource, url })
+}
+
+async fn check(
+    client: &reqwest::Client,
+    service: &Service,
+) -> Result<Vec<v1::Finding>, PluginError> {
+    let resource = service.resource.clone();
+    if service.url.scheme() == "https" {
+        return Ok(vec![v1::Finding {
+            rule_id: "https-not-checked".into(),
+            resource,
+            severity: "info".into(),
+            title: "HTTPS service not checked".into(),
+            description: "This worker has no TLS support; check this service's headers with a worker that has.".into(),
+            ..Default::default()
+        }]);
+    }
+    let url = &service.url;
+    let response = client.get(url.clone()).send().await.map_err(|error| {
+        let code = if error.is_connect() {
+            "connection_refused"
+        } else if error.is_timeout() {
+            "timeout"
+        } else {
+            "http_error"
+        };
+        PluginError::retryable(code, format!("GET {url} failed: {error}"))
+    })?;
+    Ok(header_findings(&resource, false, response.headers()))
+}
+
+/// A security header a response should carry, and what its absence costs.
+struct Expected {
+    header: &'static str,
+    severity: &'static str,
+    why: &'static str,
+    /// Only over HTTPS (HSTS is ignored on plain HTTP).
+    https_only: bool,
+}
+
+const EXPECTED: [Expected; 5] = [
+    Expected {
+        header: "strict-transport-security",
+        severity: "medium",
+        why: "Without HSTS a browser may be downgraded to plain HTTP.",
+        https_only: true,
+    },
+    Expected {
+        header: "content-security-policy",
+        severity: "medium",
+        why: "Without a content security policy injected scripts run unrestricted.",
+        https_only: false,
+    },
+    Expected {
+        header: "x-content-type-options",
+        severity: "low",
+        why: "Without `nosniff` browsers may guess content types and run uploads as scripts.",
+        https_only: false,
+    },
+    Expected {
+        header: "x-frame-options",
+        severity: "medium",
+        why: "Without X-Frame-Options or CSP frame-ancestors the page can be framed for clickjacking.",
+        https_only: false,
+    },
+    Expected {
+        header: "referrer-policy",
+        severity: "low",
+        why: "Without a referrer policy full URLs may leak to other sites.",
+        https_only: false,
+    },
+];
+
+/// The findings for one response's headers: each missing security header, and the server
+/// banner when there is one.
+pub fn header_findings(resource: &str, https: bool, headers: &HeaderMap) -> Vec<v1::Finding> {
+    let frame_ancestors = headers
+        .get_all("content-security-policy")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|policy| policy.to_ascii_lowercase().contains("frame-ancestors"));
+    let mut findings = vec![];
+    for expected in &EXPECTED {
+        if expected.https_only && !https {
+            continue;
+        }
+        let present = headers.contains_key(HeaderName::from_static(expected.header))
+            || (expected.header == "x-frame-options" && frame_ancestors);
+        if !present {
+            findings.push(v1::Finding {
+                rule_id: format!("missing-{}", expected.header),
+                resource: resource.to_owned(),
+                severity: expected.severity.into(),
+                title: format!("Missing {} header", expected.header),
+                description: expected.why.into(),
+                evidence: format!("GET / answered without {}", expected.header),
+                ..Default::default()
+            });
+        }
+    }
+    if let Some(server) = headers.get("server").and_then(|value| value.to_str().ok()) {
+        let banner: String = server.chars().take(BANNER_BYTES_MAX).collect();
+        findings.push(v1::Finding {
+            rule_id: "server-banner".into(),
+            resource: resource.to_owned(),
+            severity: "info".into(),
+            title: "Server banner disclosed".into(),
+            description:
+                "The Server header names the software, which helps an attacker pick exploits."
+                    .into(),
+            evidence: format!("server: {banner}"),
+            ..Default::default()
+        });
+    }
+    findings
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::HeaderValue;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use worker::ResultItem;
+
+    use super::*;
+
+    fn rules(findings: &[v1::Finding]) -> Vec<&str> {
+        findings
+            .iter()
+            .map(|finding| finding.rule_id.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn every_missing_header_is_a_finding() {
+        let findings = header_findings("http://h:80", false, &HeaderMap::new());
+        assert_eq!(
+            rules(&findings),
+            [
+                "missing-content-security-policy",
+                "missing-x-content-type-options",
+                "missing-x-frame-options",
+                "missing-referrer-policy"
+            ]
+        );
+        let https = header_findings("https://h:443", true, &HeaderMap::new());
+        assert_eq!(https[0].rule_id, "missing-strict-transport-security");
+        assert!(
+            https
+                .iter()
+                .all(|finding| finding.resource == "https://h:443")
+        );
+    }
+
+    #[test]
+    fn frame_ancestors_stands_in_for_x_frame_options_and_banners_are_reported() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "content-security-policy",
+            HeaderValue::from_static("frame-ancestors 'none'"),
+        );
+        headers.insert(
+            "x-content-type-options",
+            HeaderValue::from_static("nosniff"),
+        );
+        headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+        headers.insert("server", HeaderValue::from_static("nginx/1.25.3"));
+        let findings = header_findings("http://h:80", false, &headers);
+        assert_eq!(rules(&findings), ["server-banner"]);
+        assert_eq!(findings[0].evidence, "server: nginx/1.25.3");
+    }
+
+    #[test]
+    fn services_come_from_discovered_assets_or_the_target() {
+        let mut task = TaskInput::for_target("http_headers", "http://127.0.0.1:8080/login");
+        let only_target: Vec<_> = services(&task)
+            .into_iter()
+            .map(|service| service.resource)
+            .collect();
+        assert_eq!(only_target, ["http://127.0.0.1:8080"]);
+        task.discovered_assets = vec![
+            v1::Asset {
+                kind: "http_service".into(),
+                value: "http://127.0.0.1:9000".into(),
+            },
+            v1::Asset {
+                kind: "http_service".into(),
+                value: "http://127.0.0.1:9000/".into(),
+            },
+            v1::Asset {
+                kind: "tcp_service".into(),
+                value: "127.0.0.1:22".into(),
+            },
+            v1::Asset {
+                kind: "http_service".into(),
+                value: "https://[::1]".into(),
+            },
+        ];
+        let discovered: Vec<_> = services(&task)
+            .into_iter()
+            .map(|service| service.resource)
+            .collect();
+        assert_eq!(discovered, ["http://127.0.0.1:9000", "https://[::1]:443"]);
+        let nothing = TaskInput::for_target("http_headers", "10.0.0.1:22");
+        assert!(services(&nothing).is_empty());
+    }
+
+    /// Serves one canned response per connection on 127.0.0.1, for `connections` connections.
+    async fn serve(response: &'static str, connections: usize) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            for _ in 0..connections {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let mut request = vec![0; 4096];
+                let _ = stream.read(&mut request).await.unwrap();
+                stream.write_all(response.as_bytes()).await.unwrap();
+                stream.shutdown().await.unwrap();
+            }
+        });
+        port
+    }
+
+    async fn run(task: TaskInput) -> (Result<String, PluginError>, Vec<v1::Finding>) {
+        let (sink, mut receiver) = ResultSink::channel(64);
+        let result = HttpHeaders.run(task, sink, CancellationToken::new()).await;
+        let mut findings = vec![];
+        while let Ok(item) = receiver.try_recv() {
+            if let ResultItem::Finding(finding) = item {
+                findings.push(finding);
+            }
+        }
+        (result, findings)
+    }
+
+    #[tokio::test]
+    async fn checks_a_discovered_service_over_http() {
+        let port = serve(
+            "HTTP/1.1 200 OK\r\nServer: test/1.0\r\nX-Frame-Options: DENY\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            1,
+        )
+        .await;
+        let mut task = TaskInput::for_target("http_headers", "127.0.0.1");
+        task.discovered_assets = vec![v1::Asset {
+            kind: "http_service".into(),
+            value: format!("http://127.0.0.1:{port}"),
+        }];
+        let (result, findings) = run(task).await;
+        assert_eq!(result.unwrap(), "checked the headers of 1 http services");
+        assert_eq!(
+            rules(&findings),
+            [
+                "missing-content-security-policy",
+                "missing-x-content-type-options",
+                "missing-referrer-policy",
+                "server-banner"
+            ]
+        );
+        assert!(
+            findings
+                .iter()
+                .all(|finding| finding.resource == format!("http://127.0.0.1:{port}"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_retryable() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let (result, _) = run(TaskInput::for_target(
+            "http_headers",
+            &format!("http://127.0.0.1:{port}/"),
+        ))
+        .await;
+        let error = result.unwrap_err();
+        assert_eq!(
+            (error.code.as_str(), error.retryable),
+            ("connection_refused", true)
+        );
+    }
+
+    #[tokio::test]
+    async fn https_services_are_noted_not_checked() {
+        let (result, findings) = run(TaskInput::for_target(
+            "http_headers",
+            "https://127.0.0.1:1/",
+        ))
+        .await;
+        assert!(result.is_ok());
+        assert_eq!(rules(&findings), ["https-not-checked"]);
+    }
+}

@@ -1,0 +1,379 @@
+//! `secrets`: secrets committed to a directory tree. The target is `file:///path/to/dir` or an
+//! absolute path (a single file works too). Each hit is a high-severity finding on `path:line`
+//! whose evidence is the line with the secret masked.
+//!
+//! Bounded: at most [`FILES_MAX`] files, none over [`FILE_BYTES_MAX`], text files only
+//! (binary and non-UTF-8 files are skipped), symbolic links not followed, `.git` skipped.
+
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+use regex::Regex;
+use tokio_util::sync::CancellationToken;
+use walkdir::WalkDir;
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+
+/// Files read per task.
+pub const FILES_MAX: usize = 10_000;
+/// Larger files are skipped: secrets live in configuration and source, not in data dumps.
+pub const FILE_BYTES_MAX: u64 = 1024 * 1024;
+/// Hits reported per task; more mean the tree is a fixture or a leak too large to list.
+pub const FINDINGS_MAX: usize = 10_000;
+/// Evidence shows at most this many characters of the line.
+const EVIDENCE_CHARS_MAX: usize = 200;
+/// A file with a NUL byte in its first this-many bytes is binary.
+const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+/// Directories never worth reading.
+const SKIPPED_DIRECTORIES: [&str; 1] = [".git"];
+
+pub struct Secrets;
+
+/// One kind of secret: the `secret` group of its regex is what gets masked.
+struct Pattern {
+    rule_id: &'static str,
+    title: &'static str,
+    regex: &'static str,
+    /// Leading characters of the secret that are not secret (`AKIA`, `ghp_`) and stay visible.
+    visible_prefix_chars: usize,
+}
+
+const PATTERNS: [Pattern; 4] = [
+    Pattern {
+        rule_id: "aws-access-key-id",
+        title: "AWS access key id",
+        regex: r"\b(?P<secret>(?:AKIA|ASIA)[0-9A-Z]{16})\b",
+        visible_prefix_chars: 4,
+    },
+    Pattern {
+        rule_id: "private-key",
+        title: "Private key",
+        regex: r"-----BEGIN (?:(?:RSA|DSA|EC|OPENSSH|ENCRYPTED|PGP) )?PRIVATE KEY(?: BLOCK)?-----",
+        visible_prefix_chars: 0,
+    },
+    Pattern {
+        rule_id: "github-token",
+        title: "GitHub token",
+        regex: r"\b(?P<secret>gh[pousr]_[A-Za-z0-9]{36,255})\b",
+        visible_prefix_chars: 4,
+    },
+    Pattern {
+        rule_id: "hardcoded-password",
+        title: "Hard-coded password",
+        regex: r#"(?i)\b(?:password|passwd|pwd|secret)\s*[:=]\s*["'](?P<secret>[^"'\s]{4,})["']"#,
+        visible_prefix_chars: 0,
+    },
+];
+
+static COMPILED: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    PATTERNS
+        .iter()
+        .map(|pattern| Regex::new(pattern.regex).expect("secret patterns are valid regexes"))
+        .collect()
+});
+
+impl Plugin for Secrets {
+    fn name(&self) -> &'static str {
+        "secrets"
+    }
+
+    fn run<'a>(
+        &'a self,
+        task: TaskInput,
+        sink: ResultSink,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<String, PluginError>> {
+        Box::pin(async move {
+            let root = root(&task.target)?;
+            let walk_cancel = cancel.clone();
+            let report = tokio::task::spawn_blocking(move || scan_tree(&root, &walk_cancel))
+                .await
+                .map_err(|error| {
+                    PluginError::retryable("internal", format!("the scan panicked: {error}"))
+                })??;
+            if cancel.is_cancelled() {
+                return Err(PluginError::retryable("cancelled", "cancelled"));
+            }
+            for finding in report.findings.iter().cloned() {
+                sink.finding(finding).await?;
+            }
+            Ok(format!(
+                "{} secrets in {} files ({} skipped){}",
+                report.findings.len(),
+                report.files_scanned,
+                report.files_skipped,
+                if report.truncated {
+                    ", stopped at a limit"
+                } else {
+                    ""
+                }
+            ))
+        })
+    }
+}
+
+/// The directory or file a target names.
+fn root(target: &str) -> Result<PathBuf, PluginError> {
+    let invalid =
+        |why: &str| PluginError::permanent("invalid_target", format!("target {target:?} {why}"));
+    let path = if target.starts_with("file://") {
+        url::Url::parse(target)
+            .ok()
+            .and_then(|url| url.to_file_path().ok())
+            .ok_or_else(|| invalid("is not a local file URL"))?
+    } else {
+        PathBuf::from(target)
+    };
+    if !path.is_absolute() {
+        return Err(invalid("is not file:///path or an absolute path"));
+    }
+    if !path.exists() {
+        return Err(PluginError::permanent(
+            "target_not_found",
+            format!("{} does not exist on this worker", path.display()),
+        ));
+    }
+    Ok(path)
+}
+
+/// What one walk found.
+#[derive(Debug, Default)]
+struct Report {
+    findings: Vec<v1::Finding>,
+    files_scanned: usize,
+    files_skipped: usize,
+    /// A limit stopped the walk; an informational finding says so.
+    truncated: bool,
+}
+
+/// Walks `root` and scans each text file. Blocking: runs on the blocking pool.
+fn scan_tree(root: &Path, cancel: &CancellationToken) -> Result<Report, PluginError> {
+    let mut report = Report::default();
+    let walk = WalkDir::new(root)
+        .follow_links(false)
+        .into_iter()
+        .filter_entry(|entry| {
+            !(entry.file_type().is_dir()
+                && SKIPPED_DIRECTORIES
+                    .iter()
+                    .any(|skipped| entry.file_name() == *skipped))
+        });
+    for entry in walk {
+        if cancel.is_cancelled() {
+            return Ok(report);
+        }
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                tracing::debug!(%error, "unreadable entry skipped");
+                report.files_skipped += 1;
+                continue;
+            }
+        };
+        if !entry.file_type().is_file() {
+            continue;
+        }
+        if report.files_scanned + report.files_skipped >= FILES_MAX
+            || report.findings.len() >= FINDINGS_MAX
+        {
+            report.truncated = true;
+            break;
+        }
+        match read_text(entry.path()) {
+            Some(text) => {
+                report.files_scanned += 1;
+                let room = FINDINGS_MAX - report.findings.len();
+                report.findings.extend(
+                    scan_text(&entry.path().display().to_string(), &text)
+                        .into_iter()
+                        .take(room),
+                );
+            }
+            None => report.files_skipped += 1,
+        }
+    }
+    if report.truncated {
+        report.findings.push(v1::Finding {
+            rule_id: "secrets-scan-truncated".into(),
+            resource: root.display().to_string(),
+            severity: "info".into(),
+            title: "Secret scan stopped at a limit".into(),
+            description: format!(
+                "The scan stops after {FILES_MAX} files or {FINDINGS_MAX} findings; part of the tree was not read."
+            ),
+            ..Default::default()
+        });
+    }
+    Ok(report)
+}
+
+/// The file's text, or `None` for files that are too large, binary, not UTF-8 or unreadable.
+fn read_text(path: &Path) -> Option<String> {
+    let metadata = std::fs::metadata(path).ok()?;
+    if metadata.len() > FILE_BYTES_MAX {
+        return None;
+    }
+    let bytes = std::fs::read(path).ok()?;
+    if bytes.iter().take(BINARY_SNIFF_BYTES).any(|byte| *byte == 0) {
+        return None;
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// Every secret in `text`, one finding per hit, on `{file}:{line}`.
+fn scan_text(file: &str, text: &str) -> Vec<v1::Finding> {
+    let mut findings = vec![];
+    for (line_index, line) in text.lines().enumerate() {
+        for (pattern, regex) in PATTERNS.iter().zip(COMPILED.iter()) {
+            for (hit_index, captures) in regex.captures_iter(line).enumerate() {
+                let masked = match captures.name("secret") {
+                    Some(secret) => format!(
+                        "{}{}{}",
+                        &line[..secret.start()],
+                        mask(secret.as_str(), pattern.visible_prefix_chars),
+                        &line[secret.end()..]
+                    ),
+                    None => line.to_owned(),
+                };
+                findings.push(v1::Finding {
+                    rule_id: pattern.rule_id.into(),
+                    resource: format!("{file}:{}", line_index + 1),
+                    // Two hits of one rule on one line are told apart by their order.
+                    discriminator: if hit_index == 0 { String::new() } else { hit_index.to_string() },
+                    severity: "high".into(),
+                    title: format!("{} in source", pattern.title),
+                    description: format!(
+                        "A {} is stored in plain text. Revoke it, remove it from the tree and its history, and load it from a secret store.",
+                        pattern.title.to_lowercase()
+                    ),
+                    evidence: masked.trim().chars().take(EVIDENCE_CHARS_MAX).collect(),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    findings
+}
+
+/// The secret with everything after its visible prefix replaced by a fixed-width mask (the
+/// width tells nothing about the secret's length).
+fn mask(secret: &str, visible_prefix_chars: usize) -> String {
+    let prefix: String = secret.chars().take(visible_prefix_chars).collect();
+    format!("{prefix}********")
+}
+
+#[cfg(test)]
+mod tests {
+    use worker::ResultItem;
+
+    use super::*;
+
+    const AWS_KEY: &str = "AKIAIOSFODNN7EXAMPLE";
+    const GITHUB_TOKEN: &str = "ghp_abcdefghijklmnopqrstuvwxyz0123456789";
+
+    #[test]
+    fn finds_each_kind_of_secret_and_masks_it() {
+        let text = format!(
+            "aws_key = {AWS_KEY}\n-----BEGIN RSA PRIVATE KEY-----\ntoken: {GITHUB_TOKEN}\npassword = \"hunter22\"\nnothing here\n"
+        );
+        let findings = scan_text("/repo/config", &text);
+        let hits: Vec<_> = findings
+            .iter()
+            .map(|finding| {
+                (
+                    finding.rule_id.as_str(),
+                    finding.resource.as_str(),
+                    finding.evidence.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            hits,
+            [
+                (
+                    "aws-access-key-id",
+                    "/repo/config:1",
+                    "aws_key = AKIA********"
+                ),
+                (
+                    "private-key",
+                    "/repo/config:2",
+                    "-----BEGIN RSA PRIVATE KEY-----"
+                ),
+                ("github-token", "/repo/config:3", "token: ghp_********"),
+                (
+                    "hardcoded-password",
+                    "/repo/config:4",
+                    "password = \"********\""
+                ),
+            ]
+        );
+        for finding in &findings {
+            assert_eq!(finding.severity, "high");
+            assert!(!finding.evidence.contains("hunter22") && !finding.evidence.contains(AWS_KEY));
+        }
+    }
+
+    #[test]
+    fn two_hits_on_one_line_are_told_apart() {
+        let findings = scan_text("f", &format!("{AWS_KEY} {AWS_KEY}"));
+        let discriminators: Vec<_> = findings
+            .iter()
+            .map(|finding| finding.discriminator.as_str())
+            .collect();
+        assert_eq!(discriminators, ["", "1"]);
+    }
+
+    #[test]
+    fn ordinary_text_is_not_a_secret() {
+        let text = "password = \"\"\nlet akia = 1;\nghp_short\nsecret: ${SECRET_FROM_ENV}\n";
+        assert!(scan_text("f", text).is_empty());
+    }
+
+    #[test]
+    fn targets_must_be_absolute_and_exist() {
+        assert_eq!(root("relative/dir").unwrap_err().code, "invalid_target");
+        assert_eq!(
+            root("/does/not/exist").unwrap_err().code,
+            "target_not_found"
+        );
+        assert_eq!(root("file:///tmp").unwrap(), PathBuf::from("/tmp"));
+        assert_eq!(root("http://host/").unwrap_err().code, "invalid_target");
+    }
+
+    #[tokio::test]
+    async fn walks_a_tree_skipping_binary_large_and_git_files() {
+        let directory = tempfile::tempdir().unwrap();
+        let root = directory.path();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join("src/settings.py"), format!("KEY = '{AWS_KEY}'\n")).unwrap();
+        std::fs::write(root.join(".git/config"), format!("{AWS_KEY}\n")).unwrap();
+        std::fs::write(
+            root.join("blob.bin"),
+            [AWS_KEY.as_bytes(), &[0, 1, 2]].concat(),
+        )
+        .unwrap();
+        let large = format!("{AWS_KEY}\n{}", "x".repeat(FILE_BYTES_MAX as usize));
+        std::fs::write(root.join("dump.sql"), large).unwrap();
+
+        let (sink, mut receiver) = ResultSink::channel(64);
+        let target = format!("file://{}", root.display());
+        let summary = Secrets
+            .run(
+                TaskInput::for_target("secrets", &target),
+                sink,
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(summary, "1 secrets in 1 files (2 skipped)");
+        let Some(ResultItem::Finding(finding)) = receiver.recv().await else {
+            panic!("a finding")
+        };
+        assert_eq!(
+            finding.resource,
+            format!("{}:1", root.join("src/settings.py").display())
+        );
+        assert_eq!(finding.evidence, "KEY = 'AKIA********'");
+    }
+}

@@ -1,0 +1,159 @@
+//! What a network target string names: a URL (`http://host:port/path`), `host:port`, or a
+//! bare host, reduced to a host and the ports to look at.
+
+use std::net::Ipv6Addr;
+
+use reqwest::Url;
+use worker::PluginError;
+
+/// Ports checked when a target names a host and no port: the usual web ports.
+pub const PORTS_DEFAULT: [u16; 3] = [80, 443, 8080];
+
+/// A host and the ports a plugin should look at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The URL scheme, lowercase, when the target was a URL.
+    pub scheme: Option<String>,
+    /// A DNS name or an IP address, without IPv6 brackets.
+    pub host: String,
+    pub ports: Vec<u16>,
+}
+
+impl Endpoint {
+    /// `host:port`, with brackets around an IPv6 address.
+    pub fn authority(&self, port: u16) -> String {
+        authority(&self.host, port)
+    }
+}
+
+/// `host:port`, with brackets around an IPv6 address.
+pub fn authority(host: &str, port: u16) -> String {
+    if host.parse::<Ipv6Addr>().is_ok() {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Parses a target; anything that names no host is a permanent `invalid_target`.
+pub fn parse_endpoint(target: &str) -> Result<Endpoint, PluginError> {
+    let target = target.trim();
+    let invalid =
+        |why: &str| PluginError::permanent("invalid_target", format!("target {target:?} {why}"));
+    if target.contains("://") {
+        let url = Url::parse(target).map_err(|error| invalid(&format!("is not a URL: {error}")))?;
+        let host = match url.host() {
+            Some(url::Host::Domain(domain)) => domain.to_owned(),
+            Some(url::Host::Ipv4(address)) => address.to_string(),
+            Some(url::Host::Ipv6(address)) => address.to_string(),
+            None => return Err(invalid("names no host")),
+        };
+        let ports = match url.port_or_known_default() {
+            Some(port) => vec![port],
+            None => PORTS_DEFAULT.to_vec(),
+        };
+        return Ok(Endpoint {
+            scheme: Some(url.scheme().to_owned()),
+            host,
+            ports,
+        });
+    }
+    let (host, port) =
+        split_host_port(target).ok_or_else(|| invalid("is not host, host:port or a URL"))?;
+    if host.is_empty()
+        || host.len() > 253
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+    {
+        return Err(invalid("is not a valid host name or address"));
+    }
+    Ok(Endpoint {
+        scheme: None,
+        host: host.to_owned(),
+        ports: port.map_or_else(|| PORTS_DEFAULT.to_vec(), |port| vec![port]),
+    })
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address.
+fn split_host_port(target: &str) -> Option<(&str, Option<u16>)> {
+    if let Some(rest) = target.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        host.parse::<Ipv6Addr>().ok()?;
+        return match after {
+            "" => Some((host, None)),
+            _ => Some((host, Some(parse_port(after.strip_prefix(':')?)?))),
+        };
+    }
+    if target.parse::<Ipv6Addr>().is_ok() {
+        return Some((target, None));
+    }
+    match target.split_once(':') {
+        None => Some((target, None)),
+        Some((host, port)) => Some((host, Some(parse_port(port)?))),
+    }
+}
+
+fn parse_port(text: &str) -> Option<u16> {
+    text.parse().ok().filter(|port| *port != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(target: &str) -> (Option<String>, String, Vec<u16>) {
+        let endpoint = parse_endpoint(target).unwrap();
+        (endpoint.scheme, endpoint.host, endpoint.ports)
+    }
+
+    #[test]
+    fn urls_give_their_port_or_the_scheme_default() {
+        assert_eq!(
+            endpoint("http://127.0.0.1:8081/login"),
+            (Some("http".into()), "127.0.0.1".into(), vec![8081])
+        );
+        assert_eq!(
+            endpoint("https://example.test"),
+            (Some("https".into()), "example.test".into(), vec![443])
+        );
+        assert_eq!(endpoint("http://[::1]:9000/").1, "::1");
+        assert_eq!(endpoint("svc://host").2, PORTS_DEFAULT.to_vec());
+    }
+
+    #[test]
+    fn host_port_and_bare_hosts() {
+        assert_eq!(
+            endpoint("db.internal:5432"),
+            (None, "db.internal".into(), vec![5432])
+        );
+        assert_eq!(endpoint("localhost").2, PORTS_DEFAULT.to_vec());
+        assert_eq!(endpoint("[::1]:22"), (None, "::1".into(), vec![22]));
+        assert_eq!(endpoint("::1").2, PORTS_DEFAULT.to_vec());
+    }
+
+    #[test]
+    fn refuses_what_names_no_host() {
+        for bad in [
+            "",
+            "host:0",
+            "host:99999",
+            "host:port",
+            "bad host",
+            "a/b",
+            "[::1",
+            "http://",
+        ] {
+            let error = parse_endpoint(bad).unwrap_err();
+            assert_eq!(error.code, "invalid_target", "{bad:?}");
+            assert!(!error.retryable);
+        }
+    }
+
+    #[test]
+    fn authorities_bracket_ipv6() {
+        assert_eq!(authority("::1", 80), "[::1]:80");
+        assert_eq!(authority("10.0.0.1", 80), "10.0.0.1:80");
+        assert_eq!(authority("example.test", 443), "example.test:443");
+    }
+}

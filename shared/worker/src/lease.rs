@@ -1,0 +1,708 @@
+//! One lease, from grant to its end: run the plugin, stream its results as batches until each
+//! is acknowledged, then complete or fail the attempt, all while a renewer keeps the lease
+//! alive. The task stops without a word when the lease is lost, and releases it on shutdown.
+//!
+//! ```text
+//! Running ──plugin Ok──▶ Draining ──every batch acked──▶ Finishing(complete) ──ack──▶ Completed
+//!    │                      ▲                                  │
+//!    │                      └────────── batch_missing ─────────┘
+//!    └──plugin Err / deadline / refused batch──▶ Finishing(fail) ──ack──▶ Failed
+//! any phase: lease_lost / cancel_requested / expiry ▶ Lost; shutdown ▶ Released
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use messages::{ErrorCode, WorkerVerb, limits, v1};
+use prost::Message as _;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::acks::Route;
+use crate::batch::{self, Batcher};
+use crate::context::Context;
+use crate::plugin::{Plugin, PluginError, ResultItem, ResultSink, TaskInput};
+use crate::renew::{self, LeaseLoss};
+use crate::retry;
+use crate::stats::Counter;
+
+/// Batches sent and not yet acknowledged before the plugin's sink stops taking results: bounds
+/// what is resent after an outage, and how far a plugin can outrun ingestion.
+pub(crate) const BATCHES_UNACKED_MAX: usize = 64;
+/// Results a plugin can push before the SDK has cut them into batches.
+pub(crate) const SINK_QUEUE_MAX: usize = 256;
+/// A partly filled batch is sent after this, so a long scan's findings show up as it runs.
+pub(crate) const BATCH_LINGER: Duration = Duration::from_secs(1);
+/// Sends of one message (batch, completion or failure) without an acknowledgement before the
+/// attempt is abandoned to the reaper; with the resend backoff this is about a quarter hour.
+pub(crate) const SENDS_MAX: u32 = 20;
+/// Completions answered with `batch_missing` before the attempt fails: each answer should
+/// have been the last, so repeated ones mean a bug, not bad luck.
+pub(crate) const COMPLETE_ROUNDS_MAX: u32 = 5;
+/// Encoded result bytes one attempt may produce; every batch is kept until completion (to
+/// answer `batch_missing`), so this bounds the attempt's memory.
+pub(crate) const ATTEMPT_RESULT_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// How long a cancelled plugin gets to return before it is aborted.
+pub(crate) const PLUGIN_STOP_GRACE: Duration = Duration::from_secs(2);
+/// The release reason dispatch records on shutdown.
+pub(crate) const RELEASE_REASON_SHUTDOWN: &str = "worker shutting down";
+
+/// How a lease ended; each is counted in [`crate::WorkerStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Completed,
+    Failed,
+    Lost(LeaseLoss),
+    Released,
+    Abandoned,
+}
+
+/// Everything a lease task needs, handed over by the acquire loop.
+pub(crate) struct LeaseRun {
+    pub lease: v1::Lease,
+    pub lease_ref: v1::LeaseRef,
+    /// `None` when this worker has no plugin of the lease's name.
+    pub plugin: Option<Arc<dyn Plugin>>,
+    /// When the acquire request that granted the lease was first sent: the lease's clocks
+    /// are measured from here, erring early.
+    pub granted_at: Instant,
+    pub acks: mpsc::Receiver<v1::IngestAck>,
+    pub route: Route,
+    pub permit: OwnedSemaphorePermit,
+}
+
+/// Runs one lease to its end and counts the outcome.
+pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToken) {
+    let LeaseRun {
+        lease,
+        lease_ref,
+        plugin,
+        granted_at,
+        acks,
+        route,
+        permit,
+    } = run;
+    let _running = ctx.stats.running();
+    let expires_at = granted_at + Duration::from_millis(lease.lease_expires_in_ms.into());
+    let deadline = (lease.execution_deadline_in_ms > 0)
+        .then(|| granted_at + Duration::from_millis(lease.execution_deadline_in_ms));
+    let renew_done = CancellationToken::new();
+    let renewer = tokio::spawn(renew::renew_until_lost(
+        ctx.clone(),
+        lease_ref.clone(),
+        expires_at,
+        renew_done.clone(),
+    ));
+    let plugin_cancel = CancellationToken::new();
+    let (sink, results) = ResultSink::channel(SINK_QUEUE_MAX);
+    let input = TaskInput {
+        plugin: lease.plugin.clone(),
+        target: lease.target.clone(),
+        discovered_assets: lease.discovered_assets.clone(),
+        scan_id: lease.scan_id.clone(),
+        scan_job_id: lease.scan_job_id.clone(),
+        organization_id: lease.organization_id.clone(),
+        task_id: lease_ref.task_id.clone(),
+        attempt_number: lease_ref.attempt_number,
+        position: lease.position,
+    };
+    let plugin_task = {
+        let cancel = plugin_cancel.clone();
+        tokio::spawn(async move {
+            match plugin {
+                Some(plugin) => plugin.run(input, sink, cancel).await,
+                None => Err(PluginError::permanent(
+                    "unknown_plugin",
+                    format!("this worker has no plugin {:?}", input.plugin),
+                )),
+            }
+        })
+    };
+    let mut task = LeaseTask {
+        batcher: Batcher::new(ctx.session.batch_findings_max, ctx.session.batch_bytes_max),
+        result_subject: ctx.subject(WorkerVerb::Result),
+        ctx: ctx.clone(),
+        lease: lease_ref.clone(),
+        deadline,
+        stop,
+        plugin_cancel,
+        plugin_task,
+        results,
+        acks,
+        renewer,
+        batch_started_at: None,
+        batches: Vec::new(),
+        unacked: BTreeMap::new(),
+        result_bytes: 0,
+        last: None,
+        complete_rounds: 0,
+        complete_sends: 0,
+    };
+    let outcome = task.drive().await;
+    renew_done.cancel();
+    task.renewer.abort();
+    task.stop_plugin().await;
+    if outcome == Outcome::Released {
+        ctx.release(&lease_ref, RELEASE_REASON_SHUTDOWN).await;
+    }
+    record(&ctx, outcome);
+    drop(route);
+    drop(permit);
+}
+
+fn record(ctx: &Context, outcome: Outcome) {
+    match outcome {
+        Outcome::Completed => {
+            ctx.stats.add(Counter::Completed);
+            tracing::info!("attempt completed");
+        }
+        Outcome::Failed => {
+            ctx.stats.add(Counter::Failed);
+            tracing::info!("attempt failed");
+        }
+        Outcome::Lost(loss) => {
+            ctx.stats.add(Counter::Lost);
+            tracing::info!(reason = loss.as_str(), "lease ended, work stopped");
+        }
+        // Counted by the release itself, which may not be answered.
+        Outcome::Released => {}
+        Outcome::Abandoned => {
+            ctx.stats.add(Counter::Abandoned);
+            tracing::error!("attempt abandoned; its lease will expire and the reaper retries it");
+        }
+    }
+}
+
+/// Where the attempt is (see the diagram in the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// The plugin succeeded; waiting for every batch's acknowledgement before completing.
+    Draining {
+        summary: String,
+    },
+    /// The completion is sent; waiting for its acknowledgement.
+    Completing {
+        summary: String,
+    },
+    /// The failure is sent; waiting for its acknowledgement.
+    Failing,
+}
+
+/// What one event leads to.
+#[derive(Debug)]
+enum Step {
+    Continue,
+    /// Stop the plugin and send this failure.
+    Fail(PluginError),
+    End(Outcome),
+}
+
+/// A message sent to the results stream and kept until acknowledged.
+#[derive(Debug)]
+struct Outbound {
+    subject: String,
+    first_msg_id: String,
+    message: Bytes,
+    /// Sends so far; the next send's `Nats-Msg-Id` is derived from it.
+    sends: u32,
+}
+
+/// The last message of an attempt: its completion or failure.
+#[derive(Debug)]
+struct Last {
+    outbound: Outbound,
+    resend_at: Instant,
+}
+
+struct LeaseTask {
+    ctx: Arc<Context>,
+    lease: v1::LeaseRef,
+    result_subject: String,
+    deadline: Option<Instant>,
+    stop: CancellationToken,
+    plugin_cancel: CancellationToken,
+    plugin_task: JoinHandle<Result<String, PluginError>>,
+    results: mpsc::Receiver<ResultItem>,
+    acks: mpsc::Receiver<v1::IngestAck>,
+    renewer: JoinHandle<Option<LeaseLoss>>,
+    batcher: Batcher,
+    /// When the first result of the batch being filled arrived.
+    batch_started_at: Option<Instant>,
+    /// Every batch of this attempt, indexed by sequence number. Kept after acknowledgement:
+    /// a completion answered with `batch_missing` resends them.
+    batches: Vec<Outbound>,
+    /// Sequence number → when to resend, for batches not yet acknowledged.
+    unacked: BTreeMap<u32, Instant>,
+    result_bytes: usize,
+    last: Option<Last>,
+    complete_rounds: u32,
+    /// Sends of the completion in earlier rounds: the next one's `Nats-Msg-Id` follows on.
+    complete_sends: u32,
+}
+
+impl LeaseTask {
+    async fn drive(&mut self) -> Outcome {
+        let mut phase = Phase::Running;
+        let mut sink_open = true;
+        loop {
+            let running = phase == Phase::Running;
+            let resend_at = self.next_resend_at();
+            let linger_at = self.batch_started_at.map(|started| started + BATCH_LINGER);
+            let deadline_armed = matches!(phase, Phase::Running | Phase::Draining { .. });
+            let taking_results = running && sink_open && self.unacked.len() < BATCHES_UNACKED_MAX;
+            let step = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => Step::End(Outcome::Released),
+                loss = &mut self.renewer => Step::End(Outcome::Lost(renewer_loss(loss))),
+                () = sleep_until(self.deadline), if deadline_armed && self.deadline.is_some() => {
+                    tracing::warn!("execution deadline passed, stopping the plugin");
+                    Step::Fail(PluginError::permanent("deadline_exceeded", "the task ran past its execution deadline"))
+                }
+                ack = self.acks.recv() => {
+                    let ack = ack.expect("the route keeps the ack sender alive while the task runs");
+                    self.on_ack(ack, &mut phase)
+                }
+                joined = &mut self.plugin_task, if running => self.on_plugin_end(joined, &mut phase).await,
+                item = self.results.recv(), if taking_results => match item {
+                    Some(item) => self.add(item).await,
+                    None => {
+                        sink_open = false;
+                        Step::Continue
+                    }
+                },
+                () = sleep_until(resend_at), if resend_at.is_some() => self.resend_due().await,
+                () = sleep_until(linger_at), if running && linger_at.is_some() => self.flush().await,
+            };
+            match step {
+                Step::Continue => {}
+                Step::End(outcome) => return outcome,
+                Step::Fail(error) => {
+                    self.plugin_cancel.cancel();
+                    // Unblocks a plugin waiting on a full sink; its results are not wanted.
+                    self.results.close();
+                    self.send_fail(error).await;
+                    phase = Phase::Failing;
+                }
+            }
+            if let Phase::Draining { summary } = &phase
+                && self.unacked.is_empty()
+            {
+                let summary = summary.clone();
+                self.send_complete(&summary).await;
+                phase = Phase::Completing { summary };
+            }
+        }
+    }
+
+    /// The plugin returned (or panicked): collect what it left in the sink, then drain or fail.
+    async fn on_plugin_end(
+        &mut self,
+        joined: Result<Result<String, PluginError>, JoinError>,
+        phase: &mut Phase,
+    ) -> Step {
+        match joined {
+            Ok(Ok(summary)) => {
+                // The plugin is done, so nothing new arrives: take what is queued, then send
+                // the last partial batch.
+                self.results.close();
+                while let Ok(item) = self.results.try_recv() {
+                    let step = self.add(item).await;
+                    if !matches!(step, Step::Continue) {
+                        return step;
+                    }
+                }
+                let step = self.flush().await;
+                if !matches!(step, Step::Continue) {
+                    return step;
+                }
+                tracing::info!(batches = self.batches.len(), %summary, "plugin finished");
+                *phase = Phase::Draining { summary };
+                Step::Continue
+            }
+            Ok(Err(error)) => {
+                tracing::info!(code = %error.code, message = %error.message, retryable = error.retryable, "plugin failed");
+                Step::Fail(error)
+            }
+            Err(join_error) => {
+                tracing::error!(error = %join_error, "plugin panicked");
+                Step::Fail(PluginError::permanent(
+                    "plugin_panicked",
+                    format!("the plugin panicked: {join_error}"),
+                ))
+            }
+        }
+    }
+
+    async fn add(&mut self, item: ResultItem) -> Step {
+        match self.batcher.push(item) {
+            Ok(None) => {
+                self.batch_started_at.get_or_insert_with(Instant::now);
+                Step::Continue
+            }
+            Ok(Some(full)) => {
+                // The item that did not fit starts the next batch.
+                self.batch_started_at = Some(Instant::now());
+                self.send_new_batch(full).await
+            }
+            Err(too_large) => Step::Fail(PluginError::permanent(
+                "result_too_large",
+                too_large.to_string(),
+            )),
+        }
+    }
+
+    async fn flush(&mut self) -> Step {
+        self.batch_started_at = None;
+        match self.batcher.take() {
+            Some(payload) => self.send_new_batch(payload).await,
+            None => Step::Continue,
+        }
+    }
+
+    async fn send_new_batch(&mut self, payload: v1::BatchPayload) -> Step {
+        let sequence_number = u32::try_from(self.batches.len()).unwrap_or(u32::MAX);
+        if sequence_number > limits::BATCH_SEQUENCE_MAX {
+            return Step::Fail(PluginError::permanent(
+                "too_many_results",
+                format!(
+                    "the plugin produced more than {} batches",
+                    limits::BATCH_SEQUENCE_MAX
+                ),
+            ));
+        }
+        let (key, message) =
+            batch::encode_batch(&self.ctx.worker_id, &self.lease, sequence_number, &payload);
+        self.result_bytes += message.len();
+        if self.result_bytes > ATTEMPT_RESULT_BYTES_MAX {
+            return Step::Fail(PluginError::permanent(
+                "too_many_results",
+                format!(
+                    "the plugin produced more than {ATTEMPT_RESULT_BYTES_MAX} bytes of results"
+                ),
+            ));
+        }
+        let outbound = Outbound {
+            subject: self.result_subject.clone(),
+            first_msg_id: key,
+            message,
+            sends: 0,
+        };
+        self.publish(&outbound).await;
+        self.ctx.stats.add(Counter::BatchesSent);
+        tracing::debug!(
+            sequence_number,
+            findings = payload.findings.len(),
+            assets = payload.assets.len(),
+            "result batch sent"
+        );
+        self.unacked.insert(
+            sequence_number,
+            Instant::now() + self.ctx.config.ack_timeout,
+        );
+        self.batches.push(outbound);
+        Step::Continue
+    }
+
+    async fn send_complete(&mut self, summary: &str) {
+        let complete = v1::TaskComplete {
+            schema_version: messages::SCHEMA_VERSION,
+            worker_id: self.ctx.worker_id.clone(),
+            lease: Some(self.lease.clone()),
+            batch_count: u32::try_from(self.batches.len())
+                .expect("batches are bounded by BATCH_SEQUENCE_MAX"),
+            summary: summary.to_owned(),
+        };
+        let outbound = Outbound {
+            subject: self.ctx.subject(WorkerVerb::Complete),
+            first_msg_id: format!("complete:{}", self.lease.attempt_id),
+            message: Bytes::from(complete.encode_to_vec()),
+            // A later round after batch_missing carries the same completion under a fresh id.
+            sends: self.complete_sends,
+        };
+        self.send_last(outbound).await;
+        tracing::debug!(batch_count = complete.batch_count, "completion sent");
+    }
+
+    async fn send_fail(&mut self, error: PluginError) {
+        // A failed attempt's results are not wanted: stop resending them.
+        self.unacked.clear();
+        self.batch_started_at = None;
+        let fail = v1::TaskFail {
+            schema_version: messages::SCHEMA_VERSION,
+            worker_id: self.ctx.worker_id.clone(),
+            lease: Some(self.lease.clone()),
+            error: Some(v1::Error {
+                code: error.code.clone(),
+                message: error.message.clone(),
+                ..Default::default()
+            }),
+            retryable: error.retryable,
+        };
+        let outbound = Outbound {
+            subject: self.ctx.subject(WorkerVerb::Fail),
+            first_msg_id: format!("fail:{}", self.lease.attempt_id),
+            message: Bytes::from(fail.encode_to_vec()),
+            sends: 0,
+        };
+        self.send_last(outbound).await;
+        tracing::info!(code = %error.code, retryable = error.retryable, "failure sent");
+    }
+
+    async fn send_last(&mut self, outbound: Outbound) {
+        self.publish(&outbound).await;
+        let resend_at = Instant::now() + self.resend_delay(outbound.sends);
+        self.last = Some(Last {
+            outbound,
+            resend_at,
+        });
+    }
+
+    /// Publishes `outbound` with the `Nats-Msg-Id` of its current send. A failed publish is
+    /// logged only: the message stays unacknowledged and is resent when its time comes.
+    async fn publish(&self, outbound: &Outbound) {
+        let msg_id = batch::msg_id(&outbound.first_msg_id, outbound.sends);
+        let published = self
+            .ctx
+            .bus
+            .publish_durable(
+                outbound.subject.clone(),
+                &msg_id,
+                bus::async_nats::HeaderMap::new(),
+                outbound.message.clone(),
+            )
+            .await;
+        if let Err(error) = published {
+            tracing::warn!(%error, %msg_id, "publish failed, will resend");
+        }
+    }
+
+    /// How long to wait for an acknowledgement after send number `sends` (0 for the first).
+    fn resend_delay(&self, sends: u32) -> Duration {
+        retry::exponential(
+            self.ctx.config.ack_timeout,
+            sends + 1,
+            crate::WorkerConfig::RESEND_DELAY_MAX,
+        )
+    }
+
+    fn next_resend_at(&self) -> Option<Instant> {
+        let batches = self.unacked.values().copied();
+        let last = self.last.as_ref().map(|last| last.resend_at);
+        batches.chain(last).min()
+    }
+
+    /// Resends every message whose acknowledgement is overdue, under a fresh `Nats-Msg-Id`.
+    async fn resend_due(&mut self) -> Step {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .unacked
+            .iter()
+            .filter(|(_, resend_at)| **resend_at <= now)
+            .map(|(sequence_number, _)| *sequence_number)
+            .collect();
+        for sequence_number in due {
+            let index = sequence_number as usize;
+            if self.batches[index].sends + 1 >= SENDS_MAX {
+                tracing::error!(
+                    sequence_number,
+                    "no acknowledgement for a result batch after {SENDS_MAX} sends"
+                );
+                return Step::End(Outcome::Abandoned);
+            }
+            self.batches[index].sends += 1;
+            self.publish(&self.batches[index]).await;
+            self.ctx.stats.add(Counter::BatchesResent);
+            tracing::info!(
+                sequence_number,
+                sends = self.batches[index].sends,
+                "result batch resent"
+            );
+            let resend_at = Instant::now() + self.resend_delay(self.batches[index].sends);
+            self.unacked.insert(sequence_number, resend_at);
+        }
+        let last_due = self.last.as_ref().is_some_and(|last| last.resend_at <= now);
+        if last_due {
+            let mut last = self.last.take().expect("checked above");
+            if last.outbound.sends + 1 >= SENDS_MAX {
+                tracing::error!(msg_id = %last.outbound.first_msg_id, "no acknowledgement after {SENDS_MAX} sends");
+                return Step::End(Outcome::Abandoned);
+            }
+            last.outbound.sends += 1;
+            self.publish(&last.outbound).await;
+            self.ctx.stats.add(Counter::BatchesResent);
+            tracing::info!(msg_id = %last.outbound.first_msg_id, sends = last.outbound.sends, "resent");
+            last.resend_at = Instant::now() + self.resend_delay(last.outbound.sends);
+            self.last = Some(last);
+        }
+        Step::Continue
+    }
+
+    fn on_ack(&mut self, ack: v1::IngestAck, phase: &mut Phase) -> Step {
+        let code = ack.error.as_ref().map(|error| error.error_code());
+        match code {
+            Some(Some(ErrorCode::LeaseLost)) => return Step::End(Outcome::Lost(LeaseLoss::Lost)),
+            Some(Some(ErrorCode::CancelRequested)) => {
+                return Step::End(Outcome::Lost(LeaseLoss::Cancelled));
+            }
+            _ => {}
+        }
+        let kind = ack.kind.clone();
+        match (kind.as_str(), &*phase) {
+            ("result", _) => self.on_result_ack(ack),
+            ("complete", Phase::Completing { summary }) => {
+                let summary = summary.clone();
+                self.on_complete_ack(ack, summary, phase)
+            }
+            ("fail", Phase::Failing) => on_fail_ack(ack),
+            (kind, _) => {
+                // A late duplicate of an acknowledgement already acted on.
+                tracing::debug!(kind, "ack not awaited, ignored");
+                Step::Continue
+            }
+        }
+    }
+
+    fn on_result_ack(&mut self, ack: v1::IngestAck) -> Step {
+        let sequence_number = ack.sequence_number;
+        if !self.unacked.contains_key(&sequence_number) {
+            tracing::debug!(sequence_number, "ack for a batch not awaiting one, ignored");
+            return Step::Continue;
+        }
+        let Some(error) = ack.error else {
+            self.unacked.remove(&sequence_number);
+            tracing::debug!(
+                sequence_number,
+                duplicate = ack.duplicate,
+                "result batch acknowledged"
+            );
+            return Step::Continue;
+        };
+        if error.error_code() == Some(ErrorCode::Internal) {
+            tracing::warn!(sequence_number, message = %error.message, "ingestion failed on a batch, will resend");
+            return Step::Continue;
+        }
+        // checksum_mismatch, batch_conflict, too_large...: the SDK or ingestion is wrong, and
+        // sending the same batch again cannot help.
+        tracing::error!(sequence_number, code = %error.code, message = %error.message, "ingestion refused a result batch");
+        Step::Fail(PluginError::permanent(
+            "result_refused",
+            format!(
+                "ingestion refused result batch {sequence_number}: {}: {}",
+                error.code, error.message
+            ),
+        ))
+    }
+
+    fn on_complete_ack(&mut self, ack: v1::IngestAck, summary: String, phase: &mut Phase) -> Step {
+        let Some(error) = ack.error else {
+            return Step::End(Outcome::Completed);
+        };
+        match error.error_code() {
+            Some(ErrorCode::BatchMissing) => {
+                self.complete_rounds += 1;
+                if self.complete_rounds > COMPLETE_ROUNDS_MAX {
+                    return Step::Fail(PluginError::retryable(
+                        "batch_missing",
+                        format!(
+                            "ingestion still misses batches after {COMPLETE_ROUNDS_MAX} completions"
+                        ),
+                    ));
+                }
+                let now = Instant::now();
+                for &sequence_number in &error.missing_sequence_numbers {
+                    if sequence_number as usize >= self.batches.len() {
+                        return Step::Fail(PluginError::permanent(
+                            "completion_refused",
+                            format!(
+                                "ingestion misses batch {sequence_number}, which this attempt never sent"
+                            ),
+                        ));
+                    }
+                    self.unacked.insert(sequence_number, now);
+                }
+                // The completion waits until those batches are acknowledged again.
+                if let Some(last) = self.last.take() {
+                    self.complete_sends = last.outbound.sends + 1;
+                }
+                tracing::warn!(missing = ?error.missing_sequence_numbers, "ingestion misses batches, resending them");
+                // Resent at once (their resend time is now); the completion follows when
+                // every one is acknowledged.
+                *phase = Phase::Draining { summary };
+                Step::Continue
+            }
+            Some(ErrorCode::Internal) => {
+                tracing::warn!(message = %error.message, "ingestion failed on the completion, will resend");
+                Step::Continue
+            }
+            Some(ErrorCode::EvidenceConflict) => {
+                // Another attempt published this scan job's evidence: the work is done.
+                tracing::info!(message = %error.message, "evidence already published by another attempt");
+                Step::End(Outcome::Lost(LeaseLoss::Lost))
+            }
+            _ => {
+                tracing::error!(code = %error.code, message = %error.message, "ingestion refused the completion");
+                Step::Fail(PluginError::permanent(
+                    "completion_refused",
+                    format!(
+                        "ingestion refused the completion: {}: {}",
+                        error.code, error.message
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Cancels the plugin and waits a moment for it to return, then aborts it.
+    async fn stop_plugin(&mut self) {
+        self.plugin_cancel.cancel();
+        // Results nobody will send: unblock a plugin waiting on a full sink.
+        self.results.close();
+        if self.plugin_task.is_finished() {
+            return;
+        }
+        if tokio::time::timeout(PLUGIN_STOP_GRACE, &mut self.plugin_task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("plugin ignored its cancellation, aborting it");
+            self.plugin_task.abort();
+        }
+    }
+}
+
+fn on_fail_ack(ack: v1::IngestAck) -> Step {
+    let Some(error) = ack.error else {
+        return Step::End(Outcome::Failed);
+    };
+    if error.error_code() == Some(ErrorCode::Internal) {
+        tracing::warn!(message = %error.message, "ingestion failed on the failure, will resend");
+        return Step::Continue;
+    }
+    tracing::error!(code = %error.code, message = %error.message, "ingestion refused the failure");
+    Step::End(Outcome::Abandoned)
+}
+
+fn renewer_loss(joined: Result<Option<LeaseLoss>, JoinError>) -> LeaseLoss {
+    match joined {
+        Ok(Some(loss)) => loss,
+        // The renewer only returns None once told the task is done, and never panics by
+        // design; without it the lease cannot be trusted either way.
+        Ok(None) | Err(_) => {
+            tracing::error!("lease renewer stopped unexpectedly");
+            LeaseLoss::Expired
+        }
+    }
+}
+
+/// Sleeps until `at`; forever when there is no `at` (the caller guards that arm).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

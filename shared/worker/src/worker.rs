@@ -1,0 +1,399 @@
+//! The [`Worker`]: ack subscription, hello, the acquire loop within capacity, and shutdown
+//! that releases every lease still running.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use messages::{ErrorCode, WorkerVerb, limits, v1};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+use uuid::Uuid;
+
+use crate::acks::AckRouter;
+use crate::context::{Context, RequestError};
+use crate::lease::{self, LeaseRun};
+use crate::retry::{self, RETRY_DELAY_BASE, RETRY_DELAY_MAX};
+use crate::stats::Counter;
+use crate::{Plugin, Session, WorkerConfig, WorkerError, WorkerStats};
+
+/// Pause after an acquire that came back empty, so a dispatch that answers at once instead of
+/// long-polling is not polled in a tight loop.
+const ACQUIRE_EMPTY_PAUSE: Duration = Duration::from_millis(100);
+/// The release reason for leases granted beyond what the worker asked for.
+const RELEASE_REASON_OVER_CAPACITY: &str = "worker over capacity";
+
+/// A worker process's connection to palisade: runs the plugins it was built with on the
+/// tasks dispatch leases to it.
+pub struct Worker {
+    bus: bus::Bus,
+    config: WorkerConfig,
+    plugins: HashMap<&'static str, Arc<dyn Plugin>>,
+    stats: Arc<WorkerStats>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("config", &self.config)
+            .field("plugins", &self.capabilities())
+            .finish()
+    }
+}
+
+impl Worker {
+    /// Checks `config` and the plugin set (at least one, names unique and non-empty).
+    pub fn new(
+        bus: bus::Bus,
+        config: WorkerConfig,
+        plugins: Vec<Arc<dyn Plugin>>,
+    ) -> Result<Self, WorkerError> {
+        config.validate()?;
+        let invalid = |reason: String| Err(WorkerError::InvalidConfig { reason });
+        if plugins.is_empty() {
+            return invalid("a worker needs at least one plugin".into());
+        }
+        if plugins.len() > limits::WORKER_CAPABILITIES_MAX {
+            return invalid(format!(
+                "{} plugins is over the protocol's {} capabilities",
+                plugins.len(),
+                limits::WORKER_CAPABILITIES_MAX
+            ));
+        }
+        let mut by_name = HashMap::new();
+        for plugin in plugins {
+            let name = plugin.name();
+            if name.is_empty() || name.len() > limits::IDENTIFIER_BYTES_MAX {
+                return invalid(format!("plugin name {name:?} is empty or too long"));
+            }
+            if by_name.insert(name, plugin).is_some() {
+                return invalid(format!("two plugins are named {name:?}"));
+            }
+        }
+        Ok(Self {
+            bus,
+            config,
+            plugins: by_name,
+            stats: Arc::default(),
+        })
+    }
+
+    /// The counters of this worker, live while it runs.
+    pub fn stats(&self) -> Arc<WorkerStats> {
+        self.stats.clone()
+    }
+
+    /// The plugin names this worker advertises, sorted.
+    pub fn capabilities(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.plugins.keys().map(|name| (*name).to_owned()).collect();
+        names.sort();
+        names
+    }
+
+    /// Runs until `shutdown` fires, then releases every running lease (waiting at most
+    /// [`WorkerConfig::shutdown_grace`]). Returns an error only for what retrying cannot fix:
+    /// dispatch refusing this worker, a reply this build cannot read, a NATS subscription
+    /// that fails. Timeouts and unanswered requests are retried with backoff.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let worker_id = self.config.worker_id.to_string();
+        let span = tracing::info_span!("worker", worker_id = %worker_id);
+        async move {
+            // Subscribe before sending anything: ingestion's first acknowledgement must
+            // find the subscription in place.
+            let ack_subject = self.bus.subjects().worker(&worker_id, WorkerVerb::Ack);
+            let subscription = self
+                .bus
+                .client()
+                .subscribe(ack_subject.clone())
+                .await
+                .map_err(|error| bus::BusError::Subscribe {
+                    subject: ack_subject,
+                    message: error.to_string(),
+                })?;
+            self.bus.flush().await?;
+            let router = Arc::new(AckRouter::default());
+            let router_task = tokio::spawn(router.clone().run(subscription));
+            let result = self.serve(worker_id, &router, &shutdown).await;
+            router_task.abort();
+            let stats = self.stats.snapshot();
+            tracing::info!(?stats, "worker stopped");
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn serve(
+        &self,
+        worker_id: String,
+        router: &Arc<AckRouter>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), WorkerError> {
+        let Some(session) = self.hello(&worker_id, shutdown).await? else {
+            return Ok(());
+        };
+        tracing::info!(
+            lease_ttl_ms = session.lease_ttl.as_millis() as u64,
+            renew_interval_ms = session.renew_interval.as_millis() as u64,
+            batch_findings_max = session.batch_findings_max,
+            batch_bytes_max = session.batch_bytes_max,
+            organizations = session.organization_ids.len(),
+            capabilities = ?self.capabilities(),
+            "worker ready"
+        );
+        let ctx = Arc::new(Context {
+            bus: self.bus.clone(),
+            worker_id,
+            config: self.config.clone(),
+            session,
+            stats: self.stats.clone(),
+        });
+        // Lease tasks stop on this, whether the caller shuts down or acquiring hit an error.
+        let stop = shutdown.child_token();
+        let mut leases = JoinSet::new();
+        let result = self.acquire_loop(&ctx, router, &stop, &mut leases).await;
+        stop.cancel();
+        let drained = tokio::time::timeout(self.config.shutdown_grace, async {
+            while leases.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                remaining = leases.len(),
+                "leases still running after the shutdown grace, abandoning them to expiry"
+            );
+            leases.abort_all();
+        }
+        result
+    }
+
+    /// Says hello until dispatch answers; `None` when shut down first.
+    async fn hello(
+        &self,
+        worker_id: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Session>, WorkerError> {
+        let request = v1::HelloRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            worker_id: worker_id.to_owned(),
+            software_version: self.config.software_version.clone(),
+            protocol_version: messages::PROTOCOL_VERSION.to_owned(),
+            capabilities: self.capabilities(),
+            capacity: self.config.capacity,
+        };
+        let subject = self.bus.subjects().worker(worker_id, WorkerVerb::Hello);
+        let mut failures = 0;
+        loop {
+            let payload = bytes::Bytes::from(prost::Message::encode_to_vec(&request));
+            let reply = tokio::select! {
+                () = shutdown.cancelled() => return Ok(None),
+                reply = self.bus.request(subject.clone(), payload, self.config.request_timeout) => reply,
+            };
+            match reply.map(|message| prost::Message::decode(message.payload)) {
+                Ok(Ok(v1::HelloReply {
+                    error: Some(error), ..
+                })) if error.error_code() != Some(ErrorCode::Internal) => {
+                    return Err(WorkerError::refused("hello", &error));
+                }
+                Ok(Ok(reply @ v1::HelloReply { error: None, .. })) => {
+                    let server_payload_max = self.bus.client().server_info().max_payload;
+                    return Session::from_reply(&reply, server_payload_max).map(Some);
+                }
+                Ok(Ok(v1::HelloReply { error, .. })) => {
+                    tracing::warn!(?error, "dispatch failed on hello, retrying");
+                }
+                Ok(Err(source)) => {
+                    return Err(WorkerError::Decode {
+                        what: "hello",
+                        source,
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "hello unanswered, is dispatch running? retrying");
+                }
+            }
+            failures += 1;
+            let delay = retry::jittered(RETRY_DELAY_BASE, failures, RETRY_DELAY_MAX);
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(None),
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    /// Asks for as many leases as there is free capacity, runs each in its own task, and
+    /// repeats until `stop`.
+    async fn acquire_loop(
+        &self,
+        ctx: &Arc<Context>,
+        router: &Arc<AckRouter>,
+        stop: &CancellationToken,
+        leases: &mut JoinSet<()>,
+    ) -> Result<(), WorkerError> {
+        let permits = Arc::new(Semaphore::new(self.config.capacity as usize));
+        let mut refusals = 0;
+        loop {
+            // Finished lease tasks leave their results in the set until joined.
+            while leases.try_join_next().is_some() {}
+            let first = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            };
+            let mut held = vec![first];
+            while held.len() < limits::ACQUIRE_TASKS_MAX as usize {
+                match permits.clone().try_acquire_owned() {
+                    Ok(permit) => held.push(permit),
+                    Err(_) => break,
+                }
+            }
+            let request = v1::AcquireRequest {
+                schema_version: messages::SCHEMA_VERSION,
+                worker_id: ctx.worker_id.clone(),
+                request_id: Uuid::new_v4().to_string(),
+                max_tasks: held.len() as u32,
+                wait_ms: self.config.acquire_wait.as_millis() as u32,
+            };
+            let Some((reply, granted_at)) = self.acquire(ctx, &request, stop).await? else {
+                return Ok(());
+            };
+            if let Some(error) = reply.error {
+                if is_fatal(&error) {
+                    return Err(WorkerError::refused("acquire", &error));
+                }
+                refusals += 1;
+                tracing::warn!(code = %error.code, message = %error.message, "acquire refused, retrying");
+                let delay = retry::jittered(RETRY_DELAY_BASE, refusals, RETRY_DELAY_MAX);
+                tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(delay) => {}
+                }
+                continue;
+            }
+            refusals = 0;
+            let granted = reply.leases.len();
+            for lease in reply.leases {
+                self.start_lease(ctx, router, stop, leases, &mut held, lease, granted_at)
+                    .await;
+            }
+            if granted == 0 && !stop.is_cancelled() {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = tokio::time::sleep(ACQUIRE_EMPTY_PAUSE) => {}
+                }
+            }
+        }
+    }
+
+    /// Sends `request` until a reply arrives, resending it unchanged (same request id, so
+    /// dispatch answers with the leases it may already have granted) after a timeout. Returns
+    /// the reply and when the request was first sent; `None` when stopped before a reply.
+    async fn acquire(
+        &self,
+        ctx: &Context,
+        request: &v1::AcquireRequest,
+        stop: &CancellationToken,
+    ) -> Result<Option<(v1::AcquireReply, Instant)>, WorkerError> {
+        let first_sent_at = Instant::now();
+        let timeout = self.config.acquire_wait + self.config.request_timeout;
+        let mut failures = 0;
+        loop {
+            // Not raced against `stop`: a reply on its way may carry leases, and they are
+            // released below rather than left to expire.
+            let reply = ctx
+                .request::<v1::AcquireReply>(WorkerVerb::Acquire, request, timeout)
+                .await;
+            match reply {
+                Ok(reply) => return Ok(Some((reply, first_sent_at))),
+                Err(RequestError::Decode(source)) => {
+                    return Err(WorkerError::Decode {
+                        what: "acquire",
+                        source,
+                    });
+                }
+                Err(RequestError::Bus(error)) => {
+                    failures += 1;
+                    tracing::warn!(%error, request_id = %request.request_id, failures, "acquire unanswered, retrying with the same request id");
+                }
+            }
+            let delay = retry::jittered(RETRY_DELAY_BASE, failures, RETRY_DELAY_MAX);
+            tokio::select! {
+                () = stop.cancelled() => return Ok(None),
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_lease(
+        &self,
+        ctx: &Arc<Context>,
+        router: &Arc<AckRouter>,
+        stop: &CancellationToken,
+        leases: &mut JoinSet<()>,
+        held: &mut Vec<OwnedSemaphorePermit>,
+        lease: v1::Lease,
+        granted_at: Instant,
+    ) {
+        let Some(lease_ref) = lease.lease.clone().filter(|lease_ref| {
+            !lease_ref.task_id.is_empty()
+                && !lease_ref.attempt_id.is_empty()
+                && !lease_ref.lease_token.is_empty()
+        }) else {
+            tracing::error!(plugin = %lease.plugin, "dispatch granted a lease without ids, ignored");
+            return;
+        };
+        ctx.stats.add(Counter::LeasesAcquired);
+        if stop.is_cancelled() {
+            ctx.release(&lease_ref, lease::RELEASE_REASON_SHUTDOWN)
+                .await;
+            return;
+        }
+        let Some(permit) = held.pop() else {
+            tracing::error!(task_id = %lease_ref.task_id, "dispatch granted more leases than asked for");
+            ctx.release(&lease_ref, RELEASE_REASON_OVER_CAPACITY).await;
+            return;
+        };
+        let Some((route, acks)) = router.register(&lease_ref.attempt_id) else {
+            tracing::error!(attempt_id = %lease_ref.attempt_id, "dispatch granted an attempt already running, ignored");
+            return;
+        };
+        let span = tracing::info_span!(
+            "lease",
+            task_id = %lease_ref.task_id,
+            attempt_id = %lease_ref.attempt_id,
+            attempt_number = lease_ref.attempt_number,
+            plugin = %lease.plugin,
+            scan_id = %lease.scan_id,
+        );
+        span.in_scope(|| tracing::info!(target = %lease.target, "lease granted"));
+        let run = LeaseRun {
+            plugin: self.plugins.get(lease.plugin.as_str()).cloned(),
+            lease,
+            lease_ref,
+            granted_at,
+            acks,
+            route,
+            permit,
+        };
+        leases.spawn(lease::run(ctx.clone(), run, stop.clone()).instrument(span));
+    }
+}
+
+/// Refusals of acquire that retrying cannot fix; anything else (internal errors, codes this
+/// build does not know) is retried with backoff.
+fn is_fatal(error: &v1::Error) -> bool {
+    matches!(
+        error.error_code(),
+        Some(
+            ErrorCode::UnknownWorker
+                | ErrorCode::WorkerDisabled
+                | ErrorCode::UnsupportedSchemaVersion
+                | ErrorCode::MalformedMessage
+                | ErrorCode::InvalidField
+                | ErrorCode::TooLarge
+        )
+    )
+}

@@ -1,0 +1,819 @@
+//! The worker SDK against a scripted dispatch and ingestion on a real NATS server (set
+//! `NATS_URL`, default `nats://127.0.0.1:4222`, JetStream on): every test gets its own subject
+//! prefix and streams, and checks what went over the wire. `TEST_LOG=1` shows the worker's logs.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bus::Bus;
+use bus::async_nats::jetstream::{self, consumer::pull};
+use futures::StreamExt as _;
+use messages::{ErrorCode, Subjects, WorkerVerb, v1};
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+use worker::{
+    BoxFuture, Plugin, PluginError, ResultSink, TaskInput, Worker, WorkerConfig, WorkerError,
+    WorkerStats,
+};
+
+/// How long any one expectation may take before the test fails.
+const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(15);
+const LEASE_TTL_MS: u32 = 3_000;
+
+/// A plugin whose behaviour is its target: `emit:N` emits N findings, `fail` fails, `hang`
+/// runs until cancelled.
+struct TestPlugin;
+
+impl Plugin for TestPlugin {
+    fn name(&self) -> &'static str {
+        "test"
+    }
+
+    fn run<'a>(
+        &'a self,
+        task: TaskInput,
+        sink: ResultSink,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<String, PluginError>> {
+        Box::pin(async move {
+            if let Some(count) = task.target.strip_prefix("emit:") {
+                let count: usize = count.parse().expect("emit:N");
+                for index in 0..count {
+                    sink.finding(v1::Finding {
+                        rule_id: format!("rule-{index}"),
+                        resource: "test".into(),
+                        severity: "info".into(),
+                        title: "test finding".into(),
+                        ..Default::default()
+                    })
+                    .await?;
+                }
+                sink.asset(v1::Asset {
+                    kind: "test".into(),
+                    value: "asset".into(),
+                })
+                .await?;
+                return Ok(format!("{count} findings"));
+            }
+            match task.target.as_str() {
+                "fail" => Err(PluginError::permanent(
+                    "bad_target",
+                    "this target always fails",
+                )),
+                "hang" => {
+                    cancel.cancelled().await;
+                    Err(PluginError::retryable("cancelled", "cancelled"))
+                }
+                other => panic!("unexpected target {other}"),
+            }
+        })
+    }
+}
+
+/// What the fake dispatch and ingestion saw.
+#[derive(Debug, Clone)]
+enum Event {
+    Hello(v1::HelloRequest),
+    Acquire(v1::AcquireRequest),
+    Renew,
+    Release(v1::ReleaseRequest),
+    Batch {
+        msg_id: String,
+        batch: v1::ResultBatch,
+    },
+    Complete {
+        msg_id: String,
+        complete: v1::TaskComplete,
+    },
+    Fail {
+        msg_id: String,
+        fail: v1::TaskFail,
+    },
+}
+
+/// How the fakes behave; tests set it before starting the worker.
+#[derive(Debug, Default)]
+struct Script {
+    hello_error: Option<ErrorCode>,
+    /// Leases handed out, as many per acquire as it asks for.
+    leases: VecDeque<v1::Lease>,
+    /// Acquire requests left unanswered.
+    acquires_unanswered: u32,
+    renew_error: Option<ErrorCode>,
+    /// Sequence numbers whose first acknowledgement is not sent.
+    result_acks_dropped: HashSet<u32>,
+    /// Sequence numbers the first completion is told are missing.
+    complete_missing_once: Option<Vec<u32>>,
+    /// Sequence numbers ingestion has persisted.
+    persisted: HashSet<u32>,
+}
+
+struct Fake {
+    bus: Bus,
+    worker_id: Uuid,
+    script: Arc<Mutex<Script>>,
+    events: mpsc::Receiver<Event>,
+    /// Every event received so far, in order.
+    history: Vec<Event>,
+    stop: CancellationToken,
+}
+
+impl Fake {
+    /// Connects, provisions a fresh prefix's streams, and starts the fakes; `None` (the test
+    /// is skipped) when no NATS server runs and none was asked for.
+    async fn start(script: Script) -> Option<Self> {
+        if std::env::var_os("TEST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter("worker=debug,info")
+                .with_test_writer()
+                .try_init();
+        }
+        let url = std::env::var("NATS_URL");
+        let prefix = format!("w{}", &Uuid::new_v4().simple().to_string()[..12]);
+        let subjects = Subjects::new(&prefix).unwrap();
+        // Bus::connect cannot be used yet: with retry_on_initial_connect it returns before the
+        // server's INFO arrives, so its version check always fails.
+        let connected = bus::async_nats::ConnectOptions::new()
+            .name("worker-test")
+            .connect(url.as_deref().unwrap_or("nats://127.0.0.1:4222"))
+            .await;
+        let client = match connected {
+            Ok(client) => client,
+            Err(error) if url.is_err() => {
+                eprintln!("SKIPPED: no NATS server ({error}); set NATS_URL to run this test");
+                return None;
+            }
+            Err(error) => panic!("{error}"),
+        };
+        let bus = Bus::from_client(client, subjects).await.unwrap();
+        bus.provision(&bus::StreamSettings::default())
+            .await
+            .unwrap();
+        let worker_id = Uuid::new_v4();
+        let script = Arc::new(Mutex::new(script));
+        let (events_tx, events) = mpsc::channel(1_024);
+        let stop = CancellationToken::new();
+        let fake = Self {
+            bus,
+            worker_id,
+            script,
+            events,
+            history: vec![],
+            stop,
+        };
+        fake.spawn_dispatch(events_tx.clone()).await;
+        fake.spawn_ingestion(events_tx).await;
+        Some(fake)
+    }
+
+    fn subject(&self, verb: WorkerVerb) -> String {
+        self.bus
+            .subjects()
+            .worker(&self.worker_id.to_string(), verb)
+    }
+
+    fn config(&self, capacity: u32) -> WorkerConfig {
+        let mut config = WorkerConfig::new(self.worker_id, capacity);
+        config.acquire_wait = Duration::from_millis(200);
+        config.request_timeout = Duration::from_millis(500);
+        config.ack_timeout = Duration::from_millis(400);
+        config.shutdown_grace = Duration::from_secs(5);
+        config
+    }
+
+    fn start_worker(
+        &self,
+        config: WorkerConfig,
+    ) -> (
+        Arc<WorkerStats>,
+        CancellationToken,
+        tokio::task::JoinHandle<Result<(), WorkerError>>,
+    ) {
+        let worker = Worker::new(self.bus.clone(), config, vec![Arc::new(TestPlugin)]).unwrap();
+        let stats = worker.stats();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(worker.run(shutdown.clone()));
+        (stats, shutdown, handle)
+    }
+
+    async fn spawn_dispatch(&self, events: mpsc::Sender<Event>) {
+        for verb in [
+            WorkerVerb::Hello,
+            WorkerVerb::Acquire,
+            WorkerVerb::Renew,
+            WorkerVerb::Release,
+        ] {
+            let mut requests = self
+                .bus
+                .client()
+                .subscribe(self.subject(verb))
+                .await
+                .unwrap();
+            let client = self.bus.client().clone();
+            let script = self.script.clone();
+            let events = events.clone();
+            let stop = self.stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    let message = tokio::select! {
+                        () = stop.cancelled() => return,
+                        message = requests.next() => message.unwrap(),
+                    };
+                    let (event, reply) = answer(verb, &message.payload, &script).await;
+                    events.send(event).await.unwrap();
+                    if let (Some(reply), Some(reply_to)) = (reply, message.reply) {
+                        client.publish(reply_to, reply.into()).await.unwrap();
+                    }
+                }
+            });
+        }
+        self.bus.flush().await.unwrap();
+    }
+
+    async fn spawn_ingestion(&self, events: mpsc::Sender<Event>) {
+        let stream = self
+            .bus
+            .jetstream()
+            .get_stream(self.bus.subjects().results_stream())
+            .await
+            .unwrap();
+        let consumer = stream
+            .create_consumer(pull::Config {
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut messages = consumer.messages().await.unwrap();
+        let bus = self.bus.clone();
+        let ack_subject = self.subject(WorkerVerb::Ack);
+        let script = self.script.clone();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    () = stop.cancelled() => return,
+                    message = messages.next() => message.unwrap().unwrap(),
+                };
+                let msg_id = message
+                    .headers
+                    .as_ref()
+                    .and_then(|headers| headers.get(messages::HEADER_MSG_ID))
+                    .map(|value| value.as_str().to_owned())
+                    .unwrap();
+                let (event, ack) = ingest(&message.subject, msg_id, &message.payload, &script);
+                events.send(event).await.unwrap();
+                if let Some(ack) = ack {
+                    bus.publish_core(ack_subject.clone(), ack.encode_to_vec().into())
+                        .await
+                        .unwrap();
+                }
+                message.ack().await.unwrap();
+            }
+        });
+    }
+
+    /// Waits for the next event for which `pick` returns something; every event received
+    /// goes into the history.
+    async fn expect<T>(&mut self, what: &str, mut pick: impl FnMut(&Event) -> Option<T>) -> T {
+        let wait = async {
+            loop {
+                let event = self.events.recv().await.expect("the fakes run");
+                let found = pick(&event);
+                self.history.push(event);
+                if let Some(found) = found {
+                    return found;
+                }
+            }
+        };
+        tokio::time::timeout(EXPECTATION_TIMEOUT, wait)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+    }
+
+    /// The history, with whatever arrived since the last expectation.
+    fn history(&mut self) -> &[Event] {
+        while let Ok(event) = self.events.try_recv() {
+            self.history.push(event);
+        }
+        &self.history
+    }
+
+    fn batches(&mut self) -> Vec<(String, v1::ResultBatch)> {
+        self.history()
+            .iter()
+            .filter_map(|event| match event {
+                Event::Batch { msg_id, batch } => Some((msg_id.clone(), batch.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn finish(self) {
+        self.stop.cancel();
+        let subjects = self.bus.subjects();
+        for stream in [
+            subjects.requests_stream(),
+            subjects.events_stream(),
+            subjects.results_stream(),
+        ] {
+            let _ = self.bus.jetstream().delete_stream(&stream).await;
+        }
+    }
+}
+
+async fn answer(
+    verb: WorkerVerb,
+    payload: &[u8],
+    script: &Mutex<Script>,
+) -> (Event, Option<Vec<u8>>) {
+    match verb {
+        WorkerVerb::Hello => {
+            let request = v1::HelloRequest::decode(payload).unwrap();
+            let error = script.lock().unwrap().hello_error;
+            let reply = v1::HelloReply {
+                error: error.map(|code| v1::Error::new(code, "refused by the test")),
+                lease_ttl_ms: LEASE_TTL_MS,
+                renew_interval_ms: 1_000,
+                batch_findings_max: 10,
+                batch_bytes_max: 1024 * 1024,
+                organization_ids: vec![],
+            };
+            (Event::Hello(request), Some(reply.encode_to_vec()))
+        }
+        WorkerVerb::Acquire => {
+            let request = v1::AcquireRequest::decode(payload).unwrap();
+            let leases = {
+                let mut script = script.lock().unwrap();
+                if script.acquires_unanswered > 0 {
+                    script.acquires_unanswered -= 1;
+                    return (Event::Acquire(request), None);
+                }
+                let count = (request.max_tasks as usize).min(script.leases.len());
+                script.leases.drain(..count).collect::<Vec<_>>()
+            };
+            if leases.is_empty() {
+                tokio::time::sleep(Duration::from_millis(request.wait_ms.into())).await;
+            }
+            let reply = v1::AcquireReply {
+                error: None,
+                leases,
+            };
+            (Event::Acquire(request), Some(reply.encode_to_vec()))
+        }
+        WorkerVerb::Renew => {
+            let error = script.lock().unwrap().renew_error;
+            let reply = v1::RenewReply {
+                error: error.map(|code| v1::Error::new(code, "refused by the test")),
+                lease_expires_in_ms: LEASE_TTL_MS,
+            };
+            (Event::Renew, Some(reply.encode_to_vec()))
+        }
+        WorkerVerb::Release => {
+            let request = v1::ReleaseRequest::decode(payload).unwrap();
+            let reply = v1::ReleaseReply { error: None };
+            (Event::Release(request), Some(reply.encode_to_vec()))
+        }
+        other => unreachable!("dispatch does not serve {other:?}"),
+    }
+}
+
+fn ingest(
+    subject: &str,
+    msg_id: String,
+    payload: &[u8],
+    script: &Mutex<Script>,
+) -> (Event, Option<v1::IngestAck>) {
+    let mut script = script.lock().unwrap();
+    if subject.ends_with(".result") {
+        let batch = v1::ResultBatch::decode(payload).unwrap();
+        assert_eq!(batch.payload_sha256, messages::sha256_hex(&batch.payload));
+        let lease = batch.lease.clone().unwrap();
+        let sequence_number = batch.sequence_number;
+        script.persisted.insert(sequence_number);
+        let ack = (!script.result_acks_dropped.remove(&sequence_number)).then(|| v1::IngestAck {
+            kind: "result".into(),
+            task_id: lease.task_id,
+            attempt_id: lease.attempt_id,
+            idempotency_key: batch.idempotency_key.clone(),
+            sequence_number,
+            error: None,
+            duplicate: false,
+        });
+        (Event::Batch { msg_id, batch }, ack)
+    } else if subject.ends_with(".complete") {
+        let complete = v1::TaskComplete::decode(payload).unwrap();
+        let lease = complete.lease.clone().unwrap();
+        let missing = script.complete_missing_once.take().unwrap_or_else(|| {
+            (0..complete.batch_count)
+                .filter(|sequence_number| !script.persisted.contains(sequence_number))
+                .collect()
+        });
+        for sequence_number in &missing {
+            script.persisted.remove(sequence_number);
+        }
+        let error = (!missing.is_empty()).then(|| v1::Error {
+            missing_sequence_numbers: missing,
+            ..v1::Error::new(ErrorCode::BatchMissing, "batches missing")
+        });
+        let ack = v1::IngestAck {
+            kind: "complete".into(),
+            task_id: lease.task_id,
+            attempt_id: lease.attempt_id,
+            error,
+            ..Default::default()
+        };
+        (Event::Complete { msg_id, complete }, Some(ack))
+    } else {
+        let fail = v1::TaskFail::decode(payload).unwrap();
+        let lease = fail.lease.clone().unwrap();
+        let ack = v1::IngestAck {
+            kind: "fail".into(),
+            task_id: lease.task_id,
+            attempt_id: lease.attempt_id,
+            ..Default::default()
+        };
+        (Event::Fail { msg_id, fail }, Some(ack))
+    }
+}
+
+fn lease(target: &str, execution_deadline_in_ms: u64) -> v1::Lease {
+    v1::Lease {
+        lease: Some(v1::LeaseRef {
+            task_id: Uuid::new_v4().to_string(),
+            attempt_id: Uuid::new_v4().to_string(),
+            attempt_number: 1,
+            lease_token: "token".into(),
+        }),
+        scan_id: Uuid::new_v4().to_string(),
+        scan_job_id: Uuid::new_v4().to_string(),
+        organization_id: Uuid::new_v4().to_string(),
+        plugin: "test".into(),
+        target: target.into(),
+        lease_expires_in_ms: LEASE_TTL_MS,
+        execution_deadline_in_ms,
+        discovered_assets: vec![],
+        position: 0,
+    }
+}
+
+fn attempt_id(lease: &v1::Lease) -> String {
+    lease.lease.as_ref().unwrap().attempt_id.clone()
+}
+
+/// Waits until `condition` holds on the worker's counters.
+async fn counters(
+    stats: &WorkerStats,
+    what: &str,
+    condition: impl Fn(worker::StatsSnapshot) -> bool,
+) {
+    let wait = async {
+        while !condition(stats.snapshot()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(EXPECTATION_TIMEOUT, wait)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}: {:?}", stats.snapshot()));
+}
+
+fn complete_of(event: &Event) -> Option<(String, v1::TaskComplete)> {
+    match event {
+        Event::Complete { msg_id, complete } => Some((msg_id.clone(), complete.clone())),
+        _ => None,
+    }
+}
+
+fn fail_of(event: &Event) -> Option<(String, v1::TaskFail)> {
+    match event {
+        Event::Fail { msg_id, fail } => Some((msg_id.clone(), fail.clone())),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn completes_a_lease_in_dense_acknowledged_batches() {
+    let granted = lease("emit:25", 0);
+    let attempt = attempt_id(&granted);
+    let script = Script {
+        leases: [granted].into(),
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(2));
+
+    let hello = fake
+        .expect("hello", |event| match event {
+            Event::Hello(hello) => Some(hello.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(hello.capabilities, ["test"]);
+    assert_eq!(hello.protocol_version, messages::PROTOCOL_VERSION);
+    assert_eq!(hello.capacity, 2);
+    let (msg_id, complete) = fake.expect("completion", complete_of).await;
+    assert_eq!(msg_id, format!("complete:{attempt}"));
+    assert_eq!(complete.batch_count, 3);
+    assert_eq!(complete.summary, "25 findings");
+    counters(&stats, "completion", |stats| stats.completed == 1).await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+
+    let batches = fake.batches();
+    let msg_ids: Vec<_> = batches.iter().map(|(msg_id, _)| msg_id.clone()).collect();
+    assert_eq!(msg_ids, [0, 1, 2].map(|n| format!("{attempt}:{n}")));
+    let shapes: Vec<_> = batches
+        .iter()
+        .map(|(_, batch)| {
+            let payload = v1::BatchPayload::decode(&batch.payload[..]).unwrap();
+            assert_eq!(
+                batch.idempotency_key,
+                format!("{attempt}:{}", batch.sequence_number)
+            );
+            (
+                batch.sequence_number,
+                payload.findings.len(),
+                payload.assets.len(),
+            )
+        })
+        .collect();
+    assert_eq!(shapes, [(0, 10, 0), (1, 10, 0), (2, 5, 1)]);
+    let snapshot = stats.snapshot();
+    assert_eq!((snapshot.batches_sent, snapshot.batches_resent), (3, 0));
+    assert_eq!(
+        (snapshot.failed, snapshot.lost, snapshot.released),
+        (0, 0, 0)
+    );
+    assert_eq!(snapshot.leases_running, 0);
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn resends_an_unacknowledged_batch_under_a_new_msg_id() {
+    let granted = lease("emit:15", 0);
+    let attempt = attempt_id(&granted);
+    let script = Script {
+        leases: [granted].into(),
+        result_acks_dropped: [1].into(),
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
+    let (_, complete) = fake.expect("completion", complete_of).await;
+    assert_eq!(complete.batch_count, 2);
+    counters(&stats, "completion", |stats| stats.completed == 1).await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+
+    let msg_ids: Vec<_> = fake
+        .batches()
+        .into_iter()
+        .map(|(msg_id, _)| msg_id)
+        .collect();
+    assert_eq!(
+        msg_ids,
+        [
+            format!("{attempt}:0"),
+            format!("{attempt}:1"),
+            format!("{attempt}:1:r1")
+        ],
+        "the resend got through JetStream's de-duplication"
+    );
+    assert_eq!(stats.snapshot().batches_resent, 1);
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn resends_missing_batches_when_the_completion_says_so() {
+    let granted = lease("emit:15", 0);
+    let attempt = attempt_id(&granted);
+    let script = Script {
+        leases: [granted].into(),
+        complete_missing_once: Some(vec![0]),
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
+    let (first, _) = fake.expect("first completion", complete_of).await;
+    let (second, complete) = fake.expect("second completion", complete_of).await;
+    assert_eq!(first, format!("complete:{attempt}"));
+    assert_eq!(second, format!("complete:{attempt}:r1"));
+    assert_eq!(complete.batch_count, 2);
+    counters(&stats, "completion", |stats| stats.completed == 1).await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+
+    let msg_ids: Vec<_> = fake
+        .batches()
+        .into_iter()
+        .map(|(msg_id, _)| msg_id)
+        .collect();
+    assert_eq!(
+        msg_ids,
+        [
+            format!("{attempt}:0"),
+            format!("{attempt}:1"),
+            format!("{attempt}:0:r1")
+        ]
+    );
+    let completions = fake.history().iter().filter_map(complete_of).count();
+    assert_eq!(
+        completions, 2,
+        "no completion is sent while batches are resent"
+    );
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn retries_an_unanswered_acquire_with_the_same_request_id() {
+    let script = Script {
+        leases: [lease("emit:1", 0)].into(),
+        acquires_unanswered: 1,
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(3));
+    fake.expect("completion", complete_of).await;
+    counters(&stats, "completion", |stats| stats.completed == 1).await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+
+    let requests: Vec<_> = fake
+        .history()
+        .iter()
+        .filter_map(|event| match event {
+            Event::Acquire(request) => Some(request.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(requests.len() >= 3, "{requests:?}");
+    assert_eq!(
+        requests[0].request_id, requests[1].request_id,
+        "a lost reply is retried as the same request"
+    );
+    assert_eq!(requests[0].max_tasks, 3);
+    assert_ne!(
+        requests[1].request_id, requests[2].request_id,
+        "a new request after a reply"
+    );
+    assert!(Uuid::parse_str(&requests[0].request_id).is_ok());
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn stops_without_a_word_when_the_lease_is_lost() {
+    let script = Script {
+        leases: [lease("hang", 0)].into(),
+        renew_error: Some(ErrorCode::LeaseLost),
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
+    fake.expect("renew", |event| matches!(event, Event::Renew).then_some(()))
+        .await;
+    counters(&stats, "the lost lease", |stats| {
+        stats.lost == 1 && stats.leases_running == 0
+    })
+    .await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+
+    let spoke = fake.history().iter().any(|event| {
+        matches!(
+            event,
+            Event::Complete { .. } | Event::Fail { .. } | Event::Release(_)
+        )
+    });
+    assert!(!spoke, "no completion, failure or release after lease_lost");
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn fails_a_plugin_error_and_a_passed_deadline_as_not_retryable() {
+    let failing = lease("fail", 0);
+    let overdue = lease("hang", 300);
+    let (failing_attempt, overdue_attempt) = (attempt_id(&failing), attempt_id(&overdue));
+    let script = Script {
+        leases: [failing, overdue].into(),
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(2));
+    let mut fails = [
+        fake.expect("a failure", fail_of).await,
+        fake.expect("a failure", fail_of).await,
+    ];
+    fails.sort_by_key(|(msg_id, _)| msg_id != &format!("fail:{failing_attempt}"));
+    let codes: Vec<_> = fails
+        .iter()
+        .map(|(msg_id, fail)| {
+            let error = fail.error.clone().unwrap();
+            (msg_id.clone(), error.code, fail.retryable)
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            (
+                format!("fail:{failing_attempt}"),
+                "bad_target".to_owned(),
+                false
+            ),
+            (
+                format!("fail:{overdue_attempt}"),
+                "deadline_exceeded".to_owned(),
+                false
+            ),
+        ]
+    );
+    counters(&stats, "two failures", |stats| stats.failed == 2).await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn releases_running_leases_on_shutdown_and_never_exceeds_capacity() {
+    let leases = [lease("hang", 0), lease("hang", 0), lease("hang", 0)];
+    let granted: HashSet<_> = leases.iter().take(2).map(attempt_id).collect();
+    let script = Script {
+        leases: leases.into(),
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(2));
+    counters(&stats, "two running leases", |stats| {
+        stats.leases_running == 2
+    })
+    .await;
+    // Both run and renew, and the worker asks for nothing more while it is full.
+    fake.expect("a renew", |event| {
+        matches!(event, Event::Renew).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+
+    let history = fake.history().to_vec();
+    let released: HashSet<_> = history
+        .iter()
+        .filter_map(|event| match event {
+            Event::Release(request) => {
+                assert_eq!(request.reason, "worker shutting down");
+                Some(request.lease.clone().unwrap().attempt_id)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, granted);
+    let acquires: Vec<_> = history
+        .iter()
+        .filter_map(|event| match event {
+            Event::Acquire(request) => Some(request.max_tasks),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acquires, [2], "no acquire while at capacity");
+    let snapshot = stats.snapshot();
+    assert_eq!((snapshot.leases_acquired, snapshot.released), (2, 2));
+    assert_eq!(snapshot.leases_running, 0);
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn a_refused_hello_stops_the_worker_with_advice() {
+    let script = Script {
+        hello_error: Some(ErrorCode::UnknownWorker),
+        ..Default::default()
+    };
+    let Some(fake) = Fake::start(script).await else {
+        return;
+    };
+    let (_, _shutdown, handle) = fake.start_worker(fake.config(1));
+    let error = tokio::time::timeout(EXPECTATION_TIMEOUT, handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("unknown_worker"), "{message}");
+    assert!(message.contains("palisade worker add"), "{message}");
+    fake.finish().await;
+}

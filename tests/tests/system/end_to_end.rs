@@ -1,0 +1,38 @@
+//! The whole path with the reference worker: a three-plugin profile against a local web app.
+
+use tests::TestSystem;
+
+#[tokio::test]
+async fn a_scan_runs_through_three_plugins_on_a_reference_worker() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let address = tests::start_web_app().await;
+    let _stats = system.reference_worker(org, 4).await;
+    let request = system.request(
+        org,
+        &format!("http://{address}/"),
+        &["tcp_connect", "http_headers", "synthetic"],
+    );
+    let reply = system.submit(&request).await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    system.wait_scan_state(&reply.scan_id, "completed").await;
+
+    let scan_id = uuid::Uuid::parse_str(&reply.scan_id).unwrap();
+    let jobs = store::admin::scan_jobs(&system.pool, scan_id)
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 3);
+    assert!(jobs.iter().all(|job| job.state == "completed"), "{jobs:?}");
+    assert!(
+        jobs[0].asset_count > 0,
+        "tcp_connect discovered the web app"
+    );
+    let findings = store::admin::findings(&system.pool, scan_id).await.unwrap();
+    assert!(
+        findings
+            .iter()
+            .any(|finding| finding.plugin == "http_headers"),
+        "http_headers checked the service tcp_connect discovered: {findings:?}"
+    );
+    system.finish().await;
+}

@@ -1,0 +1,299 @@
+//! Ingestion: I2 (batch idempotency), I1 (fencing), out-of-order batches, advancing through a
+//! profile, evidence published once.
+
+use messages::{ErrorCode, v1};
+use tests::{TestSystem, findings_payload};
+
+#[tokio::test]
+async fn replayed_batch_gets_the_same_ack_and_writes_nothing() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let batch = scan.worker.batch(&scan.lease, 0, &findings_payload(3));
+    let first = scan.worker.send_batch(&batch).await;
+    assert!(first.error.is_none() && !first.duplicate, "{first:?}");
+    let before = system.table_counts().await;
+    assert_eq!(before["findings"], 3);
+
+    let replay = scan.worker.send_batch(&batch).await;
+    assert!(replay.error.is_none(), "{replay:?}");
+    assert!(replay.duplicate);
+    assert_eq!(
+        (replay.kind.as_str(), &replay.idempotency_key),
+        ("result", &batch.idempotency_key)
+    );
+    assert_eq!(system.table_counts().await, before);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn same_batch_key_with_another_checksum_is_a_batch_conflict() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let batch = scan.worker.batch(&scan.lease, 0, &findings_payload(3));
+    assert!(scan.worker.send_batch(&batch).await.error.is_none());
+    let before = system.table_counts().await;
+
+    let mut other = scan.worker.batch(&scan.lease, 0, &findings_payload(5));
+    other.idempotency_key = batch.idempotency_key.clone();
+    let ack = scan.worker.send_batch(&other).await;
+    assert_eq!(
+        ack.error.expect("refused").error_code(),
+        Some(ErrorCode::BatchConflict)
+    );
+    assert_eq!(system.table_counts().await, before);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn payload_not_matching_its_checksum_is_refused() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let before = system.table_counts().await;
+    let mut batch = scan.worker.batch(&scan.lease, 0, &findings_payload(3));
+    batch.payload_sha256 = messages::sha256_hex(b"something else");
+    let ack = scan.worker.send_batch(&batch).await;
+    assert_eq!(
+        ack.error.expect("refused").error_code(),
+        Some(ErrorCode::ChecksumMismatch)
+    );
+    assert_eq!(system.table_counts().await, before);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn superseded_attempt_cannot_write_batch_completion_or_failure() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let stale = scan.lease.clone();
+    system.expire_and_recover(&stale).await;
+
+    let successor = system.manual_worker(scan.organization_id, 8).await;
+    assert!(successor.hello(&["alpha"]).await.error.is_none());
+    let current = successor.acquire_one().await;
+    let stale_ref = stale.lease.clone().unwrap();
+    let current_ref = current.lease.clone().unwrap();
+    assert_eq!(current_ref.task_id, stale_ref.task_id);
+    assert!(
+        current_ref.attempt_number > stale_ref.attempt_number,
+        "fencing numbers strictly increase"
+    );
+
+    let before = system.table_counts().await;
+    let batch = scan.worker.batch(&stale, 0, &findings_payload(2));
+    let ack = scan.worker.send_batch(&batch).await;
+    assert_eq!(
+        ack.error.expect("refused").error_code(),
+        Some(ErrorCode::LeaseLost)
+    );
+    let ack = scan.worker.complete(&stale, 0).await;
+    assert_eq!(
+        ack.error.expect("refused").error_code(),
+        Some(ErrorCode::LeaseLost)
+    );
+    let ack = scan.worker.fail(&stale, "boom", false).await;
+    assert_eq!(
+        ack.error.expect("refused").error_code(),
+        Some(ErrorCode::LeaseLost)
+    );
+    let renew = scan.worker.renew(&stale).await;
+    assert_eq!(
+        renew.error.expect("refused").error_code(),
+        Some(ErrorCode::LeaseLost)
+    );
+    assert_eq!(
+        system.table_counts().await,
+        before,
+        "a superseded attempt changed nothing"
+    );
+
+    // A forged token on the current attempt is refused the same way.
+    let mut forged = current.clone();
+    forged.lease.as_mut().unwrap().lease_token = "forged".into();
+    let ack = successor
+        .send_batch(&successor.batch(&forged, 0, &findings_payload(1)))
+        .await;
+    assert_eq!(
+        ack.error.expect("refused").error_code(),
+        Some(ErrorCode::LeaseLost)
+    );
+    assert_eq!(system.table_counts().await, before);
+
+    // The current attempt still works.
+    assert!(
+        successor
+            .send_batch(&successor.batch(&current, 0, &findings_payload(1)))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(successor.complete(&current, 1).await.error.is_none());
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn out_of_order_batches_are_accepted_and_completion_names_what_is_missing() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let worker = &scan.worker;
+    assert!(
+        worker
+            .send_batch(&worker.batch(&scan.lease, 2, &findings_payload(1)))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(
+        worker
+            .send_batch(&worker.batch(&scan.lease, 1, &findings_payload(2)))
+            .await
+            .error
+            .is_none()
+    );
+    let before = system.table_counts().await;
+    let ack = worker.complete(&scan.lease, 3).await;
+    let error = ack.error.expect("refused");
+    assert_eq!(error.error_code(), Some(ErrorCode::BatchMissing));
+    assert_eq!(error.missing_sequence_numbers, vec![0]);
+    assert_eq!(system.table_counts().await, before);
+
+    assert!(
+        worker
+            .send_batch(&worker.batch(&scan.lease, 0, &findings_payload(3)))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(worker.complete(&scan.lease, 3).await.error.is_none());
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn next_plugin_sees_assets_found_before_it_and_last_plugin_completes_the_scan() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha", "beta"]).await;
+    let worker = &scan.worker;
+    assert_eq!(scan.lease.plugin, "alpha");
+    let discovered = v1::BatchPayload {
+        findings: vec![],
+        assets: vec![v1::Asset {
+            kind: "http_service".into(),
+            value: "http://10.0.0.1:8080".into(),
+        }],
+    };
+    assert!(
+        worker
+            .send_batch(&worker.batch(&scan.lease, 0, &discovered))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(worker.complete(&scan.lease, 1).await.error.is_none());
+
+    let next = worker.acquire_one().await;
+    assert_eq!((next.plugin.as_str(), next.position), ("beta", 1));
+    assert_eq!(next.discovered_assets, discovered.assets);
+    assert_eq!(system.scan_state(&scan.scan_id).await, "running");
+    assert!(
+        worker
+            .send_batch(&worker.batch(&next, 0, &findings_payload(4)))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(worker.complete(&next, 1).await.error.is_none());
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    let counts = system.table_counts().await;
+    assert_eq!(
+        counts["enrichment_jobs"], 1,
+        "completion creates the scan's one enrichment job"
+    );
+    assert_eq!(counts["findings"], 4);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn findings_of_a_superseded_attempt_are_not_published_with_the_successor() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    // The first attempt reports two findings, then loses its lease.
+    assert!(
+        scan.worker
+            .send_batch(&scan.worker.batch(&scan.lease, 0, &findings_payload(2)))
+            .await
+            .error
+            .is_none()
+    );
+    system.expire_and_recover(&scan.lease).await;
+    let current = scan.worker.acquire_one().await;
+    // The successor finds only one of them (rule-0) and completes.
+    assert!(
+        scan.worker
+            .send_batch(&scan.worker.batch(&current, 0, &findings_payload(1)))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(scan.worker.complete(&current, 1).await.error.is_none());
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    let findings =
+        store::admin::findings(&system.pool, uuid::Uuid::parse_str(&scan.scan_id).unwrap())
+            .await
+            .unwrap();
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].rule_id, "rule-0");
+    assert_eq!(
+        findings[0].attempt_id.to_string(),
+        current.lease.unwrap().attempt_id
+    );
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn retryable_failure_waits_and_non_retryable_failure_fails_the_scan() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    assert!(
+        scan.worker
+            .fail(&scan.lease, "flaky", true)
+            .await
+            .error
+            .is_none()
+    );
+    // Backoff in tests is at most one second; the task comes back.
+    let second = scan.worker.acquire_one().await;
+    assert_eq!(second.lease.as_ref().unwrap().attempt_number, 2);
+    assert!(
+        scan.worker
+            .fail(&second, "bad_target", false)
+            .await
+            .error
+            .is_none()
+    );
+    system.wait_scan_state(&scan.scan_id, "failed").await;
+    let view = store::admin::scan(&system.pool, uuid::Uuid::parse_str(&scan.scan_id).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.failure_code, "bad_target");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn release_returns_the_task_without_spending_its_budget() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    assert!(scan.worker.release(&scan.lease).await.error.is_none());
+    let again = scan.worker.acquire_one().await;
+    let jobs = store::admin::scan_jobs(&system.pool, uuid::Uuid::parse_str(&scan.scan_id).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        jobs[0].attempt_count,
+        Some(1),
+        "the released attempt was refunded"
+    );
+    assert!(again.lease.unwrap().attempt_number > scan.lease.lease.unwrap().attempt_number);
+    system.finish().await;
+}

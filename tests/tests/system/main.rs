@@ -1,0 +1,8 @@
+//! palisade's system tests: one binary, every service in-process on real PostgreSQL and NATS,
+//! a database and subject prefix per test. See `tests/src/lib.rs` for the harness.
+
+mod admission;
+mod bad_input;
+mod end_to_end;
+mod ingestion;
+mod redelivery;

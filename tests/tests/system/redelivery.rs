@@ -1,0 +1,173 @@
+//! I3 (commit before acknowledge): a crash between commit and ack converges on redelivery;
+//! every message kind delivered twice ends in the same state as once.
+
+use std::sync::atomic::Ordering;
+
+use messages::{WorkerVerb, v1};
+use prost::Message as _;
+use tests::{Component, TestSystem, findings_payload};
+
+#[tokio::test]
+async fn admission_crash_between_commit_and_ack_converges_on_redelivery() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let request = system.request(org, "http://crash.test", &["alpha"]);
+    system.admission_crash.store(true, Ordering::SeqCst);
+    system.publish_request_bytes(request.encode_to_vec()).await;
+
+    let crashed = system.wait_stopped(Component::Admission).await;
+    assert!(crashed.is_err(), "admission crashed by injection");
+    assert_eq!(
+        system.table_counts().await["scans"],
+        1,
+        "the transaction committed before the crash"
+    );
+
+    system.admission_crash.store(false, Ordering::SeqCst);
+    system.start(Component::Admission);
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.requests_stream(),
+        admission::CONSUMER_NAME,
+    )
+    .await;
+    let counts = system.table_counts().await;
+    assert_eq!(counts["scans"], 1, "redelivery converged on the same scan");
+    assert_eq!(counts["worker_tasks"], 1);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn ingestion_crash_between_commit_and_ack_converges_on_redelivery() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let batch = scan.worker.batch(&scan.lease, 0, &findings_payload(3));
+    system.ingestion_crash.store(true, Ordering::SeqCst);
+    scan.worker
+        .publish_raw(WorkerVerb::Result, batch.encode_to_vec())
+        .await;
+    assert!(system.wait_stopped(Component::Ingestion).await.is_err());
+    let committed = system.table_counts().await;
+    assert_eq!(committed["worker_result_batches"], 1);
+
+    // The worker was answered after the commit, before the crash.
+    let first = scan.worker.next_ack().await;
+    assert!(first.error.is_none() && !first.duplicate, "{first:?}");
+
+    system.ingestion_crash.store(false, Ordering::SeqCst);
+    system.start(Component::Ingestion);
+    // The redelivered batch is answered as the one accepted before the crash.
+    let ack = scan.worker.next_ack().await;
+    assert!(ack.error.is_none() && ack.duplicate, "{ack:?}");
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.results_stream(),
+        ingestion::CONSUMER_NAME,
+    )
+    .await;
+    assert_eq!(system.table_counts().await, committed);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn every_message_delivered_twice_ends_as_if_delivered_once() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let worker = system.manual_worker(org, 8).await;
+
+    // hello twice
+    assert!(worker.hello(&["alpha", "beta"]).await.error.is_none());
+    assert!(worker.hello(&["alpha", "beta"]).await.error.is_none());
+
+    // scan request twice, over both paths
+    let request = system.request(org, "http://twice.test", &["alpha", "beta"]);
+    system.publish_request_bytes(request.encode_to_vec()).await;
+    system.publish_request_bytes(request.encode_to_vec()).await;
+    let scan_id = system.submit(&request).await.scan_id;
+
+    // acquire twice with one request id: the same lease
+    let request_id = uuid::Uuid::new_v4();
+    let first = worker.acquire(request_id, 1, 10_000).await;
+    let second = worker.acquire(request_id, 1, 10_000).await;
+    assert_eq!(first.leases.len(), 1);
+    assert_eq!(
+        first.leases[0].lease, second.leases[0].lease,
+        "a replayed acquire returns the same lease"
+    );
+    let lease = first.leases[0].clone();
+
+    // renew twice
+    assert!(worker.renew(&lease).await.error.is_none());
+    assert!(worker.renew(&lease).await.error.is_none());
+
+    // batch twice, completion twice
+    let batch = worker.batch(&lease, 0, &findings_payload(2));
+    worker
+        .publish_raw(WorkerVerb::Result, batch.encode_to_vec())
+        .await;
+    worker
+        .publish_raw(WorkerVerb::Result, batch.encode_to_vec())
+        .await;
+    let acks = [worker.next_ack().await, worker.next_ack().await];
+    assert!(acks.iter().all(|ack| ack.error.is_none()));
+    assert_eq!(acks.iter().filter(|ack| ack.duplicate).count(), 1);
+    let completion = worker.completion(&lease, 1).encode_to_vec();
+    worker
+        .publish_raw(WorkerVerb::Complete, completion.clone())
+        .await;
+    worker.publish_raw(WorkerVerb::Complete, completion).await;
+    let acks = [worker.next_ack().await, worker.next_ack().await];
+    assert!(acks.iter().all(|ack| ack.error.is_none()), "{acks:?}");
+
+    // second plugin: release twice, then fail (non-retryable) twice
+    let next = worker.acquire_one().await;
+    assert_eq!(next.plugin, "beta");
+    assert!(worker.release(&next).await.error.is_none());
+    assert!(
+        worker.release(&next).await.error.is_none(),
+        "a replayed release is answered the same"
+    );
+    let next = worker.acquire_one().await;
+    let failure = worker.failure(&next, "bad_target", false).encode_to_vec();
+    worker.publish_raw(WorkerVerb::Fail, failure.clone()).await;
+    worker.publish_raw(WorkerVerb::Fail, failure).await;
+    let acks = [worker.next_ack().await, worker.next_ack().await];
+    assert!(acks.iter().all(|ack| ack.error.is_none()), "{acks:?}");
+
+    system.wait_scan_state(&scan_id, "failed").await;
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.requests_stream(),
+        admission::CONSUMER_NAME,
+    )
+    .await;
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.results_stream(),
+        ingestion::CONSUMER_NAME,
+    )
+    .await;
+    let counts = system.table_counts().await;
+    assert_eq!(counts["scans"], 1);
+    assert_eq!(counts["scan_jobs"], 2);
+    assert_eq!(counts["worker_tasks"], 2);
+    assert_eq!(counts["worker_result_batches"], 1);
+    assert_eq!(counts["findings"], 2);
+    // attempts: alpha 1, beta released + failed = 3
+    assert_eq!(counts["worker_task_attempts"], 3);
+    let events = store::admin::outbox_subject_counts(&system.pool)
+        .await
+        .unwrap();
+    let count = |name: &str| {
+        events
+            .get(&format!("{}.v1.event.{name}", system.subjects.prefix()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(count("scan.admitted"), 1);
+    assert_eq!(count("task.completed"), 1);
+    assert_eq!(count("scan.failed"), 1);
+    assert_eq!(count("scan.completed"), 0);
+    let _: Option<v1::Error> = None;
+    system.finish().await;
+}
