@@ -38,6 +38,9 @@ pub struct Settings {
     pub ack_wait: Duration,
     /// Deliveries before a request is recorded dead (`PALISADE_ADMISSION_MAX_DELIVER`, default 10).
     pub max_deliver: i64,
+    /// When set, profiles may only name these plugins; others get `unknown_plugin`
+    /// (`PALISADE_KNOWN_PLUGINS`, comma-separated; unset accepts any plugin name).
+    pub known_plugins: Option<Vec<String>>,
     /// Test fault injection: crash after commit, before ack.
     pub crash_after_commit: Option<Arc<AtomicBool>>,
 }
@@ -82,6 +85,14 @@ impl Settings {
                 "PALISADE_ADMISSION_MAX_DELIVER",
                 ConsumerSpec::MAX_DELIVER_DEFAULT,
             )?,
+            known_plugins: Some(env::string("PALISADE_KNOWN_PLUGINS", ""))
+                .filter(|list| !list.trim().is_empty())
+                .map(|list| {
+                    list.split(',')
+                        .map(|name| name.trim().to_owned())
+                        .filter(|name| !name.is_empty())
+                        .collect()
+                }),
             crash_after_commit: None,
         })
     }
@@ -116,6 +127,7 @@ impl Service {
             bus: connections.bus.clone(),
             relay: relay.clone(),
             max_attempts: settings.max_attempts,
+            known_plugins: settings.known_plugins.clone(),
         });
         Self {
             settings,
@@ -185,9 +197,30 @@ struct Admission {
     bus: Bus,
     relay: Relay,
     max_attempts: i32,
+    known_plugins: Option<Vec<String>>,
 }
 
 impl Admission {
+    fn check_plugins(&self, request: &ValidScanRequest) -> Result<(), v1::Error> {
+        let Some(known) = &self.known_plugins else {
+            return Ok(());
+        };
+        match request
+            .plugins
+            .iter()
+            .find(|plugin| !known.contains(plugin))
+        {
+            Some(unknown) => Err(v1::Error::new(
+                ErrorCode::UnknownPlugin,
+                format!(
+                    "plugin {unknown:?} is not one of the known plugins: {}",
+                    known.join(", ")
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Decides every request of a batch in one transaction, a savepoint each, in lock-key
     /// order so two replicas never deadlock on each other's advisory locks.
     async fn decide(&self, payloads: &[&[u8]]) -> Vec<Verdict> {
@@ -195,6 +228,10 @@ impl Admission {
         let mut valid: Vec<(usize, ValidScanRequest)> = Vec::new();
         for (index, payload) in payloads.iter().enumerate() {
             match request::parse(payload) {
+                (wire, Ok(request)) if self.check_plugins(&request).is_err() => {
+                    let error = self.check_plugins(&request).expect_err("checked above");
+                    verdicts.push(Some(Verdict::Refused { wire, error }));
+                }
                 (_, Ok(request)) => {
                     verdicts.push(None);
                     valid.push((index, request));

@@ -87,7 +87,12 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             ),
         ));
     }
-    for plugin in &wire.plugins {
+    for (index, plugin) in wire.plugins.iter().enumerate() {
+        if wire.plugins[..index].contains(plugin) {
+            return Err(invalid(format!(
+                "plugin {plugin:?} appears twice in the profile"
+            )));
+        }
         if !is_identifier(plugin) {
             return Err(invalid(format!(
                 "plugin name {plugin:?} must be 1..={IDENTIFIER_BYTES_MAX} characters of [a-z0-9_-]"
@@ -128,7 +133,12 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             .then_some(wire.execution_deadline_seconds as i32),
         client_id: wire.client_id.clone(),
         idempotency_key: wire.idempotency_key.clone(),
-        fingerprint: messages::scan_request_fingerprint(wire),
+        // The fingerprint covers the organization in its canonical spelling, so two spellings
+        // of one UUID are one request.
+        fingerprint: messages::scan_request_fingerprint(&v1::ScanRequest {
+            organization_id: organization_id.to_string(),
+            ..wire.clone()
+        }),
     })
 }
 
@@ -210,6 +220,17 @@ mod tests {
             let error = validate(&bad).expect_err("refused");
             assert_eq!(error.error_code(), Some(code), "{error:?}");
         }
+    }
+
+    #[test]
+    fn two_spellings_of_one_organization_are_one_request() {
+        let canonical = request();
+        let mut shouted = canonical.clone();
+        shouted.organization_id = canonical.organization_id.to_uppercase().replace('-', "");
+        assert_eq!(
+            validate(&canonical).unwrap().fingerprint,
+            validate(&shouted).unwrap().fingerprint
+        );
     }
 
     #[test]

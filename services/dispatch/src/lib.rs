@@ -98,12 +98,19 @@ impl Service {
         let stop = shutdown.child_token();
         let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
 
-        let mut ready = self
+        let ready = self
             .bus
             .client()
             .subscribe(subjects.event(EventKind::TaskReady))
             .await
             .context("failed to subscribe to task.ready")?;
+        let hints = self
+            .bus
+            .client()
+            .subscribe(subjects.dispatch_wakeup())
+            .await
+            .context("failed to subscribe to dispatch wake-ups")?;
+        let mut ready = futures::stream::select(ready, hints);
         let wake = self.wake;
         let wake_stop = stop.clone();
         let waker = tokio::spawn(async move {
@@ -267,6 +274,23 @@ impl Dispatch {
             v1::HelloRequest::decode(payload).map_err(|error| malformed("HelloRequest", error))?;
         schema(request.schema_version)?;
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
+        if request.protocol_version != messages::PROTOCOL_VERSION {
+            return Err(v1::Error::new(
+                ErrorCode::UnsupportedSchemaVersion,
+                format!(
+                    "protocol_version {:?} is not supported; this dispatch speaks {:?}",
+                    request.protocol_version,
+                    messages::PROTOCOL_VERSION
+                ),
+            ));
+        }
+        if request.software_version.len() > IDENTIFIER_BYTES_MAX
+            || request.software_version.contains('\0')
+        {
+            return Err(invalid(format!(
+                "software_version must be at most {IDENTIFIER_BYTES_MAX} bytes without NUL"
+            )));
+        }
         if request.capacity == 0 || request.capacity > WORKER_CAPACITY_MAX {
             return Err(invalid(format!(
                 "capacity must be 1..={WORKER_CAPACITY_MAX}"

@@ -106,12 +106,7 @@ fn worker_id(subject_worker: Option<&str>, field: &str) -> Result<Uuid, v1::Erro
             "worker_id {field:?} does not match the subject's worker id {subject_worker:?}"
         )));
     }
-    Uuid::parse_str(field).map_err(|_| {
-        v1::Error::new(
-            ErrorCode::UnknownWorker,
-            format!("worker_id {field:?} is not a UUID"),
-        )
-    })
+    Uuid::parse_str(field).map_err(|_| invalid(format!("worker_id {field:?} is not a UUID")))
 }
 
 fn address(

@@ -43,6 +43,9 @@ pub struct System {
     pub connections: Connections,
     shutdown: CancellationToken,
     tasks: JoinSet<(String, anyhow::Result<()>)>,
+    /// Workers stop first, so they can still release their leases to running services.
+    workers_shutdown: CancellationToken,
+    workers: JoinSet<(String, anyhow::Result<()>)>,
 }
 
 impl System {
@@ -57,6 +60,8 @@ impl System {
             connections: connections.clone(),
             shutdown: shutdown.clone(),
             tasks: JoinSet::new(),
+            workers_shutdown: CancellationToken::new(),
+            workers: JoinSet::new(),
         };
         let c = || connections.clone();
         system.spawn(
@@ -124,10 +129,10 @@ impl System {
                 reference_worker::plugins(),
             )?;
             stats.push(worker.stats());
-            let shutdown = self.shutdown.clone();
-            self.spawn(&format!("worker-{index}"), async move {
-                worker.run(shutdown).await.context("worker stopped")
-            });
+            let shutdown = self.workers_shutdown.clone();
+            let name = format!("worker-{index}");
+            self.workers
+                .spawn(async move { (name, worker.run(shutdown).await.context("worker stopped")) });
         }
         Ok(stats)
     }
@@ -136,6 +141,11 @@ impl System {
     pub async fn run_until(mut self, stop: CancellationToken) -> anyhow::Result<()> {
         let result = tokio::select! {
             () = stop.cancelled() => Ok(()),
+            Some(joined) = self.workers.join_next() => match joined {
+                Ok((name, Ok(()))) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
+                Ok((name, Err(error))) => Err(error.context(format!("{name} failed"))),
+                Err(error) => Err(anyhow::anyhow!("a worker panicked: {error}")),
+            },
             Some(joined) = self.tasks.join_next() => match joined {
                 Ok((name, Ok(()))) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
                 Ok((name, Err(error))) => Err(error.context(format!("{name} failed"))),
@@ -148,6 +158,8 @@ impl System {
 
     /// Stops every component and waits for them.
     pub async fn stop(mut self) {
+        self.workers_shutdown.cancel();
+        while self.workers.join_next().await.is_some() {}
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
     }

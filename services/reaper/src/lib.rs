@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bus::Bus;
-use messages::{EventKind, v1};
 use outbox::Relay;
-use prost::Message as _;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::recovery::RecoveryOutcome;
 use store::{PgPool, RetryPolicy, StoreError};
@@ -36,6 +34,18 @@ impl Settings {
 
     pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
         let batch = env::parse("PALISADE_REAPER_BATCH", 1_000_i64)?;
+        let retry = RetryPolicy {
+            base: Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?),
+            cap: Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?),
+        };
+        if retry.base.is_zero() || retry.cap < retry.base {
+            return Err(SettingsError::Invalid {
+                name: "PALISADE_RETRY_CAP_MS",
+                value: retry.cap.as_millis().to_string(),
+                reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0"
+                    .into(),
+            });
+        }
         if !(1..=100_000).contains(&batch) {
             return Err(SettingsError::Invalid {
                 name: "PALISADE_REAPER_BATCH",
@@ -47,10 +57,7 @@ impl Settings {
             common,
             interval: Duration::from_millis(env::parse("PALISADE_REAPER_INTERVAL_MS", 1_000_u64)?),
             batch,
-            retry: RetryPolicy {
-                base: Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?),
-                cap: Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?),
-            },
+            retry,
         })
     }
 }
@@ -127,15 +134,14 @@ impl Service {
         Ok(())
     }
 
-    /// Publishes a core-NATS `task.ready` hint when `retry_wait` tasks are due, so waiting
+    /// Publishes a core-NATS wake-up hint when `retry_wait` tasks are due, so waiting
     /// workers re-check at once instead of at their next poll. A hint, never a decision.
     async fn announce_due(&self) {
         let due = store::recovery::due_retries(&self.pool).await.unwrap_or(0);
         if due > 0 {
-            let hint = v1::TaskReady::default().encode_to_vec();
             let _ = self
                 .bus
-                .publish_core(self.bus.subjects().event(EventKind::TaskReady), hint.into())
+                .publish_core(self.bus.subjects().dispatch_wakeup(), bytes::Bytes::new())
                 .await;
         }
     }

@@ -121,6 +121,12 @@ impl Subjects {
         format!("{}.v1.event.{}", self.prefix, kind.name())
     }
 
+    /// Core NATS only (no stream captures it): hints that wake dispatch's waiting acquires,
+    /// e.g. when the reaper sees retried tasks become due. Never a decision.
+    pub fn dispatch_wakeup(&self) -> String {
+        format!("{}.v1.dispatch.wakeup", self.prefix)
+    }
+
     pub fn events_wildcard(&self) -> String {
         format!("{}.v1.event.>", self.prefix)
     }

@@ -224,3 +224,19 @@ pub async fn outbox_subject_counts(
             .await?;
     Ok(rows.into_iter().collect())
 }
+
+/// The definition of a CHECK constraint (tests compare it with the state enums).
+pub async fn check_constraint(
+    pool: &PgPool,
+    table: &str,
+    name: &str,
+) -> Result<String, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid
+         WHERE t.relname = $1 AND c.conname = $2",
+    )
+    .bind(table)
+    .bind(name)
+    .fetch_one(pool)
+    .await?)
+}

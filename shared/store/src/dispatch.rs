@@ -191,6 +191,15 @@ pub async fn acquire(
     if !enabled || revoked {
         return Ok(AcquireOutcome::Refused(worker_disabled(params.worker_id)));
     }
+    if capabilities.is_empty() {
+        return Ok(AcquireOutcome::Refused(v1::Error::new(
+            ErrorCode::InvalidField,
+            format!(
+                "worker {} has no capabilities: send hello (with its plugins) before acquire",
+                params.worker_id
+            ),
+        )));
+    }
 
     let live: i64 = sqlx::query_scalar(
         r#"

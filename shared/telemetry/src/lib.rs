@@ -10,14 +10,22 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 pub struct TelemetrySettings {
     /// JSON lines instead of human-readable text (`PALISADE_LOG_FORMAT=json`).
     pub json: bool,
+    /// Filter used when `RUST_LOG` is unset (`info` when empty).
+    pub default_filter: String,
 }
 
 impl TelemetrySettings {
     /// Reads `PALISADE_LOG_FORMAT` (`text`, the default, or `json`).
     pub fn from_env() -> Result<Self, TelemetryError> {
         match std::env::var("PALISADE_LOG_FORMAT").as_deref() {
-            Err(_) | Ok("") | Ok("text") => Ok(Self { json: false }),
-            Ok("json") => Ok(Self { json: true }),
+            Err(_) | Ok("") | Ok("text") => Ok(Self {
+                json: false,
+                default_filter: String::new(),
+            }),
+            Ok("json") => Ok(Self {
+                json: true,
+                default_filter: String::new(),
+            }),
             Ok(other) => Err(TelemetryError::LogFormat(other.to_owned())),
         }
     }
@@ -42,7 +50,13 @@ pub fn init(
     service_name: &str,
     settings: &TelemetrySettings,
 ) -> Result<TelemetryGuard, TelemetryError> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let default_filter = if settings.default_filter.is_empty() {
+        "info"
+    } else {
+        &settings.default_filter
+    };
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let registry = tracing_subscriber::registry().with(filter);
     let installed = if settings.json {
         registry

@@ -6,3 +6,4 @@ mod bad_input;
 mod end_to_end;
 mod ingestion;
 mod redelivery;
+mod schema;

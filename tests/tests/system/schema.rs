@@ -1,0 +1,81 @@
+//! The code and the schema agree: every state enum matches its table's CHECK constraint, and
+//! docs/ARCHITECTURE.md names every workspace crate.
+
+use std::collections::BTreeSet;
+
+use store::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
+use tests::TestSystem;
+
+fn quoted_values(definition: &str) -> BTreeSet<String> {
+    definition
+        .split('\'')
+        .enumerate()
+        .filter(|(index, _)| index % 2 == 1)
+        .map(|(_, value)| value.to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn state_enums_match_the_check_constraints() {
+    let system = TestSystem::spawn().await;
+    let cases: [(&str, BTreeSet<String>); 4] = [
+        (
+            ScanState::CHECK_CONSTRAINT,
+            ScanState::ALL
+                .iter()
+                .map(|s| s.as_str().to_owned())
+                .collect(),
+        ),
+        (
+            ScanJobState::CHECK_CONSTRAINT,
+            ScanJobState::ALL
+                .iter()
+                .map(|s| s.as_str().to_owned())
+                .collect(),
+        ),
+        (
+            TaskState::CHECK_CONSTRAINT,
+            TaskState::ALL
+                .iter()
+                .map(|s| s.as_str().to_owned())
+                .collect(),
+        ),
+        (
+            AttemptStatus::CHECK_CONSTRAINT,
+            AttemptStatus::ALL
+                .iter()
+                .map(|s| s.as_str().to_owned())
+                .collect(),
+        ),
+    ];
+    for (constraint, expected) in cases {
+        let (table, name) = constraint.split_once('.').unwrap();
+        let definition = store::admin::check_constraint(&system.pool, table, name)
+            .await
+            .unwrap();
+        assert_eq!(
+            quoted_values(&definition),
+            expected,
+            "{constraint}: {definition}"
+        );
+    }
+    system.finish().await;
+}
+
+#[test]
+fn architecture_document_names_every_workspace_crate() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let architecture = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    for folder in ["services", "shared"] {
+        for entry in std::fs::read_dir(root.join(folder)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.join("Cargo.toml").exists() {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                assert!(
+                    architecture.contains(&format!("`{folder}/{name}`")),
+                    "docs/ARCHITECTURE.md has no section for {folder}/{name}"
+                );
+            }
+        }
+    }
+}
