@@ -414,21 +414,6 @@ impl BatchHandler for Admission {
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) {
-        let letter = store::dead_letters::DeadLetter {
-            consumer: CONSUMER_NAME,
-            subject: delivery.subject(),
-            stream_sequence: delivery.stream_sequence,
-            delivered: delivery.delivered,
-            reason,
-            payload: delivery.payload(),
-        };
-        tracing::error!(
-            stream_sequence = delivery.stream_sequence,
-            reason,
-            "scan request dead after its last delivery"
-        );
-        if let Err(error) = store::dead_letters::record(&self.pool, &letter).await {
-            tracing::error!(%error, "could not record a dead scan request");
-        }
+        runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await;
     }
 }

@@ -13,6 +13,7 @@ use messages::limits::{
     ACQUIRE_TASKS_MAX, ACQUIRE_WAIT_MS_MAX, IDENTIFIER_BYTES_MAX, WORKER_CAPABILITIES_MAX,
     WORKER_CAPACITY_MAX,
 };
+use messages::validate::{invalid, malformed, schema_version as schema, worker_id};
 use messages::{ErrorCode, EventKind, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
@@ -173,10 +174,6 @@ struct Dispatch {
     wake: watch::Receiver<u64>,
 }
 
-fn invalid(message: impl Into<String>) -> v1::Error {
-    v1::Error::new(ErrorCode::InvalidField, message)
-}
-
 fn internal(error: &StoreError) -> v1::Error {
     tracing::warn!(%error, "dispatch could not decide");
     v1::Error::new(
@@ -185,36 +182,7 @@ fn internal(error: &StoreError) -> v1::Error {
     )
 }
 
-fn malformed(kind: &str, error: prost::DecodeError) -> v1::Error {
-    v1::Error::new(
-        ErrorCode::MalformedMessage,
-        format!("not a palisade.v1.{kind}: {error}"),
-    )
-}
-
 /// The worker id a request was sent under: the subject token and the field must agree.
-fn worker_id(subject_worker: Option<&str>, field: &str) -> Result<Uuid, v1::Error> {
-    if subject_worker != Some(field) {
-        return Err(invalid(format!(
-            "worker_id {field:?} does not match the subject's worker id {subject_worker:?}"
-        )));
-    }
-    Uuid::parse_str(field).map_err(|_| invalid(format!("worker_id {field:?} is not a UUID")))
-}
-
-fn schema(version: u32) -> Result<(), v1::Error> {
-    if version == messages::SCHEMA_VERSION {
-        Ok(())
-    } else {
-        Err(v1::Error::new(
-            ErrorCode::UnsupportedSchemaVersion,
-            format!(
-                "schema_version {version} is not supported; send {}",
-                messages::SCHEMA_VERSION
-            ),
-        ))
-    }
-}
 
 impl Dispatch {
     async fn answer(&self, verb: WorkerVerb, message: &bus::async_nats::Message) -> Bytes {

@@ -353,21 +353,6 @@ impl BatchHandler for Ingestion {
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) {
-        let letter = store::dead_letters::DeadLetter {
-            consumer: CONSUMER_NAME,
-            subject: delivery.subject(),
-            stream_sequence: delivery.stream_sequence,
-            delivered: delivery.delivered,
-            reason,
-            payload: delivery.payload(),
-        };
-        tracing::error!(
-            stream_sequence = delivery.stream_sequence,
-            reason,
-            "worker message dead after its last delivery"
-        );
-        if let Err(error) = store::dead_letters::record(&self.pool, &letter).await {
-            tracing::error!(%error, "could not record a dead worker message");
-        }
+        runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await;
     }
 }

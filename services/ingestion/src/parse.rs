@@ -1,6 +1,7 @@
 //! Parsing worker messages off the wire into what ingestion can act on.
 
 use messages::limits::{BATCH_SEQUENCE_MAX, FINDING_FIELD_BYTES_MAX, IDENTIFIER_BYTES_MAX};
+use messages::validate::{invalid, malformed, schema_version as schema, worker_id};
 use messages::{ErrorCode, WorkerVerb, v1};
 use prost::Message as _;
 use runtime::BatchLimits;
@@ -71,42 +72,8 @@ pub struct AckAddress {
     pub sequence_number: u32,
 }
 
-fn invalid(message: impl Into<String>) -> v1::Error {
-    v1::Error::new(ErrorCode::InvalidField, message)
-}
-
 fn too_large(message: impl Into<String>) -> v1::Error {
     v1::Error::new(ErrorCode::TooLarge, message)
-}
-
-fn malformed(kind: &str, error: prost::DecodeError) -> v1::Error {
-    v1::Error::new(
-        ErrorCode::MalformedMessage,
-        format!("not a palisade.v1.{kind}: {error}"),
-    )
-}
-
-fn schema(version: u32) -> Result<(), v1::Error> {
-    if version == messages::SCHEMA_VERSION {
-        Ok(())
-    } else {
-        Err(v1::Error::new(
-            ErrorCode::UnsupportedSchemaVersion,
-            format!(
-                "schema_version {version} is not supported; send {}",
-                messages::SCHEMA_VERSION
-            ),
-        ))
-    }
-}
-
-fn worker_id(subject_worker: Option<&str>, field: &str) -> Result<Uuid, v1::Error> {
-    if subject_worker != Some(field) {
-        return Err(invalid(format!(
-            "worker_id {field:?} does not match the subject's worker id {subject_worker:?}"
-        )));
-    }
-    Uuid::parse_str(field).map_err(|_| invalid(format!("worker_id {field:?} is not a UUID")))
 }
 
 fn address(

@@ -7,6 +7,7 @@
 pub mod codes;
 pub mod limits;
 pub mod subjects;
+pub mod validate;
 
 pub use codes::ErrorCode;
 pub use subjects::{EventKind, Subjects, WorkerVerb};

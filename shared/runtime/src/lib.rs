@@ -242,3 +242,31 @@ mod tests {
         assert!(LeaseSettings::new(ttl, Duration::ZERO).is_err());
     }
 }
+
+/// Records a message that exhausted its deliveries in `dead_letters` (once per consumer and
+/// stream sequence), so an operator can see it and its reason; never loses it silently.
+pub async fn record_dead_letter(
+    pool: &PgPool,
+    consumer: &str,
+    delivery: &bus::Delivery,
+    reason: &str,
+) {
+    let letter = store::dead_letters::DeadLetter {
+        consumer,
+        subject: delivery.subject(),
+        stream_sequence: delivery.stream_sequence,
+        delivered: delivery.delivered,
+        reason,
+        payload: delivery.payload(),
+    };
+    tracing::error!(
+        consumer,
+        subject = delivery.subject(),
+        stream_sequence = delivery.stream_sequence,
+        reason,
+        "message dead after its last delivery"
+    );
+    if let Err(error) = store::dead_letters::record(pool, &letter).await {
+        tracing::error!(%error, consumer, "could not record a dead message");
+    }
+}

@@ -724,7 +724,42 @@ pub(crate) async fn fail_task(
     .bind(&error.message)
     .execute(&mut *conn)
     .await?;
-    if let Some(scan_job_id) = locked.scan_job_id {
+    let reason = format!("plugin {} failed: {}", locked.plugin, error.message);
+    events.extend(
+        fail_scan_job_and_scan(
+            conn,
+            subjects,
+            &TerminalFailure {
+                organization_id: locked.organization_id,
+                scan_id: locked.scan_id,
+                scan_job_id: locked.scan_job_id,
+                error,
+                scan_reason: &reason,
+            },
+        )
+        .await?,
+    );
+    Ok(events)
+}
+
+/// A task that failed for good: what its scan job and scan record.
+pub(crate) struct TerminalFailure<'a> {
+    pub organization_id: Uuid,
+    pub scan_id: Option<Uuid>,
+    pub scan_job_id: Option<Uuid>,
+    pub error: &'a v1::Error,
+    /// The scan's failure reason, for people.
+    pub scan_reason: &'a str,
+}
+
+/// Fails the scan job and its scan (unless already terminal) and returns the scan.failed
+/// event when the scan changed. Shared by ingestion and the reaper's stale recovery.
+pub(crate) async fn fail_scan_job_and_scan(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    failure: &TerminalFailure<'_>,
+) -> Result<Option<OutboxEvent>, StoreError> {
+    if let Some(scan_job_id) = failure.scan_job_id {
         sqlx::query(
             r#"
             UPDATE scan_jobs SET state = 'failed', error_code = $2, error_message = $3,
@@ -733,42 +768,41 @@ pub(crate) async fn fail_task(
             "#,
         )
         .bind(scan_job_id)
-        .bind(&error.code)
-        .bind(&error.message)
+        .bind(&failure.error.code)
+        .bind(&failure.error.message)
         .execute(&mut *conn)
         .await?;
     }
-    if let Some(scan_uuid) = locked.scan_id {
-        let failed: Option<(String, String, i64)> = sqlx::query_as(
-            r#"
-            UPDATE scans SET state = 'failed', failure_code = $2, failure_reason = $3,
-                   finished_at = now(), updated_at = now()
-            WHERE id = $1 AND state IN ('pending', 'running')
-            RETURNING client_id, idempotency_key, (extract(epoch FROM finished_at) * 1000)::bigint
-            "#,
-        )
-        .bind(scan_uuid)
-        .bind(&error.code)
-        .bind(format!(
-            "plugin {} failed: {}",
-            locked.plugin, error.message
-        ))
-        .fetch_optional(&mut *conn)
-        .await?;
-        if let Some((client_id, idempotency_key, failed_at_unix_ms)) = failed {
-            events.push(OutboxEvent::new(
+    let Some(scan_id) = failure.scan_id else {
+        return Ok(None);
+    };
+    let failed: Option<(String, String, i64)> = sqlx::query_as(
+        r#"
+        UPDATE scans SET state = 'failed', failure_code = $2, failure_reason = $3,
+               finished_at = now(), updated_at = now()
+        WHERE id = $1 AND state IN ('pending', 'running')
+        RETURNING client_id, idempotency_key, (extract(epoch FROM finished_at) * 1000)::bigint
+        "#,
+    )
+    .bind(scan_id)
+    .bind(&failure.error.code)
+    .bind(failure.scan_reason)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(
+        failed.map(|(client_id, idempotency_key, failed_at_unix_ms)| {
+            OutboxEvent::new(
                 subjects.event(EventKind::ScanFailed),
                 v1::ScanFailed {
-                    scan_id,
-                    organization_id: locked.organization_id.to_string(),
+                    scan_id: scan_id.to_string(),
+                    organization_id: failure.organization_id.to_string(),
                     client_id,
                     idempotency_key,
-                    error: Some(error.clone()),
+                    error: Some(failure.error.clone()),
                     failed_at_unix_ms,
                 }
                 .encode_to_vec(),
-            ));
-        }
-    }
-    Ok(events)
+            )
+        }),
+    )
 }

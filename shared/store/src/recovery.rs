@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::ingestion::{TerminalFailure, fail_scan_job_and_scan};
 use crate::outbox::{self, OutboxEvent};
 use crate::retry::RetryPolicy;
 
@@ -85,7 +86,10 @@ pub async fn recover_expired(
 
     let mut outcome = RecoveryOutcome::default();
     let mut events = Vec::new();
-    let error = v1::Error::new(ErrorCode::LeaseLost, "lease expired without renewal");
+    let error = v1::Error::new(
+        ErrorCode::LeaseLost,
+        "every attempt's lease expired without renewal",
+    );
     for row in &recovered {
         let terminal = row.state == "failed_terminal";
         events.push(OutboxEvent::new(
@@ -111,44 +115,24 @@ pub async fn recover_expired(
             continue;
         }
         outcome.failed.push(row.task_id);
-        if let Some(scan_job_id) = row.scan_job_id {
-            sqlx::query(
-                "UPDATE scan_jobs SET state = 'failed', error_code = 'lease_expired', error_message = $2,
-                 finished_at = now(), updated_at = now() WHERE id = $1 AND state IN ('pending', 'running')",
+        let reason = format!(
+            "plugin {} spent its attempt budget: every lease expired",
+            row.plugin
+        );
+        events.extend(
+            fail_scan_job_and_scan(
+                &mut tx,
+                subjects,
+                &TerminalFailure {
+                    organization_id: row.organization_id,
+                    scan_id: row.scan_id,
+                    scan_job_id: row.scan_job_id,
+                    error: &error,
+                    scan_reason: &reason,
+                },
             )
-            .bind(scan_job_id)
-            .bind("every attempt's lease expired")
-            .execute(&mut *tx)
-            .await?;
-        }
-        if let Some(scan_id) = row.scan_id {
-            let failed: Option<(String, String, i64)> = sqlx::query_as(
-                r#"
-                UPDATE scans SET state = 'failed', failure_code = 'lease_expired', failure_reason = $2,
-                       finished_at = now(), updated_at = now()
-                WHERE id = $1 AND state IN ('pending', 'running')
-                RETURNING client_id, idempotency_key, (extract(epoch FROM finished_at) * 1000)::bigint
-                "#,
-            )
-            .bind(scan_id)
-            .bind(format!("plugin {} spent its attempt budget: every lease expired", row.plugin))
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some((client_id, idempotency_key, failed_at_unix_ms)) = failed {
-                events.push(OutboxEvent::new(
-                    subjects.event(EventKind::ScanFailed),
-                    v1::ScanFailed {
-                        scan_id: scan_id.to_string(),
-                        organization_id: row.organization_id.to_string(),
-                        client_id,
-                        idempotency_key,
-                        error: Some(error.clone()),
-                        failed_at_unix_ms,
-                    }
-                    .encode_to_vec(),
-                ));
-            }
-        }
+            .await?,
+        );
     }
     outbox::enqueue(&mut tx, &events).await?;
     tx.commit().await?;
