@@ -126,8 +126,12 @@ enum WorkerCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let telemetry_settings =
+    let mut telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
+    if matches!(cli.command, Command::Demo { .. }) {
+        // The demo prints its own progress; per-task logs would drown it.
+        telemetry_settings.default_filter = "warn".into();
+    }
     let _telemetry = telemetry::init("palisade", &telemetry_settings)?;
     let common = CommonSettings::from_env().context("invalid settings")?;
     match cli.command {

@@ -125,7 +125,7 @@ impl System {
             store::admin::assign_worker(&self.connections.pool, organization_id, worker_id).await?;
             let worker = worker::Worker::new(
                 self.connections.bus.clone(),
-                worker::WorkerConfig::new(worker_id, capacity),
+                in_process_worker_config(worker_id, capacity),
                 reference_worker::plugins(),
             )?;
             stats.push(worker.stats());
@@ -176,4 +176,13 @@ pub async fn prepare_database(common: &CommonSettings) -> anyhow::Result<()> {
         .context("failed to migrate the database")?;
     pool.close().await;
     Ok(())
+}
+
+/// In-process workers share the process with dispatch: short long-polls and a short grace
+/// keep `Ctrl-C` and the end of the demo prompt.
+fn in_process_worker_config(worker_id: Uuid, capacity: u32) -> worker::WorkerConfig {
+    let mut config = worker::WorkerConfig::new(worker_id, capacity);
+    config.acquire_wait = std::time::Duration::from_secs(2);
+    config.shutdown_grace = std::time::Duration::from_secs(5);
+    config
 }
