@@ -85,14 +85,14 @@ impl Settings {
                 "PALISADE_ADMISSION_MAX_DELIVER",
                 ConsumerSpec::MAX_DELIVER_DEFAULT,
             )?,
-            known_plugins: Some(env::string("PALISADE_KNOWN_PLUGINS", ""))
-                .filter(|list| !list.trim().is_empty())
-                .map(|list| {
-                    list.split(',')
-                        .map(|name| name.trim().to_owned())
-                        .filter(|name| !name.is_empty())
-                        .collect()
-                }),
+            known_plugins: Some(
+                env::string("PALISADE_KNOWN_PLUGINS", "")
+                    .split(',')
+                    .map(|name| name.trim().to_owned())
+                    .filter(|name| !name.is_empty())
+                    .collect::<Vec<_>>(),
+            )
+            .filter(|names| !names.is_empty()),
             crash_after_commit: None,
         })
     }

@@ -268,10 +268,10 @@ impl Dispatch {
             || request
                 .capabilities
                 .iter()
-                .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX)
+                .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX || c.contains('\0'))
         {
             return Err(invalid(format!(
-                "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes"
+                "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
             )));
         }
         let params = HelloParams {
@@ -371,7 +371,12 @@ impl Dispatch {
         schema(request.schema_version)?;
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
         let claim = LeaseClaim::from_wire(worker_id, request.lease.as_ref())?;
-        let reason: String = request.reason.chars().take(512).collect();
+        let reason: String = request
+            .reason
+            .chars()
+            .filter(|c| *c != '\0')
+            .take(512)
+            .collect();
         match store::dispatch::release(&self.pool, self.bus.subjects(), &claim, &reason).await {
             Ok(ReleaseOutcome::Released) => {
                 self.relay.notify();

@@ -220,6 +220,7 @@ fn parse_result(
         }
         if message.idempotency_key.is_empty()
             || message.idempotency_key.len() > IDENTIFIER_BYTES_MAX
+            || message.idempotency_key.contains('\0')
         {
             return Err(invalid(format!(
                 "idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes"

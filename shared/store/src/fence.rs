@@ -35,8 +35,13 @@ impl LeaseClaim {
             .ok()
             .filter(|number| *number > 0)
             .ok_or_else(|| invalid("lease.attempt_number must be a positive 32-bit integer"))?;
-        if lease.lease_token.is_empty() || lease.lease_token.len() > 128 {
-            return Err(invalid("lease.lease_token must be 1..=128 bytes"));
+        if lease.lease_token.is_empty()
+            || lease.lease_token.len() > 128
+            || lease.lease_token.contains('\0')
+        {
+            return Err(invalid(
+                "lease.lease_token must be 1..=128 bytes without NUL",
+            ));
         }
         Ok(Self {
             worker_id,

@@ -4,7 +4,7 @@
 //! attempt that completed, renewed or was superseded meanwhile.
 
 use messages::v1;
-use messages::{ErrorCode, EventKind, Subjects};
+use messages::{EventKind, Subjects};
 use prost::Message as _;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -86,10 +86,13 @@ pub async fn recover_expired(
 
     let mut outcome = RecoveryOutcome::default();
     let mut events = Vec::new();
-    let error = v1::Error::new(
-        ErrorCode::LeaseLost,
-        "every attempt's lease expired without renewal",
-    );
+    // A failure code, not a refusal: like plugin failure codes it is free-form, and it is
+    // the same code the attempt and task rows record.
+    let error = v1::Error {
+        code: "lease_expired".into(),
+        message: "every attempt's lease expired without renewal".into(),
+        ..Default::default()
+    };
     for row in &recovered {
         let terminal = row.state == "failed_terminal";
         events.push(OutboxEvent::new(
