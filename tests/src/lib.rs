@@ -78,13 +78,112 @@ fn init_test_logging() {
     }
 }
 
-fn base_database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+/// Where the test's PostgreSQL and NATS are.
+#[derive(Debug, Clone)]
+struct Backends {
+    database_url: String,
+    nats_url: String,
 }
 
-fn nats_url() -> String {
-    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+const LOCAL_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+const LOCAL_NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// `DATABASE_URL` / `NATS_URL` when set, else the local defaults when they answer, else
+/// containers started with testcontainers where a Docker engine runs (once per process).
+async fn backends() -> Backends {
+    static BACKENDS: tokio::sync::OnceCell<Backends> = tokio::sync::OnceCell::const_new();
+    BACKENDS
+        .get_or_init(|| async {
+            let database_url = match std::env::var("DATABASE_URL").ok() {
+                Some(url) => url,
+                None if port_answers(5432).await => LOCAL_DATABASE_URL.to_owned(),
+                None => containers::postgres().await.unwrap_or_else(|| {
+                    panic!(
+                        "no PostgreSQL: set DATABASE_URL, start one on 127.0.0.1:5432, or run Docker for testcontainers"
+                    )
+                }),
+            };
+            let nats_url = match std::env::var("NATS_URL").ok() {
+                Some(url) => url,
+                None if port_answers(4222).await => LOCAL_NATS_URL.to_owned(),
+                None => containers::nats().await.unwrap_or_else(|| {
+                    panic!(
+                        "no NATS: set NATS_URL, start `nats-server -js` on 127.0.0.1:4222, or run Docker for testcontainers"
+                    )
+                }),
+            };
+            Backends {
+                database_url,
+                nats_url,
+            }
+        })
+        .await
+        .clone()
+}
+
+async fn port_answers(port: u16) -> bool {
+    let connect = tokio::net::TcpStream::connect(("127.0.0.1", port));
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), connect).await,
+        Ok(Ok(_))
+    )
+}
+
+/// The testcontainers fallback for machines with Docker and without local servers.
+mod containers {
+    use testcontainers_modules::nats::{Nats, NatsServerCmd};
+    use testcontainers_modules::postgres::Postgres;
+    use testcontainers_modules::testcontainers::runners::AsyncRunner as _;
+    use testcontainers_modules::testcontainers::{ContainerAsync, Image, ImageExt as _};
+
+    /// Containers live as long as the test process.
+    static KEEP: std::sync::Mutex<Vec<Box<dyn std::any::Any + Send>>> =
+        std::sync::Mutex::new(Vec::new());
+
+    fn docker_available() -> bool {
+        std::process::Command::new("docker")
+            .arg("info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+
+    fn keep<I: Image + 'static>(container: ContainerAsync<I>) {
+        KEEP.lock().expect("not poisoned").push(Box::new(container));
+    }
+
+    pub async fn postgres() -> Option<String> {
+        if !docker_available() {
+            return None;
+        }
+        let container = Postgres::default()
+            .with_tag("16-alpine")
+            .start()
+            .await
+            .ok()?;
+        let port = container.get_host_port_ipv4(5432).await.ok()?;
+        keep(container);
+        Some(format!(
+            "postgres://postgres:postgres@127.0.0.1:{port}/postgres"
+        ))
+    }
+
+    pub async fn nats() -> Option<String> {
+        if !docker_available() {
+            return None;
+        }
+        let command = NatsServerCmd::default().with_jetstream();
+        let container = Nats::default()
+            .with_cmd(&command)
+            .with_tag("2.12.3")
+            .start()
+            .await
+            .ok()?;
+        let port = container.get_host_port_ipv4(4222).await.ok()?;
+        keep(container);
+        Some(format!("nats://127.0.0.1:{port}"))
+    }
 }
 
 /// `url` with its database name replaced.
@@ -113,11 +212,12 @@ impl TestSystem {
     pub async fn spawn_with(configure: impl FnOnce(&mut SystemSettings)) -> Self {
         init_test_logging();
         let id = Uuid::new_v4().simple().to_string();
-        let database_url = with_database(&base_database_url(), &format!("palisade_test_{id}"));
+        let backends = backends().await;
+        let database_url = with_database(&backends.database_url, &format!("palisade_test_{id}"));
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(database_url.clone());
         common.database.max_connections = 8;
-        common.nats_url = nats_url();
+        common.nats_url = backends.nats_url.clone();
         common.subjects = Subjects::new(&format!("t{}", &id[..12])).expect("valid prefix");
 
         let mut settings = SystemSettings::from_common(common.clone()).expect("valid settings");
@@ -680,4 +780,26 @@ pub async fn start_web_app() -> std::net::SocketAddr {
         }
     });
     address
+}
+
+/// Messages stored per subject in `stream`, for subjects matching `filter`.
+pub async fn stream_subject_counts(
+    system: &TestSystem,
+    stream: &str,
+    filter: &str,
+) -> HashMap<String, usize> {
+    use futures::TryStreamExt as _;
+    let stream = system
+        .bus
+        .jetstream()
+        .get_stream(stream)
+        .await
+        .expect("stream exists");
+    stream
+        .info_with_subjects(filter)
+        .await
+        .expect("stream info")
+        .try_collect()
+        .await
+        .expect("subject counts")
 }

@@ -240,3 +240,13 @@ pub async fn check_constraint(
     .fetch_one(pool)
     .await?)
 }
+
+/// Test aid: marks every outbox row unpublished, as if every relay had lost its PubAcks.
+pub async fn forget_outbox_publication(pool: &PgPool) -> Result<u64, StoreError> {
+    Ok(
+        sqlx::query("UPDATE outbox SET published_at = NULL, claimed_until = NULL")
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
+}

@@ -36,3 +36,60 @@ async fn a_scan_runs_through_three_plugins_on_a_reference_worker() {
     );
     system.finish().await;
 }
+
+#[tokio::test]
+async fn every_event_is_relayed_once_from_the_outbox() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let worker = &scan.worker;
+    assert!(
+        worker
+            .send_batch(&worker.batch(&scan.lease, 0, &tests::findings_payload(1)))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(worker.complete(&scan.lease, 1).await.error.is_none());
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    system
+        .wait_for("the outbox to drain", || async {
+            (store::outbox::backlog(&system.pool).await.unwrap().0 == 0).then_some(())
+        })
+        .await;
+    let counts = tests::stream_subject_counts(
+        &system,
+        &system.subjects.events_stream(),
+        &system.subjects.events_wildcard(),
+    )
+    .await;
+    let count = |name: &str| {
+        counts
+            .get(&format!("{}.v1.event.{name}", system.subjects.prefix()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(count("scan.admitted"), 1, "{counts:?}");
+    assert_eq!(count("task.ready"), 1);
+    assert_eq!(count("task.leased"), 1);
+    assert_eq!(count("task.completed"), 1);
+    assert_eq!(count("scan.completed"), 1);
+
+    // A relay that re-publishes (its claim lapsed after a publish whose PubAck it never saw)
+    // is de-duplicated by the stream: Nats-Msg-Id is the outbox row id.
+    store::admin::forget_outbox_publication(&system.pool)
+        .await
+        .unwrap();
+    system
+        .wait_for("the outbox to drain again", || async {
+            (store::outbox::backlog(&system.pool).await.unwrap().0 == 0).then_some(())
+        })
+        .await;
+    let again = tests::stream_subject_counts(
+        &system,
+        &system.subjects.events_stream(),
+        &system.subjects.events_wildcard(),
+    )
+    .await;
+    assert_eq!(again, counts);
+    system.finish().await;
+}

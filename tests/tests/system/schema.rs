@@ -79,3 +79,25 @@ fn architecture_document_names_every_workspace_crate() {
         }
     }
 }
+
+#[tokio::test]
+async fn every_migration_can_run_again_over_its_own_result() {
+    // A re-run after a partial failure meets objects that already exist: every statement
+    // must be idempotent (IF NOT EXISTS), and sqlx's own re-run must be a no-op.
+    let system = TestSystem::spawn().await;
+    for migration in store::MIGRATOR.iter() {
+        sqlx::raw_sql(migration.sql.clone())
+            .execute(&system.pool)
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "migration {} is not re-runnable: {error}",
+                    migration.description
+                )
+            });
+    }
+    store::migrate(&system.pool)
+        .await
+        .expect("re-running the migrator is a no-op");
+    system.finish().await;
+}
