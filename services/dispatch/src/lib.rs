@@ -21,6 +21,7 @@ use runtime::{BatchLimits, CommonSettings, Connections, LeaseSettings, SettingsE
 use store::dispatch::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
 };
+use store::cancellation::{CancelOutcome, CancelTarget};
 use store::{LeaseClaim, PgPool, StoreError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -151,6 +152,24 @@ impl Service {
                 .await
             });
         }
+        {
+            let dispatch = self.dispatch.clone();
+            let bus = self.bus.clone();
+            let stop = stop.clone();
+            servers.spawn(async move {
+                bus::serve::serve(
+                    &bus,
+                    subjects.cancel(),
+                    QUEUE_GROUP,
+                    move |message| {
+                        let dispatch = dispatch.clone();
+                        async move { Some(dispatch.cancel(&message.payload).await.encode_to_vec().into()) }
+                    },
+                    stop,
+                )
+                .await
+            });
+        }
         let result = tokio::select! {
             () = stop.cancelled() => Ok(()),
             Some(joined) = servers.join_next() => match joined {
@@ -185,6 +204,52 @@ fn internal(error: &StoreError) -> v1::Error {
 /// The worker id a request was sent under: the subject token and the field must agree.
 
 impl Dispatch {
+    /// Cancels a scan or a task; persisted before the reply says so.
+    async fn cancel(&self, payload: &[u8]) -> v1::CancelReply {
+        let refuse = |error: v1::Error| v1::CancelReply {
+            error: Some(error),
+            ..Default::default()
+        };
+        let request = match v1::CancelRequest::decode(payload) {
+            Ok(request) => request,
+            Err(error) => return refuse(malformed("CancelRequest", error)),
+        };
+        if let Err(error) = schema(request.schema_version) {
+            return refuse(error);
+        }
+        let target = match (request.scan_id.is_empty(), request.task_id.is_empty()) {
+            (false, true) => Uuid::parse_str(&request.scan_id).map(CancelTarget::Scan),
+            (true, false) => Uuid::parse_str(&request.task_id).map(CancelTarget::Task),
+            _ => return refuse(invalid("set exactly one of scan_id and task_id")),
+        };
+        let Ok(target) = target else {
+            return refuse(invalid("scan_id / task_id must be a UUID"));
+        };
+        if request.reason.len() > 512 || request.reason.contains('\0') {
+            return refuse(invalid("reason must be at most 512 bytes without NUL"));
+        }
+        let reason = if request.reason.is_empty() { "cancelled on request" } else { &request.reason };
+        match store::cancellation::cancel(&self.pool, self.bus.subjects(), target, reason).await {
+            Ok(CancelOutcome::Cancelled { scan_id }) => {
+                self.relay.notify();
+                v1::CancelReply {
+                    error: None,
+                    outcome: "cancelled".into(),
+                    state: "cancelled".into(),
+                    scan_id: scan_id.to_string(),
+                }
+            }
+            Ok(CancelOutcome::AlreadyTerminal { scan_id, state }) => v1::CancelReply {
+                error: None,
+                outcome: "already_terminal".into(),
+                state,
+                scan_id: scan_id.to_string(),
+            },
+            Ok(CancelOutcome::NotFound) => refuse(v1::Error::new(ErrorCode::NotFound, "no such scan or task")),
+            Err(error) => refuse(internal(&error)),
+        }
+    }
+
     async fn answer(&self, verb: WorkerVerb, message: &bus::async_nats::Message) -> Bytes {
         let subject_worker = self.bus.subjects().worker_id_of(message.subject.as_str());
         let payload = &message.payload;

@@ -22,7 +22,7 @@ pub enum ClientError {
         "admission did not answer after {attempts} attempts: {last}; is palisade-admission running?"
     )]
     NoAnswer { attempts: u32, last: String },
-    #[error("admission answered with bytes that are not a ScanRequestReply: {0}")]
+    #[error("palisade answered with bytes that are not the expected reply: {0}")]
     BadReply(prost::DecodeError),
     #[error("cannot follow scan events: {0}")]
     Events(String),
@@ -125,6 +125,21 @@ impl Client {
         Ok(())
     }
 
+    /// Cancels a scan; the reply says whether this request cancelled it or it had ended.
+    pub async fn cancel_scan(&self, scan_id: &str, reason: &str) -> Result<v1::CancelReply, ClientError> {
+        let request = v1::CancelRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            scan_id: scan_id.to_owned(),
+            task_id: String::new(),
+            reason: reason.to_owned(),
+        };
+        let reply = self
+            .bus
+            .request(self.bus.subjects().cancel(), request.encode_to_vec().into(), self.timeout)
+            .await?;
+        v1::CancelReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
+    }
+
     /// Scan outcome events from now on (deduplicated: read from the events stream).
     pub async fn outcomes(
         &self,
@@ -151,6 +166,7 @@ impl Client {
         let completed = subjects.event(EventKind::ScanCompleted);
         let failed = subjects.event(EventKind::ScanFailed);
         let rejected = subjects.event(EventKind::ScanRejected);
+        let cancelled = subjects.event(EventKind::ScanCancelled);
         Ok(messages.filter_map(move |message| {
             let outcome = message.ok().and_then(|message| {
                 let subject = message.subject.as_str();
@@ -162,6 +178,10 @@ impl Client {
                     v1::ScanFailed::decode(message.payload.as_ref())
                         .ok()
                         .map(Outcome::Failed)
+                } else if subject == cancelled {
+                    v1::ScanCancelled::decode(message.payload.as_ref())
+                        .ok()
+                        .map(Outcome::Cancelled)
                 } else if subject == rejected {
                     v1::ScanRejected::decode(message.payload.as_ref())
                         .ok()
@@ -180,5 +200,6 @@ impl Client {
 pub enum Outcome {
     Completed(v1::ScanCompleted),
     Failed(v1::ScanFailed),
+    Cancelled(v1::ScanCancelled),
     Rejected(v1::ScanRejected),
 }

@@ -42,13 +42,15 @@ pub enum ErrorCode {
     SequenceOutOfRange,
     /// The scan job's evidence was already published by another attempt.
     EvidenceConflict,
+    /// The scan or task named does not exist.
+    NotFound,
     /// Something failed inside palisade; the sender may retry.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::MalformedMessage,
         ErrorCode::UnsupportedSchemaVersion,
         ErrorCode::InvalidField,
@@ -68,6 +70,7 @@ impl ErrorCode {
         ErrorCode::BatchMissing,
         ErrorCode::SequenceOutOfRange,
         ErrorCode::EvidenceConflict,
+        ErrorCode::NotFound,
         ErrorCode::Internal,
     ];
 
@@ -93,6 +96,7 @@ impl ErrorCode {
             ErrorCode::BatchMissing => "batch_missing",
             ErrorCode::SequenceOutOfRange => "sequence_out_of_range",
             ErrorCode::EvidenceConflict => "evidence_conflict",
+            ErrorCode::NotFound => "not_found",
             ErrorCode::Internal => "internal",
         }
     }

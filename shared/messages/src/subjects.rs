@@ -15,6 +15,7 @@ pub enum EventKind {
     ScanRejected,
     ScanCompleted,
     ScanFailed,
+    ScanCancelled,
     TaskReady,
     TaskLeased,
     TaskCompleted,
@@ -22,11 +23,12 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 8] = [
+    pub const ALL: [EventKind; 9] = [
         EventKind::ScanAdmitted,
         EventKind::ScanRejected,
         EventKind::ScanCompleted,
         EventKind::ScanFailed,
+        EventKind::ScanCancelled,
         EventKind::TaskReady,
         EventKind::TaskLeased,
         EventKind::TaskCompleted,
@@ -40,6 +42,7 @@ impl EventKind {
             EventKind::ScanRejected => "scan.rejected",
             EventKind::ScanCompleted => "scan.completed",
             EventKind::ScanFailed => "scan.failed",
+            EventKind::ScanCancelled => "scan.cancelled",
             EventKind::TaskReady => "task.ready",
             EventKind::TaskLeased => "task.leased",
             EventKind::TaskCompleted => "task.completed",
@@ -119,6 +122,11 @@ impl Subjects {
 
     pub fn event(&self, kind: EventKind) -> String {
         format!("{}.v1.event.{}", self.prefix, kind.name())
+    }
+
+    /// Core NATS request/reply: cancel a scan or a task (answered by dispatch).
+    pub fn cancel(&self) -> String {
+        format!("{}.v1.cancel", self.prefix)
     }
 
     /// Core NATS only (no stream captures it): hints that wake dispatch's waiting acquires,

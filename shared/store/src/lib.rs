@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod cancellation;
 pub mod dead_letters;
 pub mod dispatch;
 pub mod enrichment;
@@ -15,6 +16,7 @@ pub mod evidence;
 pub mod ingestion;
 pub mod outbox;
 pub mod recovery;
+pub mod revocation;
 pub mod retry;
 pub mod states;
 

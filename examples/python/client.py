@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""A palisade client in Python, written from docs/protocol.md alone (section 5).
+
+  client.py selftest
+  client.py submit --org ORG --target T --plugins a,b [--client-id C] [--key K]
+                   [--path js|rr] [--timeout SECS]
+
+--path js (default): durable JetStream publish to <prefix>.v1.scan.request with
+Nats-Msg-Id = {client_id}:{idempotency_key}:{fingerprint}; the outcome comes from events only.
+--path rr: core-NATS request to <prefix>.v1.scan.submit, decoded as ScanRequestReply.
+Either way the client subscribes to the events stream (ordered consumer, deliver new) BEFORE it
+submits, and waits for scan.completed / scan.failed / scan.rejected of its request.
+Prints JSON lines; the last one is {"event": "result", ...}. Exit code 0 if the outcome was
+received (whatever it is), 1 on timeout.
+"""
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import struct
+import sys
+import time
+import uuid
+
+import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import DeliverPolicy
+
+import palisade_pb2 as pb
+
+EVENT_TYPES = {
+    "scan.admitted": pb.ScanAdmitted, "scan.rejected": pb.ScanRejected,
+    "scan.completed": pb.ScanCompleted, "scan.failed": pb.ScanFailed,
+    "task.ready": pb.TaskReady, "task.leased": pb.TaskLeased,
+    "task.completed": pb.TaskCompleted, "task.failed": pb.TaskFailed,
+}
+
+
+def log(event, **kw):
+    print(json.dumps({"t": round(time.time(), 3), "event": event, **kw}, default=str), flush=True)
+
+
+def scan_request_fingerprint(r) -> str:
+    """docs/protocol.md section 4, 'Request fingerprint'."""
+    h = hashlib.sha256()
+
+    def field(b: bytes):
+        h.update(struct.pack(">Q", len(b)))
+        h.update(b)
+    field(b"palisade.v1.ScanRequest")
+    field(str(uuid.UUID(r.organization_id)).encode())
+    field(r.target.encode())
+    field(struct.pack(">Q", len(r.plugins)))
+    for p in r.plugins:
+        field(p.encode())
+    field(struct.pack(">i", r.priority))
+    field(struct.pack(">I", r.execution_deadline_seconds))
+    return h.hexdigest()
+
+
+def finding_key(plugin, rule_id, resource, discriminator):
+    h = hashlib.sha256()
+    for s in (plugin, rule_id, resource, discriminator):
+        b = s.encode()
+        h.update(struct.pack(">Q", len(b)))
+        h.update(b)
+    return h.hexdigest()
+
+
+def selftest():
+    """Appendix B test vectors."""
+    r = pb.ScanRequest(schema_version=1, organization_id="0193C3C4-0000-7000-8000-000000000001",
+                       target="http://127.0.0.1:8080", plugins=["tcp_connect", "http_headers"],
+                       priority=-5, execution_deadline_seconds=600)
+    want = "97701d6579137e51cb61d43bc588f0b4c5ac6d6fc58cf7302d43460d533d2837"
+    ok = True
+    for spelling in ["0193C3C4-0000-7000-8000-000000000001", "0193c3c4-0000-7000-8000-000000000001",
+                     "{0193c3c4-0000-7000-8000-000000000001}",
+                     "urn:uuid:0193c3c4-0000-7000-8000-000000000001", "0193C3C4000070008000000000000001"]:
+        r.organization_id = spelling
+        got = scan_request_fingerprint(r)
+        log("selftest_fingerprint", spelling=spelling, ok=got == want)
+        ok &= got == want
+    fk = finding_key("http_headers", "missing-hsts", "http://127.0.0.1:8080/", "")
+    ok &= fk == "d18b46724d307d2119dc56b2719a1799b8bdd6a8461b63c001780e68bab1d550"
+    log("selftest_finding_key", ok=fk == "d18b46724d307d2119dc56b2719a1799b8bdd6a8461b63c001780e68bab1d550")
+    sh = hashlib.sha256(b"abc").hexdigest()
+    ok &= sh == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    log("selftest_sha256_hex", ok=ok)
+    return ok
+
+
+def err_dict(msg):
+    if not msg.HasField("error"):
+        return None
+    e = msg.error
+    return {"code": e.code, "message": e.message, "active_scan_id": e.active_scan_id or None}
+
+
+async def submit(a):
+    url = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+    prefix = os.environ.get("PALISADE_SUBJECT_PREFIX", "palisade")
+    org = str(uuid.UUID(a.org))     # canonical: lowercase hyphenated
+    req = pb.ScanRequest(schema_version=1, organization_id=org, target=a.target,
+                         plugins=[p for p in a.plugins.split(",") if p], priority=a.priority,
+                         execution_deadline_seconds=a.deadline_secs, client_id=a.client_id,
+                         idempotency_key=a.key or str(uuid.uuid4()))
+    data = req.SerializeToString()
+    fp = scan_request_fingerprint(req)
+    me = (org, req.client_id, req.idempotency_key)
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    # Follow outcomes first, so no event is missed (5.4). All events: task.* help to show progress.
+    sub = await js.subscribe(f"{prefix}.v1.event.>", ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+
+    scan_id = None
+    result = None
+    if a.path == "js":
+        msg_id = f"{req.client_id}:{req.idempotency_key}:{fp}"
+        for attempt in range(5):                      # no PubAck: same request, same msg id
+            try:
+                pa = await js.publish(f"{prefix}.v1.scan.request", data, headers={"Nats-Msg-Id": msg_id})
+                log("puback", msg_id=msg_id, stream=pa.stream, seq=pa.seq, duplicate=bool(pa.duplicate))
+                break
+            except Exception as e:  # noqa: BLE001
+                log("publish_retry", error=repr(e))
+                await asyncio.sleep(0.2 * (attempt + 1))
+        else:
+            log("result", outcome="not_published")
+            return 1
+        if pa.duplicate:
+            log("note", text="JetStream dropped it as a copy of one stored within 2 minutes; "
+                             "no event will follow for it")
+    else:
+        for attempt in range(1, 6):                   # no reply / internal: identical request again
+            try:
+                raw = await nc.request(f"{prefix}.v1.scan.submit", data, timeout=5)
+            except (NatsTimeout, NoRespondersError) as e:
+                log("submit_retry", reason=type(e).__name__)
+                await asyncio.sleep(0.1 * attempt)
+                continue
+            rep = pb.ScanRequestReply()
+            rep.ParseFromString(raw.data)
+            e = err_dict(rep)
+            log("scan_request_reply", scan_id=rep.scan_id or None, deduplicated=rep.deduplicated,
+                state=rep.state or None, error=e)
+            if e and e["code"] == "internal":
+                await asyncio.sleep(0.1 * attempt)
+                continue
+            break
+        else:
+            log("result", outcome="no_reply")
+            return 1
+        if e:
+            result = {"outcome": "refused", "error": e}
+        else:
+            scan_id = rep.scan_id
+            if rep.state in ("completed", "failed", "cancelled"):
+                result = {"outcome": rep.state, "scan_id": scan_id, "deduplicated": rep.deduplicated}
+        if result is None and a.no_follow:
+            result = {"outcome": rep.state, "scan_id": scan_id, "deduplicated": rep.deduplicated}
+
+    seen = set()
+    deadline = time.monotonic() + a.timeout
+    while result is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log("result", outcome="timeout", scan_id=scan_id)
+            return 1
+        try:
+            m = await sub.next_msg(timeout=left)
+        except NatsTimeout:
+            continue
+        mid = m.headers.get("Nats-Msg-Id") if m.headers else None
+        if mid and mid in seen:
+            continue
+        seen.add(mid)
+        kind = m.subject.rsplit(".v1.event.", 1)[1]
+        cls = EVENT_TYPES.get(kind)
+        if cls is None:
+            continue
+        ev = cls()
+        ev.ParseFromString(m.data)
+        if kind.startswith("task."):
+            if scan_id and ev.scan_id == scan_id:
+                f = {k.name: v for k, v in ev.ListFields() if k.name != "error"}
+                log(kind, **f, error=err_dict(ev) if hasattr(ev, "error") else None)
+            continue
+        ev_org = str(uuid.UUID(ev.organization_id)) if ev.organization_id else ""
+        if (ev_org, ev.client_id, ev.idempotency_key) != me:
+            continue
+        if kind == "scan.admitted":
+            scan_id = ev.scan_id
+            log(kind, scan_id=scan_id, msg_id=mid)
+        elif kind == "scan.rejected":
+            log(kind, error=err_dict(ev), msg_id=mid)
+            result = {"outcome": "rejected", "error": err_dict(ev)}
+        elif kind == "scan.completed":
+            scan_id = ev.scan_id
+            log(kind, scan_id=ev.scan_id, finding_count=ev.finding_count,
+                enrichment_job_id=ev.enrichment_job_id, msg_id=mid)
+            result = {"outcome": "completed", "scan_id": ev.scan_id, "finding_count": ev.finding_count}
+        elif kind == "scan.failed":
+            log(kind, scan_id=ev.scan_id, error=err_dict(ev), msg_id=mid)
+            result = {"outcome": "failed", "scan_id": ev.scan_id, "error": err_dict(ev)}
+    log("result", **result)
+    await nc.drain()
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp = ap.add_subparsers(dest="cmd", required=True)
+    sp.add_parser("selftest")
+    s = sp.add_parser("submit")
+    s.add_argument("--org", required=True)
+    s.add_argument("--target", required=True)
+    s.add_argument("--plugins", required=True)
+    s.add_argument("--client-id", default="pyclient")
+    s.add_argument("--key")
+    s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--deadline-secs", type=int, default=0)
+    s.add_argument("--path", choices=["js", "rr"], default="js")
+    s.add_argument("--timeout", type=float, default=60)
+    s.add_argument("--no-follow", action="store_true", help="rr: do not wait for a terminal event")
+    a = ap.parse_args()
+    if a.cmd == "selftest":
+        sys.exit(0 if selftest() else 1)
+    sys.exit(asyncio.run(submit(a)))
+
+
+if __name__ == "__main__":
+    main()

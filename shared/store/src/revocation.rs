@@ -1,0 +1,168 @@
+//! Revocation (SPEC §4.2, I12): revoking a worker, or one of its assignments, stops new
+//! leases from the moment it commits (acquire holds `FOR SHARE` on both rows, so the revoking
+//! `UPDATE` and an acquire serialize). Active leases are voided by default (security
+//! revocation: the tasks go back to the queue with their attempt refunded, and the worker's
+//! next message is refused `lease_lost`) or allowed to finish (routine reassignment).
+
+use messages::{v1, EventKind, Subjects};
+use prost::Message as _;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::outbox::{self, OutboxEvent};
+use crate::StoreError;
+
+/// What happens to the leases the worker holds when it is revoked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActiveLeases {
+    /// Void them now; their tasks are offered to other workers (the default).
+    Cancel,
+    /// Let them run to completion; only new leases stop.
+    LetFinish,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RevokeOutcome {
+    Revoked { leases_cancelled: usize },
+    NotFound,
+}
+
+/// Revokes the worker itself: no new lease for any organization.
+pub async fn revoke_worker(
+    pool: &PgPool,
+    subjects: &Subjects,
+    worker_id: Uuid,
+    reason: &str,
+    active: ActiveLeases,
+) -> Result<RevokeOutcome, StoreError> {
+    let mut tx = pool.begin().await?;
+    let found: Option<Uuid> = sqlx::query_scalar(
+        r#"
+        UPDATE workers SET enabled = false, revoked_at = coalesce(revoked_at, now()),
+               revocation_reason = $2, updated_at = now()
+        WHERE id = $1 RETURNING id
+        "#,
+    )
+    .bind(worker_id)
+    .bind(reason)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if found.is_none() {
+        return Ok(RevokeOutcome::NotFound);
+    }
+    let leases_cancelled = match active {
+        ActiveLeases::Cancel => void_leases(&mut tx, subjects, worker_id, None).await?,
+        ActiveLeases::LetFinish => 0,
+    };
+    tx.commit().await?;
+    Ok(RevokeOutcome::Revoked { leases_cancelled })
+}
+
+/// Revokes one assignment: no new lease for that organization's tasks.
+pub async fn revoke_assignment(
+    pool: &PgPool,
+    subjects: &Subjects,
+    organization_id: Uuid,
+    worker_id: Uuid,
+    reason: &str,
+    active: ActiveLeases,
+) -> Result<RevokeOutcome, StoreError> {
+    let mut tx = pool.begin().await?;
+    let found: Option<Uuid> = sqlx::query_scalar(
+        r#"
+        UPDATE organization_workers SET enabled = false, revoked_at = coalesce(revoked_at, now()),
+               revocation_reason = $3, updated_at = now()
+        WHERE organization_id = $1 AND worker_id = $2 RETURNING worker_id
+        "#,
+    )
+    .bind(organization_id)
+    .bind(worker_id)
+    .bind(reason)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if found.is_none() {
+        return Ok(RevokeOutcome::NotFound);
+    }
+    let leases_cancelled = match active {
+        ActiveLeases::Cancel => void_leases(&mut tx, subjects, worker_id, Some(organization_id)).await?,
+        ActiveLeases::LetFinish => 0,
+    };
+    tx.commit().await?;
+    Ok(RevokeOutcome::Revoked { leases_cancelled })
+}
+
+/// Re-enables a revoked worker (its assignments are managed separately).
+pub async fn enable_worker(pool: &PgPool, worker_id: Uuid) -> Result<bool, StoreError> {
+    let updated = sqlx::query(
+        "UPDATE workers SET enabled = true, revoked_at = NULL, revocation_reason = '', updated_at = now() WHERE id = $1",
+    )
+    .bind(worker_id)
+    .execute(pool)
+    .await?;
+    Ok(updated.rows_affected() == 1)
+}
+
+/// Voids the worker's live attempts (optionally only on one organization's tasks) and puts
+/// their tasks back in the queue, refunding the attempt. Locks attempt → task.
+async fn void_leases(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    worker_id: Uuid,
+    organization_id: Option<Uuid>,
+) -> Result<usize, StoreError> {
+    let voided: Vec<(Uuid, Option<Uuid>, Uuid, String)> = sqlx::query_as(
+        r#"
+        WITH live AS (
+            SELECT a.id, a.task_id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+            WHERE a.worker_id = $1 AND a.status IN ('leased', 'running')
+              AND ($2::uuid IS NULL OR t.organization_id = $2)
+            ORDER BY a.id
+            FOR UPDATE OF a
+        ),
+        voided AS (
+            UPDATE worker_task_attempts a
+            SET status = 'cancelled', finished_at = now(), updated_at = now(),
+                error_code = 'worker_revoked', error_message = 'the worker or its assignment was revoked'
+            FROM live WHERE a.id = live.id
+            RETURNING a.id, a.task_id
+        )
+        UPDATE worker_tasks t
+        SET state = 'pending', attempt_count = t.attempt_count - 1, available_at = now(), updated_at = now()
+        FROM voided
+        WHERE t.id = voided.task_id AND t.current_attempt_id = voided.id AND t.state IN ('leased', 'running')
+        RETURNING t.id, t.scan_id, t.organization_id, coalesce(t.payload->>'plugin', '')
+        "#,
+    )
+    .bind(worker_id)
+    .bind(organization_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    if voided.is_empty() {
+        return Ok(0);
+    }
+    let task_ids: Vec<Uuid> = voided.iter().map(|(task_id, ..)| *task_id).collect();
+    sqlx::query(
+        r#"
+        UPDATE scan_jobs SET state = 'pending', updated_at = now()
+        WHERE id IN (SELECT scan_job_id FROM worker_tasks WHERE id = ANY($1)) AND state = 'running'
+        "#,
+    )
+    .bind(&task_ids)
+    .execute(&mut *conn)
+    .await?;
+    let events: Vec<OutboxEvent> = voided
+        .iter()
+        .map(|(task_id, scan_id, organization_id, plugin)| {
+            let ready = v1::TaskReady {
+                task_id: task_id.to_string(),
+                scan_id: scan_id.map(|id| id.to_string()).unwrap_or_default(),
+                organization_id: organization_id.to_string(),
+                plugin: plugin.clone(),
+                required_capabilities: vec![plugin.clone()],
+            };
+            OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec())
+        })
+        .collect();
+    outbox::enqueue(conn, &events).await?;
+    Ok(voided.len())
+}
