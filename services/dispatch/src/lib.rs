@@ -18,10 +18,10 @@ use messages::{ErrorCode, EventKind, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::{BatchLimits, CommonSettings, Connections, LeaseSettings, SettingsError, env};
+use store::cancellation::{CancelOutcome, CancelTarget};
 use store::dispatch::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
 };
-use store::cancellation::{CancelOutcome, CancelTarget};
 use store::{LeaseClaim, PgPool, StoreError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -163,7 +163,15 @@ impl Service {
                     QUEUE_GROUP,
                     move |message| {
                         let dispatch = dispatch.clone();
-                        async move { Some(dispatch.cancel(&message.payload).await.encode_to_vec().into()) }
+                        async move {
+                            Some(
+                                dispatch
+                                    .cancel(&message.payload)
+                                    .await
+                                    .encode_to_vec()
+                                    .into(),
+                            )
+                        }
                     },
                     stop,
                 )
@@ -228,7 +236,11 @@ impl Dispatch {
         if request.reason.len() > 512 || request.reason.contains('\0') {
             return refuse(invalid("reason must be at most 512 bytes without NUL"));
         }
-        let reason = if request.reason.is_empty() { "cancelled on request" } else { &request.reason };
+        let reason = if request.reason.is_empty() {
+            "cancelled on request"
+        } else {
+            &request.reason
+        };
         match store::cancellation::cancel(&self.pool, self.bus.subjects(), target, reason).await {
             Ok(CancelOutcome::Cancelled { scan_id }) => {
                 self.relay.notify();
@@ -245,7 +257,9 @@ impl Dispatch {
                 state,
                 scan_id: scan_id.to_string(),
             },
-            Ok(CancelOutcome::NotFound) => refuse(v1::Error::new(ErrorCode::NotFound, "no such scan or task")),
+            Ok(CancelOutcome::NotFound) => {
+                refuse(v1::Error::new(ErrorCode::NotFound, "no such scan or task"))
+            }
             Err(error) => refuse(internal(&error)),
         }
     }

@@ -248,7 +248,9 @@ impl Tally {
                 }
             }
             client::Outcome::Failed(event) => *self.failed.entry(event.scan_id).or_default() += 1,
-            client::Outcome::Cancelled(event) => *self.failed.entry(event.scan_id).or_default() += 1,
+            client::Outcome::Cancelled(event) => {
+                *self.failed.entry(event.scan_id).or_default() += 1
+            }
             client::Outcome::Rejected(_) => {}
         }
     }

@@ -59,6 +59,9 @@ enum Command {
     /// Scans.
     #[command(subcommand)]
     Scan(ScanCommand),
+    /// Tasks (one plugin execution each).
+    #[command(subcommand)]
+    Task(TaskCommand),
     /// Workers.
     #[command(subcommand)]
     Worker(WorkerCommand),
@@ -101,6 +104,22 @@ enum ScanCommand {
     },
     /// Show a scan, its plugin jobs and its findings.
     Show { scan_id: Uuid },
+    /// Cancel a scan: its unfinished tasks end now, a running worker stops at its next renew.
+    Cancel {
+        scan_id: Uuid,
+        #[arg(long, default_value = "cancelled from the command line")]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TaskCommand {
+    /// Cancel one task (and with it its scan).
+    Cancel {
+        task_id: Uuid,
+        #[arg(long, default_value = "cancelled from the command line")]
+        reason: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,6 +139,23 @@ enum WorkerCommand {
         worker: Uuid,
         #[arg(long)]
         org: Uuid,
+    },
+    /// Revoke a worker (or, with --org, one assignment): no new lease from now on. Its
+    /// active leases are voided and their tasks re-offered, unless --let-finish.
+    Revoke {
+        #[arg(long)]
+        worker: Uuid,
+        #[arg(long)]
+        org: Option<Uuid>,
+        #[arg(long)]
+        let_finish: bool,
+        #[arg(long, default_value = "revoked from the command line")]
+        reason: String,
+    },
+    /// Re-enable a revoked worker (assignments are re-enabled with `worker assign`).
+    Enable {
+        #[arg(long)]
+        worker: Uuid,
     },
 }
 
@@ -214,6 +250,71 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Command::Scan(ScanCommand::Show { scan_id }) => show_scan(&common, scan_id).await,
+        Command::Scan(ScanCommand::Cancel { scan_id, reason }) => {
+            let client = cli_client(&common).await?;
+            print_cancel(client.cancel_scan(&scan_id.to_string(), &reason).await?)
+        }
+        Command::Task(TaskCommand::Cancel { task_id, reason }) => {
+            let client = cli_client(&common).await?;
+            print_cancel(client.cancel_task(&task_id.to_string(), &reason).await?)
+        }
+        Command::Worker(WorkerCommand::Revoke {
+            worker,
+            org,
+            let_finish,
+            reason,
+        }) => {
+            let pool = store::connect(&common.database).await?;
+            let active = if let_finish {
+                store::revocation::ActiveLeases::LetFinish
+            } else {
+                store::revocation::ActiveLeases::Cancel
+            };
+            let outcome = match org {
+                Some(org) => {
+                    store::revocation::revoke_assignment(
+                        &pool,
+                        &common.subjects,
+                        org,
+                        worker,
+                        &reason,
+                        active,
+                    )
+                    .await?
+                }
+                None => {
+                    store::revocation::revoke_worker(
+                        &pool,
+                        &common.subjects,
+                        worker,
+                        &reason,
+                        active,
+                    )
+                    .await?
+                }
+            };
+            match outcome {
+                store::revocation::RevokeOutcome::Revoked { leases_cancelled } => {
+                    println!(
+                        "revoked; {leases_cancelled} active leases voided and their tasks re-offered"
+                    );
+                    Ok(())
+                }
+                store::revocation::RevokeOutcome::NotFound => {
+                    anyhow::bail!(
+                        "no such worker (or assignment): see `palisade worker add` / `worker assign`"
+                    )
+                }
+            }
+        }
+        Command::Worker(WorkerCommand::Enable { worker }) => {
+            let pool = store::connect(&common.database).await?;
+            if !store::revocation::enable_worker(&pool, worker).await? {
+                anyhow::bail!("no worker {worker}");
+            }
+            println!("worker {worker} enabled");
+            Ok(())
+        }
         Command::Worker(WorkerCommand::Add { name, capacity, id }) => {
             let pool = store::connect(&common.database).await?;
             let id = id.unwrap_or_else(Uuid::new_v4);
@@ -228,6 +329,22 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+async fn cli_client(common: &CommonSettings) -> anyhow::Result<client::Client> {
+    let bus = bus::Bus::connect(&common.nats_url, common.subjects.clone(), "palisade-cli").await?;
+    Ok(client::Client::new(bus, "cli"))
+}
+
+fn print_cancel(reply: messages::v1::CancelReply) -> anyhow::Result<()> {
+    if let Some(error) = reply.error {
+        anyhow::bail!("refused: {} ({})", error.message, error.code);
+    }
+    println!(
+        "scan {}: {} ({})",
+        reply.scan_id, reply.state, reply.outcome
+    );
+    Ok(())
 }
 
 async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::Result<()> {

@@ -126,16 +126,43 @@ impl Client {
     }
 
     /// Cancels a scan; the reply says whether this request cancelled it or it had ended.
-    pub async fn cancel_scan(&self, scan_id: &str, reason: &str) -> Result<v1::CancelReply, ClientError> {
-        let request = v1::CancelRequest {
+    pub async fn cancel_scan(
+        &self,
+        scan_id: &str,
+        reason: &str,
+    ) -> Result<v1::CancelReply, ClientError> {
+        self.cancel(v1::CancelRequest {
             schema_version: messages::SCHEMA_VERSION,
             scan_id: scan_id.to_owned(),
             task_id: String::new(),
             reason: reason.to_owned(),
-        };
+        })
+        .await
+    }
+
+    /// Cancels one task, and with it its scan.
+    pub async fn cancel_task(
+        &self,
+        task_id: &str,
+        reason: &str,
+    ) -> Result<v1::CancelReply, ClientError> {
+        self.cancel(v1::CancelRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            scan_id: String::new(),
+            task_id: task_id.to_owned(),
+            reason: reason.to_owned(),
+        })
+        .await
+    }
+
+    async fn cancel(&self, request: v1::CancelRequest) -> Result<v1::CancelReply, ClientError> {
         let reply = self
             .bus
-            .request(self.bus.subjects().cancel(), request.encode_to_vec().into(), self.timeout)
+            .request(
+                self.bus.subjects().cancel(),
+                request.encode_to_vec().into(),
+                self.timeout,
+            )
             .await?;
         v1::CancelReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
     }

@@ -250,3 +250,13 @@ pub async fn forget_outbox_publication(pool: &PgPool) -> Result<u64, StoreError>
             .rows_affected(),
     )
 }
+
+/// Live attempts a worker holds (tests and operators).
+pub async fn live_attempts_of_worker(pool: &PgPool, worker_id: Uuid) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM worker_task_attempts WHERE worker_id = $1 AND status IN ('leased', 'running')",
+    )
+    .bind(worker_id)
+    .fetch_one(pool)
+    .await?)
+}

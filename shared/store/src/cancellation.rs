@@ -8,13 +8,13 @@
 //! answers `AlreadyTerminal`. Locks are taken attempt → task → scan, the order ingestion
 //! uses, so the two do not deadlock each other.
 
-use messages::{v1, EventKind, Subjects};
+use messages::{EventKind, Subjects, v1};
 use prost::Message as _;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::outbox::{self, OutboxEvent};
 use crate::StoreError;
+use crate::outbox::{self, OutboxEvent};
 
 /// What to cancel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,9 +28,14 @@ pub enum CancelTarget {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CancelOutcome {
     /// This request cancelled it.
-    Cancelled { scan_id: Uuid },
+    Cancelled {
+        scan_id: Uuid,
+    },
     /// It had already ended (completed, failed or cancelled); nothing changed.
-    AlreadyTerminal { scan_id: Uuid, state: String },
+    AlreadyTerminal {
+        scan_id: Uuid,
+        state: String,
+    },
     NotFound,
 }
 
@@ -154,7 +159,10 @@ async fn cancel_scan(
     };
     outbox::enqueue(
         conn,
-        &[OutboxEvent::new(subjects.event(EventKind::ScanCancelled), event.encode_to_vec())],
+        &[OutboxEvent::new(
+            subjects.event(EventKind::ScanCancelled),
+            event.encode_to_vec(),
+        )],
     )
     .await?;
     Ok(CancelOutcome::Cancelled { scan_id })

@@ -16,8 +16,8 @@ pub mod evidence;
 pub mod ingestion;
 pub mod outbox;
 pub mod recovery;
-pub mod revocation;
 pub mod retry;
+pub mod revocation;
 pub mod states;
 
 mod fence;

@@ -4,13 +4,13 @@
 //! revocation: the tasks go back to the queue with their attempt refunded, and the worker's
 //! next message is refused `lease_lost`) or allowed to finish (routine reassignment).
 
-use messages::{v1, EventKind, Subjects};
+use messages::{EventKind, Subjects, v1};
 use prost::Message as _;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::outbox::{self, OutboxEvent};
 use crate::StoreError;
+use crate::outbox::{self, OutboxEvent};
 
 /// What happens to the leases the worker holds when it is revoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +84,9 @@ pub async fn revoke_assignment(
         return Ok(RevokeOutcome::NotFound);
     }
     let leases_cancelled = match active {
-        ActiveLeases::Cancel => void_leases(&mut tx, subjects, worker_id, Some(organization_id)).await?,
+        ActiveLeases::Cancel => {
+            void_leases(&mut tx, subjects, worker_id, Some(organization_id)).await?
+        }
         ActiveLeases::LetFinish => 0,
     };
     tx.commit().await?;

@@ -3,6 +3,7 @@
 
 mod admission;
 mod bad_input;
+mod control;
 mod end_to_end;
 mod ingestion;
 mod redelivery;
