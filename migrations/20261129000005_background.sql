@@ -70,3 +70,9 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     CONSTRAINT dead_letters_message_unique UNIQUE (consumer, stream_sequence)
 );
+
+-- Retention of result-batch records of ended tasks.
+CREATE INDEX IF NOT EXISTS worker_tasks_ended_idx
+    ON worker_tasks (completed_at)
+    WHERE state IN ('completed', 'failed_terminal', 'cancelled');
+CREATE INDEX IF NOT EXISTS dead_letters_created_idx ON dead_letters (created_at);

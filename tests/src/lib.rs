@@ -754,7 +754,7 @@ impl TestSystem {
             .await
             .expect("expired");
         let outcome = self.reaper().run_once().await.expect("reaper sweep");
-        assert!(outcome.retried.contains(&task_id), "{outcome:?}");
+        assert!(outcome.recovered.retried.contains(&task_id), "{outcome:?}");
         store::admin::make_task_due(&self.pool, task_id)
             .await
             .expect("due");

@@ -1,7 +1,9 @@
-//! The reaper (SPEC §4.5): sweeps that heal what crashes and lost messages leave behind.
-//! Today: stale-attempt recovery (expired leases back to `retry_wait`, or `failed_terminal`
-//! when the budget is spent) and the outbox relay (rows whose claim lapsed are re-published).
-//! Each sweep is a bounded `run_once` that tests call directly.
+//! The reaper (SPEC §4.5): sweeps that heal what crashes and lost messages leave behind:
+//! stale-attempt recovery (expired leases back to `retry_wait`, or `failed_terminal` when the
+//! budget is spent), execution deadlines (enforced even while a worker renews), wake-ups for
+//! retried tasks that became due, expired upload sessions, retention, and the outbox relay
+//! (rows whose claim lapsed are re-published). Each sweep is a bounded `run_once` that tests
+//! call directly; it logs only when it acted.
 //!
 //! Every sweep is safe on any number of replicas (`FOR UPDATE SKIP LOCKED`, guarded
 //! statements); running it under a leader lease only saves the duplicate work.
@@ -12,7 +14,7 @@ use anyhow::Context as _;
 use bus::Bus;
 use outbox::Relay;
 use runtime::{CommonSettings, Connections, SettingsError, env};
-use store::recovery::RecoveryOutcome;
+use store::recovery::{Pruned, RecoveryOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +27,10 @@ pub struct Settings {
     /// Rows one sweep may touch (`PALISADE_REAPER_BATCH`, default 1000).
     pub batch: i64,
     pub retry: RetryPolicy,
+    /// Transport history older than this is pruned (`PALISADE_RETENTION_HOURS`, default 720).
+    pub retention: Duration,
+    /// Longest a sweep may take before it is abandoned until the next interval.
+    pub sweep_time_max: Duration,
 }
 
 impl Settings {
@@ -58,6 +64,10 @@ impl Settings {
             interval: Duration::from_millis(env::parse("PALISADE_REAPER_INTERVAL_MS", 1_000_u64)?),
             batch,
             retry,
+            retention: Duration::from_secs(
+                3_600 * env::parse("PALISADE_RETENTION_HOURS", 720_u64)?,
+            ),
+            sweep_time_max: Duration::from_secs(30),
         })
     }
 }
@@ -92,23 +102,52 @@ impl Service {
         }
     }
 
-    /// One sweep: recover up to `batch` expired attempts, then announce the retried tasks
-    /// that are due.
-    pub async fn run_once(&self) -> Result<RecoveryOutcome, StoreError> {
-        let outcome = store::recovery::recover_expired(
-            &self.pool,
-            self.bus.subjects(),
-            self.settings.retry,
-            self.settings.batch,
-        )
-        .await?;
-        if !outcome.is_empty() {
+    /// One sweep, bounded in rows (`batch` per step) and time (`sweep_time_max`).
+    pub async fn run_once(&self) -> Result<SweepOutcome, StoreError> {
+        match tokio::time::timeout(self.settings.sweep_time_max, self.sweep()).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(StoreError::Corrupt(format!(
+                "sweep took longer than {:?}; the rest waits for the next interval",
+                self.settings.sweep_time_max
+            ))),
+        }
+    }
+
+    async fn sweep(&self) -> Result<SweepOutcome, StoreError> {
+        let subjects = self.bus.subjects();
+        let batch = self.settings.batch;
+        let outcome = SweepOutcome {
+            recovered: store::recovery::recover_expired(
+                &self.pool,
+                subjects,
+                self.settings.retry,
+                batch,
+            )
+            .await?,
+            overdue: store::recovery::fail_overdue(&self.pool, subjects, batch).await?,
+            uploads_expired: store::recovery::expire_uploads(&self.pool, batch).await?,
+            pruned: store::recovery::prune(&self.pool, self.settings.retention, batch).await?,
+            due_retries: store::recovery::due_retries(&self.pool).await?,
+        };
+        if outcome.acted() {
             tracing::info!(
-                retried = outcome.retried.len(),
-                failed = outcome.failed.len(),
-                "recovered expired leases"
+                retried = outcome.recovered.retried.len(),
+                budget_spent = outcome.recovered.failed.len(),
+                overdue = outcome.overdue.len(),
+                uploads_expired = outcome.uploads_expired,
+                pruned_outbox = outcome.pruned.outbox,
+                pruned_batches = outcome.pruned.batches,
+                pruned_dead_letters = outcome.pruned.dead_letters,
+                "reaper sweep acted"
             );
             self.relay.notify();
+        }
+        if outcome.due_retries > 0 {
+            // A hint that wakes waiting acquires for retried tasks whose backoff passed.
+            let _ = self
+                .bus
+                .publish_core(subjects.dispatch_wakeup(), bytes::Bytes::new())
+                .await;
         }
         Ok(outcome)
     }
@@ -127,22 +166,30 @@ impl Service {
             if let Err(error) = self.run_once().await {
                 tracing::warn!(%error, "reaper sweep failed; retrying next interval");
             }
-            // Wake dispatch's long-polls for retried tasks whose backoff has passed.
-            self.announce_due().await;
         }
         let _ = relay.await;
         Ok(())
     }
+}
 
-    /// Publishes a core-NATS wake-up hint when `retry_wait` tasks are due, so waiting
-    /// workers re-check at once instead of at their next poll. A hint, never a decision.
-    async fn announce_due(&self) {
-        let due = store::recovery::due_retries(&self.pool).await.unwrap_or(0);
-        if due > 0 {
-            let _ = self
-                .bus
-                .publish_core(self.bus.subjects().dispatch_wakeup(), bytes::Bytes::new())
-                .await;
-        }
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    pub recovered: RecoveryOutcome,
+    /// Tasks failed because an attempt ran past the execution deadline.
+    pub overdue: Vec<uuid::Uuid>,
+    pub uploads_expired: u64,
+    pub pruned: Pruned,
+    /// `retry_wait` tasks due now (a wake-up was published for them).
+    pub due_retries: i64,
+}
+
+impl SweepOutcome {
+    /// Whether the sweep changed anything (it logs only then).
+    pub fn acted(&self) -> bool {
+        !self.recovered.is_empty()
+            || !self.overdue.is_empty()
+            || self.uploads_expired > 0
+            || self.pruned != Pruned::default()
     }
 }

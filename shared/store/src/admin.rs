@@ -260,3 +260,63 @@ pub async fn live_attempts_of_worker(pool: &PgPool, worker_id: Uuid) -> Result<i
     .fetch_one(pool)
     .await?)
 }
+
+/// Test aid: the task's state and, when waiting for a retry, how long after its last attempt
+/// ended it becomes due.
+pub async fn task_retry_delay(
+    pool: &PgPool,
+    task_id: Uuid,
+) -> Result<(String, Option<std::time::Duration>), StoreError> {
+    let (state, millis): (String, Option<f64>) = sqlx::query_as(
+        r#"
+        SELECT t.state,
+               CASE WHEN t.state = 'retry_wait' THEN (extract(epoch FROM t.available_at - a.finished_at) * 1000)::float8 END
+        FROM worker_tasks t LEFT JOIN worker_task_attempts a ON a.id = t.current_attempt_id
+        WHERE t.id = $1
+        "#,
+    )
+    .bind(task_id)
+    .fetch_one(pool)
+    .await?;
+    Ok((
+        state,
+        millis.map(|ms| std::time::Duration::from_millis(ms.max(0.0) as u64)),
+    ))
+}
+
+/// Test aid: the attempt's status.
+pub async fn attempt_status(pool: &PgPool, attempt_id: Uuid) -> Result<String, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT status FROM worker_task_attempts WHERE id = $1")
+            .bind(attempt_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Test aid: the live attempt of the task expires `ms` milliseconds from now.
+pub async fn set_lease_expiry_in(pool: &PgPool, task_id: Uuid, ms: i64) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE worker_task_attempts SET lease_expires_at = now() + make_interval(secs => $2::float8 / 1000)
+         WHERE task_id = $1 AND status IN ('leased', 'running')",
+    )
+    .bind(task_id)
+    .bind(ms as f64)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Test aid: holds `FOR UPDATE` on the task's live attempt until the returned transaction
+/// is dropped (rolled back).
+pub async fn hold_attempt_lock(
+    pool: &PgPool,
+    task_id: Uuid,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT id FROM worker_task_attempts WHERE task_id = $1 AND status IN ('leased', 'running') FOR UPDATE")
+        .bind(task_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}

@@ -150,3 +150,166 @@ pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
     .fetch_one(pool)
     .await?)
 }
+
+/// Fails live attempts that passed their task's execution deadline, even if they renew:
+/// lease expiry and the deadline are separate clocks. A deadline failure is not retried (the
+/// same work would overrun again); the task fails terminally and its scan with it. One
+/// statement decides, skipping rows another transaction holds.
+pub async fn fail_overdue(
+    pool: &PgPool,
+    subjects: &Subjects,
+    limit: i64,
+) -> Result<Vec<Uuid>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let overdue = sqlx::query_as::<_, Recovered>(
+        r#"
+        WITH overdue AS (
+            SELECT a.id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+            WHERE a.status IN ('leased', 'running') AND t.execution_deadline_seconds IS NOT NULL
+              AND a.started_at + make_interval(secs => t.execution_deadline_seconds) <= now()
+            ORDER BY a.started_at
+            LIMIT $1
+            FOR UPDATE OF a SKIP LOCKED
+        ),
+        failed AS (
+            UPDATE worker_task_attempts a
+            SET status = 'failed', finished_at = now(), updated_at = now(), error_code = 'deadline_exceeded',
+                error_message = 'the execution deadline passed'
+            FROM overdue WHERE a.id = overdue.id AND a.status IN ('leased', 'running')
+            RETURNING a.id, a.task_id
+        )
+        UPDATE worker_tasks t
+        SET state = 'failed_terminal', completed_at = now(), updated_at = now(),
+            last_error_code = 'deadline_exceeded', last_error = 'the execution deadline passed'
+        FROM failed
+        WHERE t.id = failed.task_id AND t.current_attempt_id = failed.id AND t.state IN ('leased', 'running')
+        RETURNING t.id AS task_id, failed.id AS attempt_id, t.state, t.scan_id, t.scan_job_id,
+                  t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin
+        "#,
+    )
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let error = v1::Error {
+        code: "deadline_exceeded".into(),
+        message: "the execution deadline passed".into(),
+        ..Default::default()
+    };
+    let mut events = Vec::new();
+    for row in &overdue {
+        events.push(OutboxEvent::new(
+            subjects.event(EventKind::TaskFailed),
+            v1::TaskFailed {
+                task_id: row.task_id.to_string(),
+                attempt_id: row.attempt_id.to_string(),
+                scan_id: row.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+                plugin: row.plugin.clone(),
+                error: Some(error.clone()),
+                will_retry: false,
+            }
+            .encode_to_vec(),
+        ));
+        let reason = format!("plugin {} ran past its execution deadline", row.plugin);
+        events.extend(
+            fail_scan_job_and_scan(
+                &mut tx,
+                subjects,
+                &TerminalFailure {
+                    organization_id: row.organization_id,
+                    scan_id: row.scan_id,
+                    scan_job_id: row.scan_job_id,
+                    error: &error,
+                    scan_reason: &reason,
+                },
+            )
+            .await?,
+        );
+    }
+    outbox::enqueue(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(overdue.iter().map(|row| row.task_id).collect())
+}
+
+/// Upload sessions past their expiry (never committed) become `expired`.
+pub async fn expire_uploads(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        r#"
+        UPDATE worker_artifact_uploads SET status = 'expired'
+        WHERE id IN (
+            SELECT id FROM worker_artifact_uploads
+            WHERE status IN ('prepared', 'uploaded') AND expires_at <= now()
+            ORDER BY expires_at LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        )
+        "#,
+    )
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// What one retention pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub outbox: u64,
+    pub batches: u64,
+    pub dead_letters: u64,
+}
+
+/// Removes transport history older than `retention`: published outbox rows, result-batch
+/// records of tasks that ended, dead letters. Evidence (scans, findings, assets) and attempt
+/// history are kept. At most `limit` rows of each per pass.
+pub async fn prune(
+    pool: &PgPool,
+    retention: std::time::Duration,
+    limit: i64,
+) -> Result<Pruned, StoreError> {
+    let seconds = crate::seconds(retention);
+    let outbox = sqlx::query(
+        r#"
+        DELETE FROM outbox WHERE id IN (
+            SELECT id FROM outbox WHERE published_at < now() - make_interval(secs => $1)
+            ORDER BY published_at LIMIT $2
+        )
+        "#,
+    )
+    .bind(seconds)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let batches = sqlx::query(
+        r#"
+        DELETE FROM worker_result_batches WHERE id IN (
+            SELECT b.id FROM worker_result_batches b JOIN worker_tasks t ON t.id = b.task_id
+            WHERE t.state IN ('completed', 'failed_terminal', 'cancelled')
+              AND t.completed_at < now() - make_interval(secs => $1)
+            LIMIT $2
+        )
+        "#,
+    )
+    .bind(seconds)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let dead_letters = sqlx::query(
+        r#"
+        DELETE FROM dead_letters WHERE id IN (
+            SELECT id FROM dead_letters WHERE created_at < now() - make_interval(secs => $1)
+            ORDER BY created_at LIMIT $2
+        )
+        "#,
+    )
+    .bind(seconds)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(Pruned {
+        outbox,
+        batches,
+        dead_letters,
+    })
+}

@@ -6,5 +6,6 @@ mod bad_input;
 mod control;
 mod end_to_end;
 mod ingestion;
+mod recovery;
 mod redelivery;
 mod schema;
