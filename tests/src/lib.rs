@@ -803,3 +803,54 @@ pub async fn stream_subject_counts(
         .await
         .expect("subject counts")
 }
+
+/// A reference worker running as a child process, so a test can SIGKILL or SIGSTOP it.
+pub struct WorkerProcess {
+    pub worker_id: Uuid,
+    child: tokio::process::Child,
+}
+
+impl WorkerProcess {
+    /// Registers a worker for `organization_id` and starts `palisade-worker` for it.
+    /// `binary` is the `test-worker` binary: `env!("CARGO_BIN_EXE_test-worker")` in the
+    /// integration tests.
+    pub async fn start(
+        system: &TestSystem,
+        binary: &str,
+        organization_id: Uuid,
+        capacity: u32,
+    ) -> Self {
+        let worker_id = system.registered_worker(organization_id, capacity).await;
+        let child = tokio::process::Command::new(binary)
+            .env("NATS_URL", &system.settings.common.nats_url)
+            .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
+            .env("PALISADE_WORKER_ID", worker_id.to_string())
+            .env("PALISADE_WORKER_CAPACITY", capacity.to_string())
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .kill_on_drop(true)
+            .spawn()
+            .expect("palisade-worker starts");
+        Self { worker_id, child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    /// SIGKILL: no release, no goodbye; its lease must expire and be recovered.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("SIGKILL delivered");
+    }
+
+    /// SIGSTOP / SIGCONT: a paused process that wakes up believing it still holds its lease.
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+}

@@ -42,7 +42,9 @@ impl ManualClock {
     pub fn advance(&self, by: Duration) {
         let by = TimeDelta::from_std(by).unwrap_or(TimeDelta::MAX);
         let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
-        *now = now.checked_add_signed(by).unwrap_or(DateTime::<Utc>::MAX_UTC);
+        *now = now
+            .checked_add_signed(by)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
     }
 }
 

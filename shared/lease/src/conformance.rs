@@ -71,12 +71,7 @@ fn fresh_name(case: &str) -> String {
     format!("conformance-{case}-{}", uuid::Uuid::new_v4().simple())
 }
 
-async fn acquire<S: Store>(
-    store: &S,
-    name: &str,
-    owner: &str,
-    now: DateTime<Utc>,
-) -> Option<Term> {
+async fn acquire<S: Store>(store: &S, name: &str, owner: &str, now: DateTime<Utc>) -> Option<Term> {
     store
         .acquire(name, owner, now, TTL)
         .await

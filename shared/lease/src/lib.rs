@@ -102,7 +102,9 @@ pub enum LeaseError {
         min: Duration,
         max: Duration,
     },
-    #[error("lease retry interval {retry:?} is out of range: use more than zero and at most {max:?}")]
+    #[error(
+        "lease retry interval {retry:?} is out of range: use more than zero and at most {max:?}"
+    )]
     InvalidRetry { retry: Duration, max: Duration },
     /// The store did not answer or failed; nobody is elected on it.
     #[error("lease store failed: {0}")]

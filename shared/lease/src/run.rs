@@ -362,7 +362,11 @@ impl<S: Store, C: Clock> Election<S, C> {
 
     /// Waits for the cancelled work until just past the trust window, then aborts it, so it
     /// never acts once the lease could belong to another.
-    async fn stop(&self, mut handle: JoinHandle<()>, trusted_until: Instant) -> Result<(), JoinError> {
+    async fn stop(
+        &self,
+        mut handle: JoinHandle<()>,
+        trusted_until: Instant,
+    ) -> Result<(), JoinError> {
         let stop_by = trusted_until.max(Instant::now()) + self.config.stop_grace();
         match timeout_at(stop_by, &mut handle).await {
             Ok(joined) => joined,

@@ -320,3 +320,29 @@ pub async fn hold_attempt_lock(
         .await?;
     Ok(tx)
 }
+
+/// The attempts of a scan's tasks, oldest first: (attempt id, worker id, status).
+pub async fn attempts_of_scan(
+    pool: &PgPool,
+    scan_id: Uuid,
+) -> Result<Vec<(Uuid, Uuid, String)>, StoreError> {
+    Ok(sqlx::query_as(
+        r#"
+        SELECT a.id, a.worker_id, a.status FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+        WHERE t.scan_id = $1 ORDER BY a.created_at, a.attempt_number
+        "#,
+    )
+    .bind(scan_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Result batches accepted from one attempt.
+pub async fn batches_of_attempt(pool: &PgPool, attempt_id: Uuid) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1")
+            .bind(attempt_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}

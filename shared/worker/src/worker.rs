@@ -289,14 +289,17 @@ impl Worker {
 
     /// Sends `request` until a reply arrives, resending it unchanged (same request id, so
     /// dispatch answers with the leases it may already have granted) after a timeout. Returns
-    /// the reply and when the request was first sent; `None` when stopped before a reply.
+    /// the reply and when it arrived; `None` when stopped before a reply.
     async fn acquire(
         &self,
         ctx: &Context,
         request: &v1::AcquireRequest,
         stop: &CancellationToken,
     ) -> Result<Option<(v1::AcquireReply, Instant)>, WorkerError> {
-        let first_sent_at = Instant::now();
+        // Dispatch computes `lease_expires_in_ms` when it answers (a replayed request id gets
+        // what remains of the original lease), so the reply's arrival is the origin, off by
+        // one network hop only. A send time is not: a long-poll may be answered seconds after
+        // it was sent, with a lease granted just before the answer.
         let timeout = self.config.acquire_wait + self.config.request_timeout;
         let mut failures = 0;
         loop {
@@ -306,7 +309,7 @@ impl Worker {
                 .request::<v1::AcquireReply>(WorkerVerb::Acquire, request, timeout)
                 .await;
             match reply {
-                Ok(reply) => return Ok(Some((reply, first_sent_at))),
+                Ok(reply) => return Ok(Some((reply, Instant::now()))),
                 Err(RequestError::Decode(source)) => {
                     return Err(WorkerError::Decode {
                         what: "acquire",
