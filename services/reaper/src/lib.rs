@@ -5,9 +5,11 @@
 //! (rows whose claim lapsed are re-published). Each sweep is a bounded `run_once` that tests
 //! call directly; it logs only when it acted.
 //!
-//! Every sweep is safe on any number of replicas (`FOR UPDATE SKIP LOCKED`, guarded
-//! statements); running it under a leader lease only saves the duplicate work.
+//! Sweeps run only on the replica that holds the `palisade-reaper` leader lease. Every sweep
+//! is also safe on any number of replicas (`FOR UPDATE SKIP LOCKED`, guarded statements), so
+//! the lease saves duplicate work; it is not what keeps the data right.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -31,6 +33,10 @@ pub struct Settings {
     pub retention: Duration,
     /// Longest a sweep may take before it is abandoned until the next interval.
     pub sweep_time_max: Duration,
+    /// The leader lease the sweeps run under (`PALISADE_REAPER_LEASE_TTL_MS`, default 15000;
+    /// `PALISADE_REAPER_LEASE_RETRY_MS`, default 5000): a crashed leader is replaced within
+    /// TTL + retry, a stopped one within retry.
+    pub lease: lease::RunConfig,
 }
 
 impl Settings {
@@ -68,16 +74,39 @@ impl Settings {
                 3_600 * env::parse("PALISADE_RETENTION_HOURS", 720_u64)?,
             ),
             sweep_time_max: Duration::from_secs(30),
+            lease: lease::RunConfig::new(
+                Duration::from_millis(env::parse("PALISADE_REAPER_LEASE_TTL_MS", 15_000_u64)?),
+                Duration::from_millis(env::parse("PALISADE_REAPER_LEASE_RETRY_MS", 5_000_u64)?),
+            )
+            .map_err(|error| SettingsError::Invalid {
+                name: "PALISADE_REAPER_LEASE_TTL_MS",
+                value: String::new(),
+                reason: error.to_string(),
+            })?,
         })
     }
 }
 
-/// A built reaper.
+/// A sweep starting or ending on this replica (tests and metrics observe them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepEvent {
+    Started,
+    Finished,
+}
+
+/// Called on every [`SweepEvent`].
+pub type SweepObserver = Arc<dyn Fn(SweepEvent) + Send + Sync>;
+
+/// A built reaper. Cheap to clone.
+#[derive(Clone)]
 pub struct Service {
     settings: Settings,
     pool: PgPool,
     bus: Bus,
     relay: Relay,
+    owner: String,
+    observer: Option<SweepObserver>,
+    is_leader: Arc<std::sync::Mutex<Option<tokio::sync::watch::Receiver<bool>>>>,
 }
 
 impl Service {
@@ -99,7 +128,30 @@ impl Service {
             pool: connections.pool,
             bus: connections.bus,
             relay,
+            owner: lease::owner_id("reaper"),
+            observer: None,
+            is_leader: Arc::default(),
         }
+    }
+
+    /// Reports every sweep to `observer`.
+    pub fn with_sweep_observer(mut self, observer: SweepObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// This replica's lease owner id.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Whether this replica holds the reaper lease now.
+    pub fn is_leader(&self) -> bool {
+        self.is_leader
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .is_some_and(|leader| *leader.borrow())
     }
 
     /// One sweep, bounded in rows (`batch` per step) and time (`sweep_time_max`).
@@ -152,23 +204,66 @@ impl Service {
         Ok(outcome)
     }
 
-    /// Sweeps every interval until `shutdown`; the relay runs alongside.
+    /// Campaigns for the reaper lease and, while it holds it, sweeps every interval; the
+    /// outbox relay runs on every replica (it is safe to). Returns at `shutdown`, releasing
+    /// the lease so another replica takes over within one retry interval.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let stop = shutdown.child_token();
         let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+        let election = lease::Election::new(
+            lease::PgStore::new(self.pool.clone()),
+            lease::SystemClock,
+            lease::names::REAPER,
+            self.owner.clone(),
+            self.settings.lease.clone(),
+        );
+        *self.is_leader.lock().expect("not poisoned") = Some(election.watch());
+        let service = self.clone();
+        election
+            .run(
+                move |term| {
+                    let service = service.clone();
+                    async move { service.sweep_while_leader(term).await }
+                },
+                stop.clone(),
+            )
+            .await;
+        stop.cancel();
+        let _ = relay.await;
+        Ok(())
+    }
+
+    /// Sweeps every interval until the term ends.
+    async fn sweep_while_leader(&self, term: lease::TermGuard) {
         let mut ticker = tokio::time::interval(self.settings.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = stop.cancelled() => break,
+                () = term.ended() => return,
                 _ = ticker.tick() => {}
             }
-            if let Err(error) = self.run_once().await {
-                tracing::warn!(%error, "reaper sweep failed; retrying next interval");
+            self.observe(SweepEvent::Started);
+            // A term that ends mid-sweep stops it: the sweep's statements are each safe to
+            // abandon (one transaction each), and a stale leader must stop acting.
+            let outcome = tokio::select! {
+                () = term.ended() => None,
+                outcome = self.run_once() => Some(outcome),
+            };
+            self.observe(SweepEvent::Finished);
+            match outcome {
+                None => return,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "reaper sweep failed; retrying next interval")
+                }
+                Some(Ok(_)) => {}
             }
         }
-        let _ = relay.await;
-        Ok(())
+    }
+
+    fn observe(&self, event: SweepEvent) {
+        if let Some(observer) = &self.observer {
+            observer(event);
+        }
     }
 }
 

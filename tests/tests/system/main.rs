@@ -6,6 +6,7 @@ mod bad_input;
 mod control;
 mod end_to_end;
 mod ingestion;
+mod leader;
 mod processes;
 mod recovery;
 mod redelivery;

@@ -104,7 +104,8 @@ async fn a_paused_worker_that_wakes_after_its_ttl_cannot_write_anything() {
     system.wait_scan_state(&reply.scan_id, "completed").await;
 
     sleeper.signal("CONT");
-    // Give the woken worker time to renew, send what it had and try to complete.
+    // Watch for a while (an observation window, not a wait for an event): the woken worker
+    // renews, sends what it had and tries to complete; none of it may land.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
