@@ -346,3 +346,16 @@ pub async fn batches_of_attempt(pool: &PgPool, attempt_id: Uuid) -> Result<i64, 
             .await?,
     )
 }
+
+/// Workers of an organization that said hello at least once.
+pub async fn workers_seen(pool: &PgPool, organization_id: Uuid) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        r#"
+        SELECT count(*) FROM workers w JOIN organization_workers ow ON ow.worker_id = w.id
+        WHERE ow.organization_id = $1 AND w.last_seen_at IS NOT NULL
+        "#,
+    )
+    .bind(organization_id)
+    .fetch_one(pool)
+    .await?)
+}
