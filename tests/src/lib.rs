@@ -54,6 +54,9 @@ pub enum Component {
     Reaper,
 }
 
+/// A started component: how to stop it, and its task.
+type RunningComponent = (CancellationToken, JoinHandle<anyhow::Result<()>>);
+
 /// palisade in-process for one test.
 pub struct TestSystem {
     pub pool: PgPool,
@@ -66,7 +69,7 @@ pub struct TestSystem {
     pub ingestion_crash: Arc<AtomicBool>,
     database_url: String,
     shutdown: CancellationToken,
-    running: Mutex<HashMap<Component, (CancellationToken, JoinHandle<anyhow::Result<()>>)>>,
+    running: Mutex<HashMap<Component, RunningComponent>>,
 }
 
 fn init_test_logging() {

@@ -174,7 +174,8 @@ mod tests {
 
     #[test]
     fn refuses_each_bad_field_with_its_code() {
-        let cases: Vec<(Box<dyn Fn(&mut v1::ScanRequest)>, ErrorCode)> = vec![
+        type Change = Box<dyn Fn(&mut v1::ScanRequest)>;
+        let cases: Vec<(Change, ErrorCode)> = vec![
             (
                 Box::new(|r| r.schema_version = 2),
                 ErrorCode::UnsupportedSchemaVersion,

@@ -27,6 +27,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// Transient failures (a deadlock lost to a racing completion) a cancel retries by itself.
+const CANCEL_TRANSIENT_RETRIES_MAX: usize = 3;
+
 /// Queue group shared by dispatch replicas.
 pub const QUEUE_GROUP: &str = "dispatch";
 
@@ -209,8 +212,6 @@ fn internal(error: &StoreError) -> v1::Error {
     )
 }
 
-/// The worker id a request was sent under: the subject token and the field must agree.
-
 impl Dispatch {
     /// Cancels a scan or a task; persisted before the reply says so.
     async fn cancel(&self, payload: &[u8]) -> v1::CancelReply {
@@ -241,7 +242,24 @@ impl Dispatch {
         } else {
             &request.reason
         };
-        match store::cancellation::cancel(&self.pool, self.bus.subjects(), target, reason).await {
+        // A cancel racing a completion can lose a deadlock; the cancel is idempotent, retry it.
+        let mut outcome =
+            store::cancellation::cancel(&self.pool, self.bus.subjects(), target, reason).await;
+        for _ in 0..CANCEL_TRANSIENT_RETRIES_MAX {
+            match &outcome {
+                Err(error) if error.is_transient() => {
+                    outcome = store::cancellation::cancel(
+                        &self.pool,
+                        self.bus.subjects(),
+                        target,
+                        reason,
+                    )
+                    .await;
+                }
+                _ => break,
+            }
+        }
+        match outcome {
             Ok(CancelOutcome::Cancelled { scan_id }) => {
                 self.relay.notify();
                 v1::CancelReply {

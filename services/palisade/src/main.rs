@@ -396,6 +396,9 @@ async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()>
             job.finding_count,
             job.asset_count
         );
+        if let Some(task_id) = job.task_id {
+            println!("     task {task_id}");
+        }
         if !job.error_code.is_empty() {
             println!("     error {}: {}", job.error_code, job.error_message);
         }

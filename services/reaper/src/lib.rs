@@ -74,15 +74,19 @@ impl Settings {
                 3_600 * env::parse("PALISADE_RETENTION_HOURS", 720_u64)?,
             ),
             sweep_time_max: Duration::from_secs(30),
-            lease: lease::RunConfig::new(
-                Duration::from_millis(env::parse("PALISADE_REAPER_LEASE_TTL_MS", 15_000_u64)?),
-                Duration::from_millis(env::parse("PALISADE_REAPER_LEASE_RETRY_MS", 5_000_u64)?),
-            )
-            .map_err(|error| SettingsError::Invalid {
-                name: "PALISADE_REAPER_LEASE_TTL_MS",
-                value: String::new(),
-                reason: error.to_string(),
-            })?,
+            lease: {
+                let ttl_ms = env::parse("PALISADE_REAPER_LEASE_TTL_MS", 15_000_u64)?;
+                let retry_ms = env::parse("PALISADE_REAPER_LEASE_RETRY_MS", 5_000_u64)?;
+                lease::RunConfig::new(
+                    Duration::from_millis(ttl_ms),
+                    Duration::from_millis(retry_ms),
+                )
+                .map_err(|error| SettingsError::Invalid {
+                    name: "PALISADE_REAPER_LEASE_TTL_MS / PALISADE_REAPER_LEASE_RETRY_MS",
+                    value: format!("{ttl_ms} / {retry_ms}"),
+                    reason: error.to_string(),
+                })?
+            },
         })
     }
 }
@@ -215,7 +219,7 @@ impl Service {
             lease::SystemClock,
             lease::names::REAPER,
             self.owner.clone(),
-            self.settings.lease.clone(),
+            self.settings.lease,
         );
         *self.is_leader.lock().expect("not poisoned") = Some(election.watch());
         let service = self.clone();

@@ -52,10 +52,10 @@ where
         tokio::spawn(async move {
             let reply_to = message.reply.clone();
             let reply = handler(message).await;
-            if let (Some(reply_to), Some(reply)) = (reply_to, reply) {
-                if let Err(error) = client.publish(reply_to, reply).await {
-                    tracing::warn!(%error, "reply failed; the requester will retry");
-                }
+            if let (Some(reply_to), Some(reply)) = (reply_to, reply)
+                && let Err(error) = client.publish(reply_to, reply).await
+            {
+                tracing::warn!(%error, "reply failed; the requester will retry");
             }
             drop(permit);
         });

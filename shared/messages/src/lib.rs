@@ -100,7 +100,8 @@ mod tests {
     #[test]
     fn fingerprint_covers_every_semantic_field() {
         let base = scan_request_fingerprint(&request());
-        let changes: Vec<Box<dyn Fn(&mut v1::ScanRequest)>> = vec![
+        type Change = Box<dyn Fn(&mut v1::ScanRequest)>;
+        let changes: Vec<Change> = vec![
             Box::new(|r| r.organization_id = "0193c3c4-0000-7000-8000-000000000002".into()),
             Box::new(|r| r.target.push('/')),
             Box::new(|r| r.plugins.reverse()),

@@ -229,20 +229,6 @@ impl Default for BatchLimits {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renew_interval_must_be_below_the_ttl() {
-        let ttl = Duration::from_secs(30);
-        assert!(LeaseSettings::new(ttl, Duration::from_secs(10)).is_ok());
-        assert!(LeaseSettings::new(ttl, ttl).is_err());
-        assert!(LeaseSettings::new(ttl, Duration::from_secs(31)).is_err());
-        assert!(LeaseSettings::new(ttl, Duration::ZERO).is_err());
-    }
-}
-
 /// Records a message that exhausted its deliveries in `dead_letters` (once per consumer and
 /// stream sequence), so an operator can see it and its reason; never loses it silently.
 pub async fn record_dead_letter(
@@ -268,5 +254,19 @@ pub async fn record_dead_letter(
     );
     if let Err(error) = store::dead_letters::record(pool, &letter).await {
         tracing::error!(%error, consumer, "could not record a dead message");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renew_interval_must_be_below_the_ttl() {
+        let ttl = Duration::from_secs(30);
+        assert!(LeaseSettings::new(ttl, Duration::from_secs(10)).is_ok());
+        assert!(LeaseSettings::new(ttl, ttl).is_err());
+        assert!(LeaseSettings::new(ttl, Duration::from_secs(31)).is_err());
+        assert!(LeaseSettings::new(ttl, Duration::ZERO).is_err());
     }
 }

@@ -88,6 +88,7 @@ pub struct ScanView {
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ScanJobView {
+    pub task_id: Option<Uuid>,
     pub position: i32,
     pub plugin: String,
     pub state: String,
@@ -115,7 +116,7 @@ pub async fn scan(pool: &PgPool, scan_id: Uuid) -> Result<Option<ScanView>, Stor
 pub async fn scan_jobs(pool: &PgPool, scan_id: Uuid) -> Result<Vec<ScanJobView>, StoreError> {
     Ok(sqlx::query_as::<_, ScanJobView>(
         r#"
-        SELECT j.position, j.plugin, j.state, t.state AS task_state, t.attempt_count, j.finding_count,
+        SELECT t.id AS task_id, j.position, j.plugin, j.state, t.state AS task_state, t.attempt_count, j.finding_count,
                j.asset_count, j.error_code, j.error_message
         FROM scan_jobs j LEFT JOIN worker_tasks t ON t.scan_job_id = j.id
         WHERE j.scan_id = $1 ORDER BY j.position

@@ -50,11 +50,24 @@ pub async fn cancel(
     let scan_id = match target {
         CancelTarget::Scan(scan_id) => Some(scan_id),
         CancelTarget::Task(task_id) => {
-            sqlx::query_scalar::<_, Option<Uuid>>("SELECT scan_id FROM worker_tasks WHERE id = $1")
-                .bind(task_id)
-                .fetch_optional(&mut *tx)
-                .await?
-                .flatten()
+            let task: Option<(Option<Uuid>, String)> =
+                sqlx::query_as("SELECT scan_id, state FROM worker_tasks WHERE id = $1")
+                    .bind(task_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            match task {
+                // A task that ended stays ended (terminal is terminal); its scan goes on.
+                Some((Some(scan_id), state))
+                    if matches!(
+                        state.as_str(),
+                        "completed" | "failed_terminal" | "cancelled"
+                    ) =>
+                {
+                    return Ok(CancelOutcome::AlreadyTerminal { scan_id, state });
+                }
+                Some((scan_id, _)) => scan_id,
+                None => None,
+            }
         }
     };
     let Some(scan_id) = scan_id else {

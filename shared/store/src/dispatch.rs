@@ -158,22 +158,6 @@ pub async fn acquire(
 ) -> Result<AcquireOutcome, StoreError> {
     let mut tx = pool.begin().await?;
 
-    let replayed = sqlx::query_as::<_, GrantedLease>(concat!(
-        "SELECT ",
-        lease_columns!(),
-        " FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-         WHERE a.worker_id = $1 AND a.acquire_request_id = $2 ORDER BY a.created_at"
-    ))
-    .bind(params.worker_id)
-    .bind(params.request_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    if !replayed.is_empty() {
-        let leases = with_assets(&mut tx, replayed).await?;
-        tx.commit().await?;
-        return Ok(AcquireOutcome::Leases(leases));
-    }
-
     // FOR SHARE: a revocation (an UPDATE of this row) waits for us, and we wait for it, so no
     // lease is granted after a revocation commits.
     let worker: Option<(bool, bool, Vec<String>, i32)> = sqlx::query_as(
@@ -191,6 +175,22 @@ pub async fn acquire(
     if !enabled || revoked {
         return Ok(AcquireOutcome::Refused(worker_disabled(params.worker_id)));
     }
+    let replayed = sqlx::query_as::<_, GrantedLease>(concat!(
+        "SELECT ",
+        lease_columns!(),
+        " FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+         WHERE a.worker_id = $1 AND a.acquire_request_id = $2 ORDER BY a.created_at"
+    ))
+    .bind(params.worker_id)
+    .bind(params.request_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !replayed.is_empty() {
+        let leases = with_assets(&mut tx, replayed).await?;
+        tx.commit().await?;
+        return Ok(AcquireOutcome::Leases(leases));
+    }
+
     if capabilities.is_empty() {
         return Ok(AcquireOutcome::Refused(v1::Error::new(
             ErrorCode::InvalidField,

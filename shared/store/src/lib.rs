@@ -186,21 +186,6 @@ pub(crate) fn seconds(duration: Duration) -> f64 {
     duration.as_secs_f64()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
-    }
-}
-
 /// Opens a savepoint inside `tx`: one message of a batch is decided in it, and rolled back
 /// alone when that message is refused or fails.
 pub async fn savepoint<'c>(
@@ -219,4 +204,19 @@ pub async fn drop_database(url: &str) -> Result<(), StoreError> {
             url: redact_url(url),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+    }
 }

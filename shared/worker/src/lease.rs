@@ -67,8 +67,8 @@ pub(crate) struct LeaseRun {
     pub lease_ref: v1::LeaseRef,
     /// `None` when this worker has no plugin of the lease's name.
     pub plugin: Option<Arc<dyn Plugin>>,
-    /// When the acquire request that granted the lease was first sent: the lease's clocks
-    /// are measured from here, erring early.
+    /// When the acquire reply that granted the lease arrived: the lease's clocks (expiry,
+    /// execution deadline) are measured from here, as dispatch computed them when answering.
     pub granted_at: Instant,
     pub acks: mpsc::Receiver<v1::IngestAck>,
     pub route: Route,
