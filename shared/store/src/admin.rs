@@ -360,3 +360,17 @@ pub async fn workers_seen(pool: &PgPool, organization_id: Uuid) -> Result<i64, S
     .fetch_one(pool)
     .await?)
 }
+
+/// Test aid: makes published outbox rows and ended tasks look `by` older.
+pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), StoreError> {
+    let seconds = crate::seconds(by);
+    sqlx::query("UPDATE outbox SET published_at = published_at - make_interval(secs => $1) WHERE published_at IS NOT NULL")
+        .bind(seconds)
+        .execute(pool)
+        .await?;
+    sqlx::query("UPDATE worker_tasks SET completed_at = completed_at - make_interval(secs => $1) WHERE completed_at IS NOT NULL")
+        .bind(seconds)
+        .execute(pool)
+        .await?;
+    Ok(())
+}

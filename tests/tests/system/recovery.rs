@@ -340,3 +340,53 @@ async fn two_acquirers_never_lease_one_task_twice() {
     }
     system.finish().await;
 }
+
+#[tokio::test]
+async fn retention_prunes_old_transport_history_and_keeps_evidence() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let worker = &scan.worker;
+    assert!(
+        worker
+            .send_batch(&worker.batch(&scan.lease, 0, &tests::findings_payload(2)))
+            .await
+            .error
+            .is_none()
+    );
+    assert!(worker.complete(&scan.lease, 1).await.error.is_none());
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    system
+        .wait_for("the outbox to drain", || async {
+            (store::outbox::backlog(&system.pool).await.unwrap().0 == 0).then_some(())
+        })
+        .await;
+    let before = system.table_counts().await;
+    assert!(before["outbox"] > 0 && before["worker_result_batches"] == 1);
+
+    // Nothing is old enough yet.
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!(outcome.pruned, store::recovery::Pruned::default());
+
+    store::admin::age_history(&system.pool, Duration::from_secs(31 * 24 * 3600))
+        .await
+        .unwrap();
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!(outcome.pruned.outbox as i64, before["outbox"]);
+    assert_eq!(outcome.pruned.batches, 1);
+    let after = system.table_counts().await;
+    assert_eq!((after["outbox"], after["worker_result_batches"]), (0, 0));
+    for kept in [
+        "scans",
+        "scan_jobs",
+        "worker_tasks",
+        "worker_task_attempts",
+        "findings",
+        "assets",
+    ] {
+        assert_eq!(
+            after[kept], before[kept],
+            "{kept} is evidence or history and is kept"
+        );
+    }
+    system.finish().await;
+}
