@@ -40,6 +40,46 @@ struct Recovered {
     plugin: String,
 }
 
+impl Recovered {
+    /// The task.failed event for this row.
+    fn task_failed(&self, subjects: &Subjects, error: &v1::Error, will_retry: bool) -> OutboxEvent {
+        OutboxEvent::new(
+            subjects.event(EventKind::TaskFailed),
+            v1::TaskFailed {
+                task_id: self.task_id.to_string(),
+                attempt_id: self.attempt_id.to_string(),
+                scan_id: self.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+                plugin: self.plugin.clone(),
+                error: Some(error.clone()),
+                will_retry,
+            }
+            .encode_to_vec(),
+        )
+    }
+
+    /// Fails this row's scan job and scan; the scan.failed event when the scan changed.
+    async fn fail_scan(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        subjects: &Subjects,
+        error: &v1::Error,
+        reason: &str,
+    ) -> Result<Option<OutboxEvent>, StoreError> {
+        fail_scan_job_and_scan(
+            conn,
+            subjects,
+            &TerminalFailure {
+                organization_id: self.organization_id,
+                scan_id: self.scan_id,
+                scan_job_id: self.scan_job_id,
+                error,
+                scan_reason: reason,
+            },
+        )
+        .await
+    }
+}
+
 /// Recovers up to `limit` expired attempts in one transaction.
 pub async fn recover_expired(
     pool: &PgPool,
@@ -95,18 +135,7 @@ pub async fn recover_expired(
     };
     for row in &recovered {
         let terminal = row.state == "failed_terminal";
-        events.push(OutboxEvent::new(
-            subjects.event(EventKind::TaskFailed),
-            v1::TaskFailed {
-                task_id: row.task_id.to_string(),
-                attempt_id: row.attempt_id.to_string(),
-                scan_id: row.scan_id.map(|id| id.to_string()).unwrap_or_default(),
-                plugin: row.plugin.clone(),
-                error: Some(error.clone()),
-                will_retry: !terminal,
-            }
-            .encode_to_vec(),
-        ));
+        events.push(row.task_failed(subjects, &error, !terminal));
         if !terminal {
             if let Some(scan_job_id) = row.scan_job_id {
                 sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
@@ -122,20 +151,7 @@ pub async fn recover_expired(
             "plugin {} spent its attempt budget: every lease expired",
             row.plugin
         );
-        events.extend(
-            fail_scan_job_and_scan(
-                &mut tx,
-                subjects,
-                &TerminalFailure {
-                    organization_id: row.organization_id,
-                    scan_id: row.scan_id,
-                    scan_job_id: row.scan_job_id,
-                    error: &error,
-                    scan_reason: &reason,
-                },
-            )
-            .await?,
-        );
+        events.extend(row.fail_scan(&mut tx, subjects, &error, &reason).await?);
     }
     outbox::enqueue(&mut tx, &events).await?;
     tx.commit().await?;
@@ -197,33 +213,9 @@ pub async fn fail_overdue(
     };
     let mut events = Vec::new();
     for row in &overdue {
-        events.push(OutboxEvent::new(
-            subjects.event(EventKind::TaskFailed),
-            v1::TaskFailed {
-                task_id: row.task_id.to_string(),
-                attempt_id: row.attempt_id.to_string(),
-                scan_id: row.scan_id.map(|id| id.to_string()).unwrap_or_default(),
-                plugin: row.plugin.clone(),
-                error: Some(error.clone()),
-                will_retry: false,
-            }
-            .encode_to_vec(),
-        ));
+        events.push(row.task_failed(subjects, &error, false));
         let reason = format!("plugin {} ran past its execution deadline", row.plugin);
-        events.extend(
-            fail_scan_job_and_scan(
-                &mut tx,
-                subjects,
-                &TerminalFailure {
-                    organization_id: row.organization_id,
-                    scan_id: row.scan_id,
-                    scan_job_id: row.scan_job_id,
-                    error: &error,
-                    scan_reason: &reason,
-                },
-            )
-            .await?,
-        );
+        events.extend(row.fail_scan(&mut tx, subjects, &error, &reason).await?);
     }
     outbox::enqueue(&mut tx, &events).await?;
     tx.commit().await?;
