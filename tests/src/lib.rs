@@ -67,6 +67,8 @@ pub struct TestSystem {
     pub admission_crash: Arc<AtomicBool>,
     /// Set to make ingestion crash after its next commit, before acknowledging.
     pub ingestion_crash: Arc<AtomicBool>,
+    /// Where `/healthz` and `/readyz` listen, when `settings.http_addr` was set.
+    pub health_addr: Option<std::net::SocketAddr>,
     database_url: String,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Component, RunningComponent>>,
@@ -235,6 +237,8 @@ impl TestSystem {
         settings.reaper.retry = settings.ingestion.retry;
         settings.reaper.interval = Duration::from_millis(100);
         settings.enrichment.poll = Duration::from_millis(100);
+        // Tests run in parallel: no health server unless a test asks for one on a free port.
+        settings.http_addr = None;
         configure(&mut settings);
 
         palisade::system::prepare_database(&settings.common)
@@ -250,6 +254,20 @@ impl TestSystem {
             .unwrap_or_else(|error| {
                 panic!("cannot start palisade: {error}; is NATS with JetStream running (NATS_URL)?")
             });
+        let shutdown = CancellationToken::new();
+        let health_addr = match settings.http_addr {
+            Some(addr) => Some(
+                runtime::health::serve_health(
+                    addr,
+                    &settings.common,
+                    connections.clone(),
+                    shutdown.child_token(),
+                )
+                .await
+                .expect("health endpoints served"),
+            ),
+            None => None,
+        };
         let system = Self {
             pool: connections.pool.clone(),
             bus: connections.bus.clone(),
@@ -257,8 +275,9 @@ impl TestSystem {
             settings,
             admission_crash: Arc::new(AtomicBool::new(false)),
             ingestion_crash: Arc::new(AtomicBool::new(false)),
+            health_addr,
             database_url,
-            shutdown: CancellationToken::new(),
+            shutdown,
             running: Mutex::new(HashMap::new()),
         };
         for component in [

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use messages::{ErrorCode, EventKind, v1};
 use outbox::Relay;
 use prost::Message as _;
+use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::admission::{AdmitOutcome, AdmitParams};
 use store::{PgPool, StoreError};
@@ -43,6 +44,9 @@ pub struct Settings {
     pub known_plugins: Option<Vec<String>>,
     /// Test fault injection: crash after commit, before ack.
     pub crash_after_commit: Option<Arc<AtomicBool>>,
+    /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
+    /// `off` for none); `None` where one process runs many services and serves them once.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -94,6 +98,7 @@ impl Settings {
             )
             .filter(|names| !names.is_empty()),
             crash_after_commit: None,
+            http_addr: runtime::health::http_addr_from_env()?,
         })
     }
 }
@@ -104,6 +109,8 @@ pub struct Service {
     bus: Bus,
     relay: Relay,
     admission: Arc<Admission>,
+    /// The health server, started by `run_until_stopped`.
+    health: Option<HealthServer>,
 }
 
 impl Service {
@@ -117,6 +124,9 @@ impl Service {
 
     /// Builds over existing connections (the all-in-one command and the tests).
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let health = settings
+            .http_addr
+            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
         let relay = Relay::new(
             connections.pool.clone(),
             connections.bus.clone(),
@@ -134,6 +144,7 @@ impl Service {
             bus: connections.bus,
             relay,
             admission,
+            health,
         }
     }
 
@@ -152,6 +163,12 @@ impl Service {
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
 
         let stop = shutdown.child_token();
+        if let Some(health) = &self.health {
+            health
+                .serve(stop.clone())
+                .await
+                .context("failed to serve the health endpoints")?;
+        }
         let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
         let admission = self.admission.clone();
         let server = bus::serve::serve(

@@ -17,6 +17,7 @@ use messages::validate::{invalid, malformed, schema_version as schema, worker_id
 use messages::{ErrorCode, EventKind, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
+use runtime::health::HealthServer;
 use runtime::{BatchLimits, CommonSettings, Connections, LeaseSettings, SettingsError, env};
 use store::cancellation::{CancelOutcome, CancelTarget};
 use store::dispatch::{
@@ -42,6 +43,9 @@ pub struct Settings {
     /// A waiting acquire re-checks the database this often even without a wake-up, for tasks
     /// that became due by time (`PALISADE_ACQUIRE_POLL_MS`, default 1000).
     pub acquire_poll: Duration,
+    /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
+    /// `off` for none); `None` where one process runs many services and serves them once.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -55,6 +59,7 @@ impl Settings {
             lease: LeaseSettings::from_env()?,
             batch_limits: BatchLimits::from_env()?,
             acquire_poll: Duration::from_millis(env::parse("PALISADE_ACQUIRE_POLL_MS", 1_000_u64)?),
+            http_addr: runtime::health::http_addr_from_env()?,
         })
     }
 }
@@ -65,6 +70,8 @@ pub struct Service {
     relay: Relay,
     dispatch: Arc<Dispatch>,
     wake: watch::Sender<u64>,
+    /// The health server, started by `run_until_stopped`.
+    health: Option<HealthServer>,
 }
 
 impl Service {
@@ -76,6 +83,9 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let health = settings
+            .http_addr
+            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
         let relay = Relay::new(
             connections.pool.clone(),
             connections.bus.clone(),
@@ -94,6 +104,7 @@ impl Service {
             relay,
             dispatch,
             wake,
+            health,
         }
     }
 
@@ -101,6 +112,12 @@ impl Service {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let subjects = self.bus.subjects().clone();
         let stop = shutdown.child_token();
+        if let Some(health) = &self.health {
+            health
+                .serve(stop.clone())
+                .await
+                .context("failed to serve the health endpoints")?;
+        }
         let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
 
         let ready = self

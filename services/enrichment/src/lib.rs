@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +22,9 @@ pub struct Settings {
     pub poll: Duration,
     /// Claim lease (`PALISADE_ENRICHMENT_LEASE_TTL_MS`, default 60000).
     pub lease_ttl: Duration,
+    /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
+    /// `off` for none); `None` where one process runs many services and serves them once.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -36,6 +40,7 @@ impl Settings {
                 "PALISADE_ENRICHMENT_LEASE_TTL_MS",
                 60_000_u64,
             )?),
+            http_addr: runtime::health::http_addr_from_env()?,
         })
     }
 }
@@ -45,6 +50,8 @@ pub struct Service {
     settings: Settings,
     pool: PgPool,
     owner: String,
+    /// The health server, started by `run_until_stopped`.
+    health: Option<HealthServer>,
 }
 
 impl Service {
@@ -56,10 +63,14 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let health = settings
+            .http_addr
+            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
         Self {
             settings,
             pool: connections.pool,
             owner: format!("enrichment-{}", uuid::Uuid::new_v4()),
+            health,
         }
     }
 
@@ -79,6 +90,14 @@ impl Service {
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let stop = shutdown.child_token();
+        let _stop_on_return = stop.clone().drop_guard();
+        if let Some(health) = &self.health {
+            health
+                .serve(stop.clone())
+                .await
+                .context("failed to serve the health endpoints")?;
+        }
         loop {
             let worked = match self.run_once().await {
                 Ok(worked) => worked,

@@ -13,6 +13,7 @@ use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
 use messages::{ErrorCode, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
+use runtime::health::HealthServer;
 use runtime::{BatchLimits, CommonSettings, Connections, SettingsError, env};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
@@ -39,6 +40,9 @@ pub struct Settings {
     pub max_deliver: i64,
     /// Test fault injection: crash after commit, before ack.
     pub crash_after_commit: Option<Arc<AtomicBool>>,
+    /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
+    /// `off` for none); `None` where one process runs many services and serves them once.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -82,6 +86,7 @@ impl Settings {
                 ConsumerSpec::MAX_DELIVER_DEFAULT,
             )?,
             crash_after_commit: None,
+            http_addr: runtime::health::http_addr_from_env()?,
         })
     }
 }
@@ -92,6 +97,8 @@ pub struct Service {
     bus: Bus,
     relay: Relay,
     ingestion: Arc<Ingestion>,
+    /// The health server, started by `run_until_stopped`.
+    health: Option<HealthServer>,
 }
 
 impl Service {
@@ -103,6 +110,9 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let health = settings
+            .http_addr
+            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
         let relay = Relay::new(
             connections.pool.clone(),
             connections.bus.clone(),
@@ -120,6 +130,7 @@ impl Service {
             bus: connections.bus,
             relay,
             ingestion,
+            health,
         }
     }
 
@@ -135,6 +146,12 @@ impl Service {
         spec.max_deliver = self.settings.max_deliver;
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
         let stop = shutdown.child_token();
+        if let Some(health) = &self.health {
+            health
+                .serve(stop.clone())
+                .await
+                .context("failed to serve the health endpoints")?;
+        }
         let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
         let result = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone())
             .await

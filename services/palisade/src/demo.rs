@@ -79,7 +79,9 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
         common.subjects.prefix()
     );
 
-    let settings = SystemSettings::from_common(common.clone())?;
+    let mut settings = SystemSettings::from_common(common.clone())?;
+    // A measurement, not a deployment: nothing probes it, and it may run beside `palisade dev`.
+    settings.http_addr = None;
     let mut system = System::start(settings).await?;
     let pool = system.connections.pool.clone();
 

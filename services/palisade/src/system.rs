@@ -2,6 +2,7 @@
 //! optionally reference workers. `palisade dev`, `palisade demo` and the system tests use it,
 //! so all three run the same code the service binaries run.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -21,26 +22,37 @@ pub struct SystemSettings {
     pub reaper: reaper::Settings,
     /// Run the reaper's sweeps (tests that drive recovery by hand turn them off).
     pub reaper_enabled: bool,
+    /// Where the process's one `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`); the
+    /// services' own `http_addr` stay `None`, so the port is bound once.
+    pub http_addr: Option<SocketAddr>,
 }
 
 impl SystemSettings {
     /// Every service's settings from the environment over `common`.
     pub fn from_common(common: CommonSettings) -> Result<Self, runtime::SettingsError> {
-        Ok(Self {
+        let mut settings = Self {
             admission: admission::Settings::from_common(common.clone())?,
             dispatch: dispatch::Settings::from_common(common.clone())?,
             ingestion: ingestion::Settings::from_common(common.clone())?,
             enrichment: enrichment::Settings::from_common(common.clone())?,
             reaper: reaper::Settings::from_common(common.clone())?,
             reaper_enabled: true,
+            http_addr: runtime::health::http_addr_from_env()?,
             common,
-        })
+        };
+        settings.admission.http_addr = None;
+        settings.dispatch.http_addr = None;
+        settings.ingestion.http_addr = None;
+        settings.enrichment.http_addr = None;
+        settings.reaper.http_addr = None;
+        Ok(settings)
     }
 }
 
 /// A running palisade.
 pub struct System {
     pub connections: Connections,
+    health_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     tasks: JoinSet<(String, anyhow::Result<()>)>,
     /// Workers stop first, so they can still release their leases to running services.
@@ -49,15 +61,30 @@ pub struct System {
 }
 
 impl System {
-    /// Creates the database if missing, migrates, provisions, and starts the five services.
+    /// Creates the database if missing, migrates, provisions, and starts the five services
+    /// and, when `http_addr` is set, the health endpoints.
     pub async fn start(settings: SystemSettings) -> anyhow::Result<Self> {
         prepare_database(&settings.common).await?;
         let connections = Connections::open(&settings.common, "palisade-dev")
             .await
             .context("failed to connect")?;
         let shutdown = CancellationToken::new();
+        let health_addr = match settings.http_addr {
+            Some(addr) => Some(
+                runtime::health::serve_health(
+                    addr,
+                    &settings.common,
+                    connections.clone(),
+                    shutdown.child_token(),
+                )
+                .await
+                .context("failed to serve the health endpoints")?,
+            ),
+            None => None,
+        };
         let mut system = Self {
             connections: connections.clone(),
+            health_addr,
             shutdown: shutdown.clone(),
             tasks: JoinSet::new(),
             workers_shutdown: CancellationToken::new(),
@@ -92,6 +119,11 @@ impl System {
             );
         }
         Ok(system)
+    }
+
+    /// Where `/healthz` and `/readyz` listen, when they do.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
     }
 
     /// Runs `future` as part of the system, named for error reports.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bus::Bus;
 use outbox::Relay;
+use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::recovery::{Pruned, RecoveryOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
@@ -37,6 +38,9 @@ pub struct Settings {
     /// `PALISADE_REAPER_LEASE_RETRY_MS`, default 5000): a crashed leader is replaced within
     /// TTL + retry, a stopped one within retry.
     pub lease: lease::RunConfig,
+    /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
+    /// `off` for none); `None` where one process runs many services and serves them once.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -87,6 +91,7 @@ impl Settings {
                     reason: error.to_string(),
                 })?
             },
+            http_addr: runtime::health::http_addr_from_env()?,
         })
     }
 }
@@ -111,6 +116,8 @@ pub struct Service {
     owner: String,
     observer: Option<SweepObserver>,
     is_leader: Arc<std::sync::Mutex<Option<tokio::sync::watch::Receiver<bool>>>>,
+    /// The health server, started by `run_until_stopped`.
+    health: Option<HealthServer>,
 }
 
 impl Service {
@@ -122,6 +129,9 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
+        let health = settings
+            .http_addr
+            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
         let relay = Relay::new(
             connections.pool.clone(),
             connections.bus.clone(),
@@ -135,6 +145,7 @@ impl Service {
             owner: lease::owner_id("reaper"),
             observer: None,
             is_leader: Arc::default(),
+            health,
         }
     }
 
@@ -213,6 +224,12 @@ impl Service {
     /// the lease so another replica takes over within one retry interval.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let stop = shutdown.child_token();
+        if let Some(health) = &self.health {
+            health
+                .serve(stop.clone())
+                .await
+                .context("failed to serve the health endpoints")?;
+        }
         let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
         let election = lease::Election::new(
             lease::PgStore::new(self.pool.clone()),

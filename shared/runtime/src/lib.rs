@@ -1,8 +1,10 @@
 //! What every palisade process needs before it can do its job: settings read from the
 //! environment and validated once, PostgreSQL and NATS connections checked at start-up
-//! (server version, streams, migrations), and a shutdown signal.
+//! (server version, streams, migrations), a shutdown signal, and the `/healthz` and
+//! `/readyz` endpoints (`health`).
 
 pub mod env;
+pub mod health;
 
 use std::time::Duration;
 

@@ -165,6 +165,12 @@ pub async fn applied_migration_version(pool: &PgPool) -> Result<Option<i64>, Sto
     Ok(version)
 }
 
+/// One round trip to the database (`SELECT 1`), for `/readyz`.
+pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query("SELECT 1").execute(pool).await?;
+    Ok(())
+}
+
 /// `url` without its password, for messages.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

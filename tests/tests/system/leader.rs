@@ -7,7 +7,8 @@ use tests::TestSystem;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 const REAPER: &str = env!("CARGO_BIN_EXE_test-reaper");
-const LEASE_TTL_MS: u64 = 1_500;
+// Long enough that a loaded 2-core machine never stalls a healthy leader past TTL − TTL/6.
+const LEASE_TTL_MS: u64 = 3_000;
 const LEASE_RETRY_MS: u64 = 500;
 const SWEEP_INTERVAL_MS: u64 = 100;
 
@@ -22,6 +23,8 @@ fn spawn_replica(system: &TestSystem, index: usize, sweeps: Sweeps) -> tokio::pr
         .env("PALISADE_REAPER_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string())
         .env("PALISADE_REAPER_LEASE_TTL_MS", LEASE_TTL_MS.to_string())
         .env("PALISADE_REAPER_LEASE_RETRY_MS", LEASE_RETRY_MS.to_string())
+        // Each replica serves its own health endpoints, on a free port (never the default).
+        .env("PALISADE_HTTP_ADDR", "127.0.0.1:0")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()

@@ -5,6 +5,7 @@ mod admission;
 mod bad_input;
 mod control;
 mod end_to_end;
+mod health;
 mod ingestion;
 mod leader;
 mod processes;
