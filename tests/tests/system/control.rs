@@ -133,18 +133,19 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
         let claim =
             store::LeaseClaim::from_wire(scan.worker.id, scan.lease.lease.as_ref()).unwrap();
         let scan_id = Uuid::parse_str(&scan.scan_id).unwrap();
+        // Rounds 1 and 2 (mod 3) force an order by running one side after the other; the
+        // rest release both sides at a barrier and let PostgreSQL decide.
+        let race = round % 3 == 0;
         let barrier = Arc::new(Barrier::new(2));
-        // Every third round forces an order; the rest race at a barrier.
         let complete = {
             let pool = system.pool.clone();
             let subjects = system.subjects.clone();
             let barrier = barrier.clone();
             let claim = claim.clone();
             async move {
-                if round % 3 == 1 {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                if race {
+                    barrier.wait().await;
                 }
-                barrier.wait().await;
                 retry_transient(|| async {
                     let mut tx = pool.begin().await?;
                     let outcome =
@@ -160,10 +161,9 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
             let subjects = system.subjects.clone();
             let barrier = barrier.clone();
             async move {
-                if round % 3 == 2 {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                if race {
+                    barrier.wait().await;
                 }
-                barrier.wait().await;
                 retry_transient(|| {
                     store::cancellation::cancel(
                         &pool,
@@ -175,7 +175,17 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
                 .await
             }
         };
-        let (completed, cancelled) = tokio::join!(complete, cancel);
+        let (completed, cancelled) = match round % 3 {
+            1 => {
+                let cancelled = cancel.await;
+                (complete.await, cancelled)
+            }
+            2 => {
+                let completed = complete.await;
+                (completed, cancel.await)
+            }
+            _ => tokio::join!(complete, cancel),
+        };
         let state = system.scan_state(&scan.scan_id).await;
         match (&completed, &cancelled) {
             (
