@@ -240,7 +240,8 @@ impl Admission {
 
     /// Decides every request of a batch in one transaction, a savepoint each, in lock-key
     /// order so two replicas never deadlock on each other's advisory locks.
-    async fn decide(&self, payloads: &[&[u8]]) -> Vec<Verdict> {
+    async fn decide(&self, payloads: &[&[u8]], spans: &[&tracing::Span]) -> Vec<Verdict> {
+        assert_eq!(payloads.len(), spans.len(), "one span per request");
         let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(payloads.len());
         let mut valid: Vec<(usize, ValidScanRequest)> = Vec::new();
         for (index, payload) in payloads.iter().enumerate() {
@@ -259,7 +260,7 @@ impl Admission {
         valid.sort_by(|(_, a), (_, b)| {
             (a.organization_id, &a.target).cmp(&(b.organization_id, &b.target))
         });
-        match self.decide_valid(&valid).await {
+        match self.decide_valid(&valid, spans).await {
             Ok(decided) => {
                 for ((index, _), verdict) in valid.iter().zip(decided) {
                     verdicts[*index] = Some(verdict);
@@ -282,6 +283,7 @@ impl Admission {
     async fn decide_valid(
         &self,
         valid: &[(usize, ValidScanRequest)],
+        spans: &[&tracing::Span],
     ) -> Result<Vec<Verdict>, StoreError> {
         if valid.is_empty() {
             return Ok(Vec::new());
@@ -289,7 +291,10 @@ impl Admission {
         let subjects = self.bus.subjects();
         let mut tx = self.pool.begin().await?;
         let mut verdicts = Vec::with_capacity(valid.len());
-        for (_, request) in valid {
+        for (index, request) in valid {
+            // The request's own span: its context becomes the scan's trace context.
+            let span = spans[*index];
+            let trace_context = bus::trace::traceparent_of(span);
             let params = AdmitParams {
                 organization_id: request.organization_id,
                 target: &request.target,
@@ -300,11 +305,13 @@ impl Admission {
                 idempotency_key: &request.idempotency_key,
                 fingerprint: &request.fingerprint,
                 max_attempts: self.max_attempts,
+                trace_context: trace_context.as_deref(),
             };
             let mut savepoint = store::savepoint(&mut tx).await?;
             let verdict = match store::admission::admit(&mut savepoint, subjects, &params).await {
                 Ok(AdmitOutcome::Admitted { scan_id, .. }) => {
                     savepoint.commit().await?;
+                    span.record("palisade.scan_id", tracing::field::display(scan_id));
                     Verdict::Admitted { scan_id }
                 }
                 Ok(AdmitOutcome::Duplicate { scan_id, state }) => {
@@ -334,7 +341,12 @@ impl Admission {
 
     /// The request/reply path: one request, one transaction, one reply.
     async fn submit(&self, payload: &[u8]) -> Bytes {
-        let verdict = self.decide(&[payload]).await.pop().expect("one verdict");
+        let span = tracing::Span::current();
+        let verdict = self
+            .decide(&[payload], &[&span])
+            .await
+            .pop()
+            .expect("one verdict");
         let reply = match verdict {
             Verdict::Admitted { scan_id } => v1::ScanRequestReply {
                 scan_id: scan_id.to_string(),
@@ -369,7 +381,8 @@ impl Admission {
 impl BatchHandler for Admission {
     async fn handle(&self, batch: &[Delivery]) -> Vec<Decision> {
         let payloads: Vec<&[u8]> = batch.iter().map(Delivery::payload).collect();
-        let verdicts = self.decide(&payloads).await;
+        let spans: Vec<&tracing::Span> = batch.iter().map(Delivery::span).collect();
+        let verdicts = self.decide(&payloads, &spans).await;
 
         // Refusals are answered on the events stream, after the commit.
         let mut rejections = Vec::new();

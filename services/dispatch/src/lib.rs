@@ -446,10 +446,7 @@ impl Dispatch {
             match store::dispatch::acquire(&self.pool, self.bus.subjects(), &params).await {
                 Ok(AcquireOutcome::Leases(leases)) if !leases.is_empty() => {
                     self.relay.notify();
-                    return Ok(leases
-                        .iter()
-                        .map(store::dispatch::GrantedLease::to_wire)
-                        .collect());
+                    return Ok(leases.iter().map(traced_lease).collect());
                 }
                 Ok(AcquireOutcome::Leases(_)) => {}
                 Ok(AcquireOutcome::Refused(error)) => return Err(error),
@@ -500,4 +497,27 @@ impl Dispatch {
             Err(error) => Err(internal(&error)),
         }
     }
+}
+
+/// The wire lease, with a `lease` span recording the grant in the scan's trace: a child of
+/// the scan's stored context, linked to the worker's acquire request (its cause, but in the
+/// worker's own trace, so parenting would lie). The worker's execution span is its child.
+fn traced_lease(lease: &store::dispatch::GrantedLease) -> v1::Lease {
+    let mut wire = lease.to_wire();
+    let span = tracing::info_span!(
+        parent: None,
+        "lease",
+        otel.name = %format!("lease {}", lease.plugin),
+        otel.kind = "internal",
+        palisade.service = "dispatch",
+        palisade.scan_id = %wire.scan_id,
+        palisade.task_id = %lease.task_id,
+        palisade.attempt_number = lease.attempt_number,
+    );
+    bus::trace::set_parent_from_traceparent(&span, &wire.traceparent);
+    bus::trace::link_to(&span, &tracing::Span::current());
+    if let Some(traceparent) = bus::trace::traceparent_of(&span) {
+        wire.traceparent = traceparent;
+    }
+    wire
 }

@@ -13,6 +13,7 @@ use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::PgPool;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 /// Enrichment settings.
 #[derive(Debug, Clone)]
@@ -81,6 +82,21 @@ impl Service {
         else {
             return Ok(false);
         };
+        // Enrichment is triggered by a poll, not a message: it joins the scan's trace through
+        // the context stored at admission.
+        let span = tracing::info_span!(
+            parent: None,
+            "enrich",
+            otel.name = "enrich scan",
+            otel.kind = "internal",
+            palisade.service = "enrichment",
+            palisade.scan_id = %job.scan_id,
+        );
+        bus::trace::set_parent_from_traceparent(&span, job.trace_context.as_deref().unwrap_or(""));
+        self.enrich(job).instrument(span).await
+    }
+
+    async fn enrich(&self, job: store::enrichment::ClaimedJob) -> Result<bool, store::StoreError> {
         let cve_ids = store::enrichment::scan_cve_ids(&self.pool, job.scan_id).await?;
         let checkpoint = serde_json::json!({ "cve_ids": cve_ids, "source": "none" });
         if !store::enrichment::complete(&self.pool, &job, checkpoint).await? {

@@ -18,6 +18,7 @@ use runtime::{BatchLimits, CommonSettings, Connections, SettingsError, env};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::parse::{AckAddress, WorkerMessage};
 
@@ -193,67 +194,92 @@ impl Ingestion {
     async fn decide(
         &self,
         messages: &[(usize, WorkerMessage)],
+        spans: &[&tracing::Span],
     ) -> Result<Vec<Verdict>, StoreError> {
         let subjects = self.bus.subjects();
+        // One transaction decides messages of many tasks and scans: its span is a root of
+        // its own, linked to every message's `process` span (parenting would lie).
+        let transaction_span = tracing::info_span!(
+            parent: None,
+            "ingest",
+            otel.name = "ingestion transaction",
+            otel.kind = "internal",
+            palisade.service = "ingestion",
+            messaging.batch.message_count = messages.len(),
+        );
+        for (index, _) in messages {
+            bus::trace::link_to(&transaction_span, spans[*index]);
+        }
         let mut tx = self.pool.begin().await?;
         let mut verdicts = Vec::with_capacity(messages.len());
-        for (_, message) in messages {
-            let mut savepoint = store::savepoint(&mut tx).await?;
-            let outcome = match message {
-                WorkerMessage::Result {
-                    claim,
-                    sequence_number,
-                    idempotency_key,
-                    payload_sha256,
-                    payload,
-                } => {
-                    store::ingestion::accept_batch(
-                        &mut savepoint,
-                        &BatchParams {
-                            claim,
-                            sequence_number: *sequence_number,
-                            idempotency_key,
-                            payload_sha256,
-                            findings: &payload.findings,
-                            assets: &payload.assets,
-                        },
-                    )
-                    .await
-                }
-                WorkerMessage::Complete {
-                    claim,
-                    batch_count,
-                    summary,
-                } => {
-                    store::ingestion::complete(
-                        &mut savepoint,
-                        subjects,
+        for (index, message) in messages {
+            let span = spans[*index];
+            span.record(
+                "palisade.task_id",
+                tracing::field::display(message.claim().task_id),
+            );
+            let mut savepoint = store::savepoint(&mut tx)
+                .instrument(transaction_span.clone())
+                .await?;
+            let outcome = async {
+                match message {
+                    WorkerMessage::Result {
                         claim,
-                        *batch_count,
+                        sequence_number,
+                        idempotency_key,
+                        payload_sha256,
+                        payload,
+                    } => {
+                        store::ingestion::accept_batch(
+                            &mut savepoint,
+                            &BatchParams {
+                                claim,
+                                sequence_number: *sequence_number,
+                                idempotency_key,
+                                payload_sha256,
+                                findings: &payload.findings,
+                                assets: &payload.assets,
+                            },
+                        )
+                        .await
+                    }
+                    WorkerMessage::Complete {
+                        claim,
+                        batch_count,
                         summary,
-                    )
-                    .await
-                }
-                WorkerMessage::Fail {
-                    claim,
-                    error_code,
-                    error_message,
-                    retryable,
-                } => {
-                    store::ingestion::fail(
-                        &mut savepoint,
-                        subjects,
-                        &FailParams {
+                    } => {
+                        store::ingestion::complete(
+                            &mut savepoint,
+                            subjects,
                             claim,
-                            error_code,
-                            error_message,
-                            retryable: *retryable,
-                            retry: self.retry,
-                        },
-                    )
-                    .await
+                            *batch_count,
+                            summary,
+                        )
+                        .await
+                    }
+                    WorkerMessage::Fail {
+                        claim,
+                        error_code,
+                        error_message,
+                        retryable,
+                    } => {
+                        store::ingestion::fail(
+                            &mut savepoint,
+                            subjects,
+                            &FailParams {
+                                claim,
+                                error_code,
+                                error_message,
+                                retryable: *retryable,
+                                retry: self.retry,
+                            },
+                        )
+                        .await
+                    }
                 }
-            };
+            }
+            .instrument(span.clone())
+            .await;
             let verdict = match outcome {
                 Ok(IngestOutcome::Accepted) => {
                     savepoint.commit().await?;
@@ -332,7 +358,8 @@ impl BatchHandler for Ingestion {
             }
         }
         valid.sort_by_key(|(_, message)| message.sort_key());
-        match self.decide(&valid).await {
+        let spans: Vec<&tracing::Span> = batch.iter().map(Delivery::span).collect();
+        match self.decide(&valid, &spans).await {
             Ok(decided) => {
                 let any_accepted = decided
                     .iter()

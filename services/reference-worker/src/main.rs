@@ -6,12 +6,9 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    let telemetry_settings =
+        telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
+    let _telemetry = telemetry::init("palisade-worker", &telemetry_settings)?;
     let settings = reference_worker::Settings::from_env().context("invalid worker settings")?;
     let shutdown = CancellationToken::new();
     reference_worker::cancel_on_signal(shutdown.clone())?;

@@ -78,6 +78,9 @@ pub struct Delivery {
     /// 1 on first delivery.
     pub delivered: i64,
     pub stream_sequence: u64,
+    /// This message's `process` span, a child of the context in its headers; handlers run
+    /// their per-message work in it and record `palisade.scan_id`/`palisade.task_id`.
+    span: tracing::Span,
 }
 
 impl Delivery {
@@ -91,6 +94,10 @@ impl Delivery {
 
     pub fn headers(&self) -> Option<&async_nats::HeaderMap> {
         self.message.headers.as_ref()
+    }
+
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     pub fn is_redelivery(&self) -> bool {
@@ -184,10 +191,22 @@ pub async fn run<H: BatchHandler>(
                         Ok(info) => (info.delivered, info.stream_sequence),
                         Err(_) => (1, 0),
                     };
+                    let span = crate::trace::process_span(
+                        message.subject.as_str(),
+                        message
+                            .headers
+                            .as_ref()
+                            .and_then(|headers| headers.get(messages::HEADER_MSG_ID))
+                            .map(|value| value.as_str()),
+                        &spec.durable_name,
+                        "consumer",
+                        message.headers.as_ref(),
+                    );
                     batch.push(Delivery {
                         message,
                         delivered,
                         stream_sequence,
+                        span,
                     });
                 }
                 Err(error) => {

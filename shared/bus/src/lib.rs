@@ -13,6 +13,7 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use messages::Subjects;
 use thiserror::Error;
+use tracing::Instrument as _;
 
 pub use async_nats;
 pub use consume::{BatchHandler, ConsumerSpec, Decision, Delivery};
@@ -220,15 +221,21 @@ impl Bus {
         for message in messages {
             let mut headers = message.headers;
             headers.insert(messages::HEADER_MSG_ID, message.msg_id.as_str());
-            trace::inject_current(&mut headers);
+            let span = trace::send_span(&message.subject, Some(&message.msg_id), "producer");
+            // Headers that already carry a context (outbox rows) name the send's parent.
+            if headers.get("traceparent").is_some() {
+                trace::set_parent_from(&span, Some(&headers));
+            }
+            trace::inject_span(&span, &mut headers);
             let sent = self
                 .jetstream
                 .publish_with_headers(message.subject.clone(), headers, message.payload)
+                .instrument(span.clone())
                 .await;
-            pending.push((message.subject, sent));
+            pending.push((message.subject, sent, span));
         }
         let mut results = Vec::with_capacity(pending.len());
-        for (subject, sent) in pending {
+        for (subject, sent, _span) in pending {
             let result = match sent {
                 Ok(ack_future) => ack_future.await.map_err(|error| BusError::Publish {
                     subject,
@@ -248,9 +255,11 @@ impl Bus {
     /// every such message has a durable fallback (the requester retries).
     pub async fn publish_core(&self, subject: String, payload: Bytes) -> Result<(), BusError> {
         let mut headers = HeaderMap::new();
-        trace::inject_current(&mut headers);
+        let span = trace::send_span(&subject, None, "producer");
+        trace::inject_span(&span, &mut headers);
         self.client
             .publish_with_headers(subject.clone(), headers, payload)
+            .instrument(span)
             .await
             .map_err(|error| BusError::Publish {
                 subject,
@@ -266,13 +275,15 @@ impl Bus {
         timeout: Duration,
     ) -> Result<async_nats::Message, BusError> {
         let mut headers = HeaderMap::new();
-        trace::inject_current(&mut headers);
+        let span = trace::send_span(&subject, None, "client");
+        trace::inject_span(&span, &mut headers);
         let request = async_nats::Request::new()
             .payload(payload)
             .headers(headers)
             .timeout(Some(timeout));
         self.client
             .send_request(subject.clone(), request)
+            .instrument(span)
             .await
             .map_err(|error| BusError::Request {
                 subject,

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::{Bus, BusError};
 
@@ -49,9 +50,16 @@ where
             .expect("semaphore is never closed");
         let handler = handler.clone();
         let client = bus.client().clone();
+        let span = crate::trace::process_span(
+            message.subject.as_str(),
+            None,
+            queue_group,
+            "server",
+            message.headers.as_ref(),
+        );
         tokio::spawn(async move {
             let reply_to = message.reply.clone();
-            let reply = handler(message).await;
+            let reply = handler(message).instrument(span).await;
             if let (Some(reply_to), Some(reply)) = (reply_to, reply)
                 && let Err(error) = client.publish(reply_to, reply).await
             {

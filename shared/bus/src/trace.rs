@@ -63,3 +63,82 @@ pub fn headers_of_current() -> std::collections::BTreeMap<String, String> {
         })
         .collect()
 }
+
+/// Writes `span`'s context as `traceparent`/`tracestate` into `headers` (nothing when the
+/// span is not exported).
+pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
+    let context = span.context();
+    if !context.span().span_context().is_valid() {
+        return;
+    }
+    propagator().inject_context(&context, &mut HeaderInjector(headers));
+}
+
+/// The W3C `traceparent` of `span`, `None` when the span is not exported. Stored on the scan
+/// row so that steps triggered by other messages can join the scan's trace.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    let mut headers = HeaderMap::new();
+    inject_span(span, &mut headers);
+    headers
+        .get("traceparent")
+        .map(|value| value.as_str().to_owned())
+}
+
+/// Makes `span` a child of the context in a stored `traceparent` (ignored when empty or
+/// malformed).
+pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
+    if traceparent.is_empty() {
+        return;
+    }
+    let mut headers = HeaderMap::new();
+    headers.insert("traceparent", traceparent);
+    set_parent_from(span, Some(&headers));
+}
+
+/// Links `span` to `other` (a cause that is not its parent), before `span` is first entered.
+pub fn link_to(span: &tracing::Span, other: &tracing::Span) {
+    let context = other.context();
+    let span_context = context.span().span_context().clone();
+    if span_context.is_valid() {
+        span.add_link(span_context);
+    }
+}
+
+/// A producer span for one message to `subject` (OpenTelemetry messaging conventions).
+pub fn send_span(subject: &str, msg_id: Option<&str>, kind: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        "send",
+        otel.name = %format!("send {subject}"),
+        otel.kind = kind,
+        messaging.system = "nats",
+        messaging.operation.type = "send",
+        messaging.destination.name = %subject,
+        messaging.message.id = msg_id,
+    )
+}
+
+/// A consumer span for one received message, a child of the context in its headers.
+pub fn process_span(
+    subject: &str,
+    msg_id: Option<&str>,
+    service: &str,
+    kind: &'static str,
+    headers: Option<&HeaderMap>,
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        parent: None,
+        "process",
+        otel.name = %format!("process {subject}"),
+        otel.kind = kind,
+        messaging.system = "nats",
+        messaging.operation.type = "process",
+        messaging.destination.name = %subject,
+        messaging.consumer.group.name = %service,
+        messaging.message.id = msg_id,
+        palisade.service = %service,
+        palisade.scan_id = tracing::field::Empty,
+        palisade.task_id = tracing::field::Empty,
+    );
+    set_parent_from(&span, headers);
+    span
+}

@@ -71,6 +71,11 @@ impl Client {
 
     /// Submits and waits for admission's answer. Retries timeouts and `internal` answers with
     /// the same request (same idempotency key), which admission answers with the same scan.
+    #[tracing::instrument(name = "submit", skip_all, fields(
+        otel.name = "submit scan",
+        palisade.service = "client",
+        palisade.idempotency_key = %request.idempotency_key,
+    ))]
     pub async fn submit(
         &self,
         request: &v1::ScanRequest,
@@ -107,6 +112,11 @@ impl Client {
     /// Publishes to the durable request stream and waits for the PubAck: the request is then
     /// durable and admission will decide it. `Nats-Msg-Id` is `client:key:fingerprint`, so an
     /// exact replay is de-duplicated by JetStream and a conflicting reuse still reaches admission.
+    #[tracing::instrument(name = "publish", skip_all, fields(
+        otel.name = "publish scan",
+        palisade.service = "client",
+        palisade.idempotency_key = %request.idempotency_key,
+    ))]
     pub async fn publish(&self, request: &v1::ScanRequest) -> Result<(), ClientError> {
         let msg_id = format!(
             "{}:{}:{}",

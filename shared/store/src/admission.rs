@@ -25,6 +25,8 @@ pub struct AdmitParams<'a> {
     pub fingerprint: &'a str,
     /// Attempt budget of every task of the scan.
     pub max_attempts: i32,
+    /// W3C `traceparent` of the admitting span, stored so the scan's later steps join its trace.
+    pub trace_context: Option<&'a str>,
 }
 
 /// What admission decided.
@@ -138,8 +140,9 @@ pub async fn admit(
     let inserted: Option<i64> = sqlx::query_scalar(
         r#"
         INSERT INTO scans (id, organization_id, target_id, client_id, idempotency_key,
-                           request_fingerprint, plugins, priority, execution_deadline_seconds)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                           request_fingerprint, plugins, priority, execution_deadline_seconds,
+                           trace_context)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
         ON CONFLICT (organization_id, client_id, idempotency_key) DO NOTHING
         RETURNING (extract(epoch FROM created_at) * 1000)::bigint
         "#,
@@ -153,6 +156,7 @@ pub async fn admit(
     .bind(params.plugins)
     .bind(params.priority)
     .bind(params.execution_deadline_seconds)
+    .bind(params.trace_context)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(admitted_at_unix_ms) = inserted else {
@@ -204,8 +208,10 @@ pub async fn admit(
             OutboxEvent::new(
                 subjects.event(EventKind::ScanAdmitted),
                 admitted.encode_to_vec(),
-            ),
-            OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec()),
+            )
+            .in_trace_of(scan_id),
+            OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec())
+                .in_trace_of(scan_id),
         ],
     )
     .await?;

@@ -90,6 +90,8 @@ pub struct GrantedLease {
     pub position: i32,
     pub lease_expires_in_ms: i64,
     pub execution_deadline_seconds: Option<i32>,
+    /// W3C `traceparent` of the scan's trace, when tracing was on at admission.
+    pub trace_context: Option<String>,
     #[sqlx(skip)]
     pub discovered_assets: Vec<(String, String)>,
 }
@@ -124,6 +126,7 @@ impl GrantedLease {
                 })
                 .collect(),
             position: self.position as u32,
+            traceparent: self.trace_context.clone().unwrap_or_default(),
         }
     }
 }
@@ -144,7 +147,8 @@ macro_rules! lease_columns {
     coalesce(t.payload->>'target', '') AS target,
     coalesce((t.payload->>'position')::int, 0) AS position,
     greatest(0, (extract(epoch FROM a.lease_expires_at - now()) * 1000)::bigint) AS lease_expires_in_ms,
-    t.execution_deadline_seconds
+    t.execution_deadline_seconds,
+    (SELECT s.trace_context FROM scans s WHERE s.id = t.scan_id) AS trace_context
 "#
     };
 }
@@ -311,10 +315,14 @@ pub async fn acquire(
                 worker_id: params.worker_id.to_string(),
                 scan_id: lease.scan_id.map(|id| id.to_string()).unwrap_or_default(),
             };
-            OutboxEvent::new(
+            let event = OutboxEvent::new(
                 subjects.event(EventKind::TaskLeased),
                 leased.encode_to_vec(),
-            )
+            );
+            match lease.scan_id {
+                Some(scan_id) => event.in_trace_of(scan_id),
+                None => event,
+            }
         })
         .collect();
     outbox::enqueue(&mut tx, &events).await?;

@@ -15,6 +15,8 @@ pub struct ClaimedJob {
     pub id: Uuid,
     pub scan_id: Uuid,
     pub fencing_token: i64,
+    /// W3C `traceparent` of the scan's trace, when tracing was on at admission.
+    pub trace_context: Option<String>,
 }
 
 /// Claims the oldest due job (pending, or running with an expired lease), `SKIP LOCKED`.
@@ -38,7 +40,8 @@ pub async fn claim(
             last_heartbeat_at = now(), fencing_token = j.fencing_token + 1, attempt_count = j.attempt_count + 1,
             updated_at = now()
         FROM due WHERE j.id = due.id
-        RETURNING j.id, j.scan_id, j.fencing_token
+        RETURNING j.id, j.scan_id, j.fencing_token,
+                  (SELECT s.trace_context FROM scans s WHERE s.id = j.scan_id) AS trace_context
         "#,
     )
     .bind(owner)

@@ -532,6 +532,10 @@ pub async fn complete(
                 .push(complete_scan(conn, subjects, scan_id, locked.organization_id, &scan).await?);
         }
     }
+    let events: Vec<OutboxEvent> = events
+        .into_iter()
+        .map(|event| event.in_trace_of(scan_id))
+        .collect();
     outbox::enqueue(conn, &events).await?;
     Ok(IngestOutcome::Accepted)
 }
@@ -656,6 +660,13 @@ pub async fn fail(
         params.retry,
     )
     .await?;
+    let events: Vec<OutboxEvent> = match locked.scan_id {
+        Some(scan_id) => events
+            .into_iter()
+            .map(|event| event.in_trace_of(scan_id))
+            .collect(),
+        None => events,
+    };
     outbox::enqueue(conn, &events).await?;
     Ok(IngestOutcome::Accepted)
 }

@@ -17,6 +17,9 @@ pub struct OutboxEvent {
     pub payload: Vec<u8>,
     /// NATS headers to publish with (trace context).
     pub headers: BTreeMap<String, String>,
+    /// When set and `headers` is empty, `enqueue` fills `headers` with this scan's stored
+    /// trace context, so the event joins the scan's trace. Not read back by `claim`.
+    pub trace_scan_id: Option<Uuid>,
 }
 
 impl OutboxEvent {
@@ -26,7 +29,14 @@ impl OutboxEvent {
             subject,
             payload,
             headers: BTreeMap::new(),
+            trace_scan_id: None,
         }
+    }
+
+    /// Publishes this event in scan `scan_id`'s trace (see `trace_scan_id`).
+    pub fn in_trace_of(mut self, scan_id: Uuid) -> Self {
+        self.trace_scan_id = Some(scan_id);
+        self
     }
 }
 
@@ -45,16 +55,25 @@ pub async fn enqueue(conn: &mut PgConnection, events: &[OutboxEvent]) -> Result<
         .iter()
         .map(|event| serde_json::to_value(&event.headers).expect("string map serializes"))
         .collect();
+    let trace_scan_ids: Vec<Option<Uuid>> =
+        events.iter().map(|event| event.trace_scan_id).collect();
     sqlx::query(
         r#"
         INSERT INTO outbox (id, subject, payload, headers)
-        SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[])
+        SELECT e.id, e.subject, e.payload,
+               CASE WHEN e.headers = '{}'::jsonb AND s.trace_context IS NOT NULL
+                    THEN jsonb_build_object('traceparent', s.trace_context)
+                    ELSE e.headers END
+        FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])
+             AS e(id, subject, payload, headers, trace_scan_id)
+        LEFT JOIN scans s ON s.id = e.trace_scan_id
         "#,
     )
     .bind(&ids)
     .bind(&subjects)
     .bind(&payloads)
     .bind(&headers)
+    .bind(&trace_scan_ids)
     .execute(conn)
     .await?;
     Ok(())
@@ -94,6 +113,7 @@ pub async fn claim(
             subject,
             payload,
             headers: serde_json::from_value(headers).unwrap_or_default(),
+            trace_scan_id: None,
         })
         .collect();
     // v7 ids sort by creation time; publish in that order.

@@ -363,14 +363,22 @@ impl Worker {
             tracing::error!(attempt_id = %lease_ref.attempt_id, "dispatch granted an attempt already running, ignored");
             return;
         };
+        // The execution span joins the scan's trace as a child of dispatch's lease span;
+        // every batch, completion and failure the lease publishes is its child.
         let span = tracing::info_span!(
             "lease",
+            otel.name = %format!("execute {}", lease.plugin),
+            otel.kind = "consumer",
+            palisade.service = "worker",
+            palisade.scan_id = %lease.scan_id,
+            palisade.task_id = %lease_ref.task_id,
             task_id = %lease_ref.task_id,
             attempt_id = %lease_ref.attempt_id,
             attempt_number = lease_ref.attempt_number,
             plugin = %lease.plugin,
             scan_id = %lease.scan_id,
         );
+        bus::trace::set_parent_from_traceparent(&span, &lease.traceparent);
         span.in_scope(|| tracing::info!(target = %lease.target, "lease granted"));
         let run = LeaseRun {
             plugin: self.plugins.get(lease.plugin.as_str()).cloned(),

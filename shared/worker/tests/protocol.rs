@@ -457,6 +457,7 @@ fn lease(target: &str, execution_deadline_in_ms: u64) -> v1::Lease {
         execution_deadline_in_ms,
         discovered_assets: vec![],
         position: 0,
+        traceparent: String::new(),
     }
 }
 

@@ -12,3 +12,4 @@ mod processes;
 mod recovery;
 mod redelivery;
 mod schema;
+mod tracing;

@@ -1,0 +1,332 @@
+//! One scan is one trace: an in-process OTLP collector receives the spans of a three-plugin
+//! scan run by a real worker, and the structure documented in docs/ARCHITECTURE.md
+//! ("Tracing") holds: one trace id, every service present, parents and links as described,
+//! messaging attributes set.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use tests::TestSystem;
+
+const PROFILE: [&str; 3] = ["tcp_connect", "http_headers", "synthetic"];
+
+/// One exported span with its resource's `service.name`.
+#[derive(Debug, Clone)]
+struct Exported {
+    service_name: String,
+    span: Span,
+}
+
+impl Exported {
+    fn attribute(&self, key: &str) -> Option<String> {
+        attribute(&self.span.attributes, key)
+    }
+}
+
+fn attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
+    let value = attributes
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?;
+    Some(match value {
+        any_value::Value::StringValue(value) => value.clone(),
+        any_value::Value::IntValue(value) => value.to_string(),
+        any_value::Value::BoolValue(value) => value.to_string(),
+        other => format!("{other:?}"),
+    })
+}
+
+/// An OTLP/gRPC trace receiver keeping every span it is sent.
+#[derive(Debug, Clone, Default)]
+struct Collector {
+    spans: Arc<Mutex<Vec<Exported>>>,
+}
+
+impl Collector {
+    fn spans(&self) -> Vec<Exported> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.spans.lock().unwrap();
+        for resource_spans in request.into_inner().resource_spans {
+            let service_name = resource_spans
+                .resource
+                .as_ref()
+                .and_then(|resource| attribute(&resource.attributes, "service.name"))
+                .unwrap_or_default();
+            for scope_spans in resource_spans.scope_spans {
+                for span in scope_spans.spans {
+                    spans.push(Exported {
+                        service_name: service_name.clone(),
+                        span,
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+async fn start_collector() -> (Collector, std::net::SocketAddr) {
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = TraceServiceServer::new(collector.clone());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (collector, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
+    let (collector, collector_addr) = start_collector().await;
+    let telemetry = telemetry::init(
+        "palisade-test",
+        &telemetry::TelemetrySettings {
+            json: false,
+            default_filter: "info".into(),
+            otlp: Some(telemetry::OtlpSettings {
+                protocol: telemetry::OtlpProtocol::Grpc,
+                endpoint: Some(format!("http://{collector_addr}")),
+            }),
+        },
+    )
+    .expect("telemetry installs once per test process");
+
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let address = tests::start_web_app().await;
+    let _stats = system.reference_worker(org, 4).await;
+    let request = system.request(org, &format!("http://{address}/"), &PROFILE);
+    let reply = system.submit(&request).await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    system.wait_scan_state(&reply.scan_id, "completed").await;
+    // The system tests run no enrichment loop; run one pass of it here.
+    let mut enrichment_settings = system.settings.enrichment.clone();
+    enrichment_settings.http_addr = None;
+    let enrichment = enrichment::Service::from_connections(
+        enrichment_settings,
+        runtime::Connections {
+            pool: system.pool.clone(),
+            bus: system.bus.clone(),
+        },
+    );
+    system
+        .wait_for("enrichment to run", || async {
+            enrichment.run_once().await.unwrap().then_some(())
+        })
+        .await;
+
+    let spans = system
+        .wait_for("the scan's spans to be exported", || async {
+            telemetry.flush().await;
+            let spans = collector.spans();
+            let named = |name: &str| spans.iter().any(|span| span.span.name == name);
+            let done = named("enrich scan")
+                && named("ingestion transaction")
+                && PROFILE
+                    .iter()
+                    .all(|plugin| named(&format!("execute {plugin}")));
+            done.then_some(spans)
+        })
+        .await;
+    let by_id: HashMap<Vec<u8>, &Exported> = spans
+        .iter()
+        .map(|span| (span.span.span_id.clone(), span))
+        .collect();
+    let parent_of = |span: &Exported| by_id.get(&span.span.parent_span_id).copied();
+
+    // The admission span is the scan's root context; the whole scan is its trace.
+    let admission = spans
+        .iter()
+        .find(|span| {
+            span.attribute("palisade.service").as_deref() == Some("admission")
+                && span.attribute("palisade.scan_id").as_deref() == Some(reply.scan_id.as_str())
+        })
+        .expect("admission's span of the scan");
+    let trace_id = admission.span.trace_id.clone();
+    let in_trace: Vec<&Exported> = spans
+        .iter()
+        .filter(|span| span.span.trace_id == trace_id)
+        .collect();
+    for span in &spans {
+        if span.attribute("palisade.scan_id").as_deref() == Some(reply.scan_id.as_str()) {
+            assert_eq!(
+                span.span.trace_id, trace_id,
+                "every span of the scan is in one trace: {}",
+                span.span.name
+            );
+        }
+        assert_eq!(span.service_name, "palisade-test", "resource service.name");
+    }
+    let services: BTreeSet<String> = in_trace
+        .iter()
+        .filter_map(|span| span.attribute("palisade.service"))
+        .collect();
+    for service in [
+        "client",
+        "admission",
+        "dispatch",
+        "worker",
+        "ingestion",
+        "enrichment",
+    ] {
+        assert!(
+            services.contains(service),
+            "{service} missing from {services:?}"
+        );
+    }
+
+    // client submit → send (request) → admission process.
+    let send_submit = parent_of(admission).expect("admission's parent is exported");
+    assert!(
+        send_submit.span.name.starts_with("send "),
+        "{send_submit:?}"
+    );
+    assert!(send_submit.span.name.ends_with(".scan.submit"));
+    let client = parent_of(send_submit).expect("the send's parent is exported");
+    assert_eq!(client.span.name, "submit scan");
+    assert!(
+        client.span.parent_span_id.is_empty(),
+        "the client's span is the root"
+    );
+
+    for plugin in PROFILE {
+        // dispatch's lease: a child of the scan context, linked to the worker's acquire.
+        let lease = in_trace
+            .iter()
+            .find(|span| span.span.name == format!("lease {plugin}"))
+            .unwrap_or_else(|| panic!("dispatch's lease span of {plugin}"));
+        assert_eq!(lease.span.parent_span_id, admission.span.span_id);
+        assert_eq!(
+            lease.attribute("palisade.service").as_deref(),
+            Some("dispatch")
+        );
+        assert!(
+            lease
+                .span
+                .links
+                .iter()
+                .any(|link| link.trace_id != trace_id),
+            "the lease links to the acquire request in the worker's trace"
+        );
+        // The worker's execution: a child of the lease.
+        let execute = in_trace
+            .iter()
+            .find(|span| span.span.name == format!("execute {plugin}"))
+            .unwrap_or_else(|| panic!("the worker's execution span of {plugin}"));
+        assert_eq!(execute.span.parent_span_id, lease.span.span_id);
+        assert_eq!(
+            execute.attribute("palisade.service").as_deref(),
+            Some("worker")
+        );
+        // Every message the execution sent is processed by ingestion as a child of its send.
+        let sends: Vec<&&Exported> = in_trace
+            .iter()
+            .filter(|span| span.span.parent_span_id == execute.span.span_id)
+            .filter(|span| span.span.name.starts_with("send "))
+            .collect();
+        assert!(
+            sends.len() >= 2,
+            "{plugin}: at least one batch and its completion"
+        );
+        for send in sends {
+            assert!(
+                in_trace.iter().any(|span| {
+                    span.span.parent_span_id == send.span.span_id
+                        && span.attribute("palisade.service").as_deref() == Some("ingestion")
+                }),
+                "ingestion processed {}",
+                send.span.name
+            );
+        }
+    }
+
+    // Fan-in: an ingestion transaction is a root of its own, linked to the messages it decided.
+    let ingestion_process: BTreeSet<Vec<u8>> = in_trace
+        .iter()
+        .filter(|span| span.attribute("palisade.service").as_deref() == Some("ingestion"))
+        .map(|span| span.span.span_id.clone())
+        .collect();
+    assert!(
+        spans.iter().any(|span| {
+            span.span.name == "ingestion transaction"
+                && span.span.trace_id != trace_id
+                && span.span.links.iter().any(|link| {
+                    link.trace_id == trace_id && ingestion_process.contains(&link.span_id)
+                })
+        }),
+        "an ingestion transaction links to the scan's messages"
+    );
+
+    // Events of the scan (outbox relay) and enrichment hang off the scan context.
+    let enrich = in_trace
+        .iter()
+        .find(|span| span.span.name == "enrich scan")
+        .expect("enrichment's span");
+    assert_eq!(enrich.span.parent_span_id, admission.span.span_id);
+    for event in [
+        "scan.admitted",
+        "task.ready",
+        "task.leased",
+        "scan.completed",
+    ] {
+        assert!(
+            in_trace.iter().any(|span| {
+                span.span.name.ends_with(&format!(".event.{event}"))
+                    && span.span.parent_span_id == admission.span.span_id
+            }),
+            "the {event} event is sent in the scan's trace"
+        );
+    }
+
+    // Messaging attributes on every send and process span.
+    for span in &in_trace {
+        let operation = match span.span.name.split(' ').next() {
+            Some("send") => "send",
+            Some("process") => "process",
+            _ => continue,
+        };
+        assert_eq!(span.attribute("messaging.system").as_deref(), Some("nats"));
+        assert_eq!(
+            span.attribute("messaging.operation.type").as_deref(),
+            Some(operation)
+        );
+        let destination = span
+            .attribute("messaging.destination.name")
+            .expect("destination");
+        assert!(span.span.name.ends_with(&destination), "{}", span.span.name);
+    }
+    assert!(
+        in_trace
+            .iter()
+            .any(|span| span.attribute("messaging.message.id").is_some()),
+        "durable messages carry their id"
+    );
+
+    system.finish().await;
+    drop(telemetry);
+}
