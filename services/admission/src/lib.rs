@@ -422,6 +422,7 @@ impl BatchHandler for Admission {
                             payload: rejected.encode_to_vec().into(),
                         },
                     ));
+                    bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
                     decisions.push(Decision::Reject { reason: error.code });
                 }
             }

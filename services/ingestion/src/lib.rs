@@ -388,6 +388,7 @@ impl BatchHandler for Ingestion {
                     if error.error_code() != Some(ErrorCode::LeaseLost) {
                         tracing::info!(code = %error.code, kind = address.kind, task_id = %address.task_id, "worker message refused");
                     }
+                    bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
                     Decision::Reject { reason: error.code }
                 }
                 Verdict::Failed(reason) => Decision::Retry { reason },

@@ -239,6 +239,19 @@ impl Service {
             self.settings.lease,
         );
         *self.is_leader.lock().expect("not poisoned") = Some(election.watch());
+        let mut leader_watch = election.watch();
+        let leader_stop = stop.clone();
+        let leader_gauge = tokio::spawn(async move {
+            loop {
+                let is_leader = *leader_watch.borrow_and_update();
+                bus::metrics::set_leader(lease::names::REAPER, is_leader);
+                tokio::select! {
+                    () = leader_stop.cancelled() => break,
+                    changed = leader_watch.changed() => if changed.is_err() { break },
+                }
+            }
+            bus::metrics::set_leader(lease::names::REAPER, false);
+        });
         let service = self.clone();
         election
             .run(
@@ -251,6 +264,7 @@ impl Service {
             .await;
         stop.cancel();
         let _ = relay.await;
+        let _ = leader_gauge.await;
         Ok(())
     }
 

@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::decisions;
 use crate::{Bus, BusError};
 
 /// Everything about one durable consumer, spelled out.
@@ -174,6 +175,7 @@ pub async fn run<H: BatchHandler>(
         .await
         .map_err(|error| consume_error(error.to_string()))?
         .ready_chunks(spec.batch_size);
+    crate::metrics::register_consumer(&spec.durable_name);
 
     loop {
         let chunk = tokio::select! {
@@ -217,7 +219,12 @@ pub async fn run<H: BatchHandler>(
         if batch.is_empty() {
             continue;
         }
+        let handle_started = std::time::Instant::now();
         let decisions = handler.handle(&batch).await;
+        crate::metrics::observe_handler_seconds(
+            &spec.durable_name,
+            handle_started.elapsed().as_secs_f64(),
+        );
         assert_eq!(
             decisions.len(),
             batch.len(),
@@ -242,15 +249,15 @@ async fn acknowledge<H: BatchHandler>(
     delivery: &Delivery,
     decision: Decision,
 ) {
-    let kind = match decision {
-        Decision::Ack => AckKind::Ack,
+    let (kind, counted_as) = match decision {
+        Decision::Ack => (AckKind::Ack, decisions::ACK),
         Decision::Reject { reason } => {
             tracing::debug!(subject = delivery.subject(), reason, "message rejected");
-            AckKind::Term
+            (AckKind::Term, decisions::REJECT)
         }
         Decision::Retry { reason } if delivery.delivered >= spec.max_deliver => {
             handler.dead_letter(delivery, &reason).await;
-            AckKind::Term
+            (AckKind::Term, decisions::DEAD)
         }
         Decision::Retry { reason } => {
             tracing::warn!(
@@ -259,9 +266,13 @@ async fn acknowledge<H: BatchHandler>(
                 reason,
                 "message will be redelivered"
             );
-            AckKind::Nak(Some(spec.retry_delay(delivery.delivered)))
+            (
+                AckKind::Nak(Some(spec.retry_delay(delivery.delivered))),
+                decisions::RETRY,
+            )
         }
     };
+    crate::metrics::record_decision(&spec.durable_name, counted_as, delivery.is_redelivery());
     if let Err(error) = delivery.message.ack_with(kind).await {
         // The message will be redelivered after ack_wait; handlers are idempotent.
         tracing::warn!(subject = delivery.subject(), %error, "acknowledgement failed");

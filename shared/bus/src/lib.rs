@@ -3,6 +3,7 @@
 //! for acknowledgement (see [`consume`]): a handler returns a decision, the bus acknowledges.
 
 pub mod consume;
+pub mod metrics;
 pub mod serve;
 pub mod trace;
 

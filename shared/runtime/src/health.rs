@@ -1,4 +1,5 @@
-//! The health endpoints every palisade process serves over HTTP: `GET /healthz` answers 200
+//! The HTTP endpoints every palisade process serves: `GET /metrics` (see `metrics`),
+//! `GET /healthz` answers 200
 //! while the process runs; `GET /readyz` answers 200 when PostgreSQL answers, NATS is
 //! connected, the three streams exist and the schema is migrated far enough, else 503 naming
 //! each failing check and what to do about it. Readiness is re-checked at most once per
@@ -25,6 +26,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::MetricsSource;
 use crate::{CommonSettings, Connections, SettingsError, env};
 
 /// The variable that sets where the health endpoints listen.
@@ -100,6 +102,7 @@ pub async fn serve_health(
 pub struct HealthServer {
     addr: SocketAddr,
     readiness: Arc<Readiness>,
+    metrics: Arc<MetricsSource>,
 }
 
 /// One check's result in the `/readyz` body.
@@ -134,6 +137,7 @@ impl HealthServer {
         ];
         Self {
             addr,
+            metrics: Arc::new(MetricsSource::new(connections.pool.clone())),
             readiness: Arc::new(Readiness {
                 pool: connections.pool,
                 bus: connections.bus,
@@ -155,7 +159,7 @@ impl HealthServer {
             .await
             .map_err(bind_error)?;
         let bound = listener.local_addr().map_err(bind_error)?;
-        let app = router(self.readiness.clone());
+        let app = router(self.readiness.clone(), self.metrics.clone());
         tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
@@ -164,17 +168,33 @@ impl HealthServer {
                 tracing::error!(%error, addr = %bound, "health server stopped");
             }
         });
-        tracing::info!(addr = %bound, "serving /healthz and /readyz");
+        tracing::info!(addr = %bound, "serving /healthz, /readyz and /metrics");
         Ok(bound)
     }
 }
 
-/// The routes. `/metrics` joins here with the metrics work, on the same listener.
-fn router(readiness: Arc<Readiness>) -> Router {
+/// The routes, all on one listener.
+fn router(readiness: Arc<Readiness>, metrics: Arc<MetricsSource>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(readiness)
+        .merge(
+            Router::new()
+                .route("/metrics", get(metrics_text))
+                .with_state(metrics),
+        )
+}
+
+async fn metrics_text(State(metrics): State<Arc<MetricsSource>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::metrics::CONTENT_TYPE,
+        )],
+        metrics.render().await,
+    )
+        .into_response()
 }
 
 async fn healthz() -> &'static str {

@@ -1,10 +1,11 @@
 //! What every palisade process needs before it can do its job: settings read from the
 //! environment and validated once, PostgreSQL and NATS connections checked at start-up
-//! (server version, streams, migrations), a shutdown signal, and the `/healthz` and
-//! `/readyz` endpoints (`health`).
+//! (server version, streams, migrations), a shutdown signal, and the `/healthz`, `/readyz`
+//! (`health`) and `/metrics` (`metrics`) endpoints.
 
 pub mod env;
 pub mod health;
+pub mod metrics;
 
 use std::time::Duration;
 

@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod enrichment;
 pub mod evidence;
 pub mod ingestion;
+pub mod observability;
 pub mod outbox;
 pub mod recovery;
 pub mod retry;

@@ -8,6 +8,7 @@ mod end_to_end;
 mod health;
 mod ingestion;
 mod leader;
+mod metrics;
 mod processes;
 mod recovery;
 mod redelivery;

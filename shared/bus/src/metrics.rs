@@ -1,0 +1,246 @@
+//! The process-wide Prometheus registry and the metric families the message path updates:
+//! acknowledgement decisions, redeliveries and handler latency per consumer, refusals by
+//! error code, and leader status. It lives here, not in `runtime`, because `bus` is the
+//! lowest crate every updater depends on; `runtime` serves it on `GET /metrics` and adds the
+//! database gauges to the same registry.
+//!
+//! Every label value comes from a bounded set: durable consumer names, the four decisions,
+//! the `ErrorCode` names (unknown codes become `other`), lease names. Never an id.
+
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use messages::ErrorCode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+pub use prometheus_client;
+
+/// Every metric name starts with this and an underscore.
+pub const PREFIX: &str = "palisade";
+
+/// The four ways a delivery ends at the bus, as the `decision` label.
+pub mod decisions {
+    pub const ACK: &str = "ack";
+    pub const RETRY: &str = "retry";
+    pub const REJECT: &str = "reject";
+    pub const DEAD: &str = "dead";
+    pub const ALL: [&str; 4] = [ACK, RETRY, REJECT, DEAD];
+}
+
+/// The `code` label for a refusal code this build does not know.
+pub const CODE_OTHER: &str = "other";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabels {
+    pub consumer: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub consumer: String,
+    pub decision: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub consumer: String,
+    pub code: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    pub lease: &'static str,
+}
+
+fn handler_seconds_histogram() -> Histogram {
+    // 1 ms .. ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The metric families the message path updates. Cheap to clone (handles share their values).
+#[derive(Debug, Clone)]
+pub struct BusMetrics {
+    pub messages: Family<DecisionLabels, Counter>,
+    pub redeliveries: Family<ConsumerLabels, Counter>,
+    pub handler_seconds: Family<ConsumerLabels, Histogram, fn() -> Histogram>,
+    pub refusals: Family<RefusalLabels, Counter>,
+    pub leader: Family<LeaseLabels, Gauge>,
+}
+
+struct Metrics {
+    registry: Mutex<Registry>,
+    bus: BusMetrics,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    let mut registry = Registry::with_prefix(PREFIX);
+    let bus = BusMetrics {
+        messages: Family::default(),
+        redeliveries: Family::default(),
+        handler_seconds: Family::new_with_constructor(handler_seconds_histogram),
+        refusals: Family::default(),
+        leader: Family::default(),
+    };
+    registry.register(
+        "messages",
+        "Deliveries acknowledged by a durable consumer, by decision (ack, retry, reject, dead)",
+        bus.messages.clone(),
+    );
+    registry.register(
+        "redeliveries",
+        "Deliveries seen more than once by a durable consumer",
+        bus.redeliveries.clone(),
+    );
+    registry.register(
+        "handler_seconds",
+        "Time a consumer's handler took for one batch",
+        bus.handler_seconds.clone(),
+    );
+    registry.register(
+        "refusals",
+        "Messages refused with an error code, by consumer and code",
+        bus.refusals.clone(),
+    );
+    registry.register(
+        "leader",
+        "1 while this process holds the named leader lease, else 0",
+        bus.leader.clone(),
+    );
+    Metrics {
+        registry: Mutex::new(registry),
+        bus,
+    }
+});
+
+/// The process-wide registry; `runtime` registers its gauges in it and encodes it.
+pub fn registry() -> MutexGuard<'static, Registry> {
+    METRICS
+        .registry
+        .lock()
+        .expect("metrics registry not poisoned")
+}
+
+/// The message-path metric families.
+pub fn bus_metrics() -> &'static BusMetrics {
+    &METRICS.bus
+}
+
+/// Creates every series of `consumer` at zero (each decision, each refusal code), so the set
+/// of series does not depend on which outcomes happened to occur yet.
+pub fn register_consumer(consumer: &str) {
+    let metrics = bus_metrics();
+    for decision in decisions::ALL {
+        let _ = metrics.messages.get_or_create(&DecisionLabels {
+            consumer: consumer.to_owned(),
+            decision,
+        });
+    }
+    let labels = ConsumerLabels {
+        consumer: consumer.to_owned(),
+    };
+    for code in ErrorCode::ALL
+        .into_iter()
+        .map(ErrorCode::as_str)
+        .chain([CODE_OTHER])
+    {
+        let _ = metrics.refusals.get_or_create(&RefusalLabels {
+            consumer: consumer.to_owned(),
+            code,
+        });
+    }
+    let _ = metrics.redeliveries.get_or_create(&labels);
+    let _ = metrics.handler_seconds.get_or_create(&labels);
+}
+
+/// Counts one acknowledgement decision.
+pub fn record_decision(consumer: &str, decision: &'static str, redelivered: bool) {
+    let metrics = bus_metrics();
+    metrics
+        .messages
+        .get_or_create(&DecisionLabels {
+            consumer: consumer.to_owned(),
+            decision,
+        })
+        .inc();
+    if redelivered {
+        metrics
+            .redeliveries
+            .get_or_create(&ConsumerLabels {
+                consumer: consumer.to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// Records how long one batch took in `consumer`'s handler.
+pub fn observe_handler_seconds(consumer: &str, seconds: f64) {
+    bus_metrics()
+        .handler_seconds
+        .get_or_create(&ConsumerLabels {
+            consumer: consumer.to_owned(),
+        })
+        .observe(seconds);
+}
+
+/// The `code` label for a wire error code: its `ErrorCode` name, or [`CODE_OTHER`].
+pub fn code_label(code: &str) -> &'static str {
+    ErrorCode::parse(code).map_or(CODE_OTHER, ErrorCode::as_str)
+}
+
+/// Counts one refusal by `consumer` with wire error code `code`.
+pub fn record_refusal(consumer: &str, code: &str) {
+    bus_metrics()
+        .refusals
+        .get_or_create(&RefusalLabels {
+            consumer: consumer.to_owned(),
+            code: code_label(code),
+        })
+        .inc();
+}
+
+/// Sets the `leader{lease}` gauge.
+pub fn set_leader(lease: &'static str, is_leader: bool) {
+    bus_metrics()
+        .leader
+        .get_or_create(&LeaseLabels { lease })
+        .set(i64::from(is_leader));
+}
+
+/// The whole registry in the OpenMetrics text format.
+pub fn encode_text() -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry())
+        .expect("writing to a String cannot fail");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_codes_are_other_and_known_codes_keep_their_name() {
+        assert_eq!(code_label("no_such_code"), CODE_OTHER);
+        for code in ErrorCode::ALL {
+            assert_eq!(code_label(code.as_str()), code.as_str());
+        }
+    }
+
+    #[test]
+    fn registered_consumer_has_every_decision_series() {
+        register_consumer("unit-test-consumer");
+        record_decision("unit-test-consumer", decisions::ACK, true);
+        let text = encode_text();
+        for decision in decisions::ALL {
+            let line = format!(
+                "palisade_messages_total{{consumer=\"unit-test-consumer\",decision=\"{decision}\"}}"
+            );
+            assert!(text.contains(&line), "{line} missing from\n{text}");
+        }
+        assert!(text.contains("palisade_redeliveries_total{consumer=\"unit-test-consumer\"} 1"));
+    }
+}

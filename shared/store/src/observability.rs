@@ -1,0 +1,88 @@
+//! The aggregates behind `/metrics`: one statement, one round trip, every part served by a
+//! partial or ordered index so its cost follows the size of the backlog it measures, not of
+//! the tables. `runtime` caches the answer, so a scrape storm costs one query per refresh.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::StoreError;
+
+/// The database's view of the system at one instant.
+#[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
+pub struct Snapshot {
+    /// `pending` tasks whose `available_at` has passed (`worker_tasks_due_idx`).
+    pub tasks_due_pending: i64,
+    /// `retry_wait` tasks whose backoff has passed (`worker_tasks_due_idx`).
+    pub tasks_due_retry_wait: i64,
+    /// Seconds since the oldest due task became due; 0 when none is due.
+    pub oldest_due_task_age_seconds: f64,
+    /// Attempts in `leased` or `running` (`worker_task_attempts_live_expiry_idx`).
+    pub live_attempts: i64,
+    /// Seconds since the stalest live lease was renewed (or started, if never renewed);
+    /// 0 when no attempt is live. Grows while a killed worker's lease awaits the reaper.
+    pub stalest_lease_age_seconds: f64,
+    /// Outbox rows not yet published (`outbox_unpublished_idx`).
+    pub outbox_unpublished: i64,
+    /// Seconds since the oldest unpublished outbox row was written; 0 when none.
+    pub outbox_oldest_age_seconds: f64,
+    /// Seconds since the newest completed scan finished (`scans_finished_idx`); `None` before
+    /// the first.
+    pub last_completed_scan_age_seconds: Option<f64>,
+    /// Workers seen within the window passed to [`snapshot`] (`workers_last_seen_idx`).
+    pub workers_live: i64,
+    /// Enrichment jobs in `pending` (`enrichment_jobs_due_idx`).
+    pub enrichment_pending: i64,
+}
+
+/// Reads every aggregate in one statement. `worker_seen_within` is how recent a worker's
+/// `last_seen_at` must be for it to count as live (two lease TTLs).
+pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Snapshot, StoreError> {
+    let snapshot = sqlx::query_as::<_, Snapshot>(
+        r#"
+        WITH due AS (
+            SELECT
+                count(*) FILTER (WHERE state = 'pending') AS pending,
+                count(*) FILTER (WHERE state = 'retry_wait') AS retry_wait,
+                min(available_at) AS oldest
+            FROM worker_tasks
+            WHERE state IN ('pending', 'retry_wait') AND available_at <= now()
+        ),
+        live AS (
+            SELECT count(*) AS n, min(coalesce(last_renewed_at, started_at)) AS stalest
+            FROM worker_task_attempts
+            WHERE status IN ('leased', 'running')
+        ),
+        outbox_backlog AS (
+            SELECT count(*) AS n, min(created_at) AS oldest
+            FROM outbox
+            WHERE published_at IS NULL
+        )
+        SELECT
+            due.pending AS tasks_due_pending,
+            due.retry_wait AS tasks_due_retry_wait,
+            coalesce(extract(epoch FROM now() - due.oldest)::float8, 0) AS oldest_due_task_age_seconds,
+            live.n AS live_attempts,
+            greatest(coalesce(extract(epoch FROM now() - live.stalest)::float8, 0), 0) AS stalest_lease_age_seconds,
+            outbox_backlog.n AS outbox_unpublished,
+            coalesce(extract(epoch FROM now() - outbox_backlog.oldest)::float8, 0) AS outbox_oldest_age_seconds,
+            (
+                SELECT extract(epoch FROM now() - finished_at)::float8
+                FROM scans
+                WHERE state = 'completed' AND finished_at IS NOT NULL
+                ORDER BY finished_at DESC
+                LIMIT 1
+            ) AS last_completed_scan_age_seconds,
+            (
+                SELECT count(*) FROM workers
+                WHERE last_seen_at > now() - make_interval(secs => $1)
+            ) AS workers_live,
+            (SELECT count(*) FROM enrichment_jobs WHERE state = 'pending') AS enrichment_pending
+        FROM due, live, outbox_backlog
+        "#,
+    )
+    .bind(crate::seconds(worker_seen_within))
+    .fetch_one(pool)
+    .await?;
+    Ok(snapshot)
+}
