@@ -474,6 +474,14 @@ impl TestSystem {
         }
     }
 
+    /// Waits until every outbox row is published.
+    pub async fn wait_outbox_drained(&self) {
+        self.wait_for("the outbox to drain", || async {
+            (store::outbox::backlog(&self.pool).await.expect("backlog").0 == 0).then_some(())
+        })
+        .await;
+    }
+
     /// The scan's state.
     pub async fn scan_state(&self, scan_id: &str) -> String {
         let id = Uuid::parse_str(scan_id).expect("scan id is a UUID");

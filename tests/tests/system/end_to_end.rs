@@ -51,11 +51,7 @@ async fn every_event_is_relayed_once_from_the_outbox() {
     );
     assert!(worker.complete(&scan.lease, 1).await.error.is_none());
     system.wait_scan_state(&scan.scan_id, "completed").await;
-    system
-        .wait_for("the outbox to drain", || async {
-            (store::outbox::backlog(&system.pool).await.unwrap().0 == 0).then_some(())
-        })
-        .await;
+    system.wait_outbox_drained().await;
     let counts = tests::stream_subject_counts(
         &system,
         &system.subjects.events_stream(),
@@ -79,11 +75,7 @@ async fn every_event_is_relayed_once_from_the_outbox() {
     store::admin::forget_outbox_publication(&system.pool)
         .await
         .unwrap();
-    system
-        .wait_for("the outbox to drain again", || async {
-            (store::outbox::backlog(&system.pool).await.unwrap().0 == 0).then_some(())
-        })
-        .await;
+    system.wait_outbox_drained().await;
     let again = tests::stream_subject_counts(
         &system,
         &system.subjects.events_stream(),

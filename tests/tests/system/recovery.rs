@@ -355,11 +355,7 @@ async fn retention_prunes_old_transport_history_and_keeps_evidence() {
     );
     assert!(worker.complete(&scan.lease, 1).await.error.is_none());
     system.wait_scan_state(&scan.scan_id, "completed").await;
-    system
-        .wait_for("the outbox to drain", || async {
-            (store::outbox::backlog(&system.pool).await.unwrap().0 == 0).then_some(())
-        })
-        .await;
+    system.wait_outbox_drained().await;
     let before = system.table_counts().await;
     assert!(before["outbox"] > 0 && before["worker_result_batches"] == 1);
 
