@@ -227,8 +227,8 @@ impl TestSystem {
 
         let mut settings = SystemSettings::from_common(common.clone()).expect("valid settings");
         // Fast redelivery and polling so tests finish quickly; behaviour is unchanged.
-        settings.admission.ack_wait = Duration::from_secs(1);
-        settings.ingestion.ack_wait = Duration::from_secs(1);
+        settings.admission.consumer.ack_wait = Duration::from_secs(1);
+        settings.ingestion.consumer.ack_wait = Duration::from_secs(1);
         settings.dispatch.acquire_poll = Duration::from_millis(100);
         settings.ingestion.retry = store::RetryPolicy {
             base: Duration::from_millis(100),

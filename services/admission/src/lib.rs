@@ -6,7 +6,6 @@ pub mod request;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
@@ -14,6 +13,7 @@ use bytes::Bytes;
 use messages::{ErrorCode, EventKind, v1};
 use outbox::Relay;
 use prost::Message as _;
+use runtime::env::{ConsumerTuning, ConsumerVars};
 use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::admission::{AdmitOutcome, AdmitParams};
@@ -33,12 +33,9 @@ pub struct Settings {
     pub common: CommonSettings,
     /// Attempt budget of every task (`PALISADE_MAX_ATTEMPTS`, default 3).
     pub max_attempts: i32,
-    /// Requests decided per transaction (`PALISADE_ADMISSION_BATCH_SIZE`, default 128).
-    pub batch_size: usize,
-    /// Redelivery after this long without an ack (`PALISADE_ADMISSION_ACK_WAIT_MS`, default 30000).
-    pub ack_wait: Duration,
-    /// Deliveries before a request is recorded dead (`PALISADE_ADMISSION_MAX_DELIVER`, default 10).
-    pub max_deliver: i64,
+    /// The durable consumer (`PALISADE_ADMISSION_BATCH_SIZE` 128, `PALISADE_ADMISSION_ACK_WAIT_MS`
+    /// 30000, `PALISADE_ADMISSION_MAX_DELIVER` 10).
+    pub consumer: ConsumerTuning,
     /// When set, profiles may only name these plugins; others get `unknown_plugin`
     /// (`PALISADE_KNOWN_PLUGINS`, comma-separated; unset accepts any plugin name).
     pub known_plugins: Option<Vec<String>>,
@@ -66,29 +63,15 @@ impl Settings {
                 reason: "must be 1..=100".into(),
             });
         }
-        let batch_size = env::parse(
-            "PALISADE_ADMISSION_BATCH_SIZE",
-            ConsumerSpec::BATCH_SIZE_DEFAULT,
-        )?;
-        if !(1..=1_000).contains(&batch_size) {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_ADMISSION_BATCH_SIZE",
-                value: batch_size.to_string(),
-                reason: "must be 1..=1000".into(),
-            });
-        }
+        let consumer = ConsumerTuning::from_env(ConsumerVars {
+            batch_size: "PALISADE_ADMISSION_BATCH_SIZE",
+            ack_wait_ms: "PALISADE_ADMISSION_ACK_WAIT_MS",
+            max_deliver: "PALISADE_ADMISSION_MAX_DELIVER",
+        })?;
         Ok(Self {
             common,
             max_attempts,
-            batch_size,
-            ack_wait: Duration::from_millis(env::parse(
-                "PALISADE_ADMISSION_ACK_WAIT_MS",
-                ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
-            )?),
-            max_deliver: env::parse(
-                "PALISADE_ADMISSION_MAX_DELIVER",
-                ConsumerSpec::MAX_DELIVER_DEFAULT,
-            )?,
+            consumer,
             known_plugins: Some(
                 env::string("PALISADE_KNOWN_PLUGINS", "")
                     .split(',')
@@ -157,9 +140,7 @@ impl Service {
             CONSUMER_NAME,
             subjects.scan_request(),
         );
-        spec.batch_size = self.settings.batch_size;
-        spec.ack_wait = self.settings.ack_wait;
-        spec.max_deliver = self.settings.max_deliver;
+        self.settings.consumer.apply(&mut spec);
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
 
         let stop = shutdown.child_token();

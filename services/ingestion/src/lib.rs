@@ -13,6 +13,7 @@ use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
 use messages::{ErrorCode, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
+use runtime::env::{ConsumerTuning, ConsumerVars};
 use runtime::health::HealthServer;
 use runtime::{BatchLimits, CommonSettings, Connections, SettingsError, env};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
@@ -33,12 +34,9 @@ pub struct Settings {
     /// Backoff between attempts of a failed task (`PALISADE_RETRY_BASE_MS` 5000,
     /// `PALISADE_RETRY_CAP_MS` 300000).
     pub retry: RetryPolicy,
-    /// Messages decided per transaction (`PALISADE_INGESTION_BATCH_SIZE`, default 128).
-    pub batch_size: usize,
-    /// `PALISADE_INGESTION_ACK_WAIT_MS` (default 30000).
-    pub ack_wait: Duration,
-    /// `PALISADE_INGESTION_MAX_DELIVER` (default 10).
-    pub max_deliver: i64,
+    /// The durable consumer (`PALISADE_INGESTION_BATCH_SIZE` 128, `PALISADE_INGESTION_ACK_WAIT_MS`
+    /// 30000, `PALISADE_INGESTION_MAX_DELIVER` 10).
+    pub consumer: ConsumerTuning,
     /// Test fault injection: crash after commit, before ack.
     pub crash_after_commit: Option<Arc<AtomicBool>>,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
@@ -62,30 +60,16 @@ impl Settings {
                     .into(),
             });
         }
-        let batch_size = env::parse(
-            "PALISADE_INGESTION_BATCH_SIZE",
-            ConsumerSpec::BATCH_SIZE_DEFAULT,
-        )?;
-        if !(1..=1_000).contains(&batch_size) {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_INGESTION_BATCH_SIZE",
-                value: batch_size.to_string(),
-                reason: "must be 1..=1000".into(),
-            });
-        }
+        let consumer = ConsumerTuning::from_env(ConsumerVars {
+            batch_size: "PALISADE_INGESTION_BATCH_SIZE",
+            ack_wait_ms: "PALISADE_INGESTION_ACK_WAIT_MS",
+            max_deliver: "PALISADE_INGESTION_MAX_DELIVER",
+        })?;
         Ok(Self {
             common,
             batch_limits: BatchLimits::from_env()?,
             retry: RetryPolicy { base, cap },
-            batch_size,
-            ack_wait: Duration::from_millis(env::parse(
-                "PALISADE_INGESTION_ACK_WAIT_MS",
-                ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
-            )?),
-            max_deliver: env::parse(
-                "PALISADE_INGESTION_MAX_DELIVER",
-                ConsumerSpec::MAX_DELIVER_DEFAULT,
-            )?,
+            consumer,
             crash_after_commit: None,
             http_addr: runtime::health::http_addr_from_env()?,
         })
@@ -142,9 +126,7 @@ impl Service {
             CONSUMER_NAME,
             format!("{}.v1.worker.*.*", subjects.prefix()),
         );
-        spec.batch_size = self.settings.batch_size;
-        spec.ack_wait = self.settings.ack_wait;
-        spec.max_deliver = self.settings.max_deliver;
+        self.settings.consumer.apply(&mut spec);
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
         let stop = shutdown.child_token();
         if let Some(health) = &self.health {

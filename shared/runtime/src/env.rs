@@ -68,3 +68,60 @@ where
         _ => Err(SettingsError::Missing { name, hint }),
     }
 }
+
+/// A durable consumer's tuning, read from three variables named by the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerTuning {
+    /// Messages decided per transaction, 1..=1000.
+    pub batch_size: usize,
+    /// Redelivery after this long without an acknowledgement.
+    pub ack_wait: std::time::Duration,
+    /// Deliveries before a message is recorded dead.
+    pub max_deliver: i64,
+}
+
+/// The variable names of one consumer's [`ConsumerTuning`].
+#[derive(Debug, Clone, Copy)]
+pub struct ConsumerVars {
+    pub batch_size: &'static str,
+    pub ack_wait_ms: &'static str,
+    pub max_deliver: &'static str,
+}
+
+impl ConsumerTuning {
+    /// Reads and validates the three variables (defaults from `bus::ConsumerSpec`).
+    pub fn from_env(vars: ConsumerVars) -> Result<Self, SettingsError> {
+        use bus::ConsumerSpec;
+        let batch_size = parse(vars.batch_size, ConsumerSpec::BATCH_SIZE_DEFAULT)?;
+        if !(1..=1_000).contains(&batch_size) {
+            return Err(SettingsError::Invalid {
+                name: vars.batch_size,
+                value: batch_size.to_string(),
+                reason: "must be 1..=1000".into(),
+            });
+        }
+        let max_deliver = parse(vars.max_deliver, ConsumerSpec::MAX_DELIVER_DEFAULT)?;
+        if max_deliver < 1 {
+            return Err(SettingsError::Invalid {
+                name: vars.max_deliver,
+                value: max_deliver.to_string(),
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(Self {
+            batch_size,
+            ack_wait: std::time::Duration::from_millis(parse(
+                vars.ack_wait_ms,
+                ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
+            )?),
+            max_deliver,
+        })
+    }
+
+    /// Applies the tuning to a consumer spec.
+    pub fn apply(&self, spec: &mut bus::ConsumerSpec) {
+        spec.batch_size = self.batch_size;
+        spec.ack_wait = self.ack_wait;
+        spec.max_deliver = self.max_deliver;
+    }
+}
