@@ -131,3 +131,46 @@ impl Scrape {
             .collect()
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_lease_ages_and_the_reaper_leader_shows() {
+    let system = TestSystem::spawn_with(|settings| {
+        settings.http_addr = Some("127.0.0.1:0".parse().expect("address"));
+        settings.reaper.lease =
+            lease::RunConfig::new(Duration::from_secs(2), Duration::from_millis(200))
+                .expect("valid lease config");
+    })
+    .await;
+    let addr = system.health_addr.expect("health endpoints served");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("HTTP client");
+
+    // A worker that took a lease and then went silent (never renews): its lease ages.
+    let scan = system.leased_scan(&["alpha"]).await;
+    let first = system
+        .wait_for("a live lease in the gauges", || async {
+            let scrape = Scrape::get(&http, addr).await;
+            (scrape.value("palisade_attempts_live") >= 1.0).then_some(scrape)
+        })
+        .await;
+    let first_age = first.value("palisade_lease_renewal_age_max_seconds");
+    system
+        .wait_for("the silent lease to age", || async {
+            let scrape = Scrape::get(&http, addr).await;
+            (scrape.value("palisade_lease_renewal_age_max_seconds") > first_age + 1.0).then_some(())
+        })
+        .await;
+    drop(scan);
+
+    // The reaper shows leadership once it holds its lease.
+    system.start(tests::Component::Reaper);
+    system
+        .wait_for("the reaper to report leadership", || async {
+            let scrape = Scrape::get(&http, addr).await;
+            (scrape.value("palisade_leader{lease=\"palisade-reaper\"}") == 1.0).then_some(())
+        })
+        .await;
+    system.finish().await;
+}
