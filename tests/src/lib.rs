@@ -500,7 +500,7 @@ impl TestSystem {
         .await;
     }
 
-    /// Stops everything and drops the test's database.
+    /// Stops everything, drops the test's database and deletes its streams.
     pub async fn finish(self) {
         self.shutdown.cancel();
         let running: Vec<_> = self.running.lock().expect("not poisoned").drain().collect();
@@ -509,6 +509,14 @@ impl TestSystem {
         }
         self.pool.close().await;
         let _ = store::drop_database(&self.database_url).await;
+        // The shared NATS keeps streams on disk: remove this test's three.
+        for stream in [
+            self.subjects.requests_stream(),
+            self.subjects.events_stream(),
+            self.subjects.results_stream(),
+        ] {
+            let _ = self.bus.jetstream().delete_stream(&stream).await;
+        }
     }
 }
 
