@@ -52,6 +52,7 @@ pub enum Component {
     Dispatch,
     Ingestion,
     Reaper,
+    Enrichment,
 }
 
 /// A started component: how to stop it, and its task.
@@ -74,13 +75,21 @@ pub struct TestSystem {
     running: Mutex<HashMap<Component, RunningComponent>>,
 }
 
+/// Statement counting (as in every palisade process) and, with `TEST_LOG` set, logs filtered
+/// by `RUST_LOG`. A test that installed its own subscriber first (`telemetry::init`) keeps it.
 fn init_test_logging() {
-    if std::env::var_os("TEST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let logs = std::env::var_os("TEST_LOG").is_some().then(|| {
+        tracing_subscriber::fmt::layer()
             .with_test_writer()
-            .try_init();
-    }
+            .with_filter(tracing_subscriber::EnvFilter::from_default_env())
+    });
+    let _ = tracing_subscriber::registry()
+        .with(telemetry::cost::statement_counter())
+        .with(logs)
+        .try_init();
 }
 
 /// Where the test's PostgreSQL and NATS are.
@@ -328,6 +337,12 @@ impl TestSystem {
                 );
                 tokio::spawn(service.run_until_stopped(token))
             }
+            Component::Enrichment => {
+                let mut settings = self.settings.enrichment.clone();
+                settings.http_addr = None;
+                let service = enrichment::Service::from_connections(settings, self.connections());
+                tokio::spawn(service.run_until_stopped(token))
+            }
         };
         let previous = self
             .running
@@ -403,6 +418,28 @@ impl TestSystem {
         stats
     }
 
+    /// Runs a reference worker (all plugins) in-process until [`StoppableWorker::stop`].
+    pub async fn stoppable_reference_worker(
+        &self,
+        organization_id: Uuid,
+        capacity: u32,
+    ) -> StoppableWorker {
+        let worker_id = self.registered_worker(organization_id, capacity).await;
+        let mut config = worker::WorkerConfig::new(worker_id, capacity);
+        // A stop waits for the long-poll in flight (its leases are released, not abandoned):
+        // keep it short.
+        config.acquire_wait = Duration::from_millis(250);
+        let worker = worker::Worker::new(self.bus.clone(), config, reference_worker::plugins())
+            .expect("valid worker");
+        let stop = self.shutdown.child_token();
+        let handle = tokio::spawn(worker.run(stop.clone()));
+        StoppableWorker {
+            worker_id,
+            stop,
+            handle,
+        }
+    }
+
     pub fn client(&self) -> client::Client {
         client::Client::new(self.bus.clone(), "test-client")
     }
@@ -456,12 +493,27 @@ impl TestSystem {
     }
 
     /// Polls `probe` until it returns `Some`, failing the test after [`WAIT_MAX`].
-    pub async fn wait_for<T, F, Fut>(&self, what: &str, mut probe: F) -> T
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, probe: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + WAIT_MAX;
+        self.wait_for_within(what, WAIT_MAX, probe).await
+    }
+
+    /// Polls `probe` until it returns `Some`, failing the test after `time_max` (for what is
+    /// not one event but many, such as a load draining).
+    pub async fn wait_for_within<T, F, Fut>(
+        &self,
+        what: &str,
+        time_max: Duration,
+        mut probe: F,
+    ) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + time_max;
         loop {
             if let Some(value) = probe().await {
                 return value;
@@ -840,6 +892,26 @@ pub async fn stream_subject_counts(
         .try_collect()
         .await
         .expect("subject counts")
+}
+
+/// A reference worker in-process that a test stops the way an operator would: it releases
+/// what it holds and says no more.
+pub struct StoppableWorker {
+    pub worker_id: Uuid,
+    stop: CancellationToken,
+    handle: JoinHandle<Result<(), worker::WorkerError>>,
+}
+
+impl StoppableWorker {
+    /// Stops the worker and waits until it has.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(WAIT_MAX, self.handle)
+            .await
+            .unwrap_or_else(|_| panic!("worker did not stop within {WAIT_MAX:?}"))
+            .expect("worker did not panic")
+            .expect("worker stopped cleanly");
+    }
 }
 
 /// A reference worker running as a child process, so a test can SIGKILL or SIGSTOP it.

@@ -18,6 +18,7 @@ use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::admission::{AdmitOutcome, AdmitParams};
 use store::{PgPool, StoreError};
+use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
 
 use crate::request::ValidScanRequest;
@@ -134,6 +135,10 @@ impl Service {
     /// Runs the consumer, the request/reply server and the outbox relay until `shutdown`,
     /// or until one of them fails.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        in_lane(lanes::ADMISSION, self.serve_until_stopped(shutdown)).await
+    }
+
+    async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let subjects = self.bus.subjects().clone();
         let mut spec = ConsumerSpec::new(
             subjects.requests_stream(),
@@ -154,6 +159,7 @@ impl Service {
         let admission = self.admission.clone();
         let server = bus::serve::serve(
             &self.bus,
+            "admission.submit",
             subjects.scan_submit(),
             QUEUE_GROUP,
             move |message| {
@@ -184,10 +190,12 @@ enum Verdict {
         state: store::states::ScanState,
     },
     Refused {
-        wire: Option<v1::ScanRequest>,
+        /// The request as decoded, when it decoded (boxed: verdicts are kept per message).
+        wire: Option<Box<v1::ScanRequest>>,
         error: v1::Error,
     },
-    Failed(StoreError),
+    /// Something transient failed; the error with its causes.
+    Failed(String),
 }
 
 struct Admission {
@@ -229,13 +237,19 @@ impl Admission {
             match request::parse(payload) {
                 (wire, Ok(request)) if self.check_plugins(&request).is_err() => {
                     let error = self.check_plugins(&request).expect_err("checked above");
-                    verdicts.push(Some(Verdict::Refused { wire, error }));
+                    verdicts.push(Some(Verdict::Refused {
+                        wire: wire.map(Box::new),
+                        error,
+                    }));
                 }
                 (_, Ok(request)) => {
                     verdicts.push(None);
                     valid.push((index, request));
                 }
-                (wire, Err(error)) => verdicts.push(Some(Verdict::Refused { wire, error })),
+                (wire, Err(error)) => verdicts.push(Some(Verdict::Refused {
+                    wire: wire.map(Box::new),
+                    error,
+                })),
             }
         }
         valid.sort_by(|(_, a), (_, b)| {
@@ -248,11 +262,12 @@ impl Admission {
                 }
             }
             Err(error) => {
-                let reason = error.to_string();
+                // Logged once per request where it is handled: the bus's redelivery line, or
+                // the request/reply path's.
+                let reason = format!("admission transaction failed: {}", telemetry::chain(&error));
                 for (index, _) in &valid {
-                    verdicts[*index] = Some(Verdict::Failed(StoreError::Corrupt(reason.clone())));
+                    verdicts[*index] = Some(Verdict::Failed(reason.clone()));
                 }
-                tracing::warn!(%error, requests = valid.len(), "admission transaction failed");
             }
         }
         verdicts
@@ -305,7 +320,7 @@ impl Admission {
                 }
                 Err(error) => {
                     savepoint.rollback().await?;
-                    Verdict::Failed(error)
+                    Verdict::Failed(telemetry::chain(&error).to_string())
                 }
             };
             verdicts.push(verdict);
@@ -345,15 +360,18 @@ impl Admission {
                 error: Some(error),
                 ..Default::default()
             },
-            Verdict::Failed(error) => v1::ScanRequestReply {
-                error: Some(v1::Error::new(
-                    ErrorCode::Internal,
-                    format!(
-                        "admission could not decide ({error}); retry with the same idempotency key"
-                    ),
-                )),
-                ..Default::default()
-            },
+            Verdict::Failed(error) => {
+                tracing::warn!(%error, "scan request could not be decided; the client may retry");
+                v1::ScanRequestReply {
+                    error: Some(v1::Error::new(
+                        ErrorCode::Internal,
+                        format!(
+                            "admission could not decide ({error}); retry with the same idempotency key"
+                        ),
+                    )),
+                    ..Default::default()
+                }
+            }
         };
         reply.encode_to_vec().into()
     }
@@ -373,11 +391,11 @@ impl BatchHandler for Admission {
                 Verdict::Admitted { .. } | Verdict::Duplicate { .. } => {
                     decisions.push(Decision::Ack)
                 }
-                Verdict::Failed(error) => decisions.push(Decision::Retry {
-                    reason: error.to_string(),
-                }),
+                Verdict::Failed(reason) => decisions.push(Decision::Retry { reason }),
                 Verdict::Refused { wire, error } => {
-                    let wire = wire.or_else(|| v1::ScanRequest::decode(delivery.payload()).ok());
+                    let wire = wire
+                        .map(|wire| *wire)
+                        .or_else(|| v1::ScanRequest::decode(delivery.payload()).ok());
                     let rejected = v1::ScanRejected {
                         organization_id: wire
                             .as_ref()

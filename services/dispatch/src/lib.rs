@@ -24,6 +24,7 @@ use store::dispatch::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
 };
 use store::{LeaseClaim, PgPool, StoreError};
+use telemetry::cost::{Direction, count_messages, in_lane, inherit, lanes};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -33,6 +34,18 @@ const CANCEL_TRANSIENT_RETRIES_MAX: usize = 3;
 
 /// Queue group shared by dispatch replicas.
 pub const QUEUE_GROUP: &str = "dispatch";
+
+/// The request metrics' name for the server of `verb`.
+fn server_name(verb: WorkerVerb) -> &'static str {
+    match verb {
+        WorkerVerb::Hello => "dispatch.hello",
+        WorkerVerb::Acquire => "dispatch.acquire",
+        WorkerVerb::Renew => "dispatch.renew",
+        WorkerVerb::Release => "dispatch.release",
+        // Results, completions and failures go to ingestion over JetStream.
+        _ => "dispatch.other",
+    }
+}
 
 /// Dispatch's settings.
 #[derive(Debug, Clone)]
@@ -110,6 +123,10 @@ impl Service {
 
     /// Serves the four worker verbs and relays the outbox until `shutdown`.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        in_lane(lanes::DISPATCH, self.serve_until_stopped(shutdown)).await
+    }
+
+    async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let subjects = self.bus.subjects().clone();
         let stop = shutdown.child_token();
         if let Some(health) = &self.health {
@@ -135,17 +152,20 @@ impl Service {
         let mut ready = futures::stream::select(ready, hints);
         let wake = self.wake;
         let wake_stop = stop.clone();
-        let waker = tokio::spawn(async move {
+        let waker = tokio::spawn(inherit(async move {
             loop {
                 tokio::select! {
                     () = wake_stop.cancelled() => return,
                     event = ready.next() => match event {
-                        Some(_) => { wake.send_modify(|generation| *generation += 1); }
+                        Some(_) => {
+                            count_messages(Direction::Received, 1);
+                            wake.send_modify(|generation| *generation += 1);
+                        }
                         None => return,
                     },
                 }
             }
-        });
+        }));
 
         let mut servers = tokio::task::JoinSet::new();
         for verb in [
@@ -158,9 +178,10 @@ impl Service {
             let bus = self.bus.clone();
             let subject = subjects.worker_wildcard(verb);
             let stop = stop.clone();
-            servers.spawn(async move {
+            servers.spawn(inherit(async move {
                 bus::serve::serve(
                     &bus,
+                    server_name(verb),
                     subject,
                     QUEUE_GROUP,
                     move |message| {
@@ -170,15 +191,16 @@ impl Service {
                     stop,
                 )
                 .await
-            });
+            }));
         }
         {
             let dispatch = self.dispatch.clone();
             let bus = self.bus.clone();
             let stop = stop.clone();
-            servers.spawn(async move {
+            servers.spawn(inherit(async move {
                 bus::serve::serve(
                     &bus,
+                    "dispatch.cancel",
                     subjects.cancel(),
                     QUEUE_GROUP,
                     move |message| {
@@ -196,7 +218,7 @@ impl Service {
                     stop,
                 )
                 .await
-            });
+            }));
         }
         let result = tokio::select! {
             () = stop.cancelled() => Ok(()),
@@ -222,7 +244,7 @@ struct Dispatch {
 }
 
 fn internal(error: &StoreError) -> v1::Error {
-    tracing::warn!(%error, "dispatch could not decide");
+    tracing::warn!(error = %telemetry::chain(error), "dispatch could not decide");
     v1::Error::new(
         ErrorCode::Internal,
         format!("dispatch could not decide ({error}); retry"),

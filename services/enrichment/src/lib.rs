@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::PgPool;
+use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -106,6 +107,10 @@ impl Service {
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        in_lane(lanes::ENRICHMENT, self.serve_until_stopped(shutdown)).await
+    }
+
+    async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let stop = shutdown.child_token();
         let _stop_on_return = stop.clone().drop_guard();
         if let Some(health) = &self.health {
@@ -118,7 +123,7 @@ impl Service {
             let worked = match self.run_once().await {
                 Ok(worked) => worked,
                 Err(error) => {
-                    tracing::warn!(%error, "enrichment pass failed");
+                    tracing::warn!(error = %telemetry::chain(&error), "enrichment pass failed");
                     false
                 }
             };

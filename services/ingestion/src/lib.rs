@@ -18,6 +18,7 @@ use runtime::health::HealthServer;
 use runtime::{BatchLimits, CommonSettings, Connections, SettingsError, env};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
+use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -120,6 +121,10 @@ impl Service {
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        in_lane(lanes::INGESTION, self.serve_until_stopped(shutdown)).await
+    }
+
+    async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let subjects = self.bus.subjects();
         let mut spec = ConsumerSpec::new(
             subjects.results_stream(),
@@ -277,8 +282,8 @@ impl Ingestion {
                 }
                 Err(error) => {
                     savepoint.rollback().await?;
-                    tracing::warn!(%error, task_id = %message.claim().task_id, "ingestion could not decide");
-                    Verdict::Failed(error.to_string())
+                    // Logged once, by the bus, with the redelivery it causes.
+                    Verdict::Failed(telemetry::chain(&error).to_string())
                 }
             };
             verdicts.push(verdict);
@@ -312,7 +317,7 @@ impl Ingestion {
             .await
         {
             // The worker resends after its ack timeout and gets the same answer again.
-            tracing::debug!(%error, "ingest ack not sent");
+            tracing::debug!(error = %telemetry::chain(&error), "ingest ack not sent");
         }
     }
 }
@@ -354,9 +359,10 @@ impl BatchHandler for Ingestion {
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, messages = valid.len(), "ingestion transaction failed");
+                // Logged once per message, by the bus, with the redelivery it causes.
+                let reason = format!("ingestion transaction failed: {}", telemetry::chain(&error));
                 for (index, _) in &valid {
-                    verdicts[*index] = Some(Verdict::Failed(error.to_string()));
+                    verdicts[*index] = Some(Verdict::Failed(reason.clone()));
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! scans (with replayed and conflicting requests) through a three-plugin profile, progress
 //! while it runs, and a table at the end.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use futures::StreamExt as _;
 use messages::{ErrorCode, v1};
 use runtime::CommonSettings;
+use telemetry::cost::LaneCost;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -57,6 +58,9 @@ pub struct DemoReport {
     pub scans_per_second: f64,
     pub database_completed: i64,
     pub database_scans: i64,
+    /// What each lane spent from the first request to the last completion (every service and
+    /// the workers run in this process, so the counters see all of it).
+    pub cost: BTreeMap<&'static str, LaneCost>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +115,7 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
         }
     });
 
+    let cost_before = telemetry::cost::snapshot();
     let started = Instant::now();
     let submitted = Arc::new(AtomicU64::new(0));
     let progress_stop = CancellationToken::new();
@@ -185,6 +190,7 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     report.elapsed = started.elapsed();
+    report.cost = telemetry::cost::spent(&cost_before, &telemetry::cost::snapshot());
     progress_stop.cancel();
     let _ = progress.await;
     reader.abort();
@@ -375,6 +381,7 @@ pub fn print_report(report: &DemoReport) -> bool {
         println!("{name:<40} {value:>14}");
     }
     println!("{}", "-".repeat(55));
+    print_cost(report);
     let checks = [
         (
             "every admitted scan completed exactly once",
@@ -399,6 +406,42 @@ pub fn print_report(report: &DemoReport) -> bool {
         all &= held;
     }
     all
+}
+
+/// Statements and messages per completed scan, by lane (idle polling included: the figure
+/// is what the run cost, divided by what it completed).
+fn print_cost(report: &DemoReport) {
+    if report.completed == 0 {
+        return;
+    }
+    let per_scan = |count: u64| count as f64 / report.completed as f64;
+    println!(
+        "{:<22} {:>10} {:>10} {:>10}",
+        "cost per completed scan", "statements", "msgs sent", "msgs recv"
+    );
+    let mut total = LaneCost::default();
+    for (lane, cost) in &report.cost {
+        if *cost == LaneCost::default() {
+            continue;
+        }
+        println!(
+            "  {lane:<20} {:>10.1} {:>10.1} {:>10.1}",
+            per_scan(cost.statements),
+            per_scan(cost.messages_sent),
+            per_scan(cost.messages_received)
+        );
+        total.statements += cost.statements;
+        total.messages_sent += cost.messages_sent;
+        total.messages_received += cost.messages_received;
+    }
+    println!(
+        "  {:<20} {:>10.1} {:>10.1} {:>10.1}",
+        "all lanes",
+        per_scan(total.statements),
+        per_scan(total.messages_sent),
+        per_scan(total.messages_received)
+    );
+    println!("{}", "-".repeat(55));
 }
 
 /// Replaces the database name in a PostgreSQL URL.

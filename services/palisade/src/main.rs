@@ -1,11 +1,12 @@
 //! The `palisade` command: run everything for development, migrate, submit and inspect scans,
-//! administer workers, run the demo.
+//! administer workers, run the demo, probe a service's readiness (`health`).
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use palisade::demo::{self, DemoOptions};
+use palisade::probe;
 use palisade::system::{self, System, SystemSettings};
 use runtime::CommonSettings;
 use uuid::Uuid;
@@ -65,6 +66,13 @@ enum Command {
     /// Workers.
     #[command(subcommand)]
     Worker(WorkerCommand),
+    /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
+    /// the failing checks otherwise.
+    Health {
+        /// What to ask; by default /readyz at PALISADE_HTTP_ADDR over loopback.
+        #[arg(long)]
+        url: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -162,6 +170,10 @@ enum WorkerCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Health { url } = cli.command {
+        // Before telemetry: a probe every few seconds must not start an exporter each time.
+        return health(url).await;
+    }
     let mut telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     if matches!(cli.command, Command::Demo { .. }) {
@@ -328,7 +340,26 @@ async fn main() -> anyhow::Result<()> {
             println!("worker {worker} now serves organization {org}");
             Ok(())
         }
+        Command::Health { .. } => unreachable!("answered before telemetry starts"),
     }
+}
+
+async fn health(url: Option<String>) -> anyhow::Result<()> {
+    let url = match url {
+        Some(url) => url,
+        None => match runtime::health::http_addr_from_env()? {
+            Some(addr) => probe::readyz_url(addr),
+            None => anyhow::bail!(
+                "PALISADE_HTTP_ADDR is off, so there is no /readyz to ask: set it, or pass --url"
+            ),
+        },
+    };
+    let answer = probe::probe(&url).await?;
+    if !answer.is_ready() {
+        anyhow::bail!("not ready ({}): {}", answer.status, answer.body);
+    }
+    println!("{}", answer.body);
+    Ok(())
 }
 
 async fn cli_client(common: &CommonSettings) -> anyhow::Result<client::Client> {

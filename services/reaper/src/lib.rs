@@ -19,6 +19,7 @@ use runtime::health::HealthServer;
 use runtime::{CommonSettings, Connections, SettingsError, env};
 use store::recovery::{Pruned, RecoveryOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
+use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
 
 /// Reaper settings.
@@ -183,18 +184,33 @@ impl Service {
     async fn sweep(&self) -> Result<SweepOutcome, StoreError> {
         let subjects = self.bus.subjects();
         let batch = self.settings.batch;
+        // Each step is a lane of its own, so its cost shows in `palisade_db_statements_total`.
         let outcome = SweepOutcome {
-            recovered: store::recovery::recover_expired(
-                &self.pool,
-                subjects,
-                self.settings.retry,
-                batch,
+            recovered: in_lane(
+                lanes::REAPER_RECOVERY,
+                store::recovery::recover_expired(&self.pool, subjects, self.settings.retry, batch),
             )
             .await?,
-            overdue: store::recovery::fail_overdue(&self.pool, subjects, batch).await?,
-            uploads_expired: store::recovery::expire_uploads(&self.pool, batch).await?,
-            pruned: store::recovery::prune(&self.pool, self.settings.retention, batch).await?,
-            due_retries: store::recovery::due_retries(&self.pool).await?,
+            overdue: in_lane(
+                lanes::REAPER_DEADLINES,
+                store::recovery::fail_overdue(&self.pool, subjects, batch),
+            )
+            .await?,
+            uploads_expired: in_lane(
+                lanes::REAPER_UPLOADS,
+                store::recovery::expire_uploads(&self.pool, batch),
+            )
+            .await?,
+            pruned: in_lane(
+                lanes::REAPER_RETENTION,
+                store::recovery::prune(&self.pool, self.settings.retention, batch),
+            )
+            .await?,
+            due_retries: in_lane(
+                lanes::REAPER_RETRIES,
+                store::recovery::due_retries(&self.pool),
+            )
+            .await?,
         };
         if outcome.acted() {
             tracing::info!(
@@ -211,10 +227,10 @@ impl Service {
         }
         if outcome.due_retries > 0 {
             // A hint that wakes waiting acquires for retried tasks whose backoff passed.
-            let _ = self
+            let wakeup = self
                 .bus
-                .publish_core(subjects.dispatch_wakeup(), bytes::Bytes::new())
-                .await;
+                .publish_core(subjects.dispatch_wakeup(), bytes::Bytes::new());
+            let _ = in_lane(lanes::REAPER_RETRIES, wakeup).await;
         }
         Ok(outcome)
     }
@@ -253,15 +269,15 @@ impl Service {
             bus::metrics::set_leader(lease::names::REAPER, false);
         });
         let service = self.clone();
-        election
-            .run(
-                move |term| {
-                    let service = service.clone();
-                    async move { service.sweep_while_leader(term).await }
-                },
-                stop.clone(),
-            )
-            .await;
+        // Campaigning and renewing is the election lane; each sweep step names its own.
+        let campaign = election.run(
+            move |term| {
+                let service = service.clone();
+                async move { service.sweep_while_leader(term).await }
+            },
+            stop.clone(),
+        );
+        in_lane(lanes::REAPER_ELECTION, campaign).await;
         stop.cancel();
         let _ = relay.await;
         let _ = leader_gauge.await;
@@ -288,7 +304,7 @@ impl Service {
             match outcome {
                 None => return,
                 Some(Err(error)) => {
-                    tracing::warn!(%error, "reaper sweep failed; retrying next interval")
+                    tracing::warn!(error = %telemetry::chain(&error), "reaper sweep failed; retrying next interval")
                 }
                 Some(Ok(_)) => {}
             }

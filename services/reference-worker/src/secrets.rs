@@ -164,7 +164,7 @@ fn scan_tree(root: &Path, cancel: &CancellationToken) -> Result<Report, PluginEr
         let entry = match entry {
             Ok(entry) => entry,
             Err(error) => {
-                tracing::debug!(%error, "unreadable entry skipped");
+                tracing::debug!(error = %telemetry::chain(&error), "unreadable entry skipped");
                 report.files_skipped += 1;
                 continue;
             }

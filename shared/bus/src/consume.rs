@@ -212,13 +212,14 @@ pub async fn run<H: BatchHandler>(
                     });
                 }
                 Err(error) => {
-                    tracing::warn!(consumer = %spec.durable_name, %error, "pull consumer hiccup, continuing");
+                    tracing::warn!(consumer = %spec.durable_name, error = %telemetry::chain(&error), "pull consumer hiccup, continuing");
                 }
             }
         }
         if batch.is_empty() {
             continue;
         }
+        telemetry::cost::count_messages(telemetry::cost::Direction::Received, batch.len() as u64);
         let handle_started = std::time::Instant::now();
         let decisions = handler.handle(&batch).await;
         crate::metrics::observe_handler_seconds(
@@ -273,9 +274,10 @@ async fn acknowledge<H: BatchHandler>(
         }
     };
     crate::metrics::record_decision(&spec.durable_name, counted_as, delivery.is_redelivery());
+    telemetry::cost::count_messages(telemetry::cost::Direction::Sent, 1);
     if let Err(error) = delivery.message.ack_with(kind).await {
         // The message will be redelivered after ack_wait; handlers are idempotent.
-        tracing::warn!(subject = delivery.subject(), %error, "acknowledgement failed");
+        tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "acknowledgement failed");
     }
 }
 

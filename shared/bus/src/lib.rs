@@ -13,6 +13,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use messages::Subjects;
+use telemetry::cost::{Direction, count_messages};
 use thiserror::Error;
 use tracing::Instrument as _;
 
@@ -233,15 +234,19 @@ impl Bus {
                 .publish_with_headers(message.subject.clone(), headers, message.payload)
                 .instrument(span.clone())
                 .await;
+            count_messages(Direction::Sent, 1);
             pending.push((message.subject, sent, span));
         }
         let mut results = Vec::with_capacity(pending.len());
         for (subject, sent, _span) in pending {
             let result = match sent {
-                Ok(ack_future) => ack_future.await.map_err(|error| BusError::Publish {
-                    subject,
-                    message: error.to_string(),
-                }),
+                Ok(ack_future) => ack_future
+                    .await
+                    .inspect(|_| count_messages(Direction::Received, 1))
+                    .map_err(|error| BusError::Publish {
+                        subject,
+                        message: error.to_string(),
+                    }),
                 Err(error) => Err(BusError::Publish {
                     subject,
                     message: error.to_string(),
@@ -258,6 +263,7 @@ impl Bus {
         let mut headers = HeaderMap::new();
         let span = trace::send_span(&subject, None, "producer");
         trace::inject_span(&span, &mut headers);
+        count_messages(Direction::Sent, 1);
         self.client
             .publish_with_headers(subject.clone(), headers, payload)
             .instrument(span)
@@ -282,10 +288,12 @@ impl Bus {
             .payload(payload)
             .headers(headers)
             .timeout(Some(timeout));
+        count_messages(Direction::Sent, 1);
         self.client
             .send_request(subject.clone(), request)
             .instrument(span)
             .await
+            .inspect(|_| count_messages(Direction::Received, 1))
             .map_err(|error| BusError::Request {
                 subject,
                 message: error.to_string(),

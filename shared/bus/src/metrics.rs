@@ -31,6 +31,15 @@ pub mod decisions {
     pub const ALL: [&str; 4] = [ACK, RETRY, REJECT, DEAD];
 }
 
+/// How a served request ended, as the `outcome` label.
+pub mod request_outcomes {
+    pub const REPLIED: &str = "replied";
+    /// The handler chose not to answer (or the request had no reply subject).
+    pub const UNANSWERED: &str = "unanswered";
+    pub const REPLY_FAILED: &str = "reply_failed";
+    pub const ALL: [&str; 3] = [REPLIED, UNANSWERED, REPLY_FAILED];
+}
+
 /// The `code` label for a refusal code this build does not know.
 pub const CODE_OTHER: &str = "other";
 
@@ -52,6 +61,17 @@ pub struct RefusalLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerLabels {
+    pub server: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub server: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
     pub lease: &'static str,
 }
@@ -69,6 +89,8 @@ pub struct BusMetrics {
     pub handler_seconds: Family<ConsumerLabels, Histogram, fn() -> Histogram>,
     pub refusals: Family<RefusalLabels, Counter>,
     pub leader: Family<LeaseLabels, Gauge>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_seconds: Family<ServerLabels, Histogram, fn() -> Histogram>,
 }
 
 struct Metrics {
@@ -84,6 +106,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         handler_seconds: Family::new_with_constructor(handler_seconds_histogram),
         refusals: Family::default(),
         leader: Family::default(),
+        requests: Family::default(),
+        request_seconds: Family::new_with_constructor(handler_seconds_histogram),
     };
     registry.register(
         "messages",
@@ -109,6 +133,27 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "leader",
         "1 while this process holds the named leader lease, else 0",
         bus.leader.clone(),
+    );
+    registry.register(
+        "requests",
+        "Requests served over core NATS request/reply, by server and outcome",
+        bus.requests.clone(),
+    );
+    registry.register(
+        "request_seconds",
+        "Time from receiving a request to sending its reply (acquire includes its long-poll)",
+        bus.request_seconds.clone(),
+    );
+    let cost = telemetry::cost::metrics();
+    registry.register(
+        "db_statements",
+        "PostgreSQL statements sent (BEGIN, COMMIT and savepoints included), by lane",
+        cost.statements.clone(),
+    );
+    registry.register(
+        "nats_messages",
+        "NATS messages sent and received (acknowledgements, replies and PubAcks included), by lane",
+        cost.messages.clone(),
     );
     Metrics {
         registry: Mutex::new(registry),
@@ -200,6 +245,32 @@ pub fn record_refusal(consumer: &str, code: &str) {
             code: code_label(code),
         })
         .inc();
+}
+
+/// Creates every series of request server `server` at zero.
+pub fn register_server(server: &'static str) {
+    let metrics = bus_metrics();
+    for outcome in request_outcomes::ALL {
+        let _ = metrics
+            .requests
+            .get_or_create(&RequestLabels { server, outcome });
+    }
+    let _ = metrics
+        .request_seconds
+        .get_or_create(&ServerLabels { server });
+}
+
+/// Counts one served request and how long it took.
+pub fn record_request(server: &'static str, outcome: &'static str, seconds: f64) {
+    let metrics = bus_metrics();
+    metrics
+        .requests
+        .get_or_create(&RequestLabels { server, outcome })
+        .inc();
+    metrics
+        .request_seconds
+        .get_or_create(&ServerLabels { server })
+        .observe(seconds);
 }
 
 /// Sets the `leader{lease}` gauge.

@@ -1,23 +1,28 @@
 //! Core-NATS request/reply serving: every request runs in its own task (long-polls must not
-//! block others), with a bound on how many run at once.
+//! block others, and it works in the lane of the server), with a bound on how many run at
+//! once. Each server counts its requests by outcome and observes how long they took.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt as _;
+use telemetry::cost::{Direction, count_messages};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::metrics::request_outcomes;
 use crate::{Bus, BusError};
 
 /// Requests handled at once per subscription; beyond it, requests wait in the subscription.
 pub const IN_FLIGHT_MAX: usize = 4_096;
 
 /// Answers requests on `subject` (queue group `queue_group`, so replicas share them) with
-/// `handler`, until `shutdown`. A handler returning `None` sends no reply.
+/// `handler`, until `shutdown`. A handler returning `None` sends no reply. `server` names
+/// this server in the request metrics (a constant such as `dispatch.acquire`, never an id).
 pub async fn serve<F, Fut>(
     bus: &Bus,
+    server: &'static str,
     subject: String,
     queue_group: &str,
     handler: F,
@@ -35,6 +40,7 @@ where
             subject: subject.clone(),
             message: error.to_string(),
         })?;
+    crate::metrics::register_server(server);
     let permits = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
     let handler = Arc::new(handler);
     loop {
@@ -43,6 +49,8 @@ where
             message = subscription.next() => message,
         };
         let Some(message) = message else { break };
+        count_messages(Direction::Received, 1);
+        let received = std::time::Instant::now();
         let permit = permits
             .clone()
             .acquire_owned()
@@ -57,16 +65,25 @@ where
             "server",
             message.headers.as_ref(),
         );
-        tokio::spawn(async move {
+        tokio::spawn(telemetry::cost::inherit(async move {
             let reply_to = message.reply.clone();
             let reply = handler(message).instrument(span).await;
-            if let (Some(reply_to), Some(reply)) = (reply_to, reply)
-                && let Err(error) = client.publish(reply_to, reply).await
-            {
-                tracing::warn!(%error, "reply failed; the requester will retry");
-            }
+            let outcome = match (reply_to, reply) {
+                (Some(reply_to), Some(reply)) => {
+                    count_messages(Direction::Sent, 1);
+                    match client.publish(reply_to, reply).await {
+                        Ok(()) => request_outcomes::REPLIED,
+                        Err(error) => {
+                            tracing::warn!(error = %telemetry::chain(&error), "reply failed; the requester will retry");
+                            request_outcomes::REPLY_FAILED
+                        }
+                    }
+                }
+                _ => request_outcomes::UNANSWERED,
+            };
+            crate::metrics::record_request(server, outcome, received.elapsed().as_secs_f64());
             drop(permit);
-        });
+        }));
     }
     let _ = subscription.unsubscribe().await;
     Ok(())

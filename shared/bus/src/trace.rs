@@ -32,7 +32,7 @@ fn propagator() -> TraceContextPropagator {
 }
 
 /// Writes the current span's context as `traceparent`/`tracestate` into `headers`; does
-/// nothing when there is no valid context (tracing export off).
+/// nothing when there is no valid context (a process without `telemetry::init`).
 pub fn inject_current(headers: &mut HeaderMap) {
     let context = tracing::Span::current().context();
     if !context.span().span_context().is_valid() {
@@ -65,7 +65,7 @@ pub fn headers_of_current() -> std::collections::BTreeMap<String, String> {
 }
 
 /// Writes `span`'s context as `traceparent`/`tracestate` into `headers` (nothing when the
-/// span is not exported).
+/// span has no OpenTelemetry context: a process without `telemetry::init`).
 pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
     let context = span.context();
     if !context.span().span_context().is_valid() {
@@ -74,7 +74,7 @@ pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
     propagator().inject_context(&context, &mut HeaderInjector(headers));
 }
 
-/// The W3C `traceparent` of `span`, `None` when the span is not exported. Stored on the scan
+/// The W3C `traceparent` of `span`, `None` when it has no OpenTelemetry context. Stored on the scan
 /// row so that steps triggered by other messages can join the scan's trace.
 pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
     let mut headers = HeaderMap::new();

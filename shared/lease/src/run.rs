@@ -203,7 +203,7 @@ impl<S: Store, C: Clock> Election<S, C> {
                 }
                 Attempt::Failed(error) => {
                     if !std::mem::replace(&mut store_failing, true) {
-                        tracing::warn!(%error, "lease store failed; nobody is elected here until it answers");
+                        tracing::warn!(error = %telemetry::chain(&error), "lease store failed; nobody is elected here until it answers");
                     }
                 }
                 Attempt::Shutdown => return,
@@ -290,7 +290,7 @@ impl<S: Store, C: Clock> Election<S, C> {
         if let Err(error) = joined
             && error.is_panic()
         {
-            tracing::error!(%error, "lease work panicked");
+            tracing::error!(error = %telemetry::chain(&error), "lease work panicked");
         }
         match end {
             TermEnd::Shutdown => tracing::info!("stepped down: shutting down"),
@@ -352,7 +352,7 @@ impl<S: Store, C: Clock> Election<S, C> {
                 }
                 Ok(Err(error)) => {
                     if !std::mem::replace(&mut renewal_failing, true) {
-                        tracing::warn!(%error, "lease renewal failed; retrying within the trust window");
+                        tracing::warn!(error = %telemetry::chain(&error), "lease renewal failed; retrying within the trust window");
                     }
                     next_renewal = Instant::now() + self.config.renew_retry_interval();
                 }
@@ -395,7 +395,7 @@ impl<S: Store, C: Clock> Election<S, C> {
             Ok(Ok(Release::Released)) => tracing::info!("released lease"),
             Ok(Ok(Release::Lost)) => {}
             Ok(Err(error)) => {
-                tracing::warn!(%error, "failed to release lease; it expires on its own")
+                tracing::warn!(error = %telemetry::chain(&error), "failed to release lease; it expires on its own")
             }
             Err(_elapsed) => {
                 tracing::warn!("lease release unanswered at shutdown; it expires on its own")

@@ -97,7 +97,7 @@ impl Relay {
             match result {
                 Ok(_) => published.push(id),
                 Err(error) => {
-                    tracing::warn!(outbox_id = %id, %error, "outbox publish failed; will retry");
+                    tracing::warn!(outbox_id = %id, error = %telemetry::chain(&error), "outbox publish failed; will retry");
                     failed.push(id);
                 }
             }
@@ -111,8 +111,13 @@ impl Relay {
     }
 
     /// Runs passes until `shutdown`: immediately again while rows keep coming, otherwise on
-    /// a signal or the idle poll.
+    /// a signal or the idle poll. Its cost is the `outbox` lane's, whichever service runs it:
+    /// every relay claims from the same table.
     pub async fn run(self, shutdown: CancellationToken) {
+        telemetry::cost::in_lane(telemetry::cost::lanes::OUTBOX, self.relay_until(shutdown)).await;
+    }
+
+    async fn relay_until(self, shutdown: CancellationToken) {
         let mut failures: u32 = 0;
         loop {
             let outcome = self.run_once().await;
@@ -123,7 +128,7 @@ impl Relay {
                 }
                 Err(error) => {
                     failures = failures.saturating_add(1);
-                    tracing::warn!(%error, failures, "outbox relay pass failed");
+                    tracing::warn!(error = %telemetry::chain(&error), failures, "outbox relay pass failed");
                     false
                 }
             };

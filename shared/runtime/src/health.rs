@@ -137,7 +137,7 @@ impl HealthServer {
         ];
         Self {
             addr,
-            metrics: Arc::new(MetricsSource::new(connections.pool.clone())),
+            metrics: Arc::new(MetricsSource::new(connections.pool.clone(), common.metrics)),
             readiness: Arc::new(Readiness {
                 pool: connections.pool,
                 bus: connections.bus,
@@ -165,7 +165,7 @@ impl HealthServer {
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await;
             if let Err(error) = served {
-                tracing::error!(%error, addr = %bound, "health server stopped");
+                tracing::error!(error = %telemetry::chain(&error), addr = %bound, "health server stopped");
             }
         });
         tracing::info!(addr = %bound, "serving /healthz, /readyz and /metrics");
@@ -187,12 +187,14 @@ fn router(readiness: Arc<Readiness>, metrics: Arc<MetricsSource>) -> Router {
 }
 
 async fn metrics_text(State(metrics): State<Arc<MetricsSource>>) -> Response {
+    let text =
+        telemetry::cost::in_lane(telemetry::cost::lanes::OBSERVABILITY, metrics.render()).await;
     (
         [(
             axum::http::header::CONTENT_TYPE,
             crate::metrics::CONTENT_TYPE,
         )],
-        metrics.render().await,
+        text,
     )
         .into_response()
 }
@@ -202,7 +204,8 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(readiness): State<Arc<Readiness>>) -> Response {
-    let report = readiness.report().await;
+    let report =
+        telemetry::cost::in_lane(telemetry::cost::lanes::OBSERVABILITY, readiness.report()).await;
     let status = if report.message.is_none() {
         StatusCode::OK
     } else {

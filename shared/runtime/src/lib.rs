@@ -24,13 +24,16 @@ pub struct CommonSettings {
     pub nats_url: String,
     pub subjects: Subjects,
     pub streams: StreamSettings,
+    /// How `/metrics` computes its database gauges (the live-worker window follows the lease
+    /// TTL dispatch grants, so every process reads `PALISADE_LEASE_TTL_MS`).
+    pub metrics: metrics::MetricsSettings,
 }
 
 impl CommonSettings {
     pub const NATS_URL_DEFAULT: &'static str = "nats://127.0.0.1:4222";
 
     /// `DATABASE_URL`, `NATS_URL`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
-    /// `PALISADE_DB_MAX_CONNECTIONS`.
+    /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_LEASE_TTL_MS`.
     pub fn from_env() -> Result<Self, SettingsError> {
         let mut database =
             DatabaseSettings::new(env::string("DATABASE_URL", DatabaseSettings::DEFAULT_URL));
@@ -57,6 +60,7 @@ impl CommonSettings {
             nats_url: env::string("NATS_URL", Self::NATS_URL_DEFAULT),
             subjects,
             streams: StreamSettings { replicas },
+            metrics: metrics::MetricsSettings::from_env()?,
         })
     }
 }
@@ -137,14 +141,12 @@ pub struct LeaseSettings {
 impl LeaseSettings {
     pub const TTL_DEFAULT: Duration = Duration::from_secs(30);
     pub const RENEW_INTERVAL_DEFAULT: Duration = Duration::from_secs(10);
+    pub const TTL_VAR: &'static str = "PALISADE_LEASE_TTL_MS";
 
     /// `PALISADE_LEASE_TTL_MS`, `PALISADE_RENEW_INTERVAL_MS`; a renew interval at or above the
     /// TTL is refused (every lease would expire between renewals).
     pub fn from_env() -> Result<Self, SettingsError> {
-        let ttl = Duration::from_millis(env::parse(
-            "PALISADE_LEASE_TTL_MS",
-            Self::TTL_DEFAULT.as_millis() as u64,
-        )?);
+        let ttl = Self::ttl_from_env()?;
         let renew_interval = Duration::from_millis(env::parse(
             "PALISADE_RENEW_INTERVAL_MS",
             Self::RENEW_INTERVAL_DEFAULT.as_millis() as u64,
@@ -152,14 +154,19 @@ impl LeaseSettings {
         Self::new(ttl, renew_interval)
     }
 
+    /// `PALISADE_LEASE_TTL_MS` alone, for processes that do not grant leases but measure
+    /// them (`/metrics`).
+    pub fn ttl_from_env() -> Result<Duration, SettingsError> {
+        let ttl = Duration::from_millis(env::parse(
+            Self::TTL_VAR,
+            Self::TTL_DEFAULT.as_millis() as u64,
+        )?);
+        Self::check_ttl(ttl)?;
+        Ok(ttl)
+    }
+
     pub fn new(ttl: Duration, renew_interval: Duration) -> Result<Self, SettingsError> {
-        if ttl < Duration::from_millis(100) || ttl > Duration::from_secs(3_600) {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_LEASE_TTL_MS",
-                value: ttl.as_millis().to_string(),
-                reason: "must be 100..=3600000".into(),
-            });
-        }
+        Self::check_ttl(ttl)?;
         if renew_interval.is_zero() || renew_interval >= ttl {
             return Err(SettingsError::Invalid {
                 name: "PALISADE_RENEW_INTERVAL_MS",
@@ -174,6 +181,17 @@ impl LeaseSettings {
             ttl,
             renew_interval,
         })
+    }
+
+    fn check_ttl(ttl: Duration) -> Result<(), SettingsError> {
+        if ttl < Duration::from_millis(100) || ttl > Duration::from_secs(3_600) {
+            return Err(SettingsError::Invalid {
+                name: Self::TTL_VAR,
+                value: ttl.as_millis().to_string(),
+                reason: "must be 100..=3600000".into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -256,7 +274,7 @@ pub async fn record_dead_letter(
         "message dead after its last delivery"
     );
     if let Err(error) = store::dead_letters::record(pool, &letter).await {
-        tracing::error!(%error, consumer, "could not record a dead message");
+        tracing::error!(error = %telemetry::chain(&error), consumer, "could not record a dead message");
     }
 }
 

@@ -2,9 +2,14 @@
 //! handler latency, refusals, leader status) plus database gauges computed on scrape.
 //!
 //! The database gauges come from one statement (`store::observability::snapshot`, every
-//! part index-served) and are reused for [`DATABASE_REFRESH_AGE_MAX`], so a scrape storm
-//! costs PostgreSQL one query per refresh. A failed refresh keeps the previous values and
-//! counts in `palisade_metrics_refresh_failures_total`.
+//! part index-served) and are reused for [`MetricsSettings::refresh_age_max`]
+//! ([`DATABASE_REFRESH_AGE_MAX`] by default), so a scrape storm costs PostgreSQL one query
+//! per refresh. A failed refresh keeps the previous values and counts in
+//! `palisade_metrics_refresh_failures_total`.
+//!
+//! Two counters mirror counter sequences in the database (`palisade_task_retries_total`,
+//! `palisade_tasks_failed_terminal_total`): like the gauges they are global, the same in
+//! every process, and never decrease.
 
 use std::sync::LazyLock;
 use std::sync::atomic::AtomicU64;
@@ -19,16 +24,51 @@ use store::observability::Snapshot;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::LeaseSettings;
+use crate::{LeaseSettings, SettingsError};
 
-/// Database gauges are reused for this long.
+/// Database gauges are reused for this long unless [`MetricsSettings`] says otherwise.
 pub const DATABASE_REFRESH_AGE_MAX: Duration = Duration::from_secs(5);
 /// One refresh may take this long before it counts as failed.
 pub const DATABASE_REFRESH_TIME_MAX: Duration = Duration::from_secs(2);
-/// A worker seen within this long counts in `palisade_workers_live`: two lease TTLs.
-pub const WORKER_SEEN_WITHIN: Duration = LeaseSettings::TTL_DEFAULT.saturating_mul(2);
+/// A worker seen (hello or acquire) within this many lease TTLs counts in
+/// `palisade_workers_live`: an idle worker polls far more often, and a dead one drops out
+/// soon after its leases expire.
+pub const WORKER_SEEN_WITHIN_LEASE_TTLS: u32 = 2;
 /// The content type of the OpenMetrics text format `prometheus-client` writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How `/metrics` computes the database gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// How recently a worker must have been seen to count in `palisade_workers_live`:
+    /// [`WORKER_SEEN_WITHIN_LEASE_TTLS`] lease TTLs.
+    pub worker_seen_within: Duration,
+    /// How long one refresh of the database gauges is reused ([`DATABASE_REFRESH_AGE_MAX`];
+    /// tests shorten it).
+    pub refresh_age_max: Duration,
+}
+
+impl MetricsSettings {
+    /// The live-worker window from `PALISADE_LEASE_TTL_MS`, the TTL dispatch grants leases
+    /// with (every process reads it, so every process reports the same gauge).
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Ok(Self::for_lease_ttl(LeaseSettings::ttl_from_env()?))
+    }
+
+    /// The settings for leases granted with `lease_ttl`.
+    pub fn for_lease_ttl(lease_ttl: Duration) -> Self {
+        Self {
+            worker_seen_within: lease_ttl.saturating_mul(WORKER_SEEN_WITHIN_LEASE_TTLS),
+            refresh_age_max: DATABASE_REFRESH_AGE_MAX,
+        }
+    }
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self::for_lease_ttl(LeaseSettings::TTL_DEFAULT)
+    }
+}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
@@ -41,6 +81,7 @@ type SecondsGauge = Gauge<f64, AtomicU64>;
 #[derive(Debug)]
 struct DatabaseGauges {
     tasks_due: Family<StateLabels, Gauge>,
+    tasks_retry_wait: Gauge,
     tasks_due_oldest_age_seconds: SecondsGauge,
     attempts_live: Gauge,
     lease_renewal_age_max_seconds: SecondsGauge,
@@ -49,12 +90,15 @@ struct DatabaseGauges {
     last_completed_scan_age_seconds: SecondsGauge,
     workers_live: Gauge,
     enrichment_jobs_pending: Gauge,
+    task_retries: Counter,
+    tasks_failed_terminal: Counter,
     refresh_failures: Counter,
 }
 
 static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
     let gauges = DatabaseGauges {
         tasks_due: Family::default(),
+        tasks_retry_wait: Gauge::default(),
         tasks_due_oldest_age_seconds: SecondsGauge::default(),
         attempts_live: Gauge::default(),
         lease_renewal_age_max_seconds: SecondsGauge::default(),
@@ -63,6 +107,8 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         last_completed_scan_age_seconds: SecondsGauge::default(),
         workers_live: Gauge::default(),
         enrichment_jobs_pending: Gauge::default(),
+        task_retries: Counter::default(),
+        tasks_failed_terminal: Counter::default(),
         refresh_failures: Counter::default(),
     };
     for state in ["pending", "retry_wait"] {
@@ -73,6 +119,21 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         "tasks_due",
         "Tasks due now (available_at passed), by state (pending, retry_wait)",
         gauges.tasks_due.clone(),
+    );
+    registry.register(
+        "tasks_retry_wait",
+        "Tasks in retry_wait, due or still backing off after a failed or expired attempt",
+        gauges.tasks_retry_wait.clone(),
+    );
+    registry.register(
+        "task_retries",
+        "Times a task went to retry_wait after a failed or expired attempt (from the database; never decreases, may over-count after an aborted transaction)",
+        gauges.task_retries.clone(),
+    );
+    registry.register(
+        "tasks_failed_terminal",
+        "Tasks that failed terminally: attempts spent, not retryable, or past their execution deadline (from the database; never decreases, may over-count after an aborted transaction)",
+        gauges.tasks_failed_terminal.clone(),
     );
     registry.register(
         "tasks_due_oldest_age_seconds",
@@ -106,7 +167,7 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
     );
     registry.register(
         "workers_live",
-        "Workers seen within two lease TTLs",
+        "Workers seen (hello or acquire) within two lease TTLs",
         gauges.workers_live.clone(),
     );
     registry.register(
@@ -132,6 +193,7 @@ impl DatabaseGauges {
                 state: "retry_wait",
             })
             .set(snapshot.tasks_due_retry_wait);
+        self.tasks_retry_wait.set(snapshot.tasks_retry_wait);
         self.tasks_due_oldest_age_seconds
             .set(snapshot.oldest_due_task_age_seconds);
         self.attempts_live.set(snapshot.live_attempts);
@@ -145,6 +207,18 @@ impl DatabaseGauges {
         self.workers_live.set(snapshot.workers_live);
         self.enrichment_jobs_pending
             .set(snapshot.enrichment_pending);
+        mirror(&self.task_retries, snapshot.task_retries);
+        mirror(&self.tasks_failed_terminal, snapshot.tasks_failed_terminal);
+    }
+}
+
+/// Raises `counter` to the database's `total`. A lower reading (a database restored from an
+/// older backup) is ignored, so the exported counter never decreases.
+fn mirror(counter: &Counter, total: i64) {
+    let total = u64::try_from(total).unwrap_or(0);
+    let exported = counter.get();
+    if total > exported {
+        counter.inc_by(total - exported);
     }
 }
 
@@ -152,15 +226,17 @@ impl DatabaseGauges {
 #[derive(Debug)]
 pub(crate) struct MetricsSource {
     pool: PgPool,
+    settings: MetricsSettings,
     /// The lock also makes concurrent scrapes wait for one refresh instead of each running
     /// their own.
     refreshed_at: Mutex<Option<Instant>>,
 }
 
 impl MetricsSource {
-    pub(crate) fn new(pool: PgPool) -> Self {
+    pub(crate) fn new(pool: PgPool, settings: MetricsSettings) -> Self {
         Self {
             pool,
+            settings,
             refreshed_at: Mutex::new(None),
         }
     }
@@ -174,12 +250,12 @@ impl MetricsSource {
     async fn refresh_if_stale(&self) {
         let gauges = &*DATABASE_GAUGES;
         let mut refreshed_at = self.refreshed_at.lock().await;
-        if refreshed_at.is_some_and(|at| at.elapsed() < DATABASE_REFRESH_AGE_MAX) {
+        if refreshed_at.is_some_and(|at| at.elapsed() < self.settings.refresh_age_max) {
             return;
         }
         let snapshot = tokio::time::timeout(
             DATABASE_REFRESH_TIME_MAX,
-            store::observability::snapshot(&self.pool, WORKER_SEEN_WITHIN),
+            store::observability::snapshot(&self.pool, self.settings.worker_seen_within),
         )
         .await;
         match snapshot {
@@ -198,5 +274,36 @@ impl MetricsSource {
         }
         // A failure also waits a full period, so an outage is not hammered by scrapes.
         *refreshed_at = Some(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_live_worker_window_is_two_configured_lease_ttls() {
+        let settings = MetricsSettings::for_lease_ttl(Duration::from_secs(2));
+        assert_eq!(settings.worker_seen_within, Duration::from_secs(4));
+        assert_eq!(settings.refresh_age_max, DATABASE_REFRESH_AGE_MAX);
+        assert_eq!(
+            MetricsSettings::default().worker_seen_within,
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn a_mirrored_counter_follows_the_database_and_never_decreases() {
+        let counter = Counter::default();
+        mirror(&counter, 0);
+        assert_eq!(counter.get(), 0);
+        mirror(&counter, 3);
+        assert_eq!(counter.get(), 3);
+        mirror(&counter, 2);
+        assert_eq!(counter.get(), 3, "a lower reading is ignored");
+        mirror(&counter, -1);
+        assert_eq!(counter.get(), 3);
+        mirror(&counter, 5);
+        assert_eq!(counter.get(), 5);
     }
 }

@@ -295,6 +295,16 @@ pub async fn attempt_status(pool: &PgPool, attempt_id: Uuid) -> Result<String, S
     )
 }
 
+/// Test aid: whether the attempt's worker renewed its lease at least once.
+pub async fn attempt_renewed(pool: &PgPool, attempt_id: Uuid) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT last_renewed_at IS NOT NULL FROM worker_task_attempts WHERE id = $1",
+    )
+    .bind(attempt_id)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Test aid: the live attempt of the task expires `ms` milliseconds from now.
 pub async fn set_lease_expiry_in(pool: &PgPool, task_id: Uuid, ms: i64) -> Result<u64, StoreError> {
     Ok(sqlx::query(

@@ -90,7 +90,7 @@ pub struct GrantedLease {
     pub position: i32,
     pub lease_expires_in_ms: i64,
     pub execution_deadline_seconds: Option<i32>,
-    /// W3C `traceparent` of the scan's trace, when tracing was on at admission.
+    /// W3C `traceparent` of the scan's trace; `None` when admission ran without `telemetry::init`.
     pub trace_context: Option<String>,
     #[sqlx(skip)]
     pub discovered_assets: Vec<(String, String)>,

@@ -15,7 +15,7 @@ pub struct ClaimedJob {
     pub id: Uuid,
     pub scan_id: Uuid,
     pub fencing_token: i64,
-    /// W3C `traceparent` of the scan's trace, when tracing was on at admission.
+    /// W3C `traceparent` of the scan's trace; `None` when admission ran without `telemetry::init`.
     pub trace_context: Option<String>,
 }
 

@@ -1,6 +1,7 @@
 //! The aggregates behind `/metrics`: one statement, one round trip, every part served by a
 //! partial or ordered index so its cost follows the size of the backlog it measures, not of
-//! the tables. `runtime` caches the answer, so a scrape storm costs one query per refresh.
+//! the tables, or read from a counter sequence at a fixed cost. `runtime` caches the answer,
+//! so a scrape storm costs one query per refresh.
 
 use std::time::Duration;
 
@@ -15,6 +16,8 @@ pub struct Snapshot {
     pub tasks_due_pending: i64,
     /// `retry_wait` tasks whose backoff has passed (`worker_tasks_due_idx`).
     pub tasks_due_retry_wait: i64,
+    /// Every `retry_wait` task, due or still backing off (`worker_tasks_due_idx`).
+    pub tasks_retry_wait: i64,
     /// Seconds since the oldest due task became due; 0 when none is due.
     pub oldest_due_task_age_seconds: f64,
     /// Attempts in `leased` or `running` (`worker_task_attempts_live_expiry_idx`).
@@ -33,6 +36,12 @@ pub struct Snapshot {
     pub workers_live: i64,
     /// Enrichment jobs in `pending` (`enrichment_jobs_due_idx`).
     pub enrichment_pending: i64,
+    /// Times a task entered `retry_wait` since the counters' migration
+    /// (`worker_tasks_retries_seq`); may over-count, never decreases.
+    pub task_retries: i64,
+    /// Tasks that entered `failed_terminal` since the counters' migration
+    /// (`worker_tasks_failed_terminal_seq`); may over-count, never decreases.
+    pub tasks_failed_terminal: i64,
 }
 
 /// Reads every aggregate in one statement. `worker_seen_within` is how recent a worker's
@@ -40,13 +49,14 @@ pub struct Snapshot {
 pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Snapshot, StoreError> {
     let snapshot = sqlx::query_as::<_, Snapshot>(
         r#"
-        WITH due AS (
+        WITH waiting AS (
             SELECT
-                count(*) FILTER (WHERE state = 'pending') AS pending,
+                count(*) FILTER (WHERE state = 'pending' AND available_at <= now()) AS due_pending,
+                count(*) FILTER (WHERE state = 'retry_wait' AND available_at <= now()) AS due_retry_wait,
                 count(*) FILTER (WHERE state = 'retry_wait') AS retry_wait,
-                min(available_at) AS oldest
+                min(available_at) FILTER (WHERE available_at <= now()) AS oldest_due
             FROM worker_tasks
-            WHERE state IN ('pending', 'retry_wait') AND available_at <= now()
+            WHERE state IN ('pending', 'retry_wait')
         ),
         live AS (
             SELECT count(*) AS n, min(coalesce(last_renewed_at, started_at)) AS stalest
@@ -59,9 +69,10 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
             WHERE published_at IS NULL
         )
         SELECT
-            due.pending AS tasks_due_pending,
-            due.retry_wait AS tasks_due_retry_wait,
-            coalesce(extract(epoch FROM now() - due.oldest)::float8, 0) AS oldest_due_task_age_seconds,
+            waiting.due_pending AS tasks_due_pending,
+            waiting.due_retry_wait AS tasks_due_retry_wait,
+            waiting.retry_wait AS tasks_retry_wait,
+            coalesce(extract(epoch FROM now() - waiting.oldest_due)::float8, 0) AS oldest_due_task_age_seconds,
             live.n AS live_attempts,
             greatest(coalesce(extract(epoch FROM now() - live.stalest)::float8, 0), 0) AS stalest_lease_age_seconds,
             outbox_backlog.n AS outbox_unpublished,
@@ -77,8 +88,13 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
                 SELECT count(*) FROM workers
                 WHERE last_seen_at > now() - make_interval(secs => $1)
             ) AS workers_live,
-            (SELECT count(*) FROM enrichment_jobs WHERE state = 'pending') AS enrichment_pending
-        FROM due, live, outbox_backlog
+            (SELECT count(*) FROM enrichment_jobs WHERE state = 'pending') AS enrichment_pending,
+            (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM worker_tasks_retries_seq) AS task_retries,
+            (
+                SELECT CASE WHEN is_called THEN last_value ELSE 0 END
+                FROM worker_tasks_failed_terminal_seq
+            ) AS tasks_failed_terminal
+        FROM waiting, live, outbox_backlog
         "#,
     )
     .bind(crate::seconds(worker_seen_within))

@@ -80,9 +80,12 @@ impl AckRouter {
     /// Routes every acknowledgement arriving on `subscription` until it ends.
     pub async fn run(self: Arc<Self>, mut subscription: bus::async_nats::Subscriber) {
         while let Some(message) = subscription.next().await {
+            telemetry::cost::count_messages(telemetry::cost::Direction::Received, 1);
             match v1::IngestAck::decode(message.payload) {
                 Ok(ack) => self.dispatch(ack),
-                Err(error) => tracing::warn!(%error, "undecodable ack from ingestion, ignored"),
+                Err(error) => {
+                    tracing::warn!(error = %telemetry::chain(&error), "undecodable ack from ingestion, ignored")
+                }
             }
         }
     }

@@ -85,7 +85,7 @@ impl Context {
                     return;
                 }
                 Err(error) => {
-                    tracing::warn!(task_id = %lease.task_id, attempt_id = %lease.attempt_id, %error, send, "release unanswered");
+                    tracing::warn!(task_id = %lease.task_id, attempt_id = %lease.attempt_id, error = %telemetry::chain(&error), send, "release unanswered");
                 }
             }
         }

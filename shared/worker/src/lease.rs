@@ -17,6 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use messages::{ErrorCode, WorkerVerb, limits, v1};
 use prost::Message as _;
+use telemetry::cost::inherit;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
@@ -91,12 +92,12 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
     let deadline = (lease.execution_deadline_in_ms > 0)
         .then(|| granted_at + Duration::from_millis(lease.execution_deadline_in_ms));
     let renew_done = CancellationToken::new();
-    let renewer = tokio::spawn(renew::renew_until_lost(
+    let renewer = tokio::spawn(inherit(renew::renew_until_lost(
         ctx.clone(),
         lease_ref.clone(),
         expires_at,
         renew_done.clone(),
-    ));
+    )));
     let plugin_cancel = CancellationToken::new();
     let (sink, results) = ResultSink::channel(SINK_QUEUE_MAX);
     let input = TaskInput {
@@ -329,7 +330,7 @@ impl LeaseTask {
                 Step::Fail(error)
             }
             Err(join_error) => {
-                tracing::error!(error = %join_error, "plugin panicked");
+                tracing::error!(error = %telemetry::chain(&join_error), "plugin panicked");
                 Step::Fail(PluginError::permanent(
                     "plugin_panicked",
                     format!("the plugin panicked: {join_error}"),
@@ -477,7 +478,7 @@ impl LeaseTask {
             )
             .await;
         if let Err(error) = published {
-            tracing::warn!(%error, %msg_id, "publish failed, will resend");
+            tracing::warn!(error = %telemetry::chain(&error), %msg_id, "publish failed, will resend");
         }
     }
 

@@ -87,7 +87,9 @@ pub(crate) async fn renew_until_lost(
                     tracing::warn!(code = %error.code, message = %error.message, "renew refused, retrying");
                 }
             },
-            Err(error) => tracing::warn!(%error, "renew unanswered, retrying"),
+            Err(error) => {
+                tracing::warn!(error = %telemetry::chain(&error), "renew unanswered, retrying")
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use messages::{ErrorCode, WorkerVerb, limits, v1};
+use telemetry::cost::{in_lane, inherit, lanes};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -100,7 +101,7 @@ impl Worker {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
         let worker_id = self.config.worker_id.to_string();
         let span = tracing::info_span!("worker", worker_id = %worker_id);
-        async move {
+        let running = async move {
             // Subscribe before sending anything: ingestion's first acknowledgement must
             // find the subscription in place.
             let ack_subject = self.bus.subjects().worker(&worker_id, WorkerVerb::Ack);
@@ -115,15 +116,16 @@ impl Worker {
                 })?;
             self.bus.flush().await?;
             let router = Arc::new(AckRouter::default());
-            let router_task = tokio::spawn(router.clone().run(subscription));
+            let router_task = tokio::spawn(inherit(router.clone().run(subscription)));
             let result = self.serve(worker_id, &router, &shutdown).await;
             router_task.abort();
             let stats = self.stats.snapshot();
             tracing::info!(?stats, "worker stopped");
             result
         }
-        .instrument(span)
-        .await
+        .instrument(span);
+        // Charged to the worker lane when it shares a process with palisade's services.
+        in_lane(lanes::WORKER, running).await
     }
 
     async fn serve(
@@ -202,8 +204,10 @@ impl Worker {
                     let server_payload_max = self.bus.client().server_info().max_payload;
                     return Session::from_reply(&reply, server_payload_max).map(Some);
                 }
-                Ok(Ok(v1::HelloReply { error, .. })) => {
-                    tracing::warn!(?error, "dispatch failed on hello, retrying");
+                Ok(Ok(v1::HelloReply {
+                    error: Some(error), ..
+                })) => {
+                    tracing::warn!(code = %error.code, message = %error.message, "dispatch failed on hello, retrying");
                 }
                 Ok(Err(source)) => {
                     return Err(WorkerError::Decode {
@@ -212,7 +216,7 @@ impl Worker {
                     });
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "hello unanswered, is dispatch running? retrying");
+                    tracing::warn!(error = %telemetry::chain(&error), "hello unanswered, is dispatch running? retrying");
                 }
             }
             failures += 1;
@@ -318,7 +322,7 @@ impl Worker {
                 }
                 Err(RequestError::Bus(error)) => {
                     failures += 1;
-                    tracing::warn!(%error, request_id = %request.request_id, failures, "acquire unanswered, retrying with the same request id");
+                    tracing::warn!(error = %telemetry::chain(&error), request_id = %request.request_id, failures, "acquire unanswered, retrying with the same request id");
                 }
             }
             let delay = retry::jittered(RETRY_DELAY_BASE, failures, RETRY_DELAY_MAX);
@@ -389,7 +393,7 @@ impl Worker {
             route,
             permit,
         };
-        leases.spawn(lease::run(ctx.clone(), run, stop.clone()).instrument(span));
+        leases.spawn(inherit(lease::run(ctx.clone(), run, stop.clone())).instrument(span));
     }
 }
 

@@ -76,6 +76,40 @@ async fn readyz_follows_postgres_and_nats_and_recovers_without_a_restart() {
     system.stop().await;
 }
 
+/// `palisade health`, the containers' health check: ready while `/readyz` is, not ready with
+/// the failing check named when a stream is gone, an error when nothing listens.
+#[tokio::test]
+async fn the_health_probe_follows_readyz() {
+    let system = tests::TestSystem::spawn_with(|settings| {
+        settings.http_addr = Some("127.0.0.1:0".parse().expect("address"));
+    })
+    .await;
+    let addr = system.health_addr.expect("health endpoints served");
+    let url = palisade::probe::readyz_url(SocketAddr::new([0, 0, 0, 0].into(), addr.port()));
+    assert_eq!(url, format!("http://127.0.0.1:{}/readyz", addr.port()));
+    let answer = palisade::probe::probe(&url).await.expect("an answer");
+    assert!(answer.is_ready(), "{answer:?}");
+
+    system
+        .bus
+        .jetstream()
+        .delete_stream(system.subjects.results_stream())
+        .await
+        .expect("stream deleted");
+    let answer = system
+        .wait_for("the probe to report the missing stream", || async {
+            let answer = palisade::probe::probe(&url).await.expect("an answer");
+            (!answer.is_ready()).then_some(answer)
+        })
+        .await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert!(answer.body.contains(checks::STREAMS), "{answer:?}");
+
+    let nothing_listens = format!("http://127.0.0.1:{}/readyz", free_port());
+    assert!(palisade::probe::probe(&nothing_listens).await.is_err());
+    system.finish().await;
+}
+
 fn is_ready(status: u16, body: &serde_json::Value) -> bool {
     status == 200 && body["status"] == "ready"
 }

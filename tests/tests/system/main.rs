@@ -4,6 +4,7 @@
 mod admission;
 mod bad_input;
 mod control;
+mod cost;
 mod end_to_end;
 mod health;
 mod ingestion;

@@ -1,55 +1,124 @@
-//! `GET /metrics` over real HTTP: the due-task gauges rise while no worker runs and fall back
-//! once one has completed the scans, the acknowledgement counters grow, and the set of series
-//! does not grow with the number of scans (no ids in labels).
+//! `GET /metrics` over real HTTP while palisade works: the queue gauges rise while no worker
+//! runs and fall to zero once workers have run a load of many scans; a SIGKILLed worker's
+//! lease ages past its last renewal until the reaper recovers it (one retry), a task that
+//! fails terminally is counted, live workers are counted within two of the configured lease
+//! TTLs; and the set of series is the same after a small load and after a large one (no ids
+//! in labels).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tests::TestSystem;
+use futures::StreamExt as _;
+use runtime::metrics::MetricsSettings;
+use tests::{Component, TestSystem, WorkerProcess};
 use uuid::Uuid;
 
+/// The reference worker binary, built by cargo with this test.
+const WORKER: &str = env!("CARGO_BIN_EXE_test-worker");
+
 const TASKS_DUE_PENDING: &str = "palisade_tasks_due{state=\"pending\"}";
+const TASKS_DUE_RETRY_WAIT: &str = "palisade_tasks_due{state=\"retry_wait\"}";
 const TASKS_DUE_OLDEST_AGE: &str = "palisade_tasks_due_oldest_age_seconds";
+const TASKS_RETRY_WAIT: &str = "palisade_tasks_retry_wait";
+const TASK_RETRIES: &str = "palisade_task_retries_total";
+const TASKS_FAILED_TERMINAL: &str = "palisade_tasks_failed_terminal_total";
+const ATTEMPTS_LIVE: &str = "palisade_attempts_live";
+const LEASE_RENEWAL_AGE_MAX: &str = "palisade_lease_renewal_age_max_seconds";
+const WORKERS_LIVE: &str = "palisade_workers_live";
 const ADMISSION_ACKS: &str = "palisade_messages_total{consumer=\"admission\",decision=\"ack\"}";
 const INGESTION_ACKS: &str = "palisade_messages_total{consumer=\"ingestion\",decision=\"ack\"}";
 
+/// Short leases so a killed worker's lease is recovered within seconds.
+const LEASE_TTL: Duration = Duration::from_secs(2);
+const RENEW_INTERVAL: Duration = Duration::from_millis(500);
+/// The large load: 450 tasks, about 6 s of work on two cores.
+const LOAD_SCANS: usize = 150;
+/// The large load may take this long on a busy machine before the test fails.
+const LOAD_TIME_MAX: Duration = Duration::from_secs(60);
+/// Every load scan runs the whole asset-discovery profile against a local web app.
+const PROFILE: [&str; 3] = ["tcp_connect", "http_headers", "synthetic"];
+/// Fails at once and for good: one terminal failure, no retry.
+const FAILING_TARGET: &str = "synthetic://fails?fail=1&retryable=false";
+/// Runs long enough to be killed mid-task; its retry fails for good.
+const DOOMED_TARGET: &str = "synthetic://doomed?duration_ms=3000&fail=1&retryable=false";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_follow_the_queue_and_keep_a_bounded_set_of_series() {
+async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
     let system = TestSystem::spawn_with(|settings| {
         settings.http_addr = Some("127.0.0.1:0".parse().expect("address"));
+        settings.dispatch.lease =
+            runtime::LeaseSettings::new(LEASE_TTL, RENEW_INTERVAL).expect("valid lease settings");
+        // The live-worker window follows the configured TTL; gauges refresh often.
+        settings.common.metrics = MetricsSettings {
+            refresh_age_max: Duration::from_millis(100),
+            ..MetricsSettings::for_lease_ttl(LEASE_TTL)
+        };
+        settings.reaper.lease =
+            lease::RunConfig::new(Duration::from_secs(2), Duration::from_millis(200))
+                .expect("valid lease config");
     })
     .await;
-    let addr = system.health_addr.expect("health endpoints served");
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .expect("HTTP client");
+    system.start(Component::Reaper);
+    let metrics = Metrics::new(system.health_addr.expect("health endpoints served"));
+    let web_app = tests::start_web_app().await;
     let org = system.organization().await;
+    let started = metrics
+        .wait_for(&system, "the first scrape", |_| true)
+        .await;
+    for series in [
+        TASKS_DUE_PENDING,
+        TASKS_DUE_RETRY_WAIT,
+        TASKS_DUE_OLDEST_AGE,
+        TASKS_RETRY_WAIT,
+        TASK_RETRIES,
+        TASKS_FAILED_TERMINAL,
+        ATTEMPTS_LIVE,
+        LEASE_RENEWAL_AGE_MAX,
+        WORKERS_LIVE,
+        ADMISSION_ACKS,
+        INGESTION_ACKS,
+    ] {
+        assert!(started.has(series), "{series} missing: {}", started.text);
+    }
 
-    let first = submit_scans(&system, org, 3).await;
-    let queued = system
-        .wait_for("the due-task gauges to show the queue", || async {
-            let scrape = Scrape::get(&http, addr).await;
-            (scrape.value(TASKS_DUE_PENDING) > 0.0 && scrape.value(TASKS_DUE_OLDEST_AGE) > 0.0)
-                .then_some(scrape)
-        })
+    // A small load and no worker: the queue shows and ages.
+    let mut small = load_targets(web_app, "small", 3);
+    small.push(FAILING_TARGET.to_owned());
+    submit_scans(&system, org, &small).await;
+    let queued = metrics
+        .wait_for(
+            &system,
+            "the due-task gauges to show the small queue",
+            |scrape| {
+                scrape.value(TASKS_DUE_PENDING) == 4.0 && scrape.value(TASKS_DUE_OLDEST_AGE) > 0.0
+            },
+        )
         .await;
     // Submitted over request/reply: admission's durable consumer saw none of them.
     assert_eq!(queued.value(ADMISSION_ACKS), 0.0, "{}", queued.text);
-
-    let _stats = system.reference_worker(org, 4).await;
-    for scan_id in &first {
-        system.wait_scan_state(scan_id, "completed").await;
-    }
-    // The database gauges are cached for a few seconds; wait for a refresh.
-    let drained = system
-        .wait_for("the due-task gauges to fall back to zero", || async {
-            let scrape = Scrape::get(&http, addr).await;
-            (scrape.value(TASKS_DUE_PENDING) == 0.0 && scrape.value(TASKS_DUE_OLDEST_AGE) == 0.0)
-                .then_some(scrape)
+    assert_eq!(queued.value(WORKERS_LIVE), 0.0, "{}", queued.text);
+    let queued_age = queued.value(TASKS_DUE_OLDEST_AGE);
+    metrics
+        .wait_for(&system, "the queue's age to rise", |scrape| {
+            scrape.value(TASKS_DUE_PENDING) == 4.0
+                && scrape.value(TASKS_DUE_OLDEST_AGE) > queued_age + 0.3
         })
         .await;
+
+    // A worker runs it: the queue drains, the failure is counted, nothing is retried.
+    let first_worker = system.stoppable_reference_worker(org, 8).await;
+    let drained = metrics
+        .wait_for(&system, "the small load to drain", |scrape| {
+            scrape.is_idle() && scrape.value(TASKS_FAILED_TERMINAL) == 1.0
+        })
+        .await;
+    assert_eq!(
+        store::admin::scan_counts(&system.pool).await.unwrap(),
+        (4, 3)
+    );
+    assert_eq!(drained.value(TASK_RETRIES), 0.0, "{}", drained.text);
+    assert!(drained.value(WORKERS_LIVE) >= 1.0, "{}", drained.text);
     assert!(
         drained.value(INGESTION_ACKS) > queued.value(INGESTION_ACKS),
         "{}",
@@ -60,37 +129,188 @@ async fn metrics_follow_the_queue_and_keep_a_bounded_set_of_series() {
         "{}",
         drained.text
     );
-    let series_after_few = drained.series();
+    let series_after_small_load = drained.series();
+    first_worker.stop().await;
 
-    for scan_id in submit_scans(&system, org, 20).await {
-        system.wait_scan_state(&scan_id, "completed").await;
-    }
-    let after_many = Scrape::get(&http, addr).await;
-    assert!(
-        after_many.value(INGESTION_ACKS) > drained.value(INGESTION_ACKS),
-        "{}",
-        after_many.text
+    // The large load, and a slow scan of another organization, still with no worker: the
+    // queue grows and ages, and the stopped worker leaves the live count within two TTLs.
+    let other_org = system.organization().await;
+    let doomed = system
+        .submit(&system.request(other_org, DOOMED_TARGET, &["synthetic"]))
+        .await;
+    assert!(doomed.error.is_none(), "{doomed:?}");
+    submit_scans(&system, org, &load_targets(web_app, "large", LOAD_SCANS)).await;
+    let queue_depth = (LOAD_SCANS + 1) as f64;
+    let loaded = metrics
+        .wait_for(
+            &system,
+            "the due-task gauges to show the large queue",
+            |scrape| scrape.value(TASKS_DUE_PENDING) == queue_depth,
+        )
+        .await;
+    let loaded_age = loaded.value(TASKS_DUE_OLDEST_AGE);
+    let unattended = metrics
+        .wait_for(
+            &system,
+            "the queue to age with no live worker (two lease TTLs after the stop)",
+            |scrape| {
+                scrape.value(TASKS_DUE_PENDING) == queue_depth
+                    && scrape.value(TASKS_DUE_OLDEST_AGE) > loaded_age + 0.3
+                    && scrape.value(WORKERS_LIVE) == 0.0
+            },
+        )
+        .await;
+    assert_eq!(unattended.value(ATTEMPTS_LIVE), 0.0, "{}", unattended.text);
+
+    // A worker of the other organization takes the slow scan, renews, and is killed.
+    let mut doomed_worker = WorkerProcess::start(&system, WORKER, other_org, 1).await;
+    let doomed_scan = Uuid::parse_str(&doomed.scan_id).unwrap();
+    let doomed_attempt = system
+        .wait_for(
+            "the slow task to be leased to the doomed worker",
+            || async {
+                store::admin::attempts_of_scan(&system.pool, doomed_scan)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .find(|(_, worker, status)| {
+                        *worker == doomed_worker.worker_id
+                            && matches!(status.as_str(), "leased" | "running")
+                    })
+                    .map(|(attempt, _, _)| attempt)
+            },
+        )
+        .await;
+    system
+        .wait_for("the doomed worker to renew its lease", || async {
+            store::admin::attempt_renewed(&system.pool, doomed_attempt)
+                .await
+                .unwrap()
+                .then_some(())
+        })
+        .await;
+    doomed_worker.kill().await;
+    // A renewing worker's lease is never older than its renew interval; a dead one's grows.
+    let stale = metrics
+        .wait_for(
+            &system,
+            "the killed worker's lease to age past its renewals",
+            |scrape| {
+                scrape.value(ATTEMPTS_LIVE) == 1.0
+                    && scrape.value(LEASE_RENEWAL_AGE_MAX) > 2.0 * RENEW_INTERVAL.as_secs_f64()
+            },
+        )
+        .await;
+    assert_eq!(stale.value(TASK_RETRIES), 0.0, "{}", stale.text);
+    let recovered = metrics
+        .wait_for(
+            &system,
+            "the reaper to recover the killed worker's lease",
+            |scrape| {
+                scrape.value(TASK_RETRIES) == 1.0
+                    && scrape.value(TASKS_RETRY_WAIT) == 1.0
+                    && scrape.value(ATTEMPTS_LIVE) == 0.0
+                    && scrape.value(LEASE_RENEWAL_AGE_MAX) == 0.0
+            },
+        )
+        .await;
+    assert_eq!(
+        store::admin::attempt_status(&system.pool, doomed_attempt)
+            .await
+            .unwrap(),
+        "expired"
     );
     assert_eq!(
-        after_many.series(),
-        series_after_few,
+        recovered.value(TASKS_FAILED_TERMINAL),
+        1.0,
+        "{}",
+        recovered.text
+    );
+
+    // Workers run the large load and the slow scan's retry, which fails for good.
+    let survivor = WorkerProcess::start(&system, WORKER, org, 16).await;
+    store::admin::assign_worker(&system.pool, other_org, survivor.worker_id)
+        .await
+        .unwrap();
+    system
+        .wait_for_within("the large load to complete", LOAD_TIME_MAX, || async {
+            let (_, completed) = store::admin::scan_counts(&system.pool).await.unwrap();
+            (completed == 3 + LOAD_SCANS as i64).then_some(())
+        })
+        .await;
+    system.wait_scan_state(&doomed.scan_id, "failed").await;
+    let done = metrics
+        .wait_for(&system, "the large load to drain", |scrape| {
+            scrape.is_idle() && scrape.value(TASKS_FAILED_TERMINAL) == 2.0
+        })
+        .await;
+    assert_eq!(done.value(TASK_RETRIES), 1.0, "{}", done.text);
+    assert_eq!(done.value(WORKERS_LIVE), 1.0, "{}", done.text);
+    assert!(
+        done.value(INGESTION_ACKS) > drained.value(INGESTION_ACKS),
+        "{}",
+        done.text
+    );
+    assert_eq!(
+        done.series(),
+        series_after_small_load,
         "the set of series grew with the number of scans"
     );
     system.finish().await;
 }
 
-/// Submits `n` single-task scans, each to a target of its own; returns their ids.
-async fn submit_scans(system: &TestSystem, org: Uuid, n: usize) -> Vec<String> {
-    let mut scan_ids = Vec::with_capacity(n);
-    for _ in 0..n {
-        let target = format!("synthetic://{}?duration_ms=1", Uuid::new_v4().simple());
-        let reply = system
-            .submit(&system.request(org, &target, &["synthetic"]))
-            .await;
-        assert!(reply.error.is_none(), "{reply:?}");
-        scan_ids.push(reply.scan_id);
+/// `n` distinct targets on the local web app (one active scan per target).
+fn load_targets(web_app: SocketAddr, name: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|index| format!("http://{web_app}/{name}/{index}"))
+        .collect()
+}
+
+/// Submits a scan per target, the load profile for web targets and `synthetic` alone for
+/// synthetic ones, a few at a time.
+async fn submit_scans(system: &TestSystem, org: Uuid, targets: &[String]) {
+    futures::stream::iter(targets)
+        .for_each_concurrent(16, |target| async move {
+            let plugins: &[&str] = if target.starts_with("synthetic://") {
+                &["synthetic"]
+            } else {
+                &PROFILE
+            };
+            let reply = system.submit(&system.request(org, target, plugins)).await;
+            assert!(reply.error.is_none(), "{reply:?}");
+        })
+        .await;
+}
+
+/// Scrapes one process's `/metrics`.
+struct Metrics {
+    http: reqwest::Client,
+    addr: SocketAddr,
+}
+
+impl Metrics {
+    fn new(addr: SocketAddr) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("HTTP client");
+        Self { http, addr }
     }
-    scan_ids
+
+    /// Scrapes until `holds`, failing the test after the harness's deadline.
+    async fn wait_for(
+        &self,
+        system: &TestSystem,
+        what: &str,
+        holds: impl Fn(&Scrape) -> bool,
+    ) -> Scrape {
+        system
+            .wait_for(what, || async {
+                let scrape = Scrape::get(&self.http, self.addr).await;
+                holds(&scrape).then_some(scrape)
+            })
+            .await
+    }
 }
 
 /// One `/metrics` answer.
@@ -120,6 +340,25 @@ impl Scrape {
                 (name == series).then(|| value.parse().expect("a number"))
             })
             .unwrap_or(0.0)
+    }
+
+    /// Whether the series named exactly `series` (name and labels) is there.
+    fn has(&self, series: &str) -> bool {
+        self.series().contains(series)
+    }
+
+    /// Nothing waits, nothing is leased, nothing is backing off.
+    fn is_idle(&self) -> bool {
+        [
+            TASKS_DUE_PENDING,
+            TASKS_DUE_RETRY_WAIT,
+            TASKS_DUE_OLDEST_AGE,
+            TASKS_RETRY_WAIT,
+            ATTEMPTS_LIVE,
+            LEASE_RENEWAL_AGE_MAX,
+        ]
+        .iter()
+        .all(|series| self.value(series) == 0.0)
     }
 
     /// Every series (name and labels), without values.

@@ -1,0 +1,284 @@
+//! What each lane of work costs: PostgreSQL statements and NATS messages, counted per lane so
+//! that cost per scan is a division of two counters.
+//!
+//! A *lane* is a bounded, named kind of work (`admission`, `dispatch`, one per reaper sweep…;
+//! see [`lanes`]). Work runs inside [`in_lane`]; everything it does is charged to that lane:
+//!
+//! - **statements**: every statement sqlx sends (including `BEGIN`, `COMMIT` and savepoints)
+//!   emits a `sqlx::query` event in the task that sent it; [`StatementCounter`], a layer
+//!   [`crate::init`] installs, counts those events against the task's lane. Counting does not
+//!   depend on the log level: the layer has its own filter.
+//! - **messages**: `bus` calls [`count_messages`] for every message it sends (publishes,
+//!   requests, replies, acknowledgements) and receives (deliveries, requests, replies,
+//!   PubAcks). JetStream pull requests and idle heartbeats are protocol traffic and are not
+//!   counted.
+//!
+//! Work outside any lane is charged to [`lanes::OTHER`]; a growing `other` means a task was
+//! spawned without [`inherit`].
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tracing::Subscriber;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::Context;
+
+/// The lane names: the only values the `lane` label takes.
+pub mod lanes {
+    pub const ADMISSION: &str = "admission";
+    pub const DISPATCH: &str = "dispatch";
+    pub const INGESTION: &str = "ingestion";
+    pub const ENRICHMENT: &str = "enrichment";
+    /// Expired-lease recovery (retry or fail the task).
+    pub const REAPER_RECOVERY: &str = "reaper.recovery";
+    /// Attempts past their execution deadline.
+    pub const REAPER_DEADLINES: &str = "reaper.deadlines";
+    /// Upload expiry.
+    pub const REAPER_UPLOADS: &str = "reaper.uploads";
+    /// Retention pruning.
+    pub const REAPER_RETENTION: &str = "reaper.retention";
+    /// Due-retry wake-ups.
+    pub const REAPER_RETRIES: &str = "reaper.retries";
+    /// Campaigning for and renewing the reaper's leader lease.
+    pub const REAPER_ELECTION: &str = "reaper.election";
+    /// Outbox relays (every service runs one; they share the table, so the lane is shared).
+    pub const OUTBOX: &str = "outbox";
+    /// A worker run in the same process (the demo, `palisade dev`, tests).
+    pub const WORKER: &str = "worker";
+    /// Readiness checks and the database gauges behind `/metrics`.
+    pub const OBSERVABILITY: &str = "observability";
+    /// Work outside any lane.
+    pub const OTHER: &str = "other";
+
+    pub const ALL: [&str; 14] = [
+        ADMISSION,
+        DISPATCH,
+        INGESTION,
+        ENRICHMENT,
+        REAPER_RECOVERY,
+        REAPER_DEADLINES,
+        REAPER_UPLOADS,
+        REAPER_RETENTION,
+        REAPER_RETRIES,
+        REAPER_ELECTION,
+        OUTBOX,
+        WORKER,
+        OBSERVABILITY,
+        OTHER,
+    ];
+}
+
+/// Which way a counted message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Sent,
+    Received,
+}
+
+impl Direction {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Received => "received",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabels {
+    pub lane: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MessageLabels {
+    pub lane: &'static str,
+    pub direction: &'static str,
+}
+
+/// The cost counter families. Cheap to clone (handles share their values).
+#[derive(Debug, Clone, Default)]
+pub struct CostMetrics {
+    /// `palisade_db_statements_total{lane}`.
+    pub statements: Family<LaneLabels, Counter>,
+    /// `palisade_nats_messages_total{lane,direction}`.
+    pub messages: Family<MessageLabels, Counter>,
+}
+
+static COST: LazyLock<CostMetrics> = LazyLock::new(|| {
+    let cost = CostMetrics::default();
+    // Every series exists from the start, so the set never depends on history.
+    for lane in lanes::ALL {
+        let _ = cost.statements.get_or_create(&LaneLabels { lane });
+        for direction in [Direction::Sent, Direction::Received] {
+            let _ = cost.messages.get_or_create(&MessageLabels {
+                lane,
+                direction: direction.as_str(),
+            });
+        }
+    }
+    cost
+});
+
+/// The process-wide cost counters (`bus::metrics` registers them for `/metrics`).
+pub fn metrics() -> &'static CostMetrics {
+    &COST
+}
+
+tokio::task_local! {
+    static LANE: &'static str;
+}
+
+/// Runs `work` with everything it does charged to `lane` (one of [`lanes`]).
+pub async fn in_lane<F: Future>(lane: &'static str, work: F) -> F::Output {
+    LANE.scope(lane, work).await
+}
+
+/// `work` charged to the caller's lane: wrap futures handed to `tokio::spawn` with it, since
+/// a spawned task does not inherit its spawner's lane.
+pub fn inherit<F: Future>(work: F) -> impl Future<Output = F::Output> {
+    LANE.scope(current(), work)
+}
+
+/// The lane the current task works in; [`lanes::OTHER`] outside any.
+pub fn current() -> &'static str {
+    LANE.try_with(|lane| *lane).unwrap_or(lanes::OTHER)
+}
+
+/// Counts `n` messages sent or received by the current lane.
+pub fn count_messages(direction: Direction, n: u64) {
+    if n == 0 {
+        return;
+    }
+    COST.messages
+        .get_or_create(&MessageLabels {
+            lane: current(),
+            direction: direction.as_str(),
+        })
+        .inc_by(n);
+}
+
+/// The target of the event sqlx emits once per statement.
+const SQLX_STATEMENT_TARGET: &str = "sqlx::query";
+
+/// Counts every statement sqlx sends against the sending task's lane. Installed by
+/// [`crate::init`]; use [`statement_counter`] to get it with its filter.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatementCounter;
+
+impl<S: Subscriber> Layer<S> for StatementCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        if event.metadata().target() == SQLX_STATEMENT_TARGET {
+            COST.statements
+                .get_or_create(&LaneLabels { lane: current() })
+                .inc();
+        }
+    }
+}
+
+/// [`StatementCounter`] with a filter that lets through exactly sqlx's per-statement events
+/// (logged at `debug`, or `warn` when slow), whatever `RUST_LOG` says for other layers.
+pub fn statement_counter<S>() -> impl Layer<S> + Send + Sync
+where
+    S: Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    StatementCounter
+        .with_filter(Targets::new().with_target(SQLX_STATEMENT_TARGET, LevelFilter::TRACE))
+}
+
+/// What one lane spent: its counters at one instant, or the difference of two.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneCost {
+    pub statements: u64,
+    pub messages_sent: u64,
+    pub messages_received: u64,
+}
+
+impl LaneCost {
+    /// What was spent between `earlier` and `self`.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            statements: self.statements.saturating_sub(earlier.statements),
+            messages_sent: self.messages_sent.saturating_sub(earlier.messages_sent),
+            messages_received: self
+                .messages_received
+                .saturating_sub(earlier.messages_received),
+        }
+    }
+}
+
+/// Every lane's counters now.
+pub fn snapshot() -> BTreeMap<&'static str, LaneCost> {
+    lanes::ALL
+        .into_iter()
+        .map(|lane| {
+            let cost = LaneCost {
+                statements: statements(lane),
+                messages_sent: messages(lane, Direction::Sent),
+                messages_received: messages(lane, Direction::Received),
+            };
+            (lane, cost)
+        })
+        .collect()
+}
+
+/// What each lane spent from snapshot `earlier` to snapshot `later`.
+pub fn spent(
+    earlier: &BTreeMap<&'static str, LaneCost>,
+    later: &BTreeMap<&'static str, LaneCost>,
+) -> BTreeMap<&'static str, LaneCost> {
+    later
+        .iter()
+        .map(|(&lane, now)| {
+            let then = earlier.get(lane).copied().unwrap_or_default();
+            (lane, now.since(then))
+        })
+        .collect()
+}
+
+/// A lane's current statement count (tests and the demo's cost report read these directly).
+pub fn statements(lane: &'static str) -> u64 {
+    COST.statements.get_or_create(&LaneLabels { lane }).get()
+}
+
+/// Messages of `lane` in `direction` so far.
+pub fn messages(lane: &'static str, direction: Direction) -> u64 {
+    COST.messages
+        .get_or_create(&MessageLabels {
+            lane,
+            direction: direction.as_str(),
+        })
+        .get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lane_holds_for_its_work_and_spawned_work_inherits_it_only_when_asked() {
+        assert_eq!(current(), lanes::OTHER);
+        in_lane(lanes::DISPATCH, async {
+            assert_eq!(current(), lanes::DISPATCH);
+            let inherited = tokio::spawn(inherit(async { current() })).await.unwrap();
+            assert_eq!(inherited, lanes::DISPATCH);
+            let orphan = tokio::spawn(async { current() }).await.unwrap();
+            assert_eq!(orphan, lanes::OTHER);
+            let before = messages(lanes::DISPATCH, Direction::Sent);
+            count_messages(Direction::Sent, 2);
+            assert_eq!(messages(lanes::DISPATCH, Direction::Sent), before + 2);
+        })
+        .await;
+    }
+
+    #[test]
+    fn lane_names_are_distinct() {
+        let mut names = lanes::ALL.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), lanes::ALL.len());
+    }
+}
