@@ -14,8 +14,7 @@ use messages::{ErrorCode, EventKind, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
-use runtime::health::HealthServer;
-use runtime::{CommonSettings, Connections, SettingsError, env};
+use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::admission::{AdmitOutcome, AdmitParams};
 use store::{PgPool, StoreError};
 use telemetry::cost::{in_lane, lanes};
@@ -91,10 +90,9 @@ impl Settings {
 pub struct Service {
     settings: Settings,
     bus: Bus,
-    relay: Relay,
     admission: Arc<Admission>,
-    /// The health server, started by `run_until_stopped`.
-    health: Option<HealthServer>,
+    /// The health server and the outbox relay, started by `run_until_stopped`.
+    plumbing: Plumbing,
 }
 
 impl Service {
@@ -108,27 +106,19 @@ impl Service {
 
     /// Builds over existing connections (the all-in-one command and the tests).
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let health = settings
-            .http_addr
-            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
-        let relay = Relay::new(
-            connections.pool.clone(),
-            connections.bus.clone(),
-            Default::default(),
-        );
+        let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
         let admission = Arc::new(Admission {
+            relay: plumbing.relay_outbox(&connections),
             pool: connections.pool,
             bus: connections.bus.clone(),
-            relay: relay.clone(),
             max_attempts: settings.max_attempts,
             known_plugins: settings.known_plugins.clone(),
         });
         Self {
             settings,
             bus: connections.bus,
-            relay,
             admission,
-            health,
+            plumbing,
         }
     }
 
@@ -149,13 +139,11 @@ impl Service {
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
 
         let stop = shutdown.child_token();
-        if let Some(health) = &self.health {
-            health
-                .serve(stop.clone())
-                .await
-                .context("failed to serve the health endpoints")?;
-        }
-        let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+        let plumbing = self
+            .plumbing
+            .start(&stop)
+            .await
+            .context("failed to serve the health endpoints")?;
         let admission = self.admission.clone();
         let server = bus::serve::serve(
             &self.bus,
@@ -173,8 +161,7 @@ impl Service {
             result = consumer => result.context("admission consumer stopped"),
             result = server => result.context("admission request server stopped"),
         };
-        stop.cancel();
-        let _ = relay.await;
+        plumbing.stop().await;
         result
     }
 }

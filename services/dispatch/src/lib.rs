@@ -17,8 +17,9 @@ use messages::validate::{invalid, malformed, schema_version as schema, worker_id
 use messages::{ErrorCode, EventKind, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
-use runtime::health::HealthServer;
-use runtime::{BatchLimits, CommonSettings, Connections, LeaseSettings, SettingsError, env};
+use runtime::{
+    BatchLimits, CommonSettings, Connections, LeaseSettings, Plumbing, SettingsError, env,
+};
 use store::cancellation::{CancelOutcome, CancelTarget};
 use store::dispatch::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
@@ -80,11 +81,10 @@ impl Settings {
 /// A built dispatch service.
 pub struct Service {
     bus: Bus,
-    relay: Relay,
     dispatch: Arc<Dispatch>,
     wake: watch::Sender<u64>,
-    /// The health server, started by `run_until_stopped`.
-    health: Option<HealthServer>,
+    /// The health server and the outbox relay, started by `run_until_stopped`.
+    plumbing: Plumbing,
 }
 
 impl Service {
@@ -96,28 +96,20 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let health = settings
-            .http_addr
-            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
-        let relay = Relay::new(
-            connections.pool.clone(),
-            connections.bus.clone(),
-            Default::default(),
-        );
+        let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
         let (wake, wake_rx) = watch::channel(0_u64);
         let dispatch = Arc::new(Dispatch {
+            relay: plumbing.relay_outbox(&connections),
             pool: connections.pool,
             bus: connections.bus.clone(),
-            relay: relay.clone(),
             settings,
             wake: wake_rx,
         });
         Self {
             bus: connections.bus,
-            relay,
             dispatch,
             wake,
-            health,
+            plumbing,
         }
     }
 
@@ -129,13 +121,11 @@ impl Service {
     async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let subjects = self.bus.subjects().clone();
         let stop = shutdown.child_token();
-        if let Some(health) = &self.health {
-            health
-                .serve(stop.clone())
-                .await
-                .context("failed to serve the health endpoints")?;
-        }
-        let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+        let plumbing = self
+            .plumbing
+            .start(&stop)
+            .await
+            .context("failed to serve the health endpoints")?;
 
         let ready = self
             .bus
@@ -230,7 +220,7 @@ impl Service {
         stop.cancel();
         while servers.join_next().await.is_some() {}
         let _ = waker.await;
-        let _ = relay.await;
+        plumbing.stop().await;
         result
     }
 }

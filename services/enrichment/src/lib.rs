@@ -9,8 +9,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use runtime::health::HealthServer;
-use runtime::{CommonSettings, Connections, SettingsError, env};
+use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::PgPool;
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
@@ -52,8 +51,8 @@ pub struct Service {
     settings: Settings,
     pool: PgPool,
     owner: String,
-    /// The health server, started by `run_until_stopped`.
-    health: Option<HealthServer>,
+    /// The health server, started by `run_until_stopped` (enrichment writes no outbox rows).
+    plumbing: Plumbing,
 }
 
 impl Service {
@@ -65,14 +64,12 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let health = settings
-            .http_addr
-            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
+        let plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
         Self {
             settings,
             pool: connections.pool,
             owner: format!("enrichment-{}", uuid::Uuid::new_v4()),
-            health,
+            plumbing,
         }
     }
 
@@ -113,12 +110,11 @@ impl Service {
     async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let stop = shutdown.child_token();
         let _stop_on_return = stop.clone().drop_guard();
-        if let Some(health) = &self.health {
-            health
-                .serve(stop.clone())
-                .await
-                .context("failed to serve the health endpoints")?;
-        }
+        let plumbing = self
+            .plumbing
+            .start(&stop)
+            .await
+            .context("failed to serve the health endpoints")?;
         loop {
             let worked = match self.run_once().await {
                 Ok(worked) => worked,
@@ -131,9 +127,11 @@ impl Service {
                 continue;
             }
             tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
+                () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(self.settings.poll) => {}
             }
         }
+        plumbing.stop().await;
+        Ok(())
     }
 }

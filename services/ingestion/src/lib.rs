@@ -14,8 +14,7 @@ use messages::{ErrorCode, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
-use runtime::health::HealthServer;
-use runtime::{BatchLimits, CommonSettings, Connections, SettingsError, env};
+use runtime::{BatchLimits, CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
@@ -81,10 +80,9 @@ impl Settings {
 pub struct Service {
     settings: Settings,
     bus: Bus,
-    relay: Relay,
     ingestion: Arc<Ingestion>,
-    /// The health server, started by `run_until_stopped`.
-    health: Option<HealthServer>,
+    /// The health server and the outbox relay, started by `run_until_stopped`.
+    plumbing: Plumbing,
 }
 
 impl Service {
@@ -96,27 +94,19 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let health = settings
-            .http_addr
-            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
-        let relay = Relay::new(
-            connections.pool.clone(),
-            connections.bus.clone(),
-            Default::default(),
-        );
+        let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
         let ingestion = Arc::new(Ingestion {
+            relay: plumbing.relay_outbox(&connections),
             pool: connections.pool,
             bus: connections.bus.clone(),
-            relay: relay.clone(),
             limits: settings.batch_limits,
             retry: settings.retry,
         });
         Self {
             settings,
             bus: connections.bus,
-            relay,
             ingestion,
-            health,
+            plumbing,
         }
     }
 
@@ -134,18 +124,15 @@ impl Service {
         self.settings.consumer.apply(&mut spec);
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
         let stop = shutdown.child_token();
-        if let Some(health) = &self.health {
-            health
-                .serve(stop.clone())
-                .await
-                .context("failed to serve the health endpoints")?;
-        }
-        let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+        let plumbing = self
+            .plumbing
+            .start(&stop)
+            .await
+            .context("failed to serve the health endpoints")?;
         let result = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone())
             .await
             .context("ingestion consumer stopped");
-        stop.cancel();
-        let _ = relay.await;
+        plumbing.stop().await;
         result
     }
 }

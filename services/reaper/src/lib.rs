@@ -15,8 +15,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bus::Bus;
 use outbox::Relay;
-use runtime::health::HealthServer;
-use runtime::{CommonSettings, Connections, SettingsError, env};
+use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::recovery::{Pruned, RecoveryOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
@@ -117,8 +116,8 @@ pub struct Service {
     owner: String,
     observer: Option<SweepObserver>,
     is_leader: Arc<std::sync::Mutex<Option<tokio::sync::watch::Receiver<bool>>>>,
-    /// The health server, started by `run_until_stopped`.
-    health: Option<HealthServer>,
+    /// The health server and the outbox relay, started by `run_until_stopped`.
+    plumbing: Plumbing,
 }
 
 impl Service {
@@ -130,14 +129,8 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let health = settings
-            .http_addr
-            .map(|addr| HealthServer::new(addr, &settings.common, connections.clone()));
-        let relay = Relay::new(
-            connections.pool.clone(),
-            connections.bus.clone(),
-            Default::default(),
-        );
+        let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
+        let relay = plumbing.relay_outbox(&connections);
         Self {
             settings,
             pool: connections.pool,
@@ -146,7 +139,7 @@ impl Service {
             owner: lease::owner_id("reaper"),
             observer: None,
             is_leader: Arc::default(),
-            health,
+            plumbing,
         }
     }
 
@@ -240,13 +233,11 @@ impl Service {
     /// the lease so another replica takes over within one retry interval.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let stop = shutdown.child_token();
-        if let Some(health) = &self.health {
-            health
-                .serve(stop.clone())
-                .await
-                .context("failed to serve the health endpoints")?;
-        }
-        let relay = tokio::spawn(self.relay.clone().run(stop.clone()));
+        let plumbing = self
+            .plumbing
+            .start(&stop)
+            .await
+            .context("failed to serve the health endpoints")?;
         let election = lease::Election::new(
             lease::PgStore::new(self.pool.clone()),
             lease::SystemClock,
@@ -278,8 +269,7 @@ impl Service {
             stop.clone(),
         );
         in_lane(lanes::REAPER_ELECTION, campaign).await;
-        stop.cancel();
-        let _ = relay.await;
+        plumbing.stop().await;
         let _ = leader_gauge.await;
         Ok(())
     }

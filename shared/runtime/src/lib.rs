@@ -1,11 +1,13 @@
 //! What every palisade process needs before it can do its job: settings read from the
 //! environment and validated once, PostgreSQL and NATS connections checked at start-up
-//! (server version, streams, migrations), a shutdown signal, and the `/healthz`, `/readyz`
-//! (`health`) and `/metrics` (`metrics`) endpoints.
+//! (server version, streams, migrations), a shutdown signal, the `/healthz`, `/readyz`
+//! (`health`) and `/metrics` (`metrics`) endpoints, and the `plumbing` every service starts
+//! beside its own work (those endpoints and the outbox relay).
 
 pub mod env;
 pub mod health;
 pub mod metrics;
+pub mod plumbing;
 
 use std::time::Duration;
 
@@ -16,6 +18,7 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 pub use env::SettingsError;
+pub use plumbing::{Plumbing, RunningPlumbing};
 
 /// Settings every service shares.
 #[derive(Debug, Clone)]
