@@ -108,57 +108,101 @@ pub struct CostMetrics {
     pub messages: Family<MessageLabels, Counter>,
 }
 
-static COST: LazyLock<CostMetrics> = LazyLock::new(|| {
-    let cost = CostMetrics::default();
+/// One lane's series, resolved once so that counting is one atomic add.
+#[derive(Debug)]
+struct LaneCounters {
+    statements: Counter,
+    sent: Counter,
+    received: Counter,
+}
+
+#[derive(Debug)]
+struct Cost {
+    metrics: CostMetrics,
+    /// In [`lanes::ALL`] order.
+    lanes: Vec<LaneCounters>,
+}
+
+static COST: LazyLock<Cost> = LazyLock::new(|| {
+    let metrics = CostMetrics::default();
     // Every series exists from the start, so the set never depends on history.
-    for lane in lanes::ALL {
-        let _ = cost.statements.get_or_create(&LaneLabels { lane });
-        for direction in [Direction::Sent, Direction::Received] {
-            let _ = cost.messages.get_or_create(&MessageLabels {
-                lane,
-                direction: direction.as_str(),
-            });
-        }
-    }
-    cost
+    let lanes = lanes::ALL
+        .into_iter()
+        .map(|lane| {
+            let message = |direction: Direction| {
+                metrics
+                    .messages
+                    .get_or_create(&MessageLabels {
+                        lane,
+                        direction: direction.as_str(),
+                    })
+                    .clone()
+            };
+            LaneCounters {
+                statements: metrics
+                    .statements
+                    .get_or_create(&LaneLabels { lane })
+                    .clone(),
+                sent: message(Direction::Sent),
+                received: message(Direction::Received),
+            }
+        })
+        .collect();
+    Cost { metrics, lanes }
 });
 
 /// The process-wide cost counters (`bus::metrics` registers them for `/metrics`).
 pub fn metrics() -> &'static CostMetrics {
-    &COST
+    &COST.metrics
 }
 
 tokio::task_local! {
-    static LANE: &'static str;
+    /// The index of the current lane in [`lanes::ALL`].
+    static LANE: usize;
 }
 
-/// Runs `work` with everything it does charged to `lane` (one of [`lanes`]).
+fn index_of(lane: &'static str) -> usize {
+    lanes::ALL
+        .iter()
+        .position(|name| *name == lane)
+        .unwrap_or_else(|| panic!("lane {lane:?} is not in telemetry::cost::lanes::ALL"))
+}
+
+fn current_index() -> usize {
+    LANE.try_with(|lane| *lane).unwrap_or(OTHER_INDEX)
+}
+
+/// [`lanes::OTHER`] is the last lane (a unit test checks).
+const OTHER_INDEX: usize = lanes::ALL.len() - 1;
+
+fn counters() -> &'static LaneCounters {
+    &COST.lanes[current_index()]
+}
+
+/// Runs `work` with everything it does charged to `lane` (one of [`lanes`]; panics on a
+/// name that is not, since its cost would be lost).
 pub async fn in_lane<F: Future>(lane: &'static str, work: F) -> F::Output {
-    LANE.scope(lane, work).await
+    LANE.scope(index_of(lane), work).await
 }
 
 /// `work` charged to the caller's lane: wrap futures handed to `tokio::spawn` with it, since
 /// a spawned task does not inherit its spawner's lane.
 pub fn inherit<F: Future>(work: F) -> impl Future<Output = F::Output> {
-    LANE.scope(current(), work)
+    LANE.scope(current_index(), work)
 }
 
 /// The lane the current task works in; [`lanes::OTHER`] outside any.
 pub fn current() -> &'static str {
-    LANE.try_with(|lane| *lane).unwrap_or(lanes::OTHER)
+    lanes::ALL[current_index()]
 }
 
 /// Counts `n` messages sent or received by the current lane.
 pub fn count_messages(direction: Direction, n: u64) {
-    if n == 0 {
-        return;
-    }
-    COST.messages
-        .get_or_create(&MessageLabels {
-            lane: current(),
-            direction: direction.as_str(),
-        })
-        .inc_by(n);
+    let lane = counters();
+    match direction {
+        Direction::Sent => lane.sent.inc_by(n),
+        Direction::Received => lane.received.inc_by(n),
+    };
 }
 
 /// The target of the event sqlx emits once per statement.
@@ -172,9 +216,7 @@ pub struct StatementCounter;
 impl<S: Subscriber> Layer<S> for StatementCounter {
     fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
         if event.metadata().target() == SQLX_STATEMENT_TARGET {
-            COST.statements
-                .get_or_create(&LaneLabels { lane: current() })
-                .inc();
+            counters().statements.inc();
         }
     }
 }
@@ -241,17 +283,16 @@ pub fn spent(
 
 /// A lane's current statement count (tests and the demo's cost report read these directly).
 pub fn statements(lane: &'static str) -> u64 {
-    COST.statements.get_or_create(&LaneLabels { lane }).get()
+    COST.lanes[index_of(lane)].statements.get()
 }
 
 /// Messages of `lane` in `direction` so far.
 pub fn messages(lane: &'static str, direction: Direction) -> u64 {
-    COST.messages
-        .get_or_create(&MessageLabels {
-            lane,
-            direction: direction.as_str(),
-        })
-        .get()
+    let lane = &COST.lanes[index_of(lane)];
+    match direction {
+        Direction::Sent => lane.sent.get(),
+        Direction::Received => lane.received.get(),
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +313,11 @@ mod tests {
             assert_eq!(messages(lanes::DISPATCH, Direction::Sent), before + 2);
         })
         .await;
+    }
+
+    #[test]
+    fn other_is_the_last_lane() {
+        assert_eq!(lanes::ALL[OTHER_INDEX], lanes::OTHER);
     }
 
     #[test]

@@ -178,7 +178,10 @@ async fn renew_and_stale_recovery_race_cleanly() {
         let scan = system.leased_scan(&["alpha"]).await;
         let claim =
             store::LeaseClaim::from_wire(scan.worker.id, scan.lease.lease.as_ref()).unwrap();
-        expire_in(&system, claim.task_id, round % 10).await;
+        // Expiries from 0 to 45 ms after now around both racers' 5 ms start: the first rounds
+        // of each ten are lost by the worker, the last won, whatever the machine's load; the
+        // ones between race for real.
+        expire_in(&system, claim.task_id, (round % 10) * 5).await;
         let barrier = Arc::new(Barrier::new(2));
         let renew = {
             let (pool, barrier, claim) = (system.pool.clone(), barrier.clone(), claim.clone());
@@ -237,7 +240,10 @@ async fn completion_and_stale_recovery_race_cleanly() {
         let scan = system.leased_scan(&["alpha"]).await;
         let claim =
             store::LeaseClaim::from_wire(scan.worker.id, scan.lease.lease.as_ref()).unwrap();
-        expire_in(&system, claim.task_id, round % 10).await;
+        // Expiries from 0 to 45 ms after now around both racers' 5 ms start: the first rounds
+        // of each ten are lost by the worker, the last won, whatever the machine's load; the
+        // ones between race for real.
+        expire_in(&system, claim.task_id, (round % 10) * 5).await;
         let barrier = Arc::new(Barrier::new(2));
         let complete = {
             let (pool, subjects, barrier, claim) = (
