@@ -56,7 +56,7 @@ async fn main() {
         let scan_id = Uuid::parse_str(&reply.scan_id).unwrap();
         system
             .wait_for("the lease", || async {
-                let attempts = store::admin::attempts_of_scan(&system.pool, scan_id)
+                let attempts = store::testing::attempts_of_scan(&system.pool, scan_id)
                     .await
                     .unwrap();
                 attempts
@@ -69,7 +69,7 @@ async fn main() {
         // The survivor is connected and waiting before the kill, as in a running fleet.
         system
             .wait_for("the survivor to say hello", || async {
-                store::admin::workers_seen(&system.pool, organization_id)
+                store::testing::workers_seen(&system.pool, organization_id)
                     .await
                     .unwrap()
                     .eq(&2)
@@ -80,7 +80,7 @@ async fn main() {
         let killed = Instant::now();
         let mut released_after = None;
         loop {
-            let attempts = store::admin::attempts_of_scan(&system.pool, scan_id)
+            let attempts = store::testing::attempts_of_scan(&system.pool, scan_id)
                 .await
                 .unwrap();
             if released_after.is_none() && attempts.len() > 1 {

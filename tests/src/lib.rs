@@ -484,7 +484,7 @@ impl TestSystem {
     pub async fn table_counts(&self) -> BTreeMap<&'static str, i64> {
         let mut counts = BTreeMap::new();
         for table in TABLES {
-            let count: i64 = store::admin::count_rows(&self.pool, table)
+            let count: i64 = store::testing::count_rows(&self.pool, table)
                 .await
                 .expect("count rows");
             counts.insert(table, count);
@@ -840,12 +840,12 @@ impl TestSystem {
     pub async fn expire_and_recover(&self, lease: &v1::Lease) {
         let task_id =
             Uuid::parse_str(&lease.lease.as_ref().expect("lease ref").task_id).expect("uuid");
-        store::admin::expire_live_attempt(&self.pool, task_id)
+        store::testing::expire_live_attempt(&self.pool, task_id)
             .await
             .expect("expired");
         let outcome = self.reaper().run_once().await.expect("reaper sweep");
         assert!(outcome.recovered.retried.contains(&task_id), "{outcome:?}");
-        store::admin::make_task_due(&self.pool, task_id)
+        store::testing::make_task_due(&self.pool, task_id)
             .await
             .expect("due");
     }

@@ -93,14 +93,25 @@ impl Relay {
         let results = self.bus.publish_durable_all(outgoing).await;
         let mut published = Vec::with_capacity(ids.len());
         let mut failed = Vec::new();
+        let mut first_error = None;
         for (id, result) in ids.into_iter().zip(results) {
             match result {
                 Ok(_) => published.push(id),
                 Err(error) => {
-                    tracing::warn!(outbox_id = %id, error = %telemetry::chain(&error), "outbox publish failed; will retry");
+                    first_error.get_or_insert((id, error));
                     failed.push(id);
                 }
             }
+        }
+        // One line per pass, not per row: during a NATS outage every row of every pass fails.
+        if let Some((first_id, error)) = first_error {
+            tracing::warn!(
+                failed = failed.len(),
+                published = published.len(),
+                first_outbox_id = %first_id,
+                error = %telemetry::chain(&error),
+                "outbox publishes failed; those rows will be retried"
+            );
         }
         store::outbox::mark_published(&self.pool, &published).await?;
         store::outbox::unclaim(&self.pool, &failed).await?;

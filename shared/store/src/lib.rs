@@ -20,6 +20,8 @@ pub mod recovery;
 pub mod retry;
 pub mod revocation;
 pub mod states;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 mod fence;
 

@@ -348,7 +348,7 @@ async fn no_lease_is_granted_after_a_revocation_commits() {
             }
         };
         let _ = tokio::join!(acquire, revoke);
-        let live = store::admin::live_attempts_of_worker(&system.pool, worker.id)
+        let live = store::testing::live_attempts_of_worker(&system.pool, worker.id)
             .await
             .unwrap();
         assert_eq!(live, 0, "a revoked worker holds no live lease");

@@ -72,7 +72,7 @@ async fn every_event_is_relayed_once_from_the_outbox() {
 
     // A relay that re-publishes (its claim lapsed after a publish whose PubAck it never saw)
     // is de-duplicated by the stream: Nats-Msg-Id is the outbox row id.
-    store::admin::forget_outbox_publication(&system.pool)
+    store::testing::forget_outbox_publication(&system.pool)
         .await
         .unwrap();
     system.wait_outbox_drained().await;

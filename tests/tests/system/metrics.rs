@@ -169,7 +169,7 @@ async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
         .wait_for(
             "the slow task to be leased to the doomed worker",
             || async {
-                store::admin::attempts_of_scan(&system.pool, doomed_scan)
+                store::testing::attempts_of_scan(&system.pool, doomed_scan)
                     .await
                     .unwrap()
                     .into_iter()
@@ -183,7 +183,7 @@ async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
         .await;
     system
         .wait_for("the doomed worker to renew its lease", || async {
-            store::admin::attempt_renewed(&system.pool, doomed_attempt)
+            store::testing::attempt_renewed(&system.pool, doomed_attempt)
                 .await
                 .unwrap()
                 .then_some(())
@@ -215,7 +215,7 @@ async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
         )
         .await;
     assert_eq!(
-        store::admin::attempt_status(&system.pool, doomed_attempt)
+        store::testing::attempt_status(&system.pool, doomed_attempt)
             .await
             .unwrap(),
         "expired"

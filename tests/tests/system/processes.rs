@@ -23,7 +23,7 @@ async fn system_with_short_leases() -> TestSystem {
 
 /// The attempts of the scan's only task, oldest first: (attempt id, worker id, status).
 async fn attempts(system: &TestSystem, scan_id: &str) -> Vec<(Uuid, Uuid, String)> {
-    store::admin::attempts_of_scan(&system.pool, Uuid::parse_str(scan_id).unwrap())
+    store::testing::attempts_of_scan(&system.pool, Uuid::parse_str(scan_id).unwrap())
         .await
         .unwrap()
 }
@@ -97,7 +97,7 @@ async fn a_paused_worker_that_wakes_after_its_ttl_cannot_write_anything() {
 
     sleeper.signal("STOP");
     let (sleeper_attempt, _, _) = attempts(&system, &reply.scan_id).await[0].clone();
-    let batches_before = store::admin::batches_of_attempt(&system.pool, sleeper_attempt)
+    let batches_before = store::testing::batches_of_attempt(&system.pool, sleeper_attempt)
         .await
         .unwrap();
     let other = WorkerProcess::start(&system, WORKER, organization_id, 1).await;
@@ -112,7 +112,7 @@ async fn a_paused_worker_that_wakes_after_its_ttl_cannot_write_anything() {
         let attempts = attempts(&system, &reply.scan_id).await;
         assert_eq!(attempts[0].2, "expired", "the paused attempt stays expired");
         assert_eq!(
-            store::admin::batches_of_attempt(&system.pool, sleeper_attempt)
+            store::testing::batches_of_attempt(&system.pool, sleeper_attempt)
                 .await
                 .unwrap(),
             batches_before,

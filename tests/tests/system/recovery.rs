@@ -28,7 +28,7 @@ async fn a_task_that_always_fails_runs_exactly_max_attempts_times_within_the_bac
                 .error
                 .is_none()
         );
-        let (state, delay) = store::admin::task_retry_delay(&system.pool, task_id)
+        let (state, delay) = store::testing::task_retry_delay(&system.pool, task_id)
             .await
             .unwrap();
         if attempt < max_attempts {
@@ -77,13 +77,13 @@ async fn expired_leases_are_retried_until_the_budget_is_spent() {
     let mut lease = scan.lease.clone();
     for attempt in 1..=3 {
         assert_eq!(lease.lease.as_ref().unwrap().attempt_number, attempt);
-        store::admin::expire_live_attempt(&system.pool, task_id)
+        store::testing::expire_live_attempt(&system.pool, task_id)
             .await
             .unwrap();
         let outcome = system.reaper().run_once().await.unwrap();
         if attempt < 3 {
             assert_eq!(outcome.recovered.retried, vec![task_id]);
-            store::admin::make_task_due(&system.pool, task_id)
+            store::testing::make_task_due(&system.pool, task_id)
                 .await
                 .unwrap();
             lease = scan.worker.acquire_one().await;
@@ -107,13 +107,13 @@ async fn recovery_steps_over_rows_another_transaction_holds() {
     let free = system.leased_scan(&["alpha"]).await;
     for scan in [&held, &free] {
         let task_id = Uuid::parse_str(&scan.lease.lease.as_ref().unwrap().task_id).unwrap();
-        store::admin::expire_live_attempt(&system.pool, task_id)
+        store::testing::expire_live_attempt(&system.pool, task_id)
             .await
             .unwrap();
     }
     let held_task = Uuid::parse_str(&held.lease.lease.as_ref().unwrap().task_id).unwrap();
     let free_task = Uuid::parse_str(&free.lease.lease.as_ref().unwrap().task_id).unwrap();
-    let lock = store::admin::hold_attempt_lock(&system.pool, held_task)
+    let lock = store::testing::hold_attempt_lock(&system.pool, held_task)
         .await
         .unwrap();
     let started = std::time::Instant::now();
@@ -164,7 +164,7 @@ async fn the_execution_deadline_fails_an_attempt_even_while_it_renews() {
 
 /// Sets the live attempt of `task_id` to expire `ms` milliseconds from now.
 async fn expire_in(system: &TestSystem, task_id: Uuid, ms: i64) {
-    store::admin::set_lease_expiry_in(&system.pool, task_id, ms)
+    store::testing::set_lease_expiry_in(&system.pool, task_id, ms)
         .await
         .unwrap();
 }
@@ -202,7 +202,7 @@ async fn renew_and_stale_recovery_race_cleanly() {
             }
         };
         let (renewal, sweep) = tokio::join!(renew, recover);
-        let status = store::admin::attempt_status(&system.pool, claim.attempt_id)
+        let status = store::testing::attempt_status(&system.pool, claim.attempt_id)
             .await
             .unwrap();
         let swept = sweep.recovered.retried.contains(&claim.task_id);
@@ -216,7 +216,7 @@ async fn renew_and_stale_recovery_race_cleanly() {
                 assert_eq!(error.error_code(), Some(ErrorCode::LeaseLost));
                 // Expired either way; recovered now or by the next sweep.
                 reaper.run_once().await.unwrap();
-                let status = store::admin::attempt_status(&system.pool, claim.attempt_id)
+                let status = store::testing::attempt_status(&system.pool, claim.attempt_id)
                     .await
                     .unwrap();
                 assert_eq!(status, "expired", "round {round}");
@@ -369,7 +369,7 @@ async fn retention_prunes_old_transport_history_and_keeps_evidence() {
     let outcome = system.reaper().run_once().await.unwrap();
     assert_eq!(outcome.pruned, store::recovery::Pruned::default());
 
-    store::admin::age_history(&system.pool, Duration::from_secs(31 * 24 * 3600))
+    store::testing::age_history(&system.pool, Duration::from_secs(31 * 24 * 3600))
         .await
         .unwrap();
     let outcome = system.reaper().run_once().await.unwrap();

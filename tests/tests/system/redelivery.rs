@@ -155,7 +155,7 @@ async fn every_message_delivered_twice_ends_as_if_delivered_once() {
     assert_eq!(counts["findings"], 2);
     // attempts: alpha 1, beta released + failed = 3
     assert_eq!(counts["worker_task_attempts"], 3);
-    let events = store::admin::outbox_subject_counts(&system.pool)
+    let events = store::testing::outbox_subject_counts(&system.pool)
         .await
         .unwrap();
     let count = |name: &str| {

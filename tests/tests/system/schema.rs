@@ -50,7 +50,7 @@ async fn state_enums_match_the_check_constraints() {
     ];
     for (constraint, expected) in cases {
         let (table, name) = constraint.split_once('.').unwrap();
-        let definition = store::admin::check_constraint(&system.pool, table, name)
+        let definition = store::testing::check_constraint(&system.pool, table, name)
             .await
             .unwrap();
         assert_eq!(

@@ -1,0 +1,231 @@
+//! Test aids: reads and writes that only tests (and the failover benchmark) need, such as
+//! ending a lease early, ageing history or holding a row lock. Behind the `testing` feature,
+//! so no service can call them.
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// Rows in one of palisade's tables (tests' "nothing was written" checks).
+pub async fn count_rows(pool: &PgPool, table: &str) -> Result<i64, StoreError> {
+    let known = [
+        "organizations",
+        "targets",
+        "workers",
+        "organization_workers",
+        "scans",
+        "scan_jobs",
+        "worker_tasks",
+        "worker_task_attempts",
+        "worker_result_batches",
+        "worker_artifact_uploads",
+        "assets",
+        "scan_assets",
+        "findings",
+        "enrichment_jobs",
+        "outbox",
+        "dead_letters",
+        "leader_leases",
+    ];
+    if !known.contains(&table) {
+        return Err(StoreError::Corrupt(format!("unknown table {table:?}")));
+    }
+    let sql = format!("SELECT count(*) FROM {table}");
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Test and operator aid: ends the live attempt's lease now (by the database clock).
+pub async fn expire_live_attempt(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE worker_task_attempts SET lease_expires_at = now() - interval '1 millisecond'
+         WHERE task_id = $1 AND status IN ('leased', 'running')",
+    )
+    .bind(task_id)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Test and operator aid: a task waiting for a retry becomes due now.
+pub async fn make_task_due(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE worker_tasks SET available_at = now() WHERE id = $1 AND state = 'retry_wait'",
+    )
+    .bind(task_id)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Outbox rows per subject (tests: "exactly one scan.completed").
+pub async fn outbox_subject_counts(
+    pool: &PgPool,
+) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT subject, count(*) FROM outbox GROUP BY subject")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The definition of a CHECK constraint (tests compare it with the state enums).
+pub async fn check_constraint(
+    pool: &PgPool,
+    table: &str,
+    name: &str,
+) -> Result<String, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid
+         WHERE t.relname = $1 AND c.conname = $2",
+    )
+    .bind(table)
+    .bind(name)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Test aid: marks every outbox row unpublished, as if every relay had lost its PubAcks.
+pub async fn forget_outbox_publication(pool: &PgPool) -> Result<u64, StoreError> {
+    Ok(
+        sqlx::query("UPDATE outbox SET published_at = NULL, claimed_until = NULL")
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
+}
+
+/// Live attempts a worker holds (tests and operators).
+pub async fn live_attempts_of_worker(pool: &PgPool, worker_id: Uuid) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM worker_task_attempts WHERE worker_id = $1 AND status IN ('leased', 'running')",
+    )
+    .bind(worker_id)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Test aid: the task's state and, when waiting for a retry, how long after its last attempt
+/// ended it becomes due.
+pub async fn task_retry_delay(
+    pool: &PgPool,
+    task_id: Uuid,
+) -> Result<(String, Option<std::time::Duration>), StoreError> {
+    let (state, millis): (String, Option<f64>) = sqlx::query_as(
+        r#"
+        SELECT t.state,
+               CASE WHEN t.state = 'retry_wait' THEN (extract(epoch FROM t.available_at - a.finished_at) * 1000)::float8 END
+        FROM worker_tasks t LEFT JOIN worker_task_attempts a ON a.id = t.current_attempt_id
+        WHERE t.id = $1
+        "#,
+    )
+    .bind(task_id)
+    .fetch_one(pool)
+    .await?;
+    Ok((
+        state,
+        millis.map(|ms| std::time::Duration::from_millis(ms.max(0.0) as u64)),
+    ))
+}
+
+/// Test aid: the attempt's status.
+pub async fn attempt_status(pool: &PgPool, attempt_id: Uuid) -> Result<String, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT status FROM worker_task_attempts WHERE id = $1")
+            .bind(attempt_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Test aid: whether the attempt's worker renewed its lease at least once.
+pub async fn attempt_renewed(pool: &PgPool, attempt_id: Uuid) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT last_renewed_at IS NOT NULL FROM worker_task_attempts WHERE id = $1",
+    )
+    .bind(attempt_id)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Test aid: the live attempt of the task expires `ms` milliseconds from now.
+pub async fn set_lease_expiry_in(pool: &PgPool, task_id: Uuid, ms: i64) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE worker_task_attempts SET lease_expires_at = now() + make_interval(secs => $2::float8 / 1000)
+         WHERE task_id = $1 AND status IN ('leased', 'running')",
+    )
+    .bind(task_id)
+    .bind(ms as f64)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Test aid: holds `FOR UPDATE` on the task's live attempt until the returned transaction
+/// is dropped (rolled back).
+pub async fn hold_attempt_lock(
+    pool: &PgPool,
+    task_id: Uuid,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT id FROM worker_task_attempts WHERE task_id = $1 AND status IN ('leased', 'running') FOR UPDATE")
+        .bind(task_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// The attempts of a scan's tasks, oldest first: (attempt id, worker id, status).
+pub async fn attempts_of_scan(
+    pool: &PgPool,
+    scan_id: Uuid,
+) -> Result<Vec<(Uuid, Uuid, String)>, StoreError> {
+    Ok(sqlx::query_as(
+        r#"
+        SELECT a.id, a.worker_id, a.status FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+        WHERE t.scan_id = $1 ORDER BY a.created_at, a.attempt_number
+        "#,
+    )
+    .bind(scan_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Result batches accepted from one attempt.
+pub async fn batches_of_attempt(pool: &PgPool, attempt_id: Uuid) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1")
+            .bind(attempt_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Workers of an organization that said hello at least once.
+pub async fn workers_seen(pool: &PgPool, organization_id: Uuid) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        r#"
+        SELECT count(*) FROM workers w JOIN organization_workers ow ON ow.worker_id = w.id
+        WHERE ow.organization_id = $1 AND w.last_seen_at IS NOT NULL
+        "#,
+    )
+    .bind(organization_id)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Test aid: makes published outbox rows and ended tasks look `by` older.
+pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), StoreError> {
+    let seconds = crate::seconds(by);
+    sqlx::query("UPDATE outbox SET published_at = published_at - make_interval(secs => $1) WHERE published_at IS NOT NULL")
+        .bind(seconds)
+        .execute(pool)
+        .await?;
+    sqlx::query("UPDATE worker_tasks SET completed_at = completed_at - make_interval(secs => $1) WHERE completed_at IS NOT NULL")
+        .bind(seconds)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
