@@ -26,24 +26,7 @@ use uuid::Uuid;
 pub const WAIT_MAX: Duration = Duration::from_secs(20);
 
 /// Every table palisade writes, for "nothing was written" checks.
-pub const TABLES: [&str; 16] = [
-    "organizations",
-    "targets",
-    "workers",
-    "organization_workers",
-    "scans",
-    "scan_jobs",
-    "worker_tasks",
-    "worker_task_attempts",
-    "worker_result_batches",
-    "assets",
-    "scan_assets",
-    "findings",
-    "enrichment_jobs",
-    "outbox",
-    "dead_letters",
-    "leader_leases",
-];
+pub use store::testing::TABLES;
 
 /// The services a test can start, stop and crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

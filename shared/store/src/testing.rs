@@ -7,28 +7,30 @@ use uuid::Uuid;
 
 use crate::StoreError;
 
-/// Rows in one of palisade's tables (tests' "nothing was written" checks).
+/// Every table palisade writes, for "nothing was written" checks.
+pub const TABLES: [&str; 17] = [
+    "organizations",
+    "targets",
+    "workers",
+    "organization_workers",
+    "scans",
+    "scan_jobs",
+    "worker_tasks",
+    "worker_task_attempts",
+    "worker_result_batches",
+    "worker_artifact_uploads",
+    "assets",
+    "scan_assets",
+    "findings",
+    "enrichment_jobs",
+    "outbox",
+    "dead_letters",
+    "leader_leases",
+];
+
+/// Rows in one of [`TABLES`].
 pub async fn count_rows(pool: &PgPool, table: &str) -> Result<i64, StoreError> {
-    let known = [
-        "organizations",
-        "targets",
-        "workers",
-        "organization_workers",
-        "scans",
-        "scan_jobs",
-        "worker_tasks",
-        "worker_task_attempts",
-        "worker_result_batches",
-        "worker_artifact_uploads",
-        "assets",
-        "scan_assets",
-        "findings",
-        "enrichment_jobs",
-        "outbox",
-        "dead_letters",
-        "leader_leases",
-    ];
-    if !known.contains(&table) {
+    if !TABLES.contains(&table) {
         return Err(StoreError::Corrupt(format!("unknown table {table:?}")));
     }
     let sql = format!("SELECT count(*) FROM {table}");
