@@ -169,39 +169,56 @@ async fn expire_in(system: &TestSystem, task_id: Uuid, ms: i64) {
         .unwrap();
 }
 
+/// One round of a worker-side call racing a reaper sweep: a fresh lease set to expire around
+/// when both start (behind one barrier, then 5 ms). Expiries run from 0 to 45 ms after now
+/// over each ten rounds: the first rounds are lost by the worker and the last won whatever
+/// the machine's load; the ones between race for real.
+async fn race_with_recovery<T, Fut>(
+    system: &TestSystem,
+    reaper: &reaper::Service,
+    round: i64,
+    worker_side: impl FnOnce(store::LeaseClaim) -> Fut,
+) -> (
+    tests::LeasedScan,
+    store::LeaseClaim,
+    T,
+    reaper::SweepOutcome,
+)
+where
+    Fut: Future<Output = T>,
+{
+    let scan = system.leased_scan(&["alpha"]).await;
+    let claim = store::LeaseClaim::from_wire(scan.worker.id, scan.lease.lease.as_ref()).unwrap();
+    expire_in(system, claim.task_id, (round % 10) * 5).await;
+    let barrier = Barrier::new(2);
+    let worker = async {
+        barrier.wait().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        worker_side(claim.clone()).await
+    };
+    let recover = async {
+        barrier.wait().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        reaper.run_once().await.unwrap()
+    };
+    let (outcome, sweep) = tokio::join!(worker, recover);
+    (scan, claim, outcome, sweep)
+}
+
 #[tokio::test]
 async fn renew_and_stale_recovery_race_cleanly() {
     let system = TestSystem::spawn().await;
     let reaper = Arc::new(system.reaper());
     let (mut renewed, mut recovered) = (0, 0);
     for round in 0..30_i64 {
-        let scan = system.leased_scan(&["alpha"]).await;
-        let claim =
-            store::LeaseClaim::from_wire(scan.worker.id, scan.lease.lease.as_ref()).unwrap();
-        // Expiries from 0 to 45 ms after now around both racers' 5 ms start: the first rounds
-        // of each ten are lost by the worker, the last won, whatever the machine's load; the
-        // ones between race for real.
-        expire_in(&system, claim.task_id, (round % 10) * 5).await;
-        let barrier = Arc::new(Barrier::new(2));
-        let renew = {
-            let (pool, barrier, claim) = (system.pool.clone(), barrier.clone(), claim.clone());
-            async move {
-                barrier.wait().await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
+        let pool = system.pool.clone();
+        let (_scan, claim, renewal, sweep) =
+            race_with_recovery(&system, &reaper, round, |claim| async move {
                 store::dispatch::renew(&pool, &claim, Duration::from_secs(30))
                     .await
                     .unwrap()
-            }
-        };
-        let recover = {
-            let (reaper, barrier) = (reaper.clone(), barrier.clone());
-            async move {
-                barrier.wait().await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                reaper.run_once().await.unwrap()
-            }
-        };
-        let (renewal, sweep) = tokio::join!(renew, recover);
+            })
+            .await;
         let status = store::testing::attempt_status(&system.pool, claim.attempt_id)
             .await
             .unwrap();
@@ -237,41 +254,17 @@ async fn completion_and_stale_recovery_race_cleanly() {
     let reaper = Arc::new(system.reaper());
     let (mut completed, mut recovered) = (0, 0);
     for round in 0..30_i64 {
-        let scan = system.leased_scan(&["alpha"]).await;
-        let claim =
-            store::LeaseClaim::from_wire(scan.worker.id, scan.lease.lease.as_ref()).unwrap();
-        // Expiries from 0 to 45 ms after now around both racers' 5 ms start: the first rounds
-        // of each ten are lost by the worker, the last won, whatever the machine's load; the
-        // ones between race for real.
-        expire_in(&system, claim.task_id, (round % 10) * 5).await;
-        let barrier = Arc::new(Barrier::new(2));
-        let complete = {
-            let (pool, subjects, barrier, claim) = (
-                system.pool.clone(),
-                system.subjects.clone(),
-                barrier.clone(),
-                claim.clone(),
-            );
-            async move {
-                barrier.wait().await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
+        let (pool, subjects) = (system.pool.clone(), system.subjects.clone());
+        let (scan, claim, completion, sweep) =
+            race_with_recovery(&system, &reaper, round, |claim| async move {
                 let mut tx = pool.begin().await.unwrap();
                 let outcome = store::ingestion::complete(&mut tx, &subjects, &claim, 0, "")
                     .await
                     .unwrap();
                 tx.commit().await.unwrap();
                 outcome
-            }
-        };
-        let recover = {
-            let (reaper, barrier) = (reaper.clone(), barrier.clone());
-            async move {
-                barrier.wait().await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                reaper.run_once().await.unwrap()
-            }
-        };
-        let (completion, sweep) = tokio::join!(complete, recover);
+            })
+            .await;
         let swept = sweep.recovered.retried.contains(&claim.task_id);
         match completion {
             IngestOutcome::Accepted => {
