@@ -183,22 +183,6 @@ mod containers {
     }
 }
 
-/// `url` with its database name replaced.
-pub fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |index| index + 3);
-    let host = match base[scheme_end..].find('/') {
-        Some(index) => &base[..scheme_end + index],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{host}/{database}?{query}"),
-        None => format!("{host}/{database}"),
-    }
-}
-
 impl TestSystem {
     /// Admission, dispatch and ingestion running; the reaper is driven by the test.
     pub async fn spawn() -> Self {
@@ -210,7 +194,8 @@ impl TestSystem {
         init_test_logging();
         let id = Uuid::new_v4().simple().to_string();
         let backends = backends().await;
-        let database_url = with_database(&backends.database_url, &format!("palisade_test_{id}"));
+        let database_url =
+            store::with_database(&backends.database_url, &format!("palisade_test_{id}"));
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(database_url.clone());
         common.database.max_connections = 8;
@@ -816,6 +801,19 @@ impl TestSystem {
             scan_id: reply.scan_id,
             lease,
         }
+    }
+
+    /// Completes the single-task `scan` with one batch of `findings` findings, then waits for
+    /// the scan to be completed and every event to be relayed.
+    pub async fn complete_with_findings(&self, scan: &LeasedScan, findings: usize) {
+        let worker = &scan.worker;
+        let batch = worker.batch(&scan.lease, 0, &findings_payload(findings));
+        let ack = worker.send_batch(&batch).await;
+        assert!(ack.error.is_none(), "{ack:?}");
+        let ack = worker.complete(&scan.lease, 1).await;
+        assert!(ack.error.is_none(), "{ack:?}");
+        self.wait_scan_state(&scan.scan_id, "completed").await;
+        self.wait_outbox_drained().await;
     }
 
     /// Expires the live attempt of `lease`'s task by the database clock, recovers it with the

@@ -43,8 +43,8 @@ fn server_name(verb: WorkerVerb) -> &'static str {
         WorkerVerb::Acquire => "dispatch.acquire",
         WorkerVerb::Renew => "dispatch.renew",
         WorkerVerb::Release => "dispatch.release",
-        // Results, completions and failures go to ingestion over JetStream.
-        _ => "dispatch.other",
+        // Results, completions, failures and acks travel over JetStream or to the worker.
+        other => unreachable!("dispatch serves no {other:?} requests"),
     }
 }
 

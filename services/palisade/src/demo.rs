@@ -76,7 +76,11 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
     let mut common = common;
     let stamp = Uuid::now_v7().simple().to_string();
     let database = format!("palisade_demo_{}", &stamp[stamp.len() - 12..]);
-    common.database.url = with_database(&common.database.url, &database)?;
+    anyhow::ensure!(
+        common.database.url.contains("://"),
+        "DATABASE_URL has no scheme"
+    );
+    common.database.url = store::with_database(&common.database.url, &database);
     common.subjects = messages::Subjects::new(&format!("demo-{}", &stamp[stamp.len() - 8..]))?;
     println!(
         "demo: database {database}, subject prefix {}",
@@ -442,22 +446,4 @@ fn print_cost(report: &DemoReport) {
         per_scan(total.messages_received)
     );
     println!("{}", "-".repeat(55));
-}
-
-/// Replaces the database name in a PostgreSQL URL.
-fn with_database(url: &str, database: &str) -> anyhow::Result<String> {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").context("DATABASE_URL has no scheme")? + 3;
-    let path_start = base[scheme_end..].find('/').map(|index| index + scheme_end);
-    let host = match path_start {
-        Some(index) => &base[..index],
-        None => base,
-    };
-    Ok(match query {
-        Some(query) => format!("{host}/{database}?{query}"),
-        None => format!("{host}/{database}"),
-    })
 }

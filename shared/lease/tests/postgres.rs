@@ -108,7 +108,7 @@ where
 {
     let server = std::env::var("DATABASE_URL").unwrap_or_else(|_| LOCAL_DATABASE_URL.to_owned());
     let database = format!("lease_test_{}", uuid::Uuid::new_v4().simple());
-    let url = database_url(&server, &database);
+    let url = store::with_database(&server, &database);
     store::create_database_if_missing(&url)
         .await
         .expect("create the test database");
@@ -123,21 +123,5 @@ where
         .expect("drop the test database");
     if let Err(error) = outcome {
         std::panic::resume_unwind(error.into_panic());
-    }
-}
-
-/// `server` with its database name replaced by `database`.
-fn database_url(server: &str, database: &str) -> String {
-    let (base, query) = server
-        .split_once('?')
-        .map_or((server, None), |(base, query)| (base, Some(query)));
-    let scheme_end = base.find("://").map_or(0, |index| index + 3);
-    let host = match base[scheme_end..].find('/') {
-        Some(index) => &base[..scheme_end + index],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{host}/{database}?{query}"),
-        None => format!("{host}/{database}"),
     }
 }

@@ -174,6 +174,23 @@ pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `url` with its database name replaced by `database` (the path after the host; query
+/// parameters kept).
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(base, query)| (base, Some(query)));
+    let scheme_end = base.find("://").map_or(0, |index| index + 3);
+    let host = match base[scheme_end..].find('/') {
+        Some(index) => &base[..scheme_end + index],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{host}/{database}?{query}"),
+        None => format!("{host}/{database}"),
+    }
+}
+
 /// `url` without its password, for messages.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

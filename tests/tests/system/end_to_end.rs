@@ -41,17 +41,7 @@ async fn a_scan_runs_through_three_plugins_on_a_reference_worker() {
 async fn every_event_is_relayed_once_from_the_outbox() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
-    let worker = &scan.worker;
-    assert!(
-        worker
-            .send_batch(&worker.batch(&scan.lease, 0, &tests::findings_payload(1)))
-            .await
-            .error
-            .is_none()
-    );
-    assert!(worker.complete(&scan.lease, 1).await.error.is_none());
-    system.wait_scan_state(&scan.scan_id, "completed").await;
-    system.wait_outbox_drained().await;
+    system.complete_with_findings(&scan, 1).await;
     let counts = tests::stream_subject_counts(
         &system,
         &system.subjects.events_stream(),

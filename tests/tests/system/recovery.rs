@@ -344,17 +344,7 @@ async fn two_acquirers_never_lease_one_task_twice() {
 async fn retention_prunes_old_transport_history_and_keeps_evidence() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
-    let worker = &scan.worker;
-    assert!(
-        worker
-            .send_batch(&worker.batch(&scan.lease, 0, &tests::findings_payload(2)))
-            .await
-            .error
-            .is_none()
-    );
-    assert!(worker.complete(&scan.lease, 1).await.error.is_none());
-    system.wait_scan_state(&scan.scan_id, "completed").await;
-    system.wait_outbox_drained().await;
+    system.complete_with_findings(&scan, 2).await;
     let before = system.table_counts().await;
     assert!(before["outbox"] > 0 && before["worker_result_batches"] == 1);
 
