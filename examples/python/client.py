@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A palisade client in Python, written from docs/protocol.md alone (section 5).
+"""A palisade client in Python, written from docs/protocol/ alone (client.md).
 
   client.py selftest
   client.py submit --org ORG --target T --plugins a,b [--client-id C] [--key K]
@@ -43,7 +43,7 @@ def log(event, **kw):
 
 
 def scan_request_fingerprint(r) -> str:
-    """docs/protocol.md section 4, 'Request fingerprint'."""
+    """docs/protocol/reference.md section 3, 'Request fingerprint'."""
     h = hashlib.sha256()
 
     def field(b: bytes):
@@ -70,7 +70,7 @@ def finding_key(plugin, rule_id, resource, discriminator):
 
 
 def selftest():
-    """Appendix B test vectors."""
+    """Test vectors of docs/protocol/reference.md section 11."""
     r = pb.ScanRequest(schema_version=1, organization_id="0193C3C4-0000-7000-8000-000000000001",
                        target="http://127.0.0.1:8080", plugins=["tcp_connect", "http_headers"],
                        priority=-5, execution_deadline_seconds=600)

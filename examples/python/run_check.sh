@@ -69,7 +69,7 @@ WID=$("$PAL" worker add --name py --capacity 2) || exit 1
 "$PAL" worker assign --worker "$WID" --org "$ORG" || exit 1
 echo "worker: $WID"
 
-check "client selftest (Appendix B vectors)" "$PY" client.py selftest >"$LOGS/selftest.log"
+check "client selftest (reference test vectors)" "$PY" client.py selftest >"$LOGS/selftest.log"
 
 start_worker() { # log-name extra-args...
   local name=$1; shift

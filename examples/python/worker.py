@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A palisade worker in Python, written from docs/protocol.md alone (section 6).
+"""A palisade worker in Python, written from docs/protocol/ alone (worker.md).
 
 Environment: NATS_URL (default nats://127.0.0.1:4222), PALISADE_SUBJECT_PREFIX (default
 palisade), PALISADE_WORKER_ID (the registered worker UUID; required).

@@ -1,7 +1,7 @@
 //! Wire error codes: the `code` of every `palisade.v1.Error`.
 
 /// Every refusal palisade sends has one of these codes. The string forms are the wire
-/// contract (docs/protocol.md lists what each means and whether a retry can help).
+/// contract (docs/protocol/reference.md lists what each means and whether a retry can help).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     /// The bytes are not a valid protobuf message of the expected type.

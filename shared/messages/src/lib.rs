@@ -2,7 +2,7 @@
 //! the error codes a sender can get back, and the limits every party checks.
 //!
 //! This crate depends on no other workspace crate; everything that crosses a process boundary
-//! is defined here and documented in `docs/protocol.md`.
+//! is defined here and documented in `docs/protocol/`.
 
 pub mod codes;
 pub mod limits;
@@ -50,7 +50,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The request fingerprint of a scan request: sha256 over its semantic fields in a fixed,
-/// length-prefixed encoding (see docs/protocol.md, "Request fingerprint"). Identity fields
+/// length-prefixed encoding (see docs/protocol/reference.md, "Request fingerprint"). Identity fields
 /// (client id, idempotency key) are not part of it.
 pub fn scan_request_fingerprint(request: &v1::ScanRequest) -> String {
     use sha2::Digest as _;

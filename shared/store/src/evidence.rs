@@ -94,4 +94,42 @@ mod tests {
         assert_eq!(redact(pem), REDACTED);
         assert_eq!(redact("nothing here"), "nothing here");
     }
+
+    /// The redaction test vectors of docs/protocol/reference.md ("Test vectors"): keep them equal.
+    #[test]
+    fn documented_redaction_vectors() {
+        for (input, output) in [
+            (
+                "password=hunter2 Authorization: Bearer abcdefghijklmnopqrstuvwxyz",
+                "password=[REDACTED] Authorization: [REDACTED]",
+            ),
+            (
+                "db.password = \"s3cret pass\"; X-Api-Key: abc123 aws=AKIAABCDEFGHIJKLMNOP Authorization: Bearer abcdefghijklmnopqrstuvwxyz {\"token\": \"t0k\"}",
+                "db.password = [REDACTED]; X-Api-Key: [REDACTED] aws=[REDACTED] Authorization: [REDACTED] {\"token\": \"t0k\"}",
+            ),
+            (
+                "secretary: Bob, PASSWD='a b'&next=1",
+                "secretary: [REDACTED], PASSWD=[REDACTED]&next=1",
+            ),
+            (
+                "key:\n-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\nend",
+                "key:\n[REDACTED]\nend",
+            ),
+            (
+                "gh=ghp_abcdefghijklmnopqrstuvwxyz0123456789 slack=xoxb-1234567890-abc jwt=eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl",
+                "gh=[REDACTED] slack=[REDACTED] jwt=[REDACTED]",
+            ),
+        ] {
+            assert_eq!(redact(input), output, "redact({input:?})");
+        }
+    }
+
+    /// The `finding_key` test vector of docs/protocol/reference.md ("Test vectors").
+    #[test]
+    fn documented_finding_key_vector() {
+        assert_eq!(
+            finding_key("http_headers", "missing-hsts", "http://127.0.0.1:8080/", ""),
+            "d18b46724d307d2119dc56b2719a1799b8bdd6a8461b63c001780e68bab1d550"
+        );
+    }
 }

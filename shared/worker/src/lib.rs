@@ -1,5 +1,5 @@
 //! palisade's worker SDK: runs [`Plugin`]s on tasks leased from dispatch and delivers their
-//! results to ingestion, exactly as `docs/protocol.md` describes.
+//! results to ingestion, exactly as `docs/protocol/worker.md` describes.
 //!
 //! One [`Worker`] per process: it subscribes to its ack subject, says hello, long-polls
 //! `acquire` within its free capacity, and runs each lease in its own task. A lease task renews
