@@ -15,7 +15,7 @@ use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
 use runtime::{BatchLimits, CommonSettings, Connections, Plumbing, SettingsError, env};
-use store::ingestion::{BatchParams, FailParams, IngestOutcome};
+use store::ingestion::IngestOutcome;
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
@@ -164,13 +164,15 @@ fn verb_of(subject: &str) -> Option<WorkerVerb> {
 }
 
 impl Ingestion {
-    /// Decides the valid messages in one transaction, a savepoint each.
+    /// Decides the valid messages in one transaction (`store::ingest`: set-wise, with a fixed
+    /// number of statements). When a set-wise statement fails for a reason retrying cannot fix,
+    /// the batch is decided again one message per savepoint, so the message at fault is refused
+    /// alone and its neighbours go through.
     async fn decide(
         &self,
         messages: &[(usize, WorkerMessage)],
         spans: &[&tracing::Span],
     ) -> Result<Vec<Verdict>, StoreError> {
-        let subjects = self.bus.subjects();
         // One transaction decides messages of many tasks and scans: its span is a root of
         // its own, linked to every message's `process` span (parenting would lie).
         let transaction_span = tracing::info_span!(
@@ -181,102 +183,56 @@ impl Ingestion {
             palisade.service = "ingestion",
             messaging.batch.message_count = messages.len(),
         );
-        for (index, _) in messages {
-            bus::trace::link_to(&transaction_span, spans[*index]);
-        }
-        let mut tx = self.pool.begin().await?;
-        let mut verdicts = Vec::with_capacity(messages.len());
         for (index, message) in messages {
-            let span = spans[*index];
-            span.record(
+            bus::trace::link_to(&transaction_span, spans[*index]);
+            spans[*index].record(
                 "palisade.task_id",
                 tracing::field::display(message.claim().task_id),
             );
-            let mut savepoint = store::savepoint(&mut tx)
-                .instrument(transaction_span.clone())
-                .await?;
-            let outcome = async {
-                match message {
-                    WorkerMessage::Result {
-                        claim,
-                        sequence_number,
-                        idempotency_key,
-                        payload_sha256,
-                        payload,
-                    } => {
-                        store::ingestion::accept_batch(
-                            &mut savepoint,
-                            &BatchParams {
-                                claim,
-                                sequence_number: *sequence_number,
-                                idempotency_key,
-                                payload_sha256,
-                                findings: &payload.findings,
-                                assets: &payload.assets,
-                            },
-                        )
-                        .await
-                    }
-                    WorkerMessage::Complete {
-                        claim,
-                        batch_count,
-                        summary,
-                    } => {
-                        store::ingestion::complete(
-                            &mut savepoint,
-                            subjects,
-                            claim,
-                            *batch_count,
-                            summary,
-                        )
-                        .await
-                    }
-                    WorkerMessage::Fail {
-                        claim,
-                        error_code,
-                        error_message,
-                        retryable,
-                    } => {
-                        store::ingestion::fail(
-                            &mut savepoint,
-                            subjects,
-                            &FailParams {
-                                claim,
-                                error_code,
-                                error_message,
-                                retryable: *retryable,
-                                retry: self.retry,
-                            },
-                        )
-                        .await
-                    }
-                }
-            }
-            .instrument(span.clone())
-            .await;
-            let verdict = match outcome {
-                Ok(IngestOutcome::Accepted) => {
-                    savepoint.commit().await?;
-                    Verdict::Accepted
-                }
-                Ok(IngestOutcome::Duplicate) => {
-                    savepoint.rollback().await?;
-                    Verdict::Duplicate
-                }
-                Ok(IngestOutcome::Refused(error)) => {
-                    savepoint.rollback().await?;
-                    Verdict::Refused(error)
-                }
-                Err(error) => {
-                    savepoint.rollback().await?;
-                    // Logged once, by the bus, with the redelivery it causes.
-                    Verdict::Failed(telemetry::chain(&error).to_string())
-                }
-            };
-            verdicts.push(verdict);
         }
+        let decisions: Vec<store::ingest::Message<'_>> = messages
+            .iter()
+            .map(|(_, message)| message.as_store(self.retry))
+            .collect();
+        let outcomes = match self
+            .transaction(&decisions, false)
+            .instrument(transaction_span.clone())
+            .await
+        {
+            Err(error) if !error.is_transient() => {
+                tracing::warn!(error = %telemetry::chain(&error), "a set-wise ingestion statement failed; deciding the batch one message at a time");
+                self.transaction(&decisions, true)
+                    .instrument(transaction_span)
+                    .await?
+            }
+            outcomes => outcomes?,
+        };
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Ok(IngestOutcome::Accepted) => Verdict::Accepted,
+                Ok(IngestOutcome::Duplicate) => Verdict::Duplicate,
+                Ok(IngestOutcome::Refused(error)) => Verdict::Refused(error),
+                // Logged once, by the bus, with the redelivery it causes.
+                Err(error) => Verdict::Failed(telemetry::chain(&error).to_string()),
+            })
+            .collect())
+    }
+
+    async fn transaction(
+        &self,
+        messages: &[store::ingest::Message<'_>],
+        one_by_one: bool,
+    ) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
+        let subjects = self.bus.subjects();
+        let mut tx = self.pool.begin().await?;
+        let outcomes = if one_by_one {
+            store::ingest::decide_each(&mut tx, subjects, messages).await?
+        } else {
+            store::ingest::decide(&mut tx, subjects, messages).await?
+        };
         tx.commit().await?;
-        Ok(verdicts)
+        Ok(outcomes)
     }
 
     async fn answer(&self, address: &AckAddress, verdict: &Verdict) {

@@ -5,7 +5,9 @@ use messages::validate::{invalid, malformed, schema_version as schema, worker_id
 use messages::{ErrorCode, WorkerVerb, v1};
 use prost::Message as _;
 use runtime::BatchLimits;
-use store::LeaseClaim;
+use store::ingest;
+use store::ingestion::{BatchParams, FailParams};
+use store::{LeaseClaim, RetryPolicy};
 use uuid::Uuid;
 
 /// Longest text kept from a completion summary or failure message.
@@ -42,6 +44,47 @@ impl WorkerMessage {
             WorkerMessage::Result { claim, .. }
             | WorkerMessage::Complete { claim, .. }
             | WorkerMessage::Fail { claim, .. } => claim,
+        }
+    }
+
+    /// The message as the store's decision script takes it.
+    pub fn as_store(&self, retry: RetryPolicy) -> ingest::Message<'_> {
+        match self {
+            WorkerMessage::Result {
+                claim,
+                sequence_number,
+                idempotency_key,
+                payload_sha256,
+                payload,
+            } => ingest::Message::Result(BatchParams {
+                claim,
+                sequence_number: *sequence_number,
+                idempotency_key,
+                payload_sha256,
+                findings: &payload.findings,
+                assets: &payload.assets,
+            }),
+            WorkerMessage::Complete {
+                claim,
+                batch_count,
+                summary,
+            } => ingest::Message::Complete(ingest::CompleteParams {
+                claim,
+                batch_count: *batch_count,
+                summary,
+            }),
+            WorkerMessage::Fail {
+                claim,
+                error_code,
+                error_message,
+                retryable,
+            } => ingest::Message::Fail(FailParams {
+                claim,
+                error_code,
+                error_message,
+                retryable: *retryable,
+                retry,
+            }),
         }
     }
 

@@ -171,9 +171,9 @@ pub async fn admit(
         .plugins
         .first()
         .ok_or_else(|| StoreError::Corrupt("admitted a scan without plugins".into()))?;
-    let task_id = crate::ingestion::create_scan_job_and_task(
+    let task_id = crate::progress::create_jobs(
         conn,
-        &crate::ingestion::NewScanJob {
+        &[crate::progress::NewScanJob {
             scan_id,
             organization_id: params.organization_id,
             position: 0,
@@ -182,9 +182,12 @@ pub async fn admit(
             priority: params.priority,
             execution_deadline_seconds: params.execution_deadline_seconds,
             max_attempts: params.max_attempts,
-        },
+        }],
     )
-    .await?;
+    .await?
+    .into_iter()
+    .next()
+    .ok_or_else(|| StoreError::Corrupt("no task created for the first plugin".into()))?;
 
     let admitted = v1::ScanAdmitted {
         scan_id: scan_id.to_string(),

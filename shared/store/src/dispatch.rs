@@ -10,7 +10,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::fence::{self, LeaseClaim};
+use crate::fence::{self, LeaseClaim, lease_lost};
 use crate::outbox::{self, OutboxEvent};
 use crate::states::{AttemptStatus, TaskState};
 
@@ -510,16 +510,6 @@ pub async fn release(
     .await?;
     tx.commit().await?;
     Ok(ReleaseOutcome::Released)
-}
-
-pub(crate) fn lease_lost(claim: &LeaseClaim) -> v1::Error {
-    v1::Error::new(
-        ErrorCode::LeaseLost,
-        format!(
-            "attempt {} (number {}) of task {} no longer holds the lease; stop and discard its work",
-            claim.attempt_id, claim.attempt_number, claim.task_id
-        ),
-    )
 }
 
 fn unknown_worker(worker_id: Uuid) -> v1::Error {

@@ -2,6 +2,7 @@
 //! taken in the writing transaction, the attempt is the task's current one, its token and
 //! number match, its lease is unexpired by the database clock, and the task is leased/running.
 
+use messages::{ErrorCode, v1};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -98,6 +99,32 @@ impl LockedAttempt {
             && self.lease_live
             && matches!(self.task_state()?, TaskState::Leased | TaskState::Running))
     }
+
+    /// Why `claim` may not write, or `None` when it holds the lease: `cancel_requested` for the
+    /// attempt's own worker once its task is being cancelled, `lease_lost` otherwise.
+    pub fn refusal(&self, claim: &LeaseClaim) -> Result<Option<v1::Error>, StoreError> {
+        if self.holds_lease(claim)? {
+            return Ok(None);
+        }
+        if self.is_presented_by(claim) && self.cancel_requested {
+            return Ok(Some(v1::Error::new(
+                ErrorCode::CancelRequested,
+                "the task was cancelled; stop working on it",
+            )));
+        }
+        Ok(Some(lease_lost(claim)))
+    }
+}
+
+/// The refusal of a claim whose attempt is gone, or no longer holds its lease.
+pub(crate) fn lease_lost(claim: &LeaseClaim) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::LeaseLost,
+        format!(
+            "attempt {} (number {}) of task {} no longer holds the lease; stop and discard its work",
+            claim.attempt_id, claim.attempt_number, claim.task_id
+        ),
+    )
 }
 
 /// Locks the attempt and its task (`FOR UPDATE`) and returns them; `None` when the attempt

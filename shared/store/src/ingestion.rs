@@ -14,10 +14,11 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::dispatch::lease_lost;
 use crate::evidence::{finding_key, redact};
+use crate::fence::lease_lost;
 use crate::fence::{self, LeaseClaim, LockedAttempt};
 use crate::outbox::{self, OutboxEvent};
+use crate::progress::{self, CompletedJob};
 use crate::retry::RetryPolicy;
 use crate::states::AttemptStatus;
 
@@ -30,57 +31,6 @@ pub enum IngestOutcome {
     Duplicate,
     /// Refused; nothing was written.
     Refused(v1::Error),
-}
-
-/// The next plugin's (or the first plugin's) scan job and task.
-#[derive(Debug, Clone)]
-pub struct NewScanJob<'a> {
-    pub scan_id: Uuid,
-    pub organization_id: Uuid,
-    pub position: i32,
-    pub plugin: &'a str,
-    pub target: &'a str,
-    pub priority: i32,
-    pub execution_deadline_seconds: Option<i32>,
-    pub max_attempts: i32,
-}
-
-/// Creates a scan job and its task, due now. Returns the task id.
-pub async fn create_scan_job_and_task(
-    conn: &mut PgConnection,
-    job: &NewScanJob<'_>,
-) -> Result<Uuid, StoreError> {
-    let scan_job_id = Uuid::now_v7();
-    let task_id = Uuid::now_v7();
-    let payload = serde_json::json!({
-        "plugin": job.plugin,
-        "target": job.target,
-        "position": job.position,
-    });
-    sqlx::query(
-        r#"
-        WITH job AS (
-            INSERT INTO scan_jobs (id, scan_id, organization_id, position, plugin)
-            VALUES ($1, $3, $4, $5, $6)
-        )
-        INSERT INTO worker_tasks (id, organization_id, scan_id, scan_job_id, required_capabilities,
-                                  payload, priority, execution_deadline_seconds, max_attempts)
-        VALUES ($2, $4, $3, $1, ARRAY[$6], $7, $8, $9, $10)
-        "#,
-    )
-    .bind(scan_job_id)
-    .bind(task_id)
-    .bind(job.scan_id)
-    .bind(job.organization_id)
-    .bind(job.position)
-    .bind(job.plugin)
-    .bind(payload)
-    .bind(job.priority)
-    .bind(job.execution_deadline_seconds)
-    .bind(job.max_attempts)
-    .execute(conn)
-    .await?;
-    Ok(task_id)
 }
 
 /// One result batch, its checksum already verified against its payload.
@@ -145,13 +95,7 @@ pub async fn accept_batch(
     if inserted.is_none() {
         // We hold the task lock, so no concurrent insert of this key: the sequence number
         // was already used by this attempt under another key.
-        return Ok(IngestOutcome::Refused(v1::Error::new(
-            ErrorCode::BatchConflict,
-            format!(
-                "sequence number {} of attempt {} was already accepted under another idempotency key",
-                params.sequence_number, claim.attempt_id
-            ),
-        )));
+        return Ok(IngestOutcome::Refused(sequence_taken(params)));
     }
 
     upsert_assets(
@@ -184,7 +128,18 @@ pub async fn accept_batch(
     Ok(IngestOutcome::Accepted)
 }
 
-fn same_checksum_or_conflict(checksum: &str, params: &BatchParams<'_>) -> IngestOutcome {
+/// The refusal of a batch whose sequence number its attempt already used under another key.
+pub(crate) fn sequence_taken(params: &BatchParams<'_>) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::BatchConflict,
+        format!(
+            "sequence number {} of attempt {} was already accepted under another idempotency key",
+            params.sequence_number, params.claim.attempt_id
+        ),
+    )
+}
+
+pub(crate) fn same_checksum_or_conflict(checksum: &str, params: &BatchParams<'_>) -> IngestOutcome {
     if checksum == params.payload_sha256 {
         IngestOutcome::Duplicate
     } else {
@@ -206,16 +161,10 @@ async fn lock_live(
     let Some(locked) = fence::lock(conn, claim).await? else {
         return Ok(Err(lease_lost(claim)));
     };
-    if locked.holds_lease(claim)? {
-        return Ok(Ok(locked));
+    match locked.refusal(claim)? {
+        None => Ok(Ok(locked)),
+        Some(refusal) => Ok(Err(refusal)),
     }
-    if locked.is_presented_by(claim) && locked.cancel_requested {
-        return Ok(Err(v1::Error::new(
-            ErrorCode::CancelRequested,
-            "the task was cancelled; stop working on it",
-        )));
-    }
-    Ok(Err(lease_lost(claim)))
 }
 
 async fn upsert_assets(
@@ -346,18 +295,6 @@ async fn upsert_findings(
     Ok(())
 }
 
-#[derive(sqlx::FromRow)]
-struct LockedScan {
-    plugins: Vec<String>,
-    state: String,
-    client_id: String,
-    idempotency_key: String,
-    priority: i32,
-    execution_deadline_seconds: Option<i32>,
-    target: String,
-    admitted_at_unix_ms: i64,
-}
-
 /// Completes an attempt: every batch below `batch_count` must be persisted. Publishes the
 /// scan job's evidence once, then creates the next plugin's task or completes the scan (and
 /// creates its one enrichment job).
@@ -385,27 +322,17 @@ pub async fn complete(
         )));
     };
 
-    let missing: Vec<i32> = sqlx::query_scalar(
-        r#"
-        SELECT s FROM generate_series(0, $2 - 1) AS s
-        WHERE NOT EXISTS (SELECT 1 FROM worker_result_batches b WHERE b.attempt_id = $1 AND b.sequence_number = s)
-        ORDER BY s LIMIT 1000
-        "#,
+    let below: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1 AND sequence_number < $2",
     )
     .bind(claim.attempt_id)
     .bind(batch_count)
-    .fetch_all(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
-    if !missing.is_empty() {
-        let mut error = v1::Error::new(
-            ErrorCode::BatchMissing,
-            format!(
-                "{} of {batch_count} batches were never persisted; resend them, then complete again",
-                missing.len()
-            ),
-        );
-        error.missing_sequence_numbers = missing.into_iter().map(|s| s as u32).collect();
-        return Ok(IngestOutcome::Refused(error));
+    if below < i64::from(batch_count) {
+        return Ok(IngestOutcome::Refused(
+            missing_batches(conn, claim.attempt_id, batch_count).await?,
+        ));
     }
     let beyond: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1 AND sequence_number >= $2",
@@ -415,25 +342,20 @@ pub async fn complete(
     .fetch_one(&mut *conn)
     .await?;
     if beyond > 0 {
-        return Ok(IngestOutcome::Refused(v1::Error::new(
-            ErrorCode::SequenceOutOfRange,
-            format!(
-                "{beyond} accepted batches have sequence numbers at or above batch_count {batch_count}"
-            ),
+        return Ok(IngestOutcome::Refused(beyond_batch_count(
+            beyond,
+            batch_count,
         )));
     }
 
-    let already_published: bool = sqlx::query_scalar(
-        "SELECT evidence_published_at IS NOT NULL FROM scan_jobs WHERE id = $1 FOR UPDATE",
+    let (already_published, position): (bool, i32) = sqlx::query_as(
+        "SELECT evidence_published_at IS NOT NULL, position FROM scan_jobs WHERE id = $1 FOR UPDATE",
     )
     .bind(scan_job_id)
     .fetch_one(&mut *conn)
     .await?;
     if already_published {
-        return Ok(IngestOutcome::Refused(v1::Error::new(
-            ErrorCode::EvidenceConflict,
-            format!("scan job {scan_job_id} already published its evidence; it is never replaced"),
-        )));
+        return Ok(IngestOutcome::Refused(evidence_conflict(scan_job_id)));
     }
 
     // What superseded attempts of this job left behind is not this job's evidence.
@@ -493,115 +415,67 @@ pub async fn complete(
         .encode_to_vec(),
     )];
 
-    let scan = lock_scan(conn, scan_id).await?;
-    let position: i32 = sqlx::query_scalar("SELECT position FROM scan_jobs WHERE id = $1")
-        .bind(scan_job_id)
-        .fetch_one(&mut *conn)
-        .await?;
-    if matches!(scan.state.as_str(), "pending" | "running") {
-        let next_position = position + 1;
-        if let Some(next_plugin) = scan.plugins.get(next_position as usize) {
-            let max_attempts = locked.max_attempts;
-            let task_id = create_scan_job_and_task(
-                conn,
-                &NewScanJob {
-                    scan_id,
-                    organization_id: locked.organization_id,
-                    position: next_position,
-                    plugin: next_plugin,
-                    target: &scan.target,
-                    priority: scan.priority,
-                    execution_deadline_seconds: scan.execution_deadline_seconds,
-                    max_attempts,
-                },
-            )
-            .await?;
-            events.push(OutboxEvent::new(
-                subjects.event(EventKind::TaskReady),
-                v1::TaskReady {
-                    task_id: task_id.to_string(),
-                    scan_id: scan_id.to_string(),
-                    organization_id: locked.organization_id.to_string(),
-                    plugin: next_plugin.clone(),
-                    required_capabilities: vec![next_plugin.clone()],
-                }
-                .encode_to_vec(),
-            ));
-        } else {
-            events
-                .push(complete_scan(conn, subjects, scan_id, locked.organization_id, &scan).await?);
-        }
-    }
-    let events: Vec<OutboxEvent> = events
-        .into_iter()
-        .map(|event| event.in_trace_of(scan_id))
-        .collect();
+    events.extend(
+        progress::advance(
+            conn,
+            subjects,
+            &[CompletedJob {
+                organization_id: locked.organization_id,
+                scan_id,
+                position,
+                max_attempts: locked.max_attempts,
+            }],
+        )
+        .await?,
+    );
     outbox::enqueue(conn, &events).await?;
     Ok(IngestOutcome::Accepted)
 }
 
-async fn lock_scan(conn: &mut PgConnection, scan_id: Uuid) -> Result<LockedScan, StoreError> {
-    Ok(sqlx::query_as::<_, LockedScan>(
+/// The refusal of a completion with batches below `batch_count` missing, naming up to 1,000.
+pub(crate) async fn missing_batches(
+    conn: &mut PgConnection,
+    attempt_id: Uuid,
+    batch_count: i32,
+) -> Result<v1::Error, StoreError> {
+    let missing: Vec<i32> = sqlx::query_scalar(
         r#"
-        SELECT s.plugins, s.state, s.client_id, s.idempotency_key, s.priority,
-               s.execution_deadline_seconds, t.locator AS target,
-               (extract(epoch FROM s.created_at) * 1000)::bigint AS admitted_at_unix_ms
-        FROM scans s JOIN targets t ON t.id = s.target_id
-        WHERE s.id = $1
-        FOR UPDATE OF s
+        SELECT s FROM generate_series(0, $2 - 1) AS s
+        WHERE NOT EXISTS (SELECT 1 FROM worker_result_batches b WHERE b.attempt_id = $1 AND b.sequence_number = s)
+        ORDER BY s LIMIT 1000
         "#,
     )
-    .bind(scan_id)
-    .fetch_one(conn)
-    .await?)
+    .bind(attempt_id)
+    .bind(batch_count)
+    .fetch_all(conn)
+    .await?;
+    let mut error = v1::Error::new(
+        ErrorCode::BatchMissing,
+        format!(
+            "{} of {batch_count} batches were never persisted; resend them, then complete again",
+            missing.len()
+        ),
+    );
+    error.missing_sequence_numbers = missing.into_iter().map(|s| s as u32).collect();
+    Ok(error)
 }
 
-/// Marks the scan completed, creates its one enrichment job, returns the scan.completed event.
-async fn complete_scan(
-    conn: &mut PgConnection,
-    subjects: &Subjects,
-    scan_id: Uuid,
-    organization_id: Uuid,
-    scan: &LockedScan,
-) -> Result<OutboxEvent, StoreError> {
-    let (finding_count, completed_at_unix_ms): (i32, i64) = sqlx::query_as(
-        r#"
-        UPDATE scans SET state = 'completed', finished_at = now(), updated_at = now(),
-               finding_count = (SELECT count(*) FROM findings WHERE scan_id = $1)
-        WHERE id = $1
-        RETURNING finding_count, (extract(epoch FROM finished_at) * 1000)::bigint
-        "#,
+/// The refusal of a completion whose attempt has batches at or above its `batch_count`.
+pub(crate) fn beyond_batch_count(beyond: i64, batch_count: i32) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::SequenceOutOfRange,
+        format!(
+            "{beyond} accepted batches have sequence numbers at or above batch_count {batch_count}"
+        ),
     )
-    .bind(scan_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query(
-        "INSERT INTO enrichment_jobs (id, scan_id, organization_id) VALUES ($1, $2, $3) ON CONFLICT (scan_id) DO NOTHING",
+}
+
+/// The refusal of a completion whose scan job published its evidence already.
+pub(crate) fn evidence_conflict(scan_job_id: Uuid) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::EvidenceConflict,
+        format!("scan job {scan_job_id} already published its evidence; it is never replaced"),
     )
-    .bind(Uuid::now_v7())
-    .bind(scan_id)
-    .bind(organization_id)
-    .execute(&mut *conn)
-    .await?;
-    let enrichment_job_id: Uuid =
-        sqlx::query_scalar("SELECT id FROM enrichment_jobs WHERE scan_id = $1")
-            .bind(scan_id)
-            .fetch_one(&mut *conn)
-            .await?;
-    Ok(OutboxEvent::new(
-        subjects.event(EventKind::ScanCompleted),
-        v1::ScanCompleted {
-            scan_id: scan_id.to_string(),
-            organization_id: organization_id.to_string(),
-            client_id: scan.client_id.clone(),
-            idempotency_key: scan.idempotency_key.clone(),
-            finding_count: finding_count as u32,
-            admitted_at_unix_ms: scan.admitted_at_unix_ms,
-            completed_at_unix_ms,
-            enrichment_job_id: enrichment_job_id.to_string(),
-        }
-        .encode_to_vec(),
-    ))
 }
 
 /// A worker-reported failure.

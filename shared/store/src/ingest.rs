@@ -1,0 +1,844 @@
+//! The ingestion decision script (SPEC §4.3): a fetched batch of worker messages decided in one
+//! transaction with a fixed number of statements, whatever the batch holds.
+//!
+//! The common shape of a batch, result batches of many attempts each followed by at most one
+//! completion, is decided set-wise:
+//! 1. one statement locks every named attempt and its task (`FOR UPDATE`, in task order) and
+//!    reads their scan jobs; one reads the batch rows the results could collide with;
+//! 2. the fence, replays, checksum and sequence conflicts are decided in Rust against that
+//!    snapshot, message by message in order, so each message gets the answer it would get alone;
+//! 3. accepted batches, their assets and their findings are written with one statement each;
+//! 4. one statement counts each completing attempt's batches; completions that pass move their
+//!    attempt, task and scan job in one statement, and [`progress`] advances their scans.
+//!
+//! Everything else (failures, and a second message for an attempt that already completed or
+//! failed in this batch) is decided afterwards one by one, each in a savepoint, by the
+//! functions of [`ingestion`], which see what the set-wise part wrote. When a set-wise
+//! statement fails for a reason that retrying cannot fix (a row the schema refuses), the
+//! caller decides the batch again with [`decide_each`], so one bad message cannot fail its
+//! neighbours.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use messages::v1;
+use messages::{EventKind, Subjects};
+use prost::Message as _;
+use sqlx::{PgConnection, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::evidence::{finding_key, redact};
+use crate::fence::{LeaseClaim, LockedAttempt, lease_lost};
+use crate::ingestion::{self, BatchParams, FailParams, IngestOutcome};
+use crate::outbox::{self, OutboxEvent};
+use crate::progress::{self, CompletedJob};
+use crate::states::{AttemptStatus, ScanJobState, TaskState};
+
+/// One message of a batch, validated.
+#[derive(Debug, Clone)]
+pub enum Message<'a> {
+    Result(BatchParams<'a>),
+    Complete(CompleteParams<'a>),
+    Fail(FailParams<'a>),
+}
+
+impl Message<'_> {
+    pub fn claim(&self) -> &LeaseClaim {
+        match self {
+            Message::Result(params) => params.claim,
+            Message::Complete(params) => params.claim,
+            Message::Fail(params) => params.claim,
+        }
+    }
+}
+
+/// A completion: every batch below `batch_count` must be persisted.
+#[derive(Debug, Clone)]
+pub struct CompleteParams<'a> {
+    pub claim: &'a LeaseClaim,
+    pub batch_count: i32,
+    pub summary: &'a str,
+}
+
+/// Decides `messages` inside `tx`: set-wise where it can, then the rest one by one. The
+/// outcomes are in the order of `messages`; an `Err` in one is that message's own failure (its
+/// savepoint was rolled back), while the outer `Err` fails the whole transaction.
+pub async fn decide(
+    tx: &mut Transaction<'_, Postgres>,
+    subjects: &Subjects,
+    messages: &[Message<'_>],
+) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
+    let (set_wise, one_by_one) = split(messages);
+    let mut outcomes: Vec<Option<Result<IngestOutcome, StoreError>>> =
+        messages.iter().map(|_| None).collect();
+    let decided = decide_set_wise(tx, subjects, messages, &set_wise).await?;
+    let mut deferred = one_by_one;
+    for (index, outcome) in decided {
+        match outcome {
+            Some(outcome) => outcomes[index] = Some(Ok(outcome)),
+            // Rows the set-wise path does not handle (a task without a scan job).
+            None => deferred.push(index),
+        }
+    }
+    deferred.sort_unstable();
+    for index in deferred {
+        outcomes[index] = Some(decide_one(tx, subjects, &messages[index]).await?);
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|outcome| outcome.expect("every message decided"))
+        .collect())
+}
+
+/// Decides `messages` one by one, each in a savepoint: the fallback when a set-wise statement
+/// failed for a reason retrying cannot fix, so that the message at fault is found and refused
+/// alone.
+pub async fn decide_each(
+    tx: &mut Transaction<'_, Postgres>,
+    subjects: &Subjects,
+    messages: &[Message<'_>],
+) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
+    let mut outcomes = Vec::with_capacity(messages.len());
+    for message in messages {
+        outcomes.push(decide_one(tx, subjects, message).await?);
+    }
+    Ok(outcomes)
+}
+
+/// One message in its own savepoint; the savepoint is kept only when the message was accepted.
+async fn decide_one(
+    tx: &mut Transaction<'_, Postgres>,
+    subjects: &Subjects,
+    message: &Message<'_>,
+) -> Result<Result<IngestOutcome, StoreError>, StoreError> {
+    let mut savepoint = crate::savepoint(tx).await?;
+    let outcome = match message {
+        Message::Result(params) => ingestion::accept_batch(&mut savepoint, params).await,
+        Message::Complete(params) => {
+            ingestion::complete(
+                &mut savepoint,
+                subjects,
+                params.claim,
+                params.batch_count,
+                params.summary,
+            )
+            .await
+        }
+        Message::Fail(params) => ingestion::fail(&mut savepoint, subjects, params).await,
+    };
+    match outcome {
+        Ok(IngestOutcome::Accepted) => savepoint.commit().await?,
+        _ => savepoint.rollback().await?,
+    }
+    Ok(outcome)
+}
+
+/// Which messages are decided set-wise: per attempt, its result batches up to and including
+/// its first completion. Failures, and anything after an attempt's completion, go one by one.
+fn split(messages: &[Message<'_>]) -> (Vec<usize>, Vec<usize>) {
+    let mut closed: HashSet<Uuid> = HashSet::new();
+    let (mut set_wise, mut one_by_one) = (Vec::new(), Vec::new());
+    for (index, message) in messages.iter().enumerate() {
+        let attempt_id = message.claim().attempt_id;
+        match message {
+            Message::Fail(_) => {
+                closed.insert(attempt_id);
+                one_by_one.push(index);
+            }
+            _ if closed.contains(&attempt_id) => one_by_one.push(index),
+            Message::Complete(_) => {
+                closed.insert(attempt_id);
+                set_wise.push(index);
+            }
+            Message::Result(_) => set_wise.push(index),
+        }
+    }
+    (set_wise, one_by_one)
+}
+
+/// An attempt and its task as locked by the batch, with the task's scan job.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct LockedRow {
+    attempt_id: Uuid,
+    attempt_task_id: Uuid,
+    #[sqlx(flatten)]
+    locked: LockedAttempt,
+    position: Option<i32>,
+    evidence_published: Option<bool>,
+}
+
+/// A batch row that a result of this batch may replay or collide with.
+#[derive(Debug, sqlx::FromRow)]
+struct BatchRow {
+    task_id: Uuid,
+    attempt_id: Uuid,
+    sequence_number: i32,
+    idempotency_key: String,
+    payload_sha256: String,
+}
+
+/// The scan and scan job a live attempt writes into.
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    organization_id: Uuid,
+    scan_id: Uuid,
+    scan_job_id: Uuid,
+    position: i32,
+}
+
+impl LockedRow {
+    fn job(&self) -> Option<Job> {
+        Some(Job {
+            organization_id: self.locked.organization_id,
+            scan_id: self.locked.scan_id?,
+            scan_job_id: self.locked.scan_job_id?,
+            position: self.position?,
+        })
+    }
+}
+
+/// Decides the set-wise messages; `None` for a message left to the one-by-one path.
+async fn decide_set_wise(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    messages: &[Message<'_>],
+    indices: &[usize],
+) -> Result<Vec<(usize, Option<IngestOutcome>)>, StoreError> {
+    if indices.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = lock(conn, messages, indices).await?;
+    let batch_rows = colliding_batches(conn, messages, indices).await?;
+
+    // The results, in order, against the snapshot and what earlier messages accepted.
+    let mut keys: HashMap<(Uuid, &str), String> = HashMap::new();
+    let mut sequences: HashSet<(Uuid, i32)> = HashSet::new();
+    for row in &batch_rows {
+        keys.insert(
+            (row.task_id, row.idempotency_key.as_str()),
+            row.payload_sha256.clone(),
+        );
+        sequences.insert((row.attempt_id, row.sequence_number));
+    }
+    let mut decided: Vec<(usize, Option<IngestOutcome>)> = Vec::with_capacity(indices.len());
+    let mut accepted: Vec<(&BatchParams<'_>, &LockedRow, Job)> = Vec::new();
+    let mut completing: Vec<(usize, &CompleteParams<'_>, &LockedRow, Job)> = Vec::new();
+    for &index in indices {
+        match &messages[index] {
+            Message::Result(params) => {
+                let claim = params.claim;
+                if let Some(checksum) = keys.get(&(claim.task_id, params.idempotency_key)) {
+                    decided.push((
+                        index,
+                        Some(ingestion::same_checksum_or_conflict(checksum, params)),
+                    ));
+                    continue;
+                }
+                let row = match fenced(&rows, claim)? {
+                    Fenced::Live(row) => row,
+                    Fenced::Refused(error) => {
+                        decided.push((index, Some(IngestOutcome::Refused(error))));
+                        continue;
+                    }
+                };
+                let Some(job) = row.job() else {
+                    decided.push((index, None));
+                    continue;
+                };
+                if !sequences.insert((claim.attempt_id, params.sequence_number)) {
+                    decided.push((
+                        index,
+                        Some(IngestOutcome::Refused(ingestion::sequence_taken(params))),
+                    ));
+                    continue;
+                }
+                keys.insert(
+                    (claim.task_id, params.idempotency_key),
+                    params.payload_sha256.to_owned(),
+                );
+                accepted.push((params, row, job));
+                decided.push((index, Some(IngestOutcome::Accepted)));
+            }
+            Message::Complete(params) => {
+                let claim = params.claim;
+                match rows.get(&claim.attempt_id) {
+                    Some(row)
+                        if row.attempt_task_id == claim.task_id
+                            && row.locked.is_presented_by(claim)
+                            && row.locked.attempt_status()? == AttemptStatus::Succeeded =>
+                    {
+                        decided.push((index, Some(IngestOutcome::Duplicate)));
+                        continue;
+                    }
+                    _ => {}
+                }
+                let row = match fenced(&rows, claim)? {
+                    Fenced::Live(row) => row,
+                    Fenced::Refused(error) => {
+                        decided.push((index, Some(IngestOutcome::Refused(error))));
+                        continue;
+                    }
+                };
+                let Some(job) = row.job() else {
+                    decided.push((index, None));
+                    continue;
+                };
+                completing.push((index, params, row, job));
+                // Decided after the batches are written and counted.
+                decided.push((index, Some(IngestOutcome::Accepted)));
+            }
+            Message::Fail(_) => unreachable!("failures are decided one by one"),
+        }
+    }
+
+    write_batches(conn, &accepted).await?;
+    let counts = count_batches(conn, &completing).await?;
+    let mut completed: Vec<(&CompleteParams<'_>, &LockedRow, Job)> = Vec::new();
+    for (index, params, row, job) in completing {
+        let verdict = completion_verdict(conn, params, row, job, &counts).await?;
+        match verdict {
+            Some(refusal) => {
+                let slot = decided
+                    .iter_mut()
+                    .find(|(decided_index, _)| *decided_index == index)
+                    .expect("the completion was recorded");
+                slot.1 = Some(IngestOutcome::Refused(refusal));
+            }
+            None => completed.push((params, row, job)),
+        }
+    }
+
+    let running: Vec<&LockedRow> = accepted.iter().map(|(_, row, _)| *row).collect();
+    let published = finish_attempts(conn, &running, &completed).await?;
+    let mut events = Vec::with_capacity(completed.len() * 2);
+    let mut jobs = Vec::with_capacity(completed.len());
+    for (params, row, job) in &completed {
+        let (finding_count, asset_count) = published
+            .get(&job.scan_job_id)
+            .copied()
+            .ok_or_else(|| StoreError::Corrupt(format!("scan job {} vanished", job.scan_job_id)))?;
+        events.push(
+            OutboxEvent::new(
+                subjects.event(EventKind::TaskCompleted),
+                v1::TaskCompleted {
+                    task_id: params.claim.task_id.to_string(),
+                    attempt_id: params.claim.attempt_id.to_string(),
+                    scan_id: job.scan_id.to_string(),
+                    plugin: row.locked.plugin.clone(),
+                    finding_count: finding_count as u32,
+                    asset_count: asset_count as u32,
+                }
+                .encode_to_vec(),
+            )
+            .in_trace_of(job.scan_id),
+        );
+        jobs.push(CompletedJob {
+            organization_id: job.organization_id,
+            scan_id: job.scan_id,
+            position: job.position,
+            max_attempts: row.locked.max_attempts,
+        });
+    }
+    events.extend(progress::advance(conn, subjects, &jobs).await?);
+    outbox::enqueue(conn, &events).await?;
+    Ok(decided)
+}
+
+enum Fenced<'r> {
+    Live(&'r LockedRow),
+    Refused(v1::Error),
+}
+
+/// The fence (SPEC I1) against the locked rows.
+fn fenced<'r>(
+    rows: &'r HashMap<Uuid, LockedRow>,
+    claim: &LeaseClaim,
+) -> Result<Fenced<'r>, StoreError> {
+    let Some(row) = rows
+        .get(&claim.attempt_id)
+        .filter(|row| row.attempt_task_id == claim.task_id)
+    else {
+        return Ok(Fenced::Refused(lease_lost(claim)));
+    };
+    Ok(match row.locked.refusal(claim)? {
+        None => Fenced::Live(row),
+        Some(refusal) => Fenced::Refused(refusal),
+    })
+}
+
+/// Locks every named attempt and its task, in task order (the order every writer of tasks
+/// locks in), and reads the task's scan job.
+async fn lock(
+    conn: &mut PgConnection,
+    messages: &[Message<'_>],
+    indices: &[usize],
+) -> Result<HashMap<Uuid, LockedRow>, StoreError> {
+    let attempt_ids: Vec<Uuid> = indices
+        .iter()
+        .map(|&index| messages[index].claim().attempt_id)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let rows: Vec<LockedRow> = sqlx::query_as(
+        r#"
+        SELECT a.id AS attempt_id, a.task_id AS attempt_task_id,
+               a.attempt_number, a.lease_token, a.status AS attempt_status, a.worker_id,
+               a.lease_expires_at > now() AS lease_live,
+               t.state AS task_state, t.current_attempt_id, t.organization_id, t.scan_id,
+               t.scan_job_id, t.attempt_count, t.max_attempts,
+               t.cancel_requested_at IS NOT NULL AS cancel_requested,
+               coalesce(t.payload->>'plugin', '') AS plugin,
+               j.position, j.evidence_published_at IS NOT NULL AS evidence_published
+        FROM worker_task_attempts a
+        JOIN worker_tasks t ON t.id = a.task_id
+        LEFT JOIN scan_jobs j ON j.id = t.scan_job_id
+        WHERE a.id = ANY($1)
+        ORDER BY t.id, a.id
+        FOR UPDATE OF a, t
+        "#,
+    )
+    .bind(&attempt_ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|row| (row.attempt_id, row)).collect())
+}
+
+/// The batch rows with the same (task, key) or (attempt, sequence number) as a result of this
+/// batch. Read after `lock`: every batch row of a locked task is written under its lock.
+async fn colliding_batches(
+    conn: &mut PgConnection,
+    messages: &[Message<'_>],
+    indices: &[usize],
+) -> Result<Vec<BatchRow>, StoreError> {
+    let results: Vec<&BatchParams<'_>> = indices
+        .iter()
+        .filter_map(|&index| match &messages[index] {
+            Message::Result(params) => Some(params),
+            _ => None,
+        })
+        .collect();
+    if results.is_empty() {
+        return Ok(Vec::new());
+    }
+    let task_ids: Vec<Uuid> = results.iter().map(|params| params.claim.task_id).collect();
+    let keys: Vec<&str> = results
+        .iter()
+        .map(|params| params.idempotency_key)
+        .collect();
+    let attempt_ids: Vec<Uuid> = results
+        .iter()
+        .map(|params| params.claim.attempt_id)
+        .collect();
+    let sequences: Vec<i32> = results
+        .iter()
+        .map(|params| params.sequence_number)
+        .collect();
+    Ok(sqlx::query_as(
+        r#"
+        SELECT b.task_id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
+        FROM UNNEST($1::uuid[], $2::text[]) AS u(task_id, key)
+        JOIN worker_result_batches b ON b.task_id = u.task_id AND b.idempotency_key = u.key
+        UNION
+        SELECT b.task_id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
+        FROM UNNEST($3::uuid[], $4::int[]) AS u(attempt_id, sequence_number)
+        JOIN worker_result_batches b
+          ON b.attempt_id = u.attempt_id AND b.sequence_number = u.sequence_number
+        "#,
+    )
+    .bind(&task_ids)
+    .bind(&keys)
+    .bind(&attempt_ids)
+    .bind(&sequences)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Writes the accepted batches with their assets and findings: one statement each.
+async fn write_batches(
+    conn: &mut PgConnection,
+    accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
+) -> Result<(), StoreError> {
+    if accepted.is_empty() {
+        return Ok(());
+    }
+    let n = accepted.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut task_ids = Vec::with_capacity(n);
+    let mut attempt_ids = Vec::with_capacity(n);
+    let mut sequences = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut checksums = Vec::with_capacity(n);
+    let mut finding_counts = Vec::with_capacity(n);
+    let mut asset_counts = Vec::with_capacity(n);
+    for (params, _, _) in accepted {
+        ids.push(Uuid::now_v7());
+        task_ids.push(params.claim.task_id);
+        attempt_ids.push(params.claim.attempt_id);
+        sequences.push(params.sequence_number);
+        keys.push(params.idempotency_key);
+        checksums.push(params.payload_sha256);
+        finding_counts.push(params.findings.len() as i32);
+        asset_counts.push(params.assets.len() as i32);
+    }
+    sqlx::query(
+        r#"
+        INSERT INTO worker_result_batches (id, task_id, attempt_id, sequence_number, idempotency_key,
+                                           payload_sha256, status, finding_count, asset_count, persisted_at)
+        SELECT u.id, u.task_id, u.attempt_id, u.sequence_number, u.key, u.checksum, 'persisted',
+               u.finding_count, u.asset_count, now()
+        FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::text[], $6::text[],
+                    $7::int[], $8::int[])
+             AS u(id, task_id, attempt_id, sequence_number, key, checksum, finding_count, asset_count)
+        "#,
+    )
+    .bind(&ids)
+    .bind(&task_ids)
+    .bind(&attempt_ids)
+    .bind(&sequences)
+    .bind(&keys)
+    .bind(&checksums)
+    .bind(&finding_counts)
+    .bind(&asset_counts)
+    .execute(&mut *conn)
+    .await?;
+    write_assets(conn, accepted).await?;
+    write_findings(conn, accepted).await
+}
+
+async fn write_assets(
+    conn: &mut PgConnection,
+    accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
+) -> Result<(), StoreError> {
+    // Assets once per (organization, kind, value), sorted, so that concurrent upserts lock
+    // shared assets in one order; links once per (scan, asset), the last writer winning.
+    let mut assets: BTreeSet<(Uuid, &str, &str)> = BTreeSet::new();
+    let mut links: BTreeMap<(Uuid, Uuid, &str, &str), (Uuid, Uuid)> = BTreeMap::new();
+    for (params, _, job) in accepted {
+        for asset in params.assets {
+            let identity = (
+                job.organization_id,
+                asset.kind.as_str(),
+                asset.value.as_str(),
+            );
+            assets.insert(identity);
+            links.insert(
+                (job.scan_id, identity.0, identity.1, identity.2),
+                (job.scan_job_id, params.claim.attempt_id),
+            );
+        }
+    }
+    if assets.is_empty() {
+        return Ok(());
+    }
+    let asset_ids: Vec<Uuid> = assets.iter().map(|_| Uuid::now_v7()).collect();
+    let organizations: Vec<Uuid> = assets.iter().map(|asset| asset.0).collect();
+    let kinds: Vec<&str> = assets.iter().map(|asset| asset.1).collect();
+    let values: Vec<&str> = assets.iter().map(|asset| asset.2).collect();
+    let link_scans: Vec<Uuid> = links.keys().map(|link| link.0).collect();
+    let link_organizations: Vec<Uuid> = links.keys().map(|link| link.1).collect();
+    let link_kinds: Vec<&str> = links.keys().map(|link| link.2).collect();
+    let link_values: Vec<&str> = links.keys().map(|link| link.3).collect();
+    let link_jobs: Vec<Uuid> = links.values().map(|link| link.0).collect();
+    let link_attempts: Vec<Uuid> = links.values().map(|link| link.1).collect();
+    sqlx::query(
+        r#"
+        WITH upserted AS (
+            INSERT INTO assets (id, organization_id, kind, value)
+            SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[])
+            ON CONFLICT (organization_id, kind, value) DO UPDATE SET last_seen_at = now()
+            RETURNING id, organization_id, kind, value
+        )
+        INSERT INTO scan_assets (scan_id, asset_id, scan_job_id, attempt_id)
+        SELECT l.scan_id, a.id, l.scan_job_id, l.attempt_id
+        FROM UNNEST($5::uuid[], $6::uuid[], $7::text[], $8::text[], $9::uuid[], $10::uuid[])
+             AS l(scan_id, organization_id, kind, value, scan_job_id, attempt_id)
+        JOIN upserted a ON a.organization_id = l.organization_id AND a.kind = l.kind AND a.value = l.value
+        ON CONFLICT (scan_id, asset_id) DO UPDATE SET attempt_id = EXCLUDED.attempt_id
+            WHERE scan_assets.scan_job_id = EXCLUDED.scan_job_id
+        "#,
+    )
+    .bind(&asset_ids)
+    .bind(&organizations)
+    .bind(&kinds)
+    .bind(&values)
+    .bind(&link_scans)
+    .bind(&link_organizations)
+    .bind(&link_kinds)
+    .bind(&link_values)
+    .bind(&link_jobs)
+    .bind(&link_attempts)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn write_findings(
+    conn: &mut PgConnection,
+    accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
+) -> Result<(), StoreError> {
+    // One row per (scan, key), the last message winning, in key order: one statement never
+    // touches a row twice, and concurrent writers lock in one order.
+    let mut by_key: BTreeMap<(Uuid, String), (&v1::Finding, &LockedRow, Job, Uuid)> =
+        BTreeMap::new();
+    for (params, row, job) in accepted {
+        for finding in params.findings {
+            let key = finding_key(
+                &row.locked.plugin,
+                &finding.rule_id,
+                &finding.resource,
+                &finding.discriminator,
+            );
+            by_key.insert(
+                (job.scan_id, key),
+                (finding, row, *job, params.claim.attempt_id),
+            );
+        }
+    }
+    if by_key.is_empty() {
+        return Ok(());
+    }
+    let n = by_key.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut organizations = Vec::with_capacity(n);
+    let mut scans = Vec::with_capacity(n);
+    let mut jobs = Vec::with_capacity(n);
+    let mut attempts = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut plugins = Vec::with_capacity(n);
+    let mut rule_ids = Vec::with_capacity(n);
+    let mut resources = Vec::with_capacity(n);
+    let mut discriminators = Vec::with_capacity(n);
+    let mut severities = Vec::with_capacity(n);
+    let mut titles = Vec::with_capacity(n);
+    let mut descriptions = Vec::with_capacity(n);
+    let mut evidence = Vec::with_capacity(n);
+    let mut cves = Vec::with_capacity(n);
+    for ((scan_id, key), (finding, row, job, attempt_id)) in &by_key {
+        ids.push(Uuid::now_v7());
+        organizations.push(job.organization_id);
+        scans.push(*scan_id);
+        jobs.push(job.scan_job_id);
+        attempts.push(*attempt_id);
+        keys.push(key.as_str());
+        plugins.push(row.locked.plugin.as_str());
+        rule_ids.push(finding.rule_id.as_str());
+        resources.push(redact(&finding.resource));
+        discriminators.push(finding.discriminator.as_str());
+        severities.push(finding.severity.as_str());
+        titles.push(redact(&finding.title));
+        descriptions.push(redact(&finding.description));
+        evidence.push(redact(&finding.evidence));
+        cves.push(finding.cve_ids.join(","));
+    }
+    sqlx::query(
+        r#"
+        INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
+                              rule_id, resource, discriminator, severity, title, description, evidence, cve_ids)
+        SELECT u.id, u.organization_id, u.scan_id, u.scan_job_id, u.attempt_id, u.key, u.plugin,
+               u.rule_id, u.resource, u.discriminator, u.severity, u.title, u.description, u.evidence,
+               coalesce(string_to_array(nullif(u.cves, ''), ','), '{}')::text[]
+        FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::uuid[], $6::text[], $7::text[],
+                    $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
+                    $14::text[], $15::text[])
+             AS u(id, organization_id, scan_id, scan_job_id, attempt_id, key, plugin, rule_id, resource,
+                  discriminator, severity, title, description, evidence, cves)
+        ON CONFLICT (scan_id, finding_key) DO UPDATE
+        SET attempt_id = EXCLUDED.attempt_id, severity = EXCLUDED.severity, title = EXCLUDED.title,
+            description = EXCLUDED.description, evidence = EXCLUDED.evidence,
+            cve_ids = coalesce(EXCLUDED.cve_ids, '{}'), updated_at = now()
+        "#,
+    )
+    .bind(&ids)
+    .bind(&organizations)
+    .bind(&scans)
+    .bind(&jobs)
+    .bind(&attempts)
+    .bind(&keys)
+    .bind(&plugins)
+    .bind(&rule_ids)
+    .bind(&resources)
+    .bind(&discriminators)
+    .bind(&severities)
+    .bind(&titles)
+    .bind(&descriptions)
+    .bind(&evidence)
+    .bind(&cves)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Per completing attempt: its batches below `batch_count`, and at or above it.
+async fn count_batches(
+    conn: &mut PgConnection,
+    completing: &[(usize, &CompleteParams<'_>, &LockedRow, Job)],
+) -> Result<HashMap<Uuid, (i64, i64)>, StoreError> {
+    if completing.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let attempt_ids: Vec<Uuid> = completing
+        .iter()
+        .map(|(_, params, _, _)| params.claim.attempt_id)
+        .collect();
+    let batch_counts: Vec<i32> = completing
+        .iter()
+        .map(|(_, params, _, _)| params.batch_count)
+        .collect();
+    let rows: Vec<(Uuid, i64, i64)> = sqlx::query_as(
+        r#"
+        SELECT u.attempt_id,
+               count(b.id) FILTER (WHERE b.sequence_number < u.batch_count),
+               count(b.id) FILTER (WHERE b.sequence_number >= u.batch_count)
+        FROM UNNEST($1::uuid[], $2::int[]) AS u(attempt_id, batch_count)
+        LEFT JOIN worker_result_batches b ON b.attempt_id = u.attempt_id
+        GROUP BY u.attempt_id
+        "#,
+    )
+    .bind(&attempt_ids)
+    .bind(&batch_counts)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(attempt_id, below, beyond)| (attempt_id, (below, beyond)))
+        .collect())
+}
+
+/// Why a fenced completion is refused, in the order of [`ingestion::complete`]: batches
+/// missing, then batches beyond its count, then evidence already published.
+async fn completion_verdict(
+    conn: &mut PgConnection,
+    params: &CompleteParams<'_>,
+    row: &LockedRow,
+    job: Job,
+    counts: &HashMap<Uuid, (i64, i64)>,
+) -> Result<Option<v1::Error>, StoreError> {
+    let (below, beyond) = counts
+        .get(&params.claim.attempt_id)
+        .copied()
+        .unwrap_or_default();
+    if below < i64::from(params.batch_count) {
+        // Rare: name the missing numbers (one statement for this message only).
+        return Ok(Some(
+            ingestion::missing_batches(conn, params.claim.attempt_id, params.batch_count).await?,
+        ));
+    }
+    if beyond > 0 {
+        return Ok(Some(ingestion::beyond_batch_count(
+            beyond,
+            params.batch_count,
+        )));
+    }
+    if row.evidence_published == Some(true) {
+        return Ok(Some(ingestion::evidence_conflict(job.scan_job_id)));
+    }
+    Ok(None)
+}
+
+/// Marks attempts that sent a batch running and completed ones succeeded (with their tasks and
+/// scan jobs), after removing what superseded attempts of the completed jobs left behind.
+/// Returns each completed scan job's published finding and asset counts.
+async fn finish_attempts(
+    conn: &mut PgConnection,
+    running: &[&LockedRow],
+    completed: &[(&CompleteParams<'_>, &LockedRow, Job)],
+) -> Result<HashMap<Uuid, (i32, i32)>, StoreError> {
+    if running.is_empty() && completed.is_empty() {
+        return Ok(HashMap::new());
+    }
+    // An attempt numbered 1 is its task's first: nothing was superseded.
+    let superseded: Vec<&(&CompleteParams<'_>, &LockedRow, Job)> = completed
+        .iter()
+        .filter(|(_, row, _)| row.locked.attempt_number > 1)
+        .collect();
+    if !superseded.is_empty() {
+        let jobs: Vec<Uuid> = superseded
+            .iter()
+            .map(|(_, _, job)| job.scan_job_id)
+            .collect();
+        let attempts: Vec<Uuid> = superseded
+            .iter()
+            .map(|(params, _, _)| params.claim.attempt_id)
+            .collect();
+        sqlx::query(
+            r#"
+            WITH gone_findings AS (
+                DELETE FROM findings f USING UNNEST($1::uuid[], $2::uuid[]) AS u(scan_job_id, attempt_id)
+                WHERE f.scan_job_id = u.scan_job_id AND f.attempt_id <> u.attempt_id
+            )
+            DELETE FROM scan_assets s USING UNNEST($1::uuid[], $2::uuid[]) AS u(scan_job_id, attempt_id)
+            WHERE s.scan_job_id = u.scan_job_id AND s.attempt_id <> u.attempt_id
+            "#,
+        )
+        .bind(&jobs)
+        .bind(&attempts)
+        .execute(&mut *conn)
+        .await?;
+    }
+
+    // Per attempt and task: done (completed) wins over running.
+    let mut done: BTreeMap<Uuid, (Uuid, bool)> = BTreeMap::new();
+    for row in running {
+        done.entry(row.attempt_id)
+            .or_insert((row.attempt_task_id, false));
+    }
+    for (params, _, _) in completed {
+        done.insert(params.claim.attempt_id, (params.claim.task_id, true));
+    }
+    let attempt_ids: Vec<Uuid> = done.keys().copied().collect();
+    let task_ids: Vec<Uuid> = done.values().map(|(task_id, _)| *task_id).collect();
+    let finished: Vec<bool> = done.values().map(|(_, finished)| *finished).collect();
+    let job_ids: Vec<Uuid> = completed
+        .iter()
+        .map(|(_, _, job)| job.scan_job_id)
+        .collect();
+    let summaries: Vec<&str> = completed
+        .iter()
+        .map(|(params, _, _)| params.summary)
+        .collect();
+    let rows: Vec<(Uuid, i32, i32)> = sqlx::query_as(
+        r#"
+        WITH attempts AS (
+            UPDATE worker_task_attempts a
+            SET status = CASE WHEN u.done THEN $6 ELSE $7 END,
+                finished_at = CASE WHEN u.done THEN now() ELSE a.finished_at END,
+                updated_at = now()
+            FROM UNNEST($1::uuid[], $3::bool[]) AS u(id, done)
+            WHERE a.id = u.id AND (u.done OR a.status = $8)
+        ), tasks AS (
+            UPDATE worker_tasks t
+            SET state = CASE WHEN u.done THEN $9 ELSE $10 END,
+                completed_at = CASE WHEN u.done THEN now() ELSE t.completed_at END,
+                updated_at = now()
+            FROM UNNEST($2::uuid[], $3::bool[]) AS u(id, done)
+            WHERE t.id = u.id AND (u.done OR t.state = $11)
+        )
+        UPDATE scan_jobs j
+        SET state = $12, evidence_published_at = now(), finished_at = now(),
+            finding_count = (SELECT count(*) FROM findings f WHERE f.scan_job_id = j.id),
+            asset_count = (SELECT count(*) FROM scan_assets s WHERE s.scan_job_id = j.id),
+            summary = u.summary, updated_at = now()
+        FROM UNNEST($4::uuid[], $5::text[]) AS u(id, summary)
+        WHERE j.id = u.id
+        RETURNING j.id, j.finding_count, j.asset_count
+        "#,
+    )
+    .bind(&attempt_ids)
+    .bind(&task_ids)
+    .bind(&finished)
+    .bind(&job_ids)
+    .bind(&summaries)
+    .bind(AttemptStatus::Succeeded.as_str())
+    .bind(AttemptStatus::Running.as_str())
+    .bind(AttemptStatus::Leased.as_str())
+    .bind(TaskState::Completed.as_str())
+    .bind(TaskState::Running.as_str())
+    .bind(TaskState::Leased.as_str())
+    .bind(ScanJobState::Completed.as_str())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, findings, assets)| (id, (findings, assets)))
+        .collect())
+}
