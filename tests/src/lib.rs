@@ -576,13 +576,21 @@ impl ManualWorker {
     }
 
     pub async fn hello(&self, capabilities: &[&str]) -> v1::HelloReply {
+        self.hello_with_capacity(capabilities, 8).await
+    }
+
+    pub async fn hello_with_capacity(
+        &self,
+        capabilities: &[&str],
+        capacity: u32,
+    ) -> v1::HelloReply {
         let request = v1::HelloRequest {
             schema_version: 1,
             worker_id: self.id.to_string(),
             software_version: "manual/1".into(),
             protocol_version: messages::PROTOCOL_VERSION.into(),
             capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
-            capacity: 8,
+            capacity,
         };
         v1::HelloReply::decode(
             self.request_raw(WorkerVerb::Hello, request.encode_to_vec())

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::outbox::OutboxEvent;
-use crate::states::ScanState;
+use crate::states::{EnrichmentJobState, ScanState};
 
 /// A scan job (and its task), due now.
 #[derive(Debug, Clone)]
@@ -245,9 +245,19 @@ async fn complete_scans(
             RETURNING s.id, s.organization_id, s.finding_count,
                       (extract(epoch FROM s.finished_at) * 1000)::bigint AS completed_at_unix_ms
         ), created AS (
-            INSERT INTO enrichment_jobs (id, scan_id, organization_id)
-            SELECT input.job_id, done.id, done.organization_id
+            -- A scan without CVE findings has nothing to enrich: its job is born completed,
+            -- so enrichment never spends a claim on it.
+            INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, checkpoint, finished_at)
+            SELECT input.job_id, done.id, done.organization_id,
+                   CASE WHEN cves.any THEN $4 ELSE $5 END,
+                   CASE WHEN cves.any THEN '{}'::jsonb
+                        ELSE jsonb_build_object('cve_ids', '[]'::jsonb, 'source', 'none') END,
+                   CASE WHEN cves.any THEN NULL ELSE now() END
             FROM done JOIN input ON input.scan_id = done.id
+            CROSS JOIN LATERAL (
+                SELECT EXISTS (SELECT 1 FROM findings f
+                               WHERE f.scan_id = done.id AND cardinality(f.cve_ids) > 0) AS any
+            ) cves
             ON CONFLICT (scan_id) DO NOTHING
             RETURNING id, scan_id
         )
@@ -261,6 +271,8 @@ async fn complete_scans(
     .bind(&scan_ids)
     .bind(&job_ids)
     .bind(ScanState::Completed.as_str())
+    .bind(EnrichmentJobState::Pending.as_str())
+    .bind(EnrichmentJobState::Completed.as_str())
     .fetch_all(conn)
     .await?)
 }

@@ -129,3 +129,17 @@ impl AttemptStatus {
         matches!(self, AttemptStatus::Leased | AttemptStatus::Running)
     }
 }
+
+string_enum! {
+    /// The one enrichment job of a completed scan.
+    EnrichmentJobState, "enrichment_jobs.enrichment_jobs_state_check" {
+        /// Ingestion creates it here when the scan has findings with CVE ids.
+        Pending => "pending",
+        /// Enrichment claimed it under a fenced lease.
+        Running => "running",
+        /// Enrichment finished it; ingestion creates it here when there is nothing to enrich.
+        Completed => "completed",
+        /// Reserved: attempts spent (the enrichment issue). Terminal.
+        Failed => "failed",
+    }
+}

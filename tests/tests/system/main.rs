@@ -5,6 +5,7 @@ mod admission;
 mod bad_input;
 mod control;
 mod cost;
+mod decide;
 mod end_to_end;
 mod health;
 mod ingestion;

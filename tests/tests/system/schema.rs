@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use store::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
+use store::states::{AttemptStatus, EnrichmentJobState, ScanJobState, ScanState, TaskState};
 use tests::TestSystem;
 
 fn quoted_values(definition: &str) -> BTreeSet<String> {
@@ -18,7 +18,7 @@ fn quoted_values(definition: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn state_enums_match_the_check_constraints() {
     let system = TestSystem::spawn().await;
-    let cases: [(&str, BTreeSet<String>); 4] = [
+    let cases: [(&str, BTreeSet<String>); 5] = [
         (
             ScanState::CHECK_CONSTRAINT,
             ScanState::ALL
@@ -43,6 +43,13 @@ async fn state_enums_match_the_check_constraints() {
         (
             AttemptStatus::CHECK_CONSTRAINT,
             AttemptStatus::ALL
+                .iter()
+                .map(|s| s.as_str().to_owned())
+                .collect(),
+        ),
+        (
+            EnrichmentJobState::CHECK_CONSTRAINT,
+            EnrichmentJobState::ALL
                 .iter()
                 .map(|s| s.as_str().to_owned())
                 .collect(),

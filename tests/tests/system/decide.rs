@@ -1,0 +1,348 @@
+//! The ingestion decision script (`store::ingest`) driven directly against PostgreSQL: what a
+//! batch costs in statements whatever its size, and each message of a mixed batch getting its
+//! own answer.
+
+use messages::{ErrorCode, v1};
+use prost::Message as _;
+use store::LeaseClaim;
+use store::ingest::{self, CompleteParams, Message};
+use store::ingestion::{BatchParams, FailParams, IngestOutcome};
+use telemetry::cost::{self, lanes};
+use tests::{ManualWorker, TestSystem, findings_payload};
+use uuid::Uuid;
+
+const PLUGIN: &str = "synthetic";
+
+/// `count` one-plugin scans of one organization, each leased once by one manual worker.
+async fn leased(system: &TestSystem, count: usize) -> (ManualWorker, Vec<v1::Lease>) {
+    let organization_id = system.organization().await;
+    let worker = system
+        .manual_worker(organization_id, count as u32 + 1)
+        .await;
+    let hello = worker
+        .hello_with_capacity(&[PLUGIN], count as u32 + 1)
+        .await;
+    assert!(hello.error.is_none(), "{hello:?}");
+    let client = system.client();
+    for index in 0..count {
+        let request = system.request(
+            organization_id,
+            &format!("http://target-{index}.test"),
+            &[PLUGIN],
+        );
+        let reply = client.submit(&request).await.expect("admission answers");
+        assert!(reply.error.is_none(), "{reply:?}");
+    }
+    let mut leases = Vec::with_capacity(count);
+    while leases.len() < count {
+        let reply = worker
+            .acquire(Uuid::new_v4(), (count - leases.len()) as u32, 5_000)
+            .await;
+        assert!(reply.error.is_none(), "{reply:?}");
+        leases.extend(reply.leases);
+    }
+    (worker, leases)
+}
+
+fn claim(worker: &ManualWorker, lease: &v1::Lease) -> LeaseClaim {
+    LeaseClaim::from_wire(worker.id, lease.lease.as_ref()).expect("a valid lease reference")
+}
+
+/// A result batch as ingestion hands it to the store, owning what the params borrow.
+struct Batch {
+    claim: LeaseClaim,
+    sequence_number: i32,
+    key: String,
+    checksum: String,
+    payload: v1::BatchPayload,
+}
+
+impl Batch {
+    fn new(claim: LeaseClaim, sequence_number: i32, payload: v1::BatchPayload) -> Self {
+        Self {
+            key: format!("{}:{sequence_number}", claim.attempt_id),
+            checksum: messages::sha256_hex(&payload.encode_to_vec()),
+            claim,
+            sequence_number,
+            payload,
+        }
+    }
+
+    fn message(&self) -> Message<'_> {
+        Message::Result(BatchParams {
+            claim: &self.claim,
+            sequence_number: self.sequence_number,
+            idempotency_key: &self.key,
+            payload_sha256: &self.checksum,
+            findings: &self.payload.findings,
+            assets: &self.payload.assets,
+        })
+    }
+}
+
+fn completion(claim: &LeaseClaim, batch_count: i32) -> Message<'_> {
+    Message::Complete(CompleteParams {
+        claim,
+        batch_count,
+        summary: "done",
+    })
+}
+
+/// Decides `messages` in one transaction in the ingestion lane; returns the outcomes and the
+/// statements it took (BEGIN and COMMIT included).
+async fn decide(
+    system: &TestSystem,
+    messages: &[Message<'_>],
+) -> (Vec<Result<IngestOutcome, store::StoreError>>, u64) {
+    let before = cost::snapshot();
+    let outcomes = cost::in_lane(lanes::INGESTION, async {
+        let mut tx = system.pool.begin().await.expect("begin");
+        let outcomes = ingest::decide(&mut tx, &system.subjects, messages)
+            .await
+            .expect("the batch is decided");
+        tx.commit().await.expect("commit");
+        outcomes
+    })
+    .await;
+    let spent = cost::spent(&before, &cost::snapshot());
+    (outcomes, spent[lanes::INGESTION].statements)
+}
+
+fn code(outcome: &Result<IngestOutcome, store::StoreError>) -> Option<ErrorCode> {
+    match outcome {
+        Ok(IngestOutcome::Refused(error)) => error.error_code(),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_per_batch_do_not_grow_with_the_batch() {
+    let system = TestSystem::spawn().await;
+    let mut counts = Vec::new();
+    for size in [10, 100] {
+        let (worker, leases) = leased(&system, size).await;
+        let batches: Vec<Batch> = leases
+            .iter()
+            .map(|lease| Batch::new(claim(&worker, lease), 0, findings_payload(2)))
+            .collect();
+        let claims: Vec<LeaseClaim> = leases.iter().map(|lease| claim(&worker, lease)).collect();
+
+        // The results of every task in one batch, then their completions in another.
+        let results: Vec<Message<'_>> = batches.iter().map(Batch::message).collect();
+        let (outcomes, result_statements) = decide(&system, &results).await;
+        assert!(
+            outcomes
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(IngestOutcome::Accepted))),
+            "{outcomes:?}"
+        );
+        let completions: Vec<Message<'_>> =
+            claims.iter().map(|claim| completion(claim, 1)).collect();
+        let (outcomes, completion_statements) = decide(&system, &completions).await;
+        assert!(
+            outcomes
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(IngestOutcome::Accepted))),
+            "{outcomes:?}"
+        );
+
+        // Both in one batch (a result and its task's completion), as one fetch often holds.
+        let (worker, leases) = leased(&system, size).await;
+        let batches: Vec<Batch> = leases
+            .iter()
+            .map(|lease| Batch::new(claim(&worker, lease), 0, findings_payload(2)))
+            .collect();
+        let claims: Vec<LeaseClaim> = leases.iter().map(|lease| claim(&worker, lease)).collect();
+        let mixed: Vec<Message<'_>> = batches
+            .iter()
+            .zip(&claims)
+            .flat_map(|(batch, claim)| [batch.message(), completion(claim, 1)])
+            .collect();
+        let (outcomes, mixed_statements) = decide(&system, &mixed).await;
+        assert!(
+            outcomes
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(IngestOutcome::Accepted))),
+            "{outcomes:?}"
+        );
+        counts.push((
+            size,
+            result_statements,
+            completion_statements,
+            mixed_statements,
+        ));
+    }
+    println!("(batch size, statements for results, completions, both): {counts:?}");
+    let (_, results_10, completions_10, mixed_10) = counts[0];
+    let (_, results_100, completions_100, mixed_100) = counts[1];
+    assert_eq!(
+        (results_10, completions_10, mixed_10),
+        (results_100, completions_100, mixed_100),
+        "statements per batch grew with the batch: {counts:?}"
+    );
+    // BEGIN, lock, replays, batches, assets, findings, attempt/task update, COMMIT.
+    assert!(results_100 <= 8, "results: {results_100} statements");
+    // BEGIN, lock, count, finish, lock scans, complete scans, outbox, COMMIT.
+    assert!(
+        completions_100 <= 8,
+        "completions: {completions_100} statements"
+    );
+    assert!(mixed_100 <= 13, "mixed: {mixed_100} statements");
+
+    let completed: i64 = sqlx::query_scalar("SELECT count(*) FROM scans WHERE state = 'completed'")
+        .fetch_one(&system.pool)
+        .await
+        .expect("count");
+    assert_eq!(completed, 2 * (10 + 100));
+    system.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_batch_gives_each_message_its_own_answer() {
+    let system = TestSystem::spawn().await;
+    let (worker, leases) = leased(&system, 6).await;
+    let claims: Vec<LeaseClaim> = leases.iter().map(|lease| claim(&worker, lease)).collect();
+
+    // Accepted earlier: batch 0 of task 1, so that this batch can replay and conflict with it.
+    let earlier = Batch::new(claims[1].clone(), 0, findings_payload(1));
+    let (outcomes, _) = decide(&system, &[earlier.message()]).await;
+    assert!(matches!(outcomes[0], Ok(IngestOutcome::Accepted)));
+
+    let good = Batch::new(claims[0].clone(), 0, findings_payload(3));
+    let replay = Batch::new(claims[1].clone(), 0, findings_payload(1));
+    let mut other_checksum = Batch::new(claims[1].clone(), 0, findings_payload(2));
+    other_checksum.key = earlier.key.clone();
+    let mut sequence_taken = Batch::new(claims[1].clone(), 0, findings_payload(2));
+    sequence_taken.key = "another-key".into();
+    let mut forged = claims[2].clone();
+    forged.lease_token = "not-the-token".into();
+    let fenced_out = Batch::new(forged.clone(), 0, findings_payload(1));
+    let only_first = Batch::new(claims[3].clone(), 0, findings_payload(1));
+    let twice = Batch::new(claims[4].clone(), 0, findings_payload(1));
+    let failure = FailParams {
+        claim: &claims[5],
+        error_code: "plugin_error",
+        error_message: "it broke",
+        retryable: false,
+        retry: store::RetryPolicy::default(),
+    };
+    let messages = [
+        good.message(),            // 0 accepted
+        completion(&claims[0], 1), // 1 accepted: completes the scan
+        replay.message(),          // 2 duplicate
+        other_checksum.message(),  // 3 batch_conflict (same key, other checksum)
+        sequence_taken.message(),  // 4 batch_conflict (sequence used under another key)
+        fenced_out.message(),      // 5 lease_lost (wrong token)
+        completion(&forged, 0),    // 6 lease_lost
+        only_first.message(),      // 7 accepted
+        completion(&claims[3], 2), // 8 batch_missing [1]
+        twice.message(),           // 9 accepted
+        twice.message(),           // 10 duplicate (same batch, same key)
+        completion(&claims[4], 1), // 11 accepted
+        completion(&claims[4], 1), // 12 duplicate (after its completion: one by one)
+        twice.message(),           // 13 duplicate (a replay after completion)
+        Message::Fail(failure),    // 14 accepted: fails the scan
+        completion(&claims[5], 0), // 15 lease_lost (after the failure)
+        completion(&claims[0], 1), // 16 duplicate
+    ];
+    let (outcomes, _) = decide(&system, &messages).await;
+    let answers: Vec<String> = outcomes
+        .iter()
+        .map(|outcome| match outcome {
+            Ok(IngestOutcome::Accepted) => "accepted".to_owned(),
+            Ok(IngestOutcome::Duplicate) => "duplicate".to_owned(),
+            Ok(IngestOutcome::Refused(error)) => error.code.clone(),
+            Err(error) => format!("error: {error}"),
+        })
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            "accepted",
+            "accepted",
+            "duplicate",
+            "batch_conflict",
+            "batch_conflict",
+            "lease_lost",
+            "lease_lost",
+            "accepted",
+            "batch_missing",
+            "accepted",
+            "duplicate",
+            "accepted",
+            "duplicate",
+            "duplicate",
+            "accepted",
+            "lease_lost",
+            "duplicate",
+        ]
+    );
+    let Ok(IngestOutcome::Refused(missing)) = &outcomes[8] else {
+        unreachable!()
+    };
+    assert_eq!(missing.missing_sequence_numbers, [1]);
+    assert_eq!(code(&outcomes[5]), Some(ErrorCode::LeaseLost));
+
+    // What was written is exactly what the accepted messages carry.
+    let mut findings: Vec<(String, i64)> = Vec::new();
+    for claim in &claims {
+        findings.push(
+            sqlx::query_as(
+                "SELECT s.state, (SELECT count(*) FROM findings f WHERE f.scan_id = s.id) \
+                 FROM worker_tasks t JOIN scans s ON s.id = t.scan_id WHERE t.id = $1",
+            )
+            .bind(claim.task_id)
+            .fetch_one(&system.pool)
+            .await
+            .expect("the task's scan"),
+        );
+    }
+    assert_eq!(
+        findings,
+        [
+            ("completed".to_owned(), 3),
+            ("running".to_owned(), 1),
+            ("running".to_owned(), 0),
+            ("running".to_owned(), 1),
+            ("completed".to_owned(), 1),
+            ("failed".to_owned(), 0),
+        ]
+    );
+    system.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_schema_refuses_fails_alone_when_decided_one_by_one() {
+    let system = TestSystem::spawn().await;
+    let (worker, leases) = leased(&system, 3).await;
+    let claims: Vec<LeaseClaim> = leases.iter().map(|lease| claim(&worker, lease)).collect();
+    let good = Batch::new(claims[0].clone(), 0, findings_payload(1));
+    let mut payload = findings_payload(1);
+    // Past the schema's limit: parsing refuses it on the wire; here it reaches the store.
+    payload.assets[0].kind = "k".repeat(65);
+    let bad = Batch::new(claims[1].clone(), 0, payload);
+    let also_good = Batch::new(claims[2].clone(), 0, findings_payload(1));
+    let messages = [good.message(), bad.message(), also_good.message()];
+
+    let mut tx = system.pool.begin().await.expect("begin");
+    let error = ingest::decide(&mut tx, &system.subjects, &messages)
+        .await
+        .expect_err("the set-wise asset statement is refused");
+    assert!(!error.is_transient(), "{error}");
+    tx.rollback().await.expect("rollback");
+
+    let mut tx = system.pool.begin().await.expect("begin");
+    let outcomes = ingest::decide_each(&mut tx, &system.subjects, &messages)
+        .await
+        .expect("decided one by one");
+    tx.commit().await.expect("commit");
+    assert!(matches!(outcomes[0], Ok(IngestOutcome::Accepted)));
+    assert!(outcomes[1].is_err(), "{:?}", outcomes[1]);
+    assert!(matches!(outcomes[2], Ok(IngestOutcome::Accepted)));
+    let batches: i64 = sqlx::query_scalar("SELECT count(*) FROM worker_result_batches")
+        .fetch_one(&system.pool)
+        .await
+        .expect("count");
+    assert_eq!(batches, 2);
+    system.finish().await;
+}
