@@ -2,6 +2,8 @@
 //! `<prefix>.v1.worker.<worker_id>.<verb>`. Every decision is one PostgreSQL transaction;
 //! `task.ready` events only wake long-polls early, they never decide anything.
 
+mod waiters;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,8 +27,9 @@ use store::dispatch::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
 };
 use store::{LeaseClaim, PgPool, StoreError};
+
+use crate::waiters::Waiters;
 use telemetry::cost::{Direction, count_messages, in_lane, inherit, lanes};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -82,7 +85,6 @@ impl Settings {
 pub struct Service {
     bus: Bus,
     dispatch: Arc<Dispatch>,
-    wake: watch::Sender<u64>,
     /// The health server and the outbox relay, started by `run_until_stopped`.
     plumbing: Plumbing,
 }
@@ -97,18 +99,16 @@ impl Service {
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
         let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
-        let (wake, wake_rx) = watch::channel(0_u64);
         let dispatch = Arc::new(Dispatch {
             relay: plumbing.relay_outbox(&connections),
             pool: connections.pool,
             bus: connections.bus.clone(),
             settings,
-            wake: wake_rx,
+            waiters: Waiters::default(),
         });
         Self {
             bus: connections.bus,
             dispatch,
-            wake,
             plumbing,
         }
     }
@@ -140,16 +140,17 @@ impl Service {
             .await
             .context("failed to subscribe to dispatch wake-ups")?;
         let mut ready = futures::stream::select(ready, hints);
-        let wake = self.wake;
+        let ready_subject = subjects.event(EventKind::TaskReady);
+        let waker_dispatch = self.dispatch.clone();
         let wake_stop = stop.clone();
         let waker = tokio::spawn(inherit(async move {
             loop {
                 tokio::select! {
                     () = wake_stop.cancelled() => return,
                     event = ready.next() => match event {
-                        Some(_) => {
+                        Some(message) => {
                             count_messages(Direction::Received, 1);
-                            wake.send_modify(|generation| *generation += 1);
+                            waker_dispatch.wake(&ready_subject, &message);
                         }
                         None => return,
                     },
@@ -230,7 +231,8 @@ struct Dispatch {
     bus: Bus,
     relay: Relay,
     settings: Settings,
-    wake: watch::Receiver<u64>,
+    /// Acquires waiting for a task, woken one per ready task.
+    waiters: Waiters,
 }
 
 fn internal(error: &StoreError) -> v1::Error {
@@ -242,6 +244,20 @@ fn internal(error: &StoreError) -> v1::Error {
 }
 
 impl Dispatch {
+    /// A `task.ready` wakes one waiting acquire that may take the task; anything else on the
+    /// wake-up subjects (the reaper's hint, an undecodable event) wakes them all.
+    fn wake(&self, ready_subject: &str, message: &bus::async_nats::Message) {
+        if message.subject.as_str() == ready_subject
+            && let Ok(ready) = v1::TaskReady::decode(message.payload.as_ref())
+            && let Ok(organization_id) = Uuid::parse_str(&ready.organization_id)
+        {
+            self.waiters
+                .task_ready(organization_id, &ready.required_capabilities);
+            return;
+        }
+        self.waiters.wake_all();
+    }
+
     /// Cancels a scan or a task; persisted before the reply says so.
     async fn cancel(&self, payload: &[u8]) -> v1::CancelReply {
         let refuse = |error: v1::Error| v1::CancelReply {
@@ -421,8 +437,9 @@ impl Dispatch {
         }
     }
 
-    /// Grants leases at once when tasks are due; otherwise waits up to `wait_ms`, re-trying on
-    /// every `task.ready` wake-up and on the poll interval.
+    /// Grants leases at once when tasks are due; otherwise waits up to `wait_ms` in the queue
+    /// of waiting acquires, trying again when woken for a ready task it may take, and on the
+    /// poll interval.
     async fn acquire(
         &self,
         subject_worker: Option<&str>,
@@ -452,24 +469,31 @@ impl Dispatch {
         };
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(u64::from(request.wait_ms));
-        let mut wake = self.wake.clone();
+        let mut waiter: Option<crate::waiters::Waiter<'_>> = None;
         loop {
-            wake.borrow_and_update();
-            match store::dispatch::acquire(&self.pool, self.bus.subjects(), &params).await {
-                Ok(AcquireOutcome::Leases(leases)) if !leases.is_empty() => {
-                    self.relay.notify();
-                    return Ok(leases.iter().map(traced_lease).collect());
-                }
-                Ok(AcquireOutcome::Leases(_)) => {}
-                Ok(AcquireOutcome::Refused(error)) => return Err(error),
-                Err(error) => return Err(internal(&error)),
-            }
+            let eligibility =
+                match store::dispatch::acquire(&self.pool, self.bus.subjects(), &params).await {
+                    Ok((AcquireOutcome::Leases(leases), _)) if !leases.is_empty() => {
+                        self.relay.notify();
+                        return Ok(leases.iter().map(traced_lease).collect());
+                    }
+                    Ok((AcquireOutcome::Leases(_), eligibility)) => eligibility,
+                    Ok((AcquireOutcome::Refused(error), _)) => return Err(error),
+                    Err(error) => return Err(internal(&error)),
+                };
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return Ok(Vec::new());
             }
+            let waiter = match &waiter {
+                Some(waiter) => {
+                    waiter.update(eligibility);
+                    waiter
+                }
+                None => waiter.insert(self.waiters.join(eligibility)),
+            };
             let pause = (deadline - now).min(self.settings.acquire_poll);
-            let _ = tokio::time::timeout(pause, wake.changed()).await;
+            let _ = tokio::time::timeout(pause, waiter.woken()).await;
         }
     }
 

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::fence::{self, LeaseClaim, lease_lost};
 use crate::outbox::{self, OutboxEvent};
-use crate::states::{AttemptStatus, TaskState};
+use crate::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
 
 /// Discovered assets handed to one lease, at most: bounds the reply size.
 pub const LEASE_ASSETS_MAX: i64 = 1_000;
@@ -153,99 +153,154 @@ macro_rules! lease_columns {
     };
 }
 
-/// Grants up to `max_tasks` leases in one transaction. A replayed `request_id` returns the
-/// leases that request was granted, so a lost reply never strands a lease.
+/// What a worker may be leased: for the dispatcher's queue of waiting acquires, so that a
+/// `task.ready` wakes a waiter that can take the task.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Eligibility {
+    pub organization_ids: Vec<Uuid>,
+    pub capabilities: Vec<String>,
+}
+
+impl Eligibility {
+    /// The worker may be leased a task of `organization_id` that needs `required`.
+    pub fn admits(&self, organization_id: Uuid, required: &[String]) -> bool {
+        self.organization_ids.contains(&organization_id)
+            && required
+                .iter()
+                .all(|capability| self.capabilities.contains(capability))
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct AcquiringWorker {
+    enabled: bool,
+    revoked: bool,
+    capabilities: Vec<String>,
+    capacity: i32,
+    live: i64,
+    replayed: bool,
+    organization_ids: Vec<Uuid>,
+}
+
+/// Grants up to `max_tasks` leases in one transaction of three statements (the worker, the
+/// grant, its events). A replayed `request_id` returns the leases that request was granted,
+/// so a lost reply never strands a lease.
 pub async fn acquire(
     pool: &PgPool,
     subjects: &Subjects,
     params: &AcquireParams,
-) -> Result<AcquireOutcome, StoreError> {
+) -> Result<(AcquireOutcome, Eligibility), StoreError> {
     let mut tx = pool.begin().await?;
 
     // FOR SHARE: a revocation (an UPDATE of this row) waits for us, and we wait for it, so no
-    // lease is granted after a revocation commits.
-    let worker: Option<(bool, bool, Vec<String>, i32)> = sqlx::query_as(
+    // lease is granted after a revocation commits. The assignments are read here to answer
+    // `worker_not_assigned`, and locked by the grant itself.
+    let worker = sqlx::query_as::<_, AcquiringWorker>(
         r#"
-        SELECT enabled, revoked_at IS NOT NULL, capabilities, max_concurrent_tasks
-        FROM workers WHERE id = $1 FOR SHARE
+        SELECT w.enabled, w.revoked_at IS NOT NULL AS revoked, w.capabilities,
+               w.max_concurrent_tasks AS capacity,
+               (SELECT count(*) FROM worker_task_attempts a
+                WHERE a.worker_id = w.id AND a.status = ANY($3) AND a.lease_expires_at > now()) AS live,
+               EXISTS (SELECT 1 FROM worker_task_attempts a
+                       WHERE a.worker_id = w.id AND a.acquire_request_id = $2) AS replayed,
+               ARRAY(SELECT o.organization_id FROM organization_workers o
+                     WHERE o.worker_id = w.id AND o.enabled AND o.revoked_at IS NULL
+                     ORDER BY o.organization_id) AS organization_ids
+        FROM workers w WHERE w.id = $1
+        FOR SHARE OF w
         "#,
     )
-    .bind(params.worker_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some((enabled, revoked, capabilities, capacity)) = worker else {
-        return Ok(AcquireOutcome::Refused(unknown_worker(params.worker_id)));
-    };
-    if !enabled || revoked {
-        return Ok(AcquireOutcome::Refused(worker_disabled(params.worker_id)));
-    }
-    let replayed = sqlx::query_as::<_, GrantedLease>(concat!(
-        "SELECT ",
-        lease_columns!(),
-        " FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-         WHERE a.worker_id = $1 AND a.acquire_request_id = $2 ORDER BY a.created_at"
-    ))
     .bind(params.worker_id)
     .bind(params.request_id)
-    .fetch_all(&mut *tx)
+    .bind(LIVE_ATTEMPT_STATUSES)
+    .fetch_optional(&mut *tx)
     .await?;
-    if !replayed.is_empty() {
+    let Some(worker) = worker else {
+        return Ok((
+            AcquireOutcome::Refused(unknown_worker(params.worker_id)),
+            Eligibility::default(),
+        ));
+    };
+    let eligibility = Eligibility {
+        organization_ids: worker.organization_ids,
+        capabilities: worker.capabilities,
+    };
+    if !worker.enabled || worker.revoked {
+        return Ok((
+            AcquireOutcome::Refused(worker_disabled(params.worker_id)),
+            eligibility,
+        ));
+    }
+    if worker.replayed {
+        let replayed = sqlx::query_as::<_, GrantedLease>(concat!(
+            "SELECT ",
+            lease_columns!(),
+            " FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+             WHERE a.worker_id = $1 AND a.acquire_request_id = $2 ORDER BY a.created_at"
+        ))
+        .bind(params.worker_id)
+        .bind(params.request_id)
+        .fetch_all(&mut *tx)
+        .await?;
         let leases = with_assets(&mut tx, replayed).await?;
         tx.commit().await?;
-        return Ok(AcquireOutcome::Leases(leases));
+        return Ok((AcquireOutcome::Leases(leases), eligibility));
     }
 
-    if capabilities.is_empty() {
-        return Ok(AcquireOutcome::Refused(v1::Error::new(
-            ErrorCode::InvalidField,
-            format!(
-                "worker {} has no capabilities: send hello (with its plugins) before acquire",
-                params.worker_id
-            ),
-        )));
+    if eligibility.capabilities.is_empty() {
+        return Ok((
+            AcquireOutcome::Refused(v1::Error::new(
+                ErrorCode::InvalidField,
+                format!(
+                    "worker {} has no capabilities: send hello (with its plugins) before acquire",
+                    params.worker_id
+                ),
+            )),
+            eligibility,
+        ));
     }
-
-    let live: i64 = sqlx::query_scalar(
-        r#"
-        SELECT count(*) FROM worker_task_attempts
-        WHERE worker_id = $1 AND status IN ('leased', 'running') AND lease_expires_at > now()
-        "#,
-    )
-    .bind(params.worker_id)
-    .fetch_one(&mut *tx)
-    .await?;
-    let free = (i64::from(capacity) - live).min(params.max_tasks);
+    let free = (i64::from(worker.capacity) - worker.live).min(params.max_tasks);
     if free <= 0 {
-        return Ok(AcquireOutcome::Leases(Vec::new()));
+        return Ok((AcquireOutcome::Leases(Vec::new()), eligibility));
+    }
+    if eligibility.organization_ids.is_empty() {
+        return Ok((
+            AcquireOutcome::Refused(v1::Error::new(
+                ErrorCode::WorkerNotAssigned,
+                format!(
+                    "worker {} serves no organization; assign it with `palisade worker assign`",
+                    params.worker_id
+                ),
+            )),
+            eligibility,
+        ));
     }
 
-    let organizations = assigned_organizations(&mut tx, params.worker_id, true).await?;
-    if organizations.is_empty() {
-        return Ok(AcquireOutcome::Refused(v1::Error::new(
-            ErrorCode::WorkerNotAssigned,
-            format!(
-                "worker {} serves no organization; assign it with `palisade worker assign`",
-                params.worker_id
-            ),
-        )));
-    }
-
+    // One statement: lock the assignments (FOR SHARE, as the worker row above), pick due
+    // tasks (SKIP LOCKED), lease them, create their attempts, mark the worker seen, and move
+    // their scan jobs and scans to running.
     let granted = sqlx::query_as::<_, GrantedLease>(concat!(
         r#"
-        WITH picked AS (
+        WITH assigned AS (
+            SELECT organization_id FROM organization_workers
+            WHERE worker_id = $1 AND enabled AND revoked_at IS NULL
+            ORDER BY organization_id
+            FOR SHARE
+        ),
+        picked AS (
             SELECT t.id FROM worker_tasks t
-            WHERE t.state IN ('pending', 'retry_wait')
+            WHERE t.state = ANY($6)
               AND t.available_at <= now()
               AND t.cancel_requested_at IS NULL
-              AND t.organization_id = ANY($2)
-              AND t.required_capabilities <@ $3
+              AND t.organization_id IN (SELECT organization_id FROM assigned)
+              AND t.required_capabilities <@ $2
             ORDER BY t.priority DESC, t.available_at, t.created_at
-            LIMIT $4
+            LIMIT $3
             FOR UPDATE SKIP LOCKED
         ),
         leased AS (
             UPDATE worker_tasks t
-            SET state = 'leased', attempt_count = t.attempt_count + 1,
+            SET state = $7, attempt_count = t.attempt_count + 1,
                 last_attempt_number = t.last_attempt_number + 1,
                 current_attempt_id = gen_random_uuid(), updated_at = now()
             FROM picked WHERE t.id = picked.id
@@ -256,9 +311,20 @@ pub async fn acquire(
                 (id, task_id, worker_id, attempt_number, lease_token, acquire_request_id, status, lease_expires_at)
             SELECT l.current_attempt_id, l.id, $1, l.last_attempt_number,
                    replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''),
-                   $5, 'leased', now() + make_interval(secs => $6)
+                   $4, $8, now() + make_interval(secs => $5)
             FROM leased l
             RETURNING *
+        ),
+        seen AS (
+            UPDATE workers SET last_seen_at = now() WHERE id = $1
+        ),
+        started_jobs AS (
+            UPDATE scan_jobs j SET state = $9, started_at = coalesce(j.started_at, now()), updated_at = now()
+            FROM leased WHERE j.id = leased.scan_job_id AND j.state = $10
+        ),
+        started_scans AS (
+            UPDATE scans s SET state = $11, started_at = coalesce(s.started_at, now()), updated_at = now()
+            WHERE s.id IN (SELECT scan_id FROM leased) AND s.state = $12
         )
         SELECT "#,
         lease_columns!(),
@@ -267,43 +333,24 @@ pub async fn acquire(
         "#
     ))
     .bind(params.worker_id)
-    .bind(&organizations)
-    .bind(&capabilities)
+    .bind(&eligibility.capabilities)
     .bind(free)
     .bind(params.request_id)
     .bind(crate::seconds(params.lease_ttl))
+    .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
+    .bind(TaskState::Leased.as_str())
+    .bind(AttemptStatus::Leased.as_str())
+    .bind(ScanJobState::Running.as_str())
+    .bind(ScanJobState::Pending.as_str())
+    .bind(ScanState::Running.as_str())
+    .bind(ScanState::Pending.as_str())
     .fetch_all(&mut *tx)
     .await?;
 
-    sqlx::query("UPDATE workers SET last_seen_at = now() WHERE id = $1")
-        .bind(params.worker_id)
-        .execute(&mut *tx)
-        .await?;
-
     if granted.is_empty() {
         tx.commit().await?;
-        return Ok(AcquireOutcome::Leases(granted));
+        return Ok((AcquireOutcome::Leases(granted), eligibility));
     }
-
-    let scan_job_ids: Vec<Uuid> = granted
-        .iter()
-        .filter_map(|lease| lease.scan_job_id)
-        .collect();
-    sqlx::query(
-        "UPDATE scan_jobs SET state = 'running', started_at = coalesce(started_at, now()), updated_at = now()
-         WHERE id = ANY($1) AND state = 'pending'",
-    )
-    .bind(&scan_job_ids)
-    .execute(&mut *tx)
-    .await?;
-    let scan_ids: Vec<Uuid> = granted.iter().filter_map(|lease| lease.scan_id).collect();
-    sqlx::query(
-        "UPDATE scans SET state = 'running', started_at = coalesce(started_at, now()), updated_at = now()
-         WHERE id = ANY($1) AND state = 'pending'",
-    )
-    .bind(&scan_ids)
-    .execute(&mut *tx)
-    .await?;
 
     let events: Vec<OutboxEvent> = granted
         .iter()
@@ -329,8 +376,14 @@ pub async fn acquire(
 
     let leases = with_assets(&mut tx, granted).await?;
     tx.commit().await?;
-    Ok(AcquireOutcome::Leases(leases))
+    Ok((AcquireOutcome::Leases(leases), eligibility))
 }
+
+/// The attempt statuses that hold a lease.
+const LIVE_ATTEMPT_STATUSES: [&str; 2] = [
+    AttemptStatus::Leased.as_str(),
+    AttemptStatus::Running.as_str(),
+];
 
 /// Attaches the assets earlier plugins of each lease's scan discovered.
 async fn with_assets(

@@ -346,3 +346,71 @@ async fn a_row_the_schema_refuses_fails_alone_when_decided_one_by_one() {
     assert_eq!(batches, 2);
     system.finish().await;
 }
+
+/// Dispatch statements spent while `work` runs.
+async fn dispatch_statements<T>(work: impl std::future::Future<Output = T>) -> (T, u64) {
+    let before = cost::snapshot();
+    let output = work.await;
+    let spent = cost::spent(&before, &cost::snapshot());
+    (output, spent[lanes::DISPATCH].statements)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_task_wakes_one_waiting_acquire_not_all() {
+    // No polling during the test: only wake-ups make a waiting acquire look again.
+    let system = TestSystem::spawn_with(|settings| {
+        settings.dispatch.acquire_poll = std::time::Duration::from_secs(60);
+    })
+    .await;
+    let organization_id = system.organization().await;
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let worker = system.manual_worker(organization_id, 1).await;
+        assert!(worker.hello(&[PLUGIN]).await.error.is_none());
+        workers.push(std::sync::Arc::new(worker));
+    }
+    // What one empty acquire round costs (nothing is due).
+    let (reply, empty_round) = dispatch_statements(workers[0].acquire(Uuid::new_v4(), 1, 0)).await;
+    assert!(
+        reply.leases.is_empty() && reply.error.is_none(),
+        "{reply:?}"
+    );
+
+    // Four long-polls, each after its first (empty) round.
+    let before = cost::snapshot();
+    let (leased, mut leases) = tokio::sync::mpsc::unbounded_channel();
+    for worker in &workers {
+        let worker = worker.clone();
+        let leased = leased.clone();
+        tokio::spawn(async move {
+            let reply = worker.acquire(Uuid::new_v4(), 1, 20_000).await;
+            let _ = leased.send(reply);
+        });
+    }
+    system
+        .wait_for("four acquires waiting", || async {
+            let spent = cost::spent(&before, &cost::snapshot());
+            (spent[lanes::DISPATCH].statements >= 4 * empty_round).then_some(())
+        })
+        .await;
+
+    let ((), woken) = dispatch_statements(async {
+        let reply = system
+            .submit(&system.request(organization_id, "http://one.test", &[PLUGIN]))
+            .await;
+        assert!(reply.error.is_none(), "{reply:?}");
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(10), leases.recv())
+            .await
+            .expect("one waiting acquire was granted the task")
+            .expect("reply");
+        assert_eq!(reply.leases.len(), 1, "{reply:?}");
+    })
+    .await;
+    // One granting round (the empty round plus the event), not one round per waiter.
+    println!("empty round {empty_round} statements; the ready task cost {woken}");
+    assert!(
+        woken < 2 * empty_round,
+        "a ready task woke more than one waiting acquire: {woken} statements, {empty_round} per round"
+    );
+    system.finish().await;
+}

@@ -328,6 +328,7 @@ async fn two_acquirers_never_lease_one_task_twice() {
                 match store::dispatch::acquire(&pool, &subjects, &params)
                     .await
                     .unwrap()
+                    .0
                 {
                     store::dispatch::AcquireOutcome::Leases(leases) => leases.len(),
                     store::dispatch::AcquireOutcome::Refused(error) => panic!("{error:?}"),
