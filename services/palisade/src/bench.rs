@@ -272,6 +272,7 @@ async fn scenarios(
         );
     }
     if wants(Scenario::BurnDown) {
+        settle(harness).await?;
         report.burn_down = Some(
             burn_down(
                 harness,
@@ -285,6 +286,7 @@ async fn scenarios(
         );
     }
     if wants(Scenario::Profile) {
+        settle(harness).await?;
         report.profile = Some(
             burn_down(
                 harness,
@@ -298,9 +300,38 @@ async fn scenarios(
         );
     }
     if wants(Scenario::Steady) {
+        settle(harness).await?;
         report.steady = Some(steady(harness, options).await?);
     }
     Ok(report)
+}
+
+/// Longest wait for the previous scenario's tail (outbox, enrichment) before the next starts.
+const SETTLE_MAX: Duration = Duration::from_secs(60);
+
+/// Waits until the previous scenario's work is done, so that it does not load the next: no
+/// unpublished outbox row and no unfinished enrichment job (or [`SETTLE_MAX`] passed).
+async fn settle(harness: &Harness) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL)
+                  + (SELECT count(*) FROM enrichment_jobs WHERE state IN ('pending', 'running'))",
+        )
+        .fetch_one(&harness.pool)
+        .await
+        .context("cannot tell whether the system is idle")?;
+        if busy == 0 || started.elapsed() >= SETTLE_MAX {
+            if started.elapsed() >= Duration::from_millis(100) {
+                println!(
+                    "bench: waited {:.1} s for the previous scenario's tail ({busy} rows left)",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `scans` requests of `profile` sent at once (`in_flight` awaiting their PubAck at a time),
@@ -498,16 +529,14 @@ async fn stages(
     // There is no `leased_at`: an attempt row is created by the transaction that grants the
     // lease, so its `created_at` is the lease time.
     let rows: Vec<ScanTimes> = sqlx::query_as(
-        "SELECT s.idempotency_key, s.created_at,
-                (SELECT min(a.created_at) FROM worker_tasks t
-                   JOIN worker_task_attempts a ON a.task_id = t.id
-                  WHERE t.scan_id = s.id) AS leased_at,
-                (SELECT min(b.persisted_at) FROM worker_tasks t
-                   JOIN worker_result_batches b ON b.task_id = t.id
-                  WHERE t.scan_id = s.id) AS first_result_at,
-                s.finished_at
+        "SELECT s.idempotency_key, s.created_at, min(a.created_at) AS leased_at,
+                min(b.persisted_at) AS first_result_at, s.finished_at
            FROM scans s
-          WHERE s.client_id = $1 AND s.idempotency_key LIKE $2",
+           LEFT JOIN worker_tasks t ON t.scan_id = s.id
+           LEFT JOIN worker_task_attempts a ON a.task_id = t.id
+           LEFT JOIN worker_result_batches b ON b.task_id = t.id
+          WHERE s.client_id = $1 AND s.idempotency_key LIKE $2
+          GROUP BY s.id",
     )
     .bind(harness.client.client_id())
     .bind(format!("{name}-%"))

@@ -219,8 +219,9 @@ async fn main() -> anyhow::Result<()> {
     let mut telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     if matches!(cli.command, Command::Demo { .. } | Command::Bench { .. }) {
-        // The demo and the benchmark print their own progress; per-task logs would drown it.
-        telemetry_settings.default_filter = "warn".into();
+        // The demo and the benchmark print their own progress; per-task logs would drown it,
+        // and so would sqlx's slow-statement warnings under a load meant to saturate.
+        telemetry_settings.default_filter = "warn,sqlx::query=error".into();
     }
     let _telemetry = telemetry::init("palisade", &telemetry_settings)?;
     let common = CommonSettings::from_env().context("invalid settings")?;
