@@ -4,19 +4,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use futures::StreamExt as _;
 use messages::{ErrorCode, v1};
 use runtime::CommonSettings;
 use telemetry::cost::LaneCost;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::system::{System, SystemSettings};
+use crate::harness::{Harness, Outcomes, Tally, print_cost, start_local_web_app};
 
 /// The profile every demo scan runs: discovery, then a check of what was discovered, then a
 /// synthetic plugin standing in for a slower scanner.
@@ -73,63 +71,30 @@ enum RequestKind {
 /// Runs the demo against the database and NATS in `common`, in a fresh database and subject
 /// prefix of its own.
 pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result<DemoReport> {
-    let mut common = common;
-    let stamp = Uuid::now_v7().simple().to_string();
-    let database = format!("palisade_demo_{}", &stamp[stamp.len() - 12..]);
-    anyhow::ensure!(
-        common.database.url.contains("://"),
-        "DATABASE_URL has no scheme"
-    );
-    common.database.url = store::with_database(&common.database.url, &database);
-    common.subjects = messages::Subjects::new(&format!("demo-{}", &stamp[stamp.len() - 8..]))?;
-    println!(
-        "demo: database {database}, subject prefix {}",
-        common.subjects.prefix()
-    );
+    let harness = Harness::start(common, "demo", options.workers, options.worker_capacity).await?;
+    let (http_address, http_stop) = start_local_web_app().await?;
+    let report = load(&harness, http_address, &options).await;
+    http_stop.cancel();
+    harness.finish(options.keep_database).await?;
+    report
+}
 
-    let mut settings = SystemSettings::from_common(common.clone())?;
-    // A measurement, not a deployment: nothing probes it, and it may run beside `palisade dev`.
-    settings.http_addr = None;
-    let mut system = System::start(settings).await?;
-    let pool = system.connections.pool.clone();
-
-    let (http_address, http_stop) = start_demo_http_server().await?;
-    let organization_id = Uuid::now_v7();
-    store::admin::create_organization(&pool, organization_id, "demo", None).await?;
-    let worker_stats = system
-        .spawn_workers(organization_id, options.workers, options.worker_capacity)
-        .await?;
-
-    let client = client::Client::new(system.connections.bus.clone(), "demo");
-    let mut outcomes = Box::pin(client.outcomes().await?);
-
-    let stop = CancellationToken::new();
-    let system_stop = stop.clone();
-    let system_task = tokio::spawn(async move { system.run_until(system_stop).await });
-
-    let requests = demo_requests(&client, organization_id, http_address, &options);
+/// Sends the demo's requests and waits for their scans.
+async fn load(
+    harness: &Harness,
+    http_address: SocketAddr,
+    options: &DemoOptions,
+) -> anyhow::Result<DemoReport> {
+    let client = &harness.client;
+    let outcomes = Outcomes::follow(client).await?;
+    let requests = demo_requests(client, harness.organization_id, http_address, options);
     let total_requests = requests.len();
-    let tally: Arc<Mutex<Tally>> = Arc::new(Mutex::new(Tally::new()));
-    let reader = tokio::spawn({
-        let tally = tally.clone();
-        async move {
-            while let Some(outcome) = outcomes.next().await {
-                tally.lock().expect("not poisoned").record(outcome);
-            }
-        }
-    });
 
     let cost_before = telemetry::cost::snapshot();
     let started = Instant::now();
     let submitted = Arc::new(AtomicU64::new(0));
-    let progress_stop = CancellationToken::new();
-    let progress = tokio::spawn(report_progress(
-        tally.clone(),
-        submitted.clone(),
-        total_requests,
-        started,
-        progress_stop.clone(),
-    ));
+    let progress =
+        outcomes.report_progress("demo".into(), submitted.clone(), total_requests, started);
 
     let answers: Vec<(
         RequestKind,
@@ -137,16 +102,11 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
         Result<v1::ScanRequestReply, client::ClientError>,
     )> = futures::stream::iter(requests)
         .map(|(kind, request)| {
-            let client = client.clone();
-            let tally = tally.clone();
             let submitted = submitted.clone();
+            let outcomes = &outcomes;
             async move {
                 if kind == RequestKind::Original {
-                    tally
-                        .lock()
-                        .expect("not poisoned")
-                        .submitted_at
-                        .insert(request.idempotency_key.clone(), Instant::now());
+                    outcomes.submitting(&request.idempotency_key);
                 }
                 let reply = client.submit(&request).await;
                 submitted.fetch_add(1, Ordering::Relaxed);
@@ -185,122 +145,28 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
         .filter(|(key, scan_id)| scan_by_key.get(key) != Some(scan_id))
         .count();
 
-    let deadline = Instant::now() + options.timeout;
-    loop {
-        let finished = tally.lock().expect("not poisoned").finished();
-        if finished >= report.admitted || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    outcomes
+        .wait_for(Tally::finished, report.admitted, options.timeout)
+        .await;
     report.elapsed = started.elapsed();
     report.cost = telemetry::cost::spent(&cost_before, &telemetry::cost::snapshot());
-    progress_stop.cancel();
-    let _ = progress.await;
-    reader.abort();
+    progress.stop().await;
 
     {
-        let tally = tally.lock().expect("not poisoned");
+        let tally = outcomes.tally();
         report.completed = tally.completed.len();
         report.failed = tally.failed.len();
-        report.completion_events_repeated =
-            tally.completed.values().filter(|count| **count > 1).count();
+        report.completion_events_repeated = tally.completion_events_repeated();
         report.findings = tally.findings;
-        report.p50_ms = tally.latencies.value_at_quantile(0.50);
-        report.p99_ms = tally.latencies.value_at_quantile(0.99);
+        report.p50_ms = tally.latency_ms(0.50) as u64;
+        report.p99_ms = tally.latency_ms(0.99) as u64;
     }
     report.scans_per_second = report.completed as f64 / report.elapsed.as_secs_f64().max(0.001);
-    let (database_scans, database_completed): (i64, i64) = store::admin::scan_counts(&pool).await?;
+    let (database_scans, database_completed): (i64, i64) =
+        store::admin::scan_counts(&harness.pool).await?;
     report.database_scans = database_scans;
     report.database_completed = database_completed;
-
-    for stats in &worker_stats {
-        tracing::debug!(stats = ?stats.snapshot(), "worker");
-    }
-    stop.cancel();
-    http_stop.cancel();
-    system_task.await.context("system task panicked")??;
-    pool.close().await;
-    if !options.keep_database {
-        store::drop_database(&common.database.url).await?;
-    }
     Ok(report)
-}
-
-/// What the outcome stream said so far.
-struct Tally {
-    submitted_at: HashMap<String, Instant>,
-    completed: HashMap<String, u32>,
-    failed: HashMap<String, u32>,
-    findings: u64,
-    latencies: hdrhistogram::Histogram<u64>,
-}
-
-impl Tally {
-    fn new() -> Self {
-        Self {
-            submitted_at: HashMap::new(),
-            completed: HashMap::new(),
-            failed: HashMap::new(),
-            findings: 0,
-            latencies: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
-        }
-    }
-
-    fn record(&mut self, outcome: client::Outcome) {
-        match outcome {
-            client::Outcome::Completed(event) => {
-                let count = self.completed.entry(event.scan_id.clone()).or_default();
-                *count += 1;
-                if *count == 1 {
-                    self.findings += u64::from(event.finding_count);
-                    if let Some(at) = self.submitted_at.get(&event.idempotency_key) {
-                        let _ = self.latencies.record(at.elapsed().as_millis() as u64);
-                    }
-                }
-            }
-            client::Outcome::Failed(event) => *self.failed.entry(event.scan_id).or_default() += 1,
-            client::Outcome::Cancelled(event) => {
-                *self.failed.entry(event.scan_id).or_default() += 1
-            }
-            client::Outcome::Rejected(_) => {}
-        }
-    }
-
-    fn finished(&self) -> usize {
-        self.completed.len() + self.failed.len()
-    }
-}
-
-async fn report_progress(
-    tally: Arc<Mutex<Tally>>,
-    submitted: Arc<AtomicU64>,
-    total_requests: usize,
-    started: Instant,
-    stop: CancellationToken,
-) {
-    let mut ticker = tokio::time::interval(Duration::from_secs(1));
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        let (completed, failed) = {
-            let tally = tally.lock().expect("not poisoned");
-            (tally.completed.len(), tally.failed.len())
-        };
-        let elapsed = started.elapsed().as_secs_f64();
-        println!(
-            "demo: {:>5.1}s  requests sent {}/{}  scans completed {}  failed {}  ({:.0} scans/s)",
-            elapsed,
-            submitted.load(Ordering::Relaxed),
-            total_requests,
-            completed,
-            failed,
-            completed as f64 / elapsed.max(0.001)
-        );
-    }
 }
 
 /// Originals, replays and conflicting reuses, interleaved the way real clients send them.
@@ -327,30 +193,6 @@ fn demo_requests(
         }
     }
     requests
-}
-
-/// A local web application for the plugins to scan: it answers every path without the
-/// usual security headers, so http_headers has something to report.
-async fn start_demo_http_server() -> anyhow::Result<(SocketAddr, CancellationToken)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    let app = axum::Router::new().fallback(|| async {
-        (
-            [
-                ("server", "demo-app/1.0"),
-                ("x-content-type-options", "nosniff"),
-            ],
-            "hello from the demo app\n",
-        )
-    });
-    let stop = CancellationToken::new();
-    let shutdown = stop.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-    });
-    Ok((address, stop))
 }
 
 /// Prints the report as a table; returns whether every check held.
@@ -385,7 +227,7 @@ pub fn print_report(report: &DemoReport) -> bool {
         println!("{name:<40} {value:>14}");
     }
     println!("{}", "-".repeat(55));
-    print_cost(report);
+    print_cost(&report.cost, report.completed, 64);
     let checks = [
         (
             "every admitted scan completed exactly once",
@@ -410,40 +252,4 @@ pub fn print_report(report: &DemoReport) -> bool {
         all &= held;
     }
     all
-}
-
-/// Statements and messages per completed scan, by lane (idle polling included: the figure
-/// is what the run cost, divided by what it completed).
-fn print_cost(report: &DemoReport) {
-    if report.completed == 0 {
-        return;
-    }
-    let per_scan = |count: u64| count as f64 / report.completed as f64;
-    println!(
-        "{:<22} {:>10} {:>10} {:>10}",
-        "cost per completed scan", "statements", "msgs sent", "msgs recv"
-    );
-    let mut total = LaneCost::default();
-    for (lane, cost) in &report.cost {
-        if *cost == LaneCost::default() {
-            continue;
-        }
-        println!(
-            "  {lane:<20} {:>10.1} {:>10.1} {:>10.1}",
-            per_scan(cost.statements),
-            per_scan(cost.messages_sent),
-            per_scan(cost.messages_received)
-        );
-        total.statements += cost.statements;
-        total.messages_sent += cost.messages_sent;
-        total.messages_received += cost.messages_received;
-    }
-    println!(
-        "  {:<20} {:>10.1} {:>10.1} {:>10.1}",
-        "all lanes",
-        per_scan(total.statements),
-        per_scan(total.messages_sent),
-        per_scan(total.messages_received)
-    );
-    println!("{}", "-".repeat(55));
 }

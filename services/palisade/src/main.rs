@@ -1,10 +1,11 @@
 //! The `palisade` command: run everything for development, migrate, submit and inspect scans,
-//! administer workers, run the demo, probe a service's readiness (`health`).
+//! administer workers, run the demo and the benchmark, probe a service's readiness (`health`).
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use palisade::bench::{self, BenchOptions, Scenario};
 use palisade::demo::{self, DemoOptions};
 use palisade::probe;
 use palisade::system::{self, System, SystemSettings};
@@ -51,6 +52,47 @@ enum Command {
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
         /// Keep the demo database afterwards (it is dropped by default).
+        #[arg(long)]
+        keep_database: bool,
+    },
+    /// Measure throughput, latency and cost per scan in-process against a fresh database,
+    /// next to the fenced-step ceiling of the same PostgreSQL; prints a table, then JSON.
+    Bench {
+        /// Scenarios to run (all by default).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        only: Vec<Scenario>,
+        /// Scans of the one-plugin burn-down.
+        #[arg(long, default_value_t = 2_000)]
+        scans: usize,
+        /// Scans of the three-plugin burn-down (default: --scans).
+        #[arg(long)]
+        profile_scans: Option<usize>,
+        /// Offered load of the steady scenario, scans per second.
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+        /// Seconds the steady load is offered.
+        #[arg(long, default_value_t = 10.0)]
+        duration: f64,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        #[arg(long, default_value_t = 64)]
+        capacity: u32,
+        /// Requests awaiting their PubAck at once in a burn-down.
+        #[arg(long, default_value_t = 256)]
+        in_flight: usize,
+        /// Connections running the fenced step at once.
+        #[arg(long, default_value_t = 16)]
+        ceiling_connections: usize,
+        /// Seconds the fenced step runs.
+        #[arg(long, default_value_t = 3.0)]
+        ceiling_secs: f64,
+        /// Give up waiting for a scenario's scans after this long.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        /// Also write the JSON document to this file.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+        /// Keep the benchmark's database afterwards (it is dropped by default).
         #[arg(long)]
         keep_database: bool,
     },
@@ -176,9 +218,10 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
-    if matches!(cli.command, Command::Demo { .. }) {
-        // The demo prints its own progress; per-task logs would drown it.
-        telemetry_settings.default_filter = "warn".into();
+    if matches!(cli.command, Command::Demo { .. } | Command::Bench { .. }) {
+        // The demo and the benchmark print their own progress; per-task logs would drown it,
+        // and so would sqlx's slow-statement warnings under a load meant to saturate.
+        telemetry_settings.default_filter = "warn,sqlx::query=error".into();
     }
     let _telemetry = telemetry::init("palisade", &telemetry_settings)?;
     let common = CommonSettings::from_env().context("invalid settings")?;
@@ -217,6 +260,58 @@ async fn main() -> anyhow::Result<()> {
                 Ok(())
             } else {
                 anyhow::bail!("the demo's checks did not all hold (see the table above)")
+            }
+        }
+        Command::Bench {
+            only,
+            scans,
+            profile_scans,
+            rate,
+            duration,
+            workers,
+            capacity,
+            in_flight,
+            ceiling_connections,
+            ceiling_secs,
+            timeout_secs,
+            json,
+            keep_database,
+        } => {
+            let seconds = |name: &str, value: f64| {
+                Duration::try_from_secs_f64(value)
+                    .with_context(|| format!("--{name} {value} is not a duration in seconds"))
+            };
+            let options = BenchOptions {
+                scenarios: if only.is_empty() {
+                    vec![
+                        Scenario::Ceiling,
+                        Scenario::BurnDown,
+                        Scenario::Profile,
+                        Scenario::Steady,
+                    ]
+                } else {
+                    only
+                },
+                scans,
+                profile_scans: profile_scans.unwrap_or(scans),
+                rate,
+                duration: seconds("duration", duration)?,
+                workers,
+                worker_capacity: capacity,
+                in_flight,
+                ceiling_connections,
+                ceiling_duration: seconds("ceiling-secs", ceiling_secs)?,
+                timeout: Duration::from_secs(timeout_secs),
+                keep_database,
+                json,
+            };
+            let report = bench::run(common, &options).await?;
+            let held = bench::print_report(&report);
+            bench::emit_json(&report, options.json.as_deref())?;
+            if held {
+                Ok(())
+            } else {
+                anyhow::bail!("the benchmark's checks did not all hold (see the table above)")
             }
         }
         Command::Org(OrgCommand::Add {

@@ -147,8 +147,13 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     let cost = telemetry::cost::metrics();
     registry.register(
         "db_statements",
-        "PostgreSQL statements sent (BEGIN, COMMIT and savepoints included), by lane",
+        "PostgreSQL statements sent (COMMIT included; sqlx does not report BEGIN), by lane",
         cost.statements.clone(),
+    );
+    registry.register(
+        "db_commits",
+        "PostgreSQL transactions committed (statements that were a COMMIT), by lane",
+        cost.commits.clone(),
     );
     registry.register(
         "nats_messages",

@@ -4,10 +4,14 @@
 //! A *lane* is a bounded, named kind of work (`admission`, `dispatch`, one per reaper sweep…;
 //! see [`lanes`]). Work runs inside [`in_lane`]; everything it does is charged to that lane:
 //!
-//! - **statements**: every statement sqlx sends (including `BEGIN`, `COMMIT` and savepoints)
-//!   emits a `sqlx::query` event in the task that sent it; [`StatementCounter`], a layer
-//!   [`crate::init`] installs, counts those events against the task's lane. Counting does not
-//!   depend on the log level: the layer has its own filter.
+//! - **statements**: every statement sqlx sends through its executor (`COMMIT`, `ROLLBACK`
+//!   and `RELEASE SAVEPOINT` included; sqlx 0.9 sends `BEGIN` and `SAVEPOINT` without the
+//!   event, so they are not counted) emits a `sqlx::query` event in the task that sent it;
+//!   [`StatementCounter`], a layer [`crate::init`] installs, counts those events against the
+//!   task's lane. Counting does not depend on the log level: the layer has its own filter.
+//! - **commits**: the subset of those statements that is a `COMMIT` (the event's `summary`
+//!   field says so). A statement outside a transaction commits on its own and is not counted
+//!   here, so this is the number of explicit transactions committed.
 //! - **messages**: `bus` calls [`count_messages`] for every message it sends (publishes,
 //!   requests, replies, acknowledgements) and receives (deliveries, requests, replies,
 //!   PubAcks). JetStream pull requests and idle heartbeats are protocol traffic and are not
@@ -104,6 +108,8 @@ pub struct MessageLabels {
 pub struct CostMetrics {
     /// `palisade_db_statements_total{lane}`.
     pub statements: Family<LaneLabels, Counter>,
+    /// `palisade_db_commits_total{lane}`: the statements that were a `COMMIT`.
+    pub commits: Family<LaneLabels, Counter>,
     /// `palisade_nats_messages_total{lane,direction}`.
     pub messages: Family<MessageLabels, Counter>,
 }
@@ -112,6 +118,7 @@ pub struct CostMetrics {
 #[derive(Debug)]
 struct LaneCounters {
     statements: Counter,
+    commits: Counter,
     sent: Counter,
     received: Counter,
 }
@@ -143,6 +150,7 @@ static COST: LazyLock<Cost> = LazyLock::new(|| {
                     .statements
                     .get_or_create(&LaneLabels { lane })
                     .clone(),
+                commits: metrics.commits.get_or_create(&LaneLabels { lane }).clone(),
                 sent: message(Direction::Sent),
                 received: message(Direction::Received),
             }
@@ -208,17 +216,37 @@ pub fn count_messages(direction: Direction, n: u64) {
 /// The target of the event sqlx emits once per statement.
 const SQLX_STATEMENT_TARGET: &str = "sqlx::query";
 
-/// Counts every statement sqlx sends against the sending task's lane. Installed by
-/// [`crate::init`]; use [`statement_counter`] to get it with its filter.
+/// Counts every statement sqlx sends against the sending task's lane, and separately those
+/// that are a `COMMIT`. Installed by [`crate::init`]; use [`statement_counter`] to get it with
+/// its filter.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StatementCounter;
 
 impl<S: Subscriber> Layer<S> for StatementCounter {
     fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
         if event.metadata().target() == SQLX_STATEMENT_TARGET {
-            counters().statements.inc();
+            let lane = counters();
+            lane.statements.inc();
+            let mut commit = IsCommit(false);
+            event.record(&mut commit);
+            if commit.0 {
+                lane.commits.inc();
+            }
         }
     }
+}
+
+/// Whether a `sqlx::query` event's `summary` (the statement's first words) is `COMMIT`.
+struct IsCommit(bool);
+
+impl tracing::field::Visit for IsCommit {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "summary" {
+            self.0 = value.trim().eq_ignore_ascii_case("COMMIT");
+        }
+    }
+
+    fn record_debug(&mut self, _field: &tracing::field::Field, _value: &dyn std::fmt::Debug) {}
 }
 
 /// [`StatementCounter`] with a filter that lets through exactly sqlx's per-statement events
@@ -235,6 +263,8 @@ where
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LaneCost {
     pub statements: u64,
+    /// The statements that were a `COMMIT`.
+    pub commits: u64,
     pub messages_sent: u64,
     pub messages_received: u64,
 }
@@ -244,6 +274,7 @@ impl LaneCost {
     pub fn since(self, earlier: Self) -> Self {
         Self {
             statements: self.statements.saturating_sub(earlier.statements),
+            commits: self.commits.saturating_sub(earlier.commits),
             messages_sent: self.messages_sent.saturating_sub(earlier.messages_sent),
             messages_received: self
                 .messages_received
@@ -259,6 +290,7 @@ pub fn snapshot() -> BTreeMap<&'static str, LaneCost> {
         .map(|lane| {
             let cost = LaneCost {
                 statements: statements(lane),
+                commits: commits(lane),
                 messages_sent: messages(lane, Direction::Sent),
                 messages_received: messages(lane, Direction::Received),
             };
@@ -284,6 +316,11 @@ pub fn spent(
 /// A lane's current statement count (tests and the demo's cost report read these directly).
 pub fn statements(lane: &'static str) -> u64 {
     COST.lanes[index_of(lane)].statements.get()
+}
+
+/// A lane's current `COMMIT` count.
+pub fn commits(lane: &'static str) -> u64 {
+    COST.lanes[index_of(lane)].commits.get()
 }
 
 /// Messages of `lane` in `direction` so far.
@@ -313,6 +350,25 @@ mod tests {
             assert_eq!(messages(lanes::DISPATCH, Direction::Sent), before + 2);
         })
         .await;
+    }
+
+    #[test]
+    fn a_commit_is_counted_as_a_statement_and_a_commit() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let subscriber = tracing_subscriber::registry().with(statement_counter());
+        tracing::subscriber::with_default(subscriber, || {
+            let (statements_before, commits_before) =
+                (statements(lanes::OTHER), commits(lanes::OTHER));
+            for summary in [
+                "COMMIT",
+                "UPDATE tasks SET state",
+                "RELEASE SAVEPOINT _sqlx_savepoint_1",
+            ] {
+                tracing::debug!(target: "sqlx::query", summary, rows_affected = 0_u64);
+            }
+            assert_eq!(statements(lanes::OTHER), statements_before + 3);
+            assert_eq!(commits(lanes::OTHER), commits_before + 1);
+        });
     }
 
     #[test]

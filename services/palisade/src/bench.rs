@@ -1,0 +1,1064 @@
+//! `palisade bench`: throughput, latency and cost of the whole system in one process, against
+//! a fresh database and subject prefix, next to a ceiling the same PostgreSQL sets.
+//!
+//! Four scenarios, all run by default (`--only` picks some):
+//!
+//! - **ceiling**: a *fenced step* done by the benchmark itself, without palisade: in a scratch
+//!   table of the run's database, each of N connections repeats one transaction (UPDATE of a
+//!   lease row guarded by its token and expiry, INSERT of a result row, INSERT of an outbox
+//!   row, COMMIT). It is the least a worker's result costs PostgreSQL, so steps/s is the
+//!   throughput no scan path built on fenced leases can beat on this machine; every other
+//!   throughput is also given as a ratio to it.
+//! - **burn-down**: N scans of one `synthetic` plugin (no delay, one finding) sent at once;
+//!   scans/s from the first request to the last completion event, request-to-completion
+//!   latency, and what each lane spent per scan (statements, commits, messages).
+//! - **profile**: the same with the demo's three-plugin profile (`tcp_connect → http_headers →
+//!   synthetic` against a local web app; admission refuses a plugin twice in a profile, so
+//!   three `synthetic` stages are not possible).
+//! - **steady**: a fixed offered load for a while; achieved scans/s, latency, pickup, and where
+//!   the time went per stage, from the timestamps PostgreSQL holds after the run.
+//!
+//! Requests go through the durable path (`client.publish`: JetStream PubAck, admission consumes
+//! the request stream), and completion is what a client sees: the `scan.completed` events of
+//! `client.outcomes()`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
+use runtime::CommonSettings;
+use serde_json::json;
+use telemetry::cost::LaneCost;
+use tokio::task::JoinSet;
+
+use crate::harness::{Harness, Outcomes, Tally, print_cost, start_local_web_app, total_cost};
+
+/// The scenarios `--only` can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Scenario {
+    /// The fenced-step ceiling of this PostgreSQL.
+    Ceiling,
+    /// N one-plugin scans at once, with their cost per scan.
+    BurnDown,
+    /// N three-plugin scans at once, with their cost per scan.
+    Profile,
+    /// A fixed offered load, with latency, pickup and the time per stage.
+    Steady,
+}
+
+/// How the benchmark runs.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub scenarios: Vec<Scenario>,
+    /// Scans of the burn-down.
+    pub scans: usize,
+    /// Scans of the three-plugin burn-down.
+    pub profile_scans: usize,
+    /// Offered load of the steady scenario, scans per second.
+    pub rate: f64,
+    /// How long the steady load is offered.
+    pub duration: Duration,
+    pub workers: usize,
+    pub worker_capacity: u32,
+    /// Requests awaiting their PubAck at once during a burn-down.
+    pub in_flight: usize,
+    pub ceiling_connections: usize,
+    pub ceiling_duration: Duration,
+    /// Give up waiting for a scenario's scans after this long.
+    pub timeout: Duration,
+    pub keep_database: bool,
+    /// Where to write the JSON document too.
+    pub json: Option<PathBuf>,
+}
+
+/// p50, p95 and p99 of a sample, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quantiles {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+}
+
+impl Quantiles {
+    /// Nearest-rank quantiles of `values` (any order).
+    fn of(values: &[f64]) -> Self {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            if sorted.is_empty() {
+                return 0.0;
+            }
+            let rank = (q * sorted.len() as f64).ceil() as usize;
+            sorted[rank.clamp(1, sorted.len()) - 1]
+        };
+        Self {
+            p50: at(0.50),
+            p95: at(0.95),
+            p99: at(0.99),
+        }
+    }
+
+    fn from_tally(tally: &Tally) -> Self {
+        Self {
+            p50: tally.latency_ms(0.50),
+            p95: tally.latency_ms(0.95),
+            p99: tally.latency_ms(0.99),
+        }
+    }
+
+    fn to_json(self) -> serde_json::Value {
+        json!({ "p50": round(self.p50), "p95": round(self.p95), "p99": round(self.p99) })
+    }
+}
+
+/// What the ceiling measured.
+#[derive(Debug, Clone, Default)]
+pub struct Ceiling {
+    pub connections: usize,
+    pub seconds: f64,
+    pub steps: u64,
+    pub steps_per_second: f64,
+    /// Fenced UPDATEs that did not match their (live, correctly tokened) lease row.
+    pub fence_misses: u64,
+    /// Whether an UPDATE with a stale token matched nothing.
+    pub stale_token_refused: bool,
+    /// Result and outbox rows in the scratch tables afterwards.
+    pub result_rows: i64,
+    pub outbox_rows: i64,
+}
+
+/// What a burn-down measured.
+#[derive(Debug, Clone, Default)]
+pub struct BurnDown {
+    pub profile: Vec<&'static str>,
+    pub scans: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub rejected: usize,
+    pub completion_events_repeated: usize,
+    pub database_completed: i64,
+    pub findings: u64,
+    /// From the first request to the last completion event.
+    pub seconds: f64,
+    pub scans_per_second: f64,
+    pub latency_ms: Quantiles,
+    /// What each lane spent from the first request to the last completion event.
+    pub cost: BTreeMap<&'static str, LaneCost>,
+}
+
+/// One stage of a scan's life, over the scans of the steady scenario.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub name: &'static str,
+    pub span: &'static str,
+    pub samples: usize,
+    pub ms: Quantiles,
+}
+
+/// What the steady scenario measured.
+#[derive(Debug, Clone, Default)]
+pub struct Steady {
+    pub offered_per_second: f64,
+    pub duration_seconds: f64,
+    pub scans: usize,
+    /// How long sending every request took (the offered rate actually kept).
+    pub send_seconds: f64,
+    pub completed: usize,
+    pub failed: usize,
+    pub rejected: usize,
+    pub completion_events_repeated: usize,
+    pub database_completed: i64,
+    /// From the first request to the last completion event.
+    pub seconds: f64,
+    pub achieved_per_second: f64,
+    pub latency_ms: Quantiles,
+    /// Request to the first attempt of the first task.
+    pub pickup_ms: Quantiles,
+    pub stages: Vec<Stage>,
+    /// Scans lacking a timestamp a stage needs.
+    pub incomplete_timestamps: usize,
+}
+
+/// The machine and servers the benchmark ran on.
+#[derive(Debug, Clone, Default)]
+pub struct Host {
+    pub date: String,
+    pub cores: usize,
+    pub load_before: String,
+    pub load_after: String,
+    pub postgresql: String,
+    pub nats: String,
+}
+
+/// Everything the benchmark measured.
+#[derive(Debug, Clone, Default)]
+pub struct BenchReport {
+    pub host: Host,
+    pub workers: usize,
+    pub worker_capacity: u32,
+    pub in_flight: usize,
+    pub ceiling: Option<Ceiling>,
+    pub burn_down: Option<BurnDown>,
+    pub profile: Option<BurnDown>,
+    pub steady: Option<Steady>,
+    pub total_seconds: f64,
+}
+
+/// One synthetic plugin: no delay, one finding.
+const BURN_DOWN_PROFILE: [&str; 1] = ["synthetic"];
+/// The demo's three plugins.
+const THREE_PLUGIN_PROFILE: [&str; 3] = crate::demo::DEMO_PROFILE;
+
+/// Runs the scenarios in `options` against the database and NATS in `common`, in a fresh
+/// database and subject prefix of its own.
+pub async fn run(common: CommonSettings, options: &BenchOptions) -> anyhow::Result<BenchReport> {
+    let started = Instant::now();
+    let load_before = load_average();
+    let harness = Harness::start(common, "bench", options.workers, options.worker_capacity).await?;
+    let (web_app, web_app_stop) = start_local_web_app().await?;
+    let report = scenarios(&harness, web_app, options).await;
+    web_app_stop.cancel();
+    harness.finish(options.keep_database).await?;
+    let mut report = report?;
+    report.host.load_before = load_before;
+    report.host.load_after = load_average();
+    report.total_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+async fn scenarios(
+    harness: &Harness,
+    web_app: SocketAddr,
+    options: &BenchOptions,
+) -> anyhow::Result<BenchReport> {
+    let postgresql: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&harness.pool)
+        .await
+        .context("cannot read PostgreSQL's version")?;
+    let mut report = BenchReport {
+        host: Host {
+            date: Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            cores: std::thread::available_parallelism().map_or(0, usize::from),
+            postgresql,
+            nats: harness.bus.client().server_info().version,
+            ..Host::default()
+        },
+        workers: options.workers,
+        worker_capacity: options.worker_capacity,
+        in_flight: options.in_flight,
+        ..BenchReport::default()
+    };
+    let wants = |scenario| options.scenarios.contains(&scenario);
+    if wants(Scenario::Ceiling) {
+        println!(
+            "bench: ceiling, {} connections for {:.1} s",
+            options.ceiling_connections,
+            options.ceiling_duration.as_secs_f64()
+        );
+        report.ceiling = Some(
+            ceiling(
+                &harness.common.database.url,
+                options.ceiling_connections,
+                options.ceiling_duration,
+            )
+            .await
+            .context("the ceiling failed")?,
+        );
+    }
+    if wants(Scenario::BurnDown) {
+        settle(harness).await?;
+        report.burn_down = Some(
+            burn_down(
+                harness,
+                "burn-down",
+                &BURN_DOWN_PROFILE,
+                options.scans,
+                |index| format!("synthetic://bench/burn-down/{index}?duration_ms=0&findings=1"),
+                options,
+            )
+            .await?,
+        );
+    }
+    if wants(Scenario::Profile) {
+        settle(harness).await?;
+        report.profile = Some(
+            burn_down(
+                harness,
+                "profile",
+                &THREE_PLUGIN_PROFILE,
+                options.profile_scans,
+                |index| format!("http://{web_app}/profile/{index}"),
+                options,
+            )
+            .await?,
+        );
+    }
+    if wants(Scenario::Steady) {
+        settle(harness).await?;
+        report.steady = Some(steady(harness, options).await?);
+    }
+    Ok(report)
+}
+
+/// Longest wait for the previous scenario's tail (outbox, enrichment) before the next starts.
+const SETTLE_MAX: Duration = Duration::from_secs(60);
+
+/// Waits until the previous scenario's work is done, so that it does not load the next: no
+/// unpublished outbox row and no unfinished enrichment job (or [`SETTLE_MAX`] passed).
+async fn settle(harness: &Harness) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL)
+                  + (SELECT count(*) FROM enrichment_jobs WHERE state IN ('pending', 'running'))",
+        )
+        .fetch_one(&harness.pool)
+        .await
+        .context("cannot tell whether the system is idle")?;
+        if busy == 0 || started.elapsed() >= SETTLE_MAX {
+            if started.elapsed() >= Duration::from_millis(100) {
+                println!(
+                    "bench: waited {:.1} s for the previous scenario's tail ({busy} rows left)",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `scans` requests of `profile` sent at once (`in_flight` awaiting their PubAck at a time),
+/// then the wait for their completion events.
+async fn burn_down(
+    harness: &Harness,
+    name: &'static str,
+    profile: &[&'static str],
+    scans: usize,
+    target: impl Fn(usize) -> String,
+    options: &BenchOptions,
+) -> anyhow::Result<BurnDown> {
+    println!(
+        "bench: {name}, {scans} scans of {} sent at once",
+        profile.join(" → ")
+    );
+    let client = &harness.client;
+    let organization = harness.organization_id.to_string();
+    let outcomes = Outcomes::follow(client).await?;
+    let requests: Vec<_> = (0..scans)
+        .map(|index| client.request(&organization, &target(index), profile, &key(name, index)))
+        .collect();
+
+    let cost_before = telemetry::cost::snapshot();
+    let started = Instant::now();
+    let submitted = Arc::new(AtomicU64::new(0));
+    let progress =
+        outcomes.report_progress(format!("bench {name}"), submitted.clone(), scans, started);
+    let sent: Vec<Result<(), client::ClientError>> = futures::stream::iter(&requests)
+        .map(|request| {
+            let outcomes = &outcomes;
+            let submitted = &submitted;
+            async move {
+                outcomes.submitting(&request.idempotency_key);
+                let sent = client.publish(request).await;
+                submitted.fetch_add(1, Ordering::Relaxed);
+                sent
+            }
+        })
+        .buffer_unordered(options.in_flight.max(1))
+        .collect()
+        .await;
+    if let Some(Err(error)) = sent.into_iter().find(Result::is_err) {
+        progress.stop().await;
+        return Err(error).context("a request was not accepted by JetStream");
+    }
+    outcomes
+        .wait_for(Tally::answered, scans, options.timeout)
+        .await;
+    let cost = telemetry::cost::spent(&cost_before, &telemetry::cost::snapshot());
+    progress.stop().await;
+
+    let mut report = BurnDown {
+        profile: profile.to_vec(),
+        scans,
+        cost,
+        ..BurnDown::default()
+    };
+    {
+        let tally = outcomes.tally();
+        report.completed = tally.completed.len();
+        report.failed = tally.failed.len();
+        report.rejected = tally.rejected;
+        report.completion_events_repeated = tally.completion_events_repeated();
+        report.findings = tally.findings;
+        report.latency_ms = Quantiles::from_tally(&tally);
+        let last = tally.last_finished.unwrap_or_else(Instant::now);
+        report.seconds = last.duration_since(started).as_secs_f64();
+    }
+    report.scans_per_second = report.completed as f64 / report.seconds.max(0.001);
+    report.database_completed = completed_in_database(harness, name).await?;
+    Ok(report)
+}
+
+/// The idempotency key of request `index` of scenario `name`.
+fn key(name: &str, index: usize) -> String {
+    format!("{name}-{index}")
+}
+
+/// Scans of scenario `name` that PostgreSQL holds as completed.
+async fn completed_in_database(harness: &Harness, name: &str) -> anyhow::Result<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM scans WHERE client_id = $1 AND idempotency_key LIKE $2 AND state = 'completed'",
+    )
+    .bind(harness.client.client_id())
+    .bind(format!("{name}-%"))
+    .fetch_one(&harness.pool)
+    .await
+    .with_context(|| format!("cannot count the {name} scans"))
+}
+
+/// One request every 1/rate seconds for `duration`, each sent without waiting for the last
+/// (an open loop), then the wait for their completion events and the timestamps PostgreSQL
+/// recorded for each scan.
+async fn steady(harness: &Harness, options: &BenchOptions) -> anyhow::Result<Steady> {
+    const NAME: &str = "steady";
+    anyhow::ensure!(
+        options.rate > 0.0 && options.rate.is_finite(),
+        "--rate must be a positive number"
+    );
+    let scans = (options.rate * options.duration.as_secs_f64()).round() as usize;
+    println!(
+        "bench: steady, {:.1} scans/s of synthetic offered for {:.1} s ({scans} scans)",
+        options.rate,
+        options.duration.as_secs_f64()
+    );
+    let client = &harness.client;
+    let organization = harness.organization_id.to_string();
+    let outcomes = Outcomes::follow(client).await?;
+    let mut requested_at: HashMap<String, DateTime<Utc>> = HashMap::with_capacity(scans);
+    let started = Instant::now();
+    let submitted = Arc::new(AtomicU64::new(0));
+    let progress =
+        outcomes.report_progress(format!("bench {NAME}"), submitted.clone(), scans, started);
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / options.rate));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut sends = JoinSet::new();
+    for index in 0..scans {
+        ticker.tick().await;
+        let target = format!("synthetic://bench/{NAME}/{index}?duration_ms=0&findings=1");
+        let request = client.request(
+            &organization,
+            &target,
+            &BURN_DOWN_PROFILE,
+            &key(NAME, index),
+        );
+        outcomes.submitting(&request.idempotency_key);
+        requested_at.insert(request.idempotency_key.clone(), Utc::now());
+        let client = client.clone();
+        let submitted = submitted.clone();
+        sends.spawn(async move {
+            let sent = client.publish(&request).await;
+            submitted.fetch_add(1, Ordering::Relaxed);
+            sent
+        });
+    }
+    while let Some(sent) = sends.join_next().await {
+        if let Err(error) = sent
+            .context("a send panicked")
+            .and_then(|sent| sent.context("a request was not accepted by JetStream"))
+        {
+            progress.stop().await;
+            return Err(error);
+        }
+    }
+    let send_seconds = started.elapsed().as_secs_f64();
+    outcomes
+        .wait_for(Tally::answered, scans, options.timeout)
+        .await;
+    progress.stop().await;
+
+    let mut report = Steady {
+        offered_per_second: options.rate,
+        duration_seconds: options.duration.as_secs_f64(),
+        scans,
+        send_seconds,
+        ..Steady::default()
+    };
+    let seen_at = {
+        let tally = outcomes.tally();
+        report.completed = tally.completed.len();
+        report.failed = tally.failed.len();
+        report.rejected = tally.rejected;
+        report.completion_events_repeated = tally.completion_events_repeated();
+        report.latency_ms = Quantiles::from_tally(&tally);
+        let last = tally.last_finished.unwrap_or_else(Instant::now);
+        report.seconds = last.duration_since(started).as_secs_f64();
+        tally.completed_seen_at.clone()
+    };
+    report.achieved_per_second = report.completed as f64 / report.seconds.max(0.001);
+    report.database_completed = completed_in_database(harness, NAME).await?;
+    stages(harness, NAME, &requested_at, &seen_at, &mut report).await?;
+    Ok(report)
+}
+
+/// A scan's timestamps as PostgreSQL recorded them (`now()`: the start of the transaction
+/// that wrote each).
+type ScanTimes = (
+    String,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
+/// Pickup and the time per stage of scenario `name`'s scans, from PostgreSQL's timestamps,
+/// the time each request was sent and the time its completion event arrived.
+async fn stages(
+    harness: &Harness,
+    name: &str,
+    requested_at: &HashMap<String, DateTime<Utc>>,
+    seen_at: &HashMap<String, DateTime<Utc>>,
+    report: &mut Steady,
+) -> anyhow::Result<()> {
+    // There is no `leased_at`: an attempt row is created by the transaction that grants the
+    // lease, so its `created_at` is the lease time.
+    let rows: Vec<ScanTimes> = sqlx::query_as(
+        "SELECT s.idempotency_key, s.created_at, min(a.created_at) AS leased_at,
+                min(b.persisted_at) AS first_result_at, s.finished_at
+           FROM scans s
+           LEFT JOIN worker_tasks t ON t.scan_id = s.id
+           LEFT JOIN worker_task_attempts a ON a.task_id = t.id
+           LEFT JOIN worker_result_batches b ON b.task_id = t.id
+          WHERE s.client_id = $1 AND s.idempotency_key LIKE $2
+          GROUP BY s.id",
+    )
+    .bind(harness.client.client_id())
+    .bind(format!("{name}-%"))
+    .fetch_all(&harness.pool)
+    .await
+    .context("cannot read the scans' timestamps")?;
+    let ms = |from: DateTime<Utc>, to: DateTime<Utc>| {
+        (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1_000.0
+    };
+    let mut pickup = Vec::new();
+    let mut spans: [Vec<f64>; 5] = Default::default();
+    for (key, created_at, leased_at, first_result_at, finished_at) in rows {
+        let (Some(requested), Some(leased), Some(first_result), Some(finished), Some(seen)) = (
+            requested_at.get(&key).copied(),
+            leased_at,
+            first_result_at,
+            finished_at,
+            seen_at.get(&key).copied(),
+        ) else {
+            report.incomplete_timestamps += 1;
+            continue;
+        };
+        pickup.push(ms(requested, leased));
+        for (samples, (from, to)) in spans.iter_mut().zip([
+            (requested, created_at),
+            (created_at, leased),
+            (leased, first_result),
+            (first_result, finished),
+            (finished, seen),
+        ]) {
+            samples.push(ms(from, to));
+        }
+    }
+    report.incomplete_timestamps += requested_at
+        .len()
+        .saturating_sub(pickup.len() + report.incomplete_timestamps);
+    report.pickup_ms = Quantiles::of(&pickup);
+    let names = [
+        ("admission", "request sent → scans.created_at"),
+        (
+            "acquire",
+            "scans.created_at → first attempt created_at (leased)",
+        ),
+        (
+            "result",
+            "leased → first worker_result_batches.persisted_at",
+        ),
+        ("completion", "first result persisted → scans.finished_at"),
+        ("event", "scans.finished_at → client saw scan.completed"),
+    ];
+    report.stages = names
+        .into_iter()
+        .zip(spans)
+        .map(|((name, span), samples)| Stage {
+            name,
+            span,
+            samples: samples.len(),
+            ms: Quantiles::of(&samples),
+        })
+        .collect();
+    Ok(())
+}
+
+/// The statements that set up the ceiling's scratch tables, shaped like palisade's own:
+/// a lease row with a token and an expiry, result rows unique per (lease, sequence), an outbox
+/// with a partial index on what is unpublished.
+const CEILING_SCHEMA: [&str; 4] = [
+    "CREATE TABLE bench_leases (
+        id BIGINT PRIMARY KEY,
+        token TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL,
+        renewed_at TIMESTAMPTZ NULL,
+        steps BIGINT NOT NULL DEFAULT 0)",
+    "CREATE TABLE bench_results (
+        id BIGSERIAL PRIMARY KEY,
+        lease_id BIGINT NOT NULL REFERENCES bench_leases(id),
+        sequence BIGINT NOT NULL,
+        payload JSONB NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        UNIQUE (lease_id, sequence))",
+    "CREATE TABLE bench_outbox (
+        id BIGSERIAL PRIMARY KEY,
+        subject TEXT NOT NULL,
+        payload BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        published_at TIMESTAMPTZ NULL)",
+    "CREATE INDEX bench_outbox_unpublished ON bench_outbox (id) WHERE published_at IS NULL",
+];
+
+/// Statements of one fenced step as the cost counter counts them: UPDATE, two INSERTs and
+/// COMMIT (sqlx does not report `BEGIN`).
+const CEILING_STATEMENTS_PER_STEP: u64 = 4;
+
+/// `connections` connections each repeating the fenced step on a lease row of its own for
+/// `duration`.
+async fn ceiling(
+    database_url: &str,
+    connections: usize,
+    duration: Duration,
+) -> anyhow::Result<Ceiling> {
+    anyhow::ensure!(connections > 0, "--ceiling-connections must be at least 1");
+    let mut settings = store::DatabaseSettings::new(database_url);
+    settings.max_connections = connections as u32;
+    let pool = store::connect(&settings).await?;
+    for statement in CEILING_SCHEMA {
+        sqlx::query(statement)
+            .execute(&pool)
+            .await
+            .context("cannot create the ceiling's scratch tables")?;
+    }
+    sqlx::query(
+        "INSERT INTO bench_leases (id, token, expires_at)
+         SELECT g, md5(g::text), now() + interval '1 hour' FROM generate_series(1, $1) g",
+    )
+    .bind(connections as i64)
+    .execute(&pool)
+    .await
+    .context("cannot create the ceiling's leases")?;
+
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut steppers = JoinSet::new();
+    for lease in 1..=connections as i64 {
+        let pool = pool.clone();
+        steppers.spawn(async move { fenced_steps(&pool, lease, deadline).await });
+    }
+    let mut report = Ceiling {
+        connections,
+        ..Ceiling::default()
+    };
+    while let Some(stepped) = steppers.join_next().await {
+        let (steps, misses) = stepped.context("a fenced stepper panicked")??;
+        report.steps += steps;
+        report.fence_misses += misses;
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    report.steps_per_second = report.steps as f64 / report.seconds.max(0.001);
+    report.stale_token_refused = sqlx::query(
+        "UPDATE bench_leases SET renewed_at = now()
+          WHERE id = 1 AND token = 'stale' AND expires_at > now()",
+    )
+    .execute(&pool)
+    .await?
+    .rows_affected()
+        == 0;
+    (report.result_rows, report.outbox_rows) = sqlx::query_as::<_, (i64, i64)>(
+        "SELECT (SELECT count(*) FROM bench_results), (SELECT count(*) FROM bench_outbox)",
+    )
+    .fetch_one(&pool)
+    .await?;
+    pool.close().await;
+    Ok(report)
+}
+
+/// The fenced step on lease row `lease` until `deadline`: returns the steps committed and the
+/// fenced UPDATEs that matched nothing (rolled back; there should be none).
+async fn fenced_steps(
+    pool: &sqlx::PgPool,
+    lease: i64,
+    deadline: Instant,
+) -> anyhow::Result<(u64, u64)> {
+    let token: String = sqlx::query_scalar("SELECT token FROM bench_leases WHERE id = $1")
+        .bind(lease)
+        .fetch_one(pool)
+        .await?;
+    let finding = json!({
+        "rule_id": "bench-0",
+        "severity": "medium",
+        "resource": "bench://ceiling",
+        "title": "a result row the size of one finding",
+    });
+    let outbox_payload = vec![0x5a_u8; 160];
+    let (mut steps, mut misses) = (0_u64, 0_u64);
+    while Instant::now() < deadline {
+        let mut transaction = pool.begin().await?;
+        let fenced = sqlx::query(
+            "UPDATE bench_leases SET renewed_at = now(), steps = steps + 1
+              WHERE id = $1 AND token = $2 AND expires_at > now()",
+        )
+        .bind(lease)
+        .bind(&token)
+        .execute(&mut *transaction)
+        .await?
+        .rows_affected();
+        if fenced != 1 {
+            misses += 1;
+            transaction.rollback().await?;
+            continue;
+        }
+        sqlx::query("INSERT INTO bench_results (lease_id, sequence, payload) VALUES ($1, $2, $3)")
+            .bind(lease)
+            .bind(steps as i64)
+            .bind(&finding)
+            .execute(&mut *transaction)
+            .await?;
+        sqlx::query("INSERT INTO bench_outbox (subject, payload) VALUES ($1, $2)")
+            .bind("bench.v1.event.result")
+            .bind(&outbox_payload)
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        steps += 1;
+    }
+    Ok((steps, misses))
+}
+
+/// `/proc/loadavg`'s three load averages, or why not.
+fn load_average() -> String {
+    match std::fs::read_to_string("/proc/loadavg") {
+        Ok(text) => text
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(error) => format!("unknown ({error})"),
+    }
+}
+
+fn round(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
+}
+
+/// A named check and whether it held.
+type Check = (String, bool);
+
+/// Every check of the report.
+pub fn checks(report: &BenchReport) -> Vec<Check> {
+    let mut checks = Vec::new();
+    if let Some(ceiling) = &report.ceiling {
+        checks.push((
+            "ceiling: every fenced UPDATE matched its lease, a stale token matched none".into(),
+            ceiling.fence_misses == 0 && ceiling.stale_token_refused,
+        ));
+        checks.push((
+            "ceiling: one result row and one outbox row per committed step".into(),
+            ceiling.result_rows == ceiling.steps as i64
+                && ceiling.outbox_rows == ceiling.steps as i64,
+        ));
+    }
+    for (name, run) in [
+        ("burn-down", &report.burn_down),
+        ("profile", &report.profile),
+    ] {
+        if let Some(run) = run {
+            checks.push((
+                format!("{name}: every scan completed exactly once"),
+                run.completed == run.scans
+                    && run.failed == 0
+                    && run.rejected == 0
+                    && run.completion_events_repeated == 0
+                    && run.database_completed == run.scans as i64,
+            ));
+        }
+    }
+    if let Some(steady) = &report.steady {
+        checks.push((
+            "steady: every scan completed exactly once".into(),
+            steady.completed == steady.scans
+                && steady.failed == 0
+                && steady.rejected == 0
+                && steady.completion_events_repeated == 0
+                && steady.database_completed == steady.scans as i64,
+        ));
+        checks.push((
+            "steady: every scan has every stage's timestamps".into(),
+            steady.incomplete_timestamps == 0,
+        ));
+    }
+    checks
+}
+
+/// Prints the report as a table; returns whether every check held.
+pub fn print_report(report: &BenchReport) -> bool {
+    const WIDTH: usize = 78;
+    let host = &report.host;
+    let ceiling = report
+        .ceiling
+        .as_ref()
+        .map(|ceiling| ceiling.steps_per_second);
+    let ratio = |per_second: f64| match ceiling {
+        Some(steps) if steps > 0.0 => format!("{:.3} × ceiling", per_second / steps),
+        _ => String::new(),
+    };
+    let line = || println!("{}", "-".repeat(WIDTH));
+    println!();
+    println!("palisade bench, {}", host.date);
+    println!(
+        "host: {} cores, load average {} before, {} after; PostgreSQL {}, NATS {}",
+        host.cores, host.load_before, host.load_after, host.postgresql, host.nats
+    );
+    println!(
+        "everything in one process: five services, {} workers × {} leases; requests by client.publish ({} awaiting PubAck at once)",
+        report.workers, report.worker_capacity, report.in_flight
+    );
+    line();
+    if let Some(ceiling) = &report.ceiling {
+        println!(
+            "{:<46} {:>12.0} steps/s",
+            format!(
+                "ceiling: fenced step, {} connections, {:.1} s",
+                ceiling.connections, ceiling.seconds
+            ),
+            ceiling.steps_per_second
+        );
+        println!("  (UPDATE lease WHERE token AND expiry, INSERT result, INSERT outbox, COMMIT)");
+        line();
+    }
+    for (name, run) in [
+        ("burn-down", &report.burn_down),
+        ("profile", &report.profile),
+    ] {
+        let Some(run) = run else { continue };
+        println!(
+            "{:<46} {:>12.1} scans/s  {}",
+            format!("{name}: {} scans at once", run.scans),
+            run.scans_per_second,
+            ratio(run.scans_per_second)
+        );
+        println!(
+            "  {}: completed {} failed {} refused {} in {:.1} s; {} findings",
+            run.profile.join(" → "),
+            run.completed,
+            run.failed,
+            run.rejected,
+            run.seconds,
+            run.findings
+        );
+        println!(
+            "  request → completion event  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
+            run.latency_ms.p50, run.latency_ms.p95, run.latency_ms.p99
+        );
+        let total = total_cost(&run.cost);
+        let per_scan = |count: u64| count as f64 / run.completed.max(1) as f64;
+        if let Some(steps) = ceiling {
+            println!(
+                "  bound by the ceiling's PostgreSQL: {:.0} scans/s by statements ({} per step), {:.0} by commits",
+                steps * CEILING_STATEMENTS_PER_STEP as f64 / per_scan(total.statements).max(0.001),
+                CEILING_STATEMENTS_PER_STEP,
+                steps / per_scan(total.commits).max(0.001),
+            );
+        }
+        print_cost(&run.cost, run.completed, WIDTH);
+    }
+    if let Some(steady) = &report.steady {
+        println!(
+            "{:<46} {:>12.1} scans/s  {}",
+            format!(
+                "steady: {:.0} scans/s offered for {:.0} s",
+                steady.offered_per_second, steady.duration_seconds
+            ),
+            steady.achieved_per_second,
+            ratio(steady.achieved_per_second)
+        );
+        println!(
+            "  {} sent in {:.1} s; completed {} failed {} refused {}, the last {:.1} s after the first request",
+            steady.scans,
+            steady.send_seconds,
+            steady.completed,
+            steady.failed,
+            steady.rejected,
+            steady.seconds
+        );
+        println!(
+            "  request → completion event  p50 {:.1} ms  p95 {:.1} ms  p99 {:.1} ms",
+            steady.latency_ms.p50, steady.latency_ms.p95, steady.latency_ms.p99
+        );
+        println!(
+            "  pickup (request → leased)   p50 {:.1} ms  p99 {:.1} ms",
+            steady.pickup_ms.p50, steady.pickup_ms.p99
+        );
+        println!(
+            "  {:<12} {:>9} {:>9}  from → to (PostgreSQL's now(): the writing transaction's start)",
+            "stage", "p50 ms", "p99 ms"
+        );
+        for stage in &steady.stages {
+            println!(
+                "  {:<12} {:>9.1} {:>9.1}  {}",
+                stage.name, stage.ms.p50, stage.ms.p99, stage.span
+            );
+        }
+        if steady.incomplete_timestamps > 0 {
+            println!(
+                "  {} scans lack a timestamp and are left out of the stages",
+                steady.incomplete_timestamps
+            );
+        }
+        line();
+    }
+    println!("total {:.1} s", report.total_seconds);
+    let mut all = true;
+    for (name, held) in checks(report) {
+        println!("{name:<72} {}", if held { "yes" } else { "NO" });
+        all &= held;
+    }
+    all
+}
+
+/// The report as one JSON document.
+pub fn to_json(report: &BenchReport) -> serde_json::Value {
+    let ceiling = report
+        .ceiling
+        .as_ref()
+        .map(|ceiling| ceiling.steps_per_second);
+    let ratio = |per_second: f64| {
+        ceiling
+            .filter(|steps| *steps > 0.0)
+            .map(|steps| per_second / steps)
+    };
+    let cost_json = |cost: &BTreeMap<&'static str, LaneCost>, completed: usize| {
+        let per_scan = |count: u64| round(count as f64 / completed.max(1) as f64);
+        let lane = |cost: &LaneCost| {
+            json!({
+                "statements": per_scan(cost.statements),
+                "commits": per_scan(cost.commits),
+                "messages_sent": per_scan(cost.messages_sent),
+                "messages_received": per_scan(cost.messages_received),
+            })
+        };
+        let lanes: serde_json::Map<String, serde_json::Value> = cost
+            .iter()
+            .filter(|(_, cost)| **cost != LaneCost::default())
+            .map(|(name, cost)| ((*name).to_owned(), lane(cost)))
+            .collect();
+        json!({ "lanes": lanes, "total": lane(&total_cost(cost)) })
+    };
+    let burn_down = |run: &BurnDown| {
+        json!({
+            "profile": run.profile,
+            "scans": run.scans,
+            "completed": run.completed,
+            "failed": run.failed,
+            "refused": run.rejected,
+            "completion_events_repeated": run.completion_events_repeated,
+            "database_completed": run.database_completed,
+            "findings": run.findings,
+            "seconds": round(run.seconds),
+            "scans_per_second": round(run.scans_per_second),
+            "ratio_to_ceiling": ratio(run.scans_per_second),
+            "latency_ms": run.latency_ms.to_json(),
+            "cost_per_scan": cost_json(&run.cost, run.completed),
+        })
+    };
+    let steady = report.steady.as_ref().map(|steady| {
+        let stages: serde_json::Map<String, serde_json::Value> = steady
+            .stages
+            .iter()
+            .map(|stage| {
+                (
+                    stage.name.to_owned(),
+                    json!({
+                        "span": stage.span,
+                        "samples": stage.samples,
+                        "p50_ms": round(stage.ms.p50),
+                        "p99_ms": round(stage.ms.p99),
+                    }),
+                )
+            })
+            .collect();
+        json!({
+            "offered_per_second": steady.offered_per_second,
+            "duration_seconds": steady.duration_seconds,
+            "scans": steady.scans,
+            "send_seconds": round(steady.send_seconds),
+            "completed": steady.completed,
+            "failed": steady.failed,
+            "refused": steady.rejected,
+            "completion_events_repeated": steady.completion_events_repeated,
+            "database_completed": steady.database_completed,
+            "seconds": round(steady.seconds),
+            "achieved_per_second": round(steady.achieved_per_second),
+            "ratio_to_ceiling": ratio(steady.achieved_per_second),
+            "latency_ms": steady.latency_ms.to_json(),
+            "pickup_ms": { "p50": round(steady.pickup_ms.p50), "p99": round(steady.pickup_ms.p99) },
+            "stages": stages,
+            "incomplete_timestamps": steady.incomplete_timestamps,
+        })
+    });
+    let checks: Vec<serde_json::Value> = checks(report)
+        .into_iter()
+        .map(|(name, held)| json!({ "name": name, "held": held }))
+        .collect();
+    let ok = checks.iter().all(|check| check["held"] == true);
+    json!({
+        "date": report.host.date,
+        "host": {
+            "cores": report.host.cores,
+            "load_average_before": report.host.load_before,
+            "load_average_after": report.host.load_after,
+            "postgresql": report.host.postgresql,
+            "nats": report.host.nats,
+            "one_host": true,
+        },
+        "settings": {
+            "workers": report.workers,
+            "worker_capacity": report.worker_capacity,
+            "submission": "client.publish (durable, JetStream PubAck)",
+            "in_flight": report.in_flight,
+        },
+        "ceiling": report.ceiling.as_ref().map(|ceiling| json!({
+            "step": "UPDATE lease WHERE id AND token AND expires_at > now(); INSERT result; INSERT outbox; COMMIT",
+            "connections": ceiling.connections,
+            "seconds": round(ceiling.seconds),
+            "steps": ceiling.steps,
+            "steps_per_second": round(ceiling.steps_per_second),
+        })),
+        "burn_down": report.burn_down.as_ref().map(burn_down),
+        "profile": report.profile.as_ref().map(burn_down),
+        "steady": steady,
+        "total_seconds": round(report.total_seconds),
+        "checks": checks,
+        "ok": ok,
+    })
+}
+
+/// Prints the JSON document after a line `JSON:`, and writes it to `path` when given.
+pub fn emit_json(report: &BenchReport, path: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(&to_json(report))?;
+    if let Some(path) = path {
+        std::fs::write(path, format!("{text}\n"))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("JSON:");
+    println!("{text}");
+    Ok(())
+}
