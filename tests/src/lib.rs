@@ -714,6 +714,7 @@ impl ManualWorker {
             lease: lease.lease.clone(),
             batch_count,
             summary: "done".into(),
+            final_batch: None,
         }
     }
 

@@ -190,10 +190,12 @@ impl Ingestion {
                 tracing::field::display(message.claim().task_id),
             );
         }
-        let decisions: Vec<store::ingest::Message<'_>> = messages
+        // A completion carrying its last batch is two decisions: the batch, then itself.
+        let parts: Vec<Vec<store::ingest::Message<'_>>> = messages
             .iter()
-            .map(|(_, message)| message.as_store(self.retry))
+            .map(|(_, message)| message.to_store(self.retry))
             .collect();
+        let decisions: Vec<store::ingest::Message<'_>> = parts.iter().flatten().cloned().collect();
         let outcomes = match self
             .transaction(&decisions, false)
             .instrument(transaction_span.clone())
@@ -207,14 +209,28 @@ impl Ingestion {
             }
             outcomes => outcomes?,
         };
-        Ok(outcomes
-            .into_iter()
-            .map(|outcome| match outcome {
-                Ok(IngestOutcome::Accepted) => Verdict::Accepted,
-                Ok(IngestOutcome::Duplicate) => Verdict::Duplicate,
-                Ok(IngestOutcome::Refused(error)) => Verdict::Refused(error),
-                // Logged once, by the bus, with the redelivery it causes.
-                Err(error) => Verdict::Failed(telemetry::chain(&error).to_string()),
+        let mut outcomes = outcomes.into_iter();
+        Ok(parts
+            .iter()
+            .map(|part| {
+                let mut verdicts: Vec<Verdict> = outcomes
+                    .by_ref()
+                    .take(part.len())
+                    .map(|outcome| match outcome {
+                        Ok(IngestOutcome::Accepted) => Verdict::Accepted,
+                        Ok(IngestOutcome::Duplicate) => Verdict::Duplicate,
+                        Ok(IngestOutcome::Refused(error)) => Verdict::Refused(error),
+                        // Logged once, by the bus, with the redelivery it causes.
+                        Err(error) => Verdict::Failed(telemetry::chain(&error).to_string()),
+                    })
+                    .collect();
+                // The completion answers for its batch, unless deciding the batch failed: then
+                // the whole message is decided again.
+                let own = verdicts.pop().expect("every message has its own decision");
+                match verdicts.pop() {
+                    Some(failed @ Verdict::Failed(_)) => failed,
+                    _ => own,
+                }
             })
             .collect())
     }

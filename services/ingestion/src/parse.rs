@@ -28,6 +28,8 @@ pub enum WorkerMessage {
     Complete {
         claim: LeaseClaim,
         batch_count: i32,
+        /// The last batch, carried inside the completion (a `Result`).
+        final_batch: Option<Box<WorkerMessage>>,
         summary: String,
     },
     Fail {
@@ -47,8 +49,19 @@ impl WorkerMessage {
         }
     }
 
-    /// The message as the store's decision script takes it.
-    pub fn as_store(&self, retry: RetryPolicy) -> ingest::Message<'_> {
+    /// The message as the store's decision script takes it: one message, or two for a
+    /// completion carrying its last batch (the batch first).
+    pub fn to_store(&self, retry: RetryPolicy) -> Vec<ingest::Message<'_>> {
+        match self {
+            WorkerMessage::Complete {
+                final_batch: Some(batch),
+                ..
+            } => vec![batch.as_store(retry), self.as_store(retry)],
+            _ => vec![self.as_store(retry)],
+        }
+    }
+
+    fn as_store(&self, retry: RetryPolicy) -> ingest::Message<'_> {
         match self {
             WorkerMessage::Result {
                 claim,
@@ -68,6 +81,7 @@ impl WorkerMessage {
                 claim,
                 batch_count,
                 summary,
+                ..
             } => ingest::Message::Complete(ingest::CompleteParams {
                 claim,
                 batch_count: *batch_count,
@@ -165,9 +179,36 @@ pub fn parse(
                             ),
                         ));
                     }
+                    let final_batch = match message.final_batch {
+                        None => None,
+                        Some(batch) => {
+                            let batch = validate_batch(subject_worker, batch, limits)?;
+                            let WorkerMessage::Result {
+                                claim: batch_claim,
+                                sequence_number,
+                                ..
+                            } = &batch
+                            else {
+                                unreachable!("validate_batch returns a result")
+                            };
+                            if *batch_claim != claim {
+                                return Err(invalid(
+                                    "final_batch.lease must be the completion's lease",
+                                ));
+                            }
+                            if i64::from(*sequence_number) != i64::from(message.batch_count) - 1 {
+                                return Err(invalid(format!(
+                                    "final_batch.sequence_number must be batch_count - 1 ({}), not {sequence_number}",
+                                    i64::from(message.batch_count) - 1
+                                )));
+                            }
+                            Some(Box::new(batch))
+                        }
+                    };
                     Ok(WorkerMessage::Complete {
                         claim,
                         batch_count: message.batch_count as i32,
+                        final_batch,
                         summary: message
                             .summary
                             .chars()
@@ -246,7 +287,17 @@ fn parse_result(
     let mut address = address(subject_worker, "result", message.lease.as_ref());
     address.idempotency_key = message.idempotency_key.clone();
     address.sequence_number = message.sequence_number;
-    let parsed = (|| {
+    let parsed = validate_batch(subject_worker, message, limits);
+    (address, parsed)
+}
+
+/// Validates a result batch, sent on its own or inside a completion.
+fn validate_batch(
+    subject_worker: Option<&str>,
+    message: v1::ResultBatch,
+    limits: &BatchLimits,
+) -> Result<WorkerMessage, v1::Error> {
+    {
         schema(message.schema_version)?;
         let claim = LeaseClaim::from_wire(
             worker_id(subject_worker, &message.worker_id)?,
@@ -322,12 +373,11 @@ fn parse_result(
         Ok(WorkerMessage::Result {
             claim,
             sequence_number: message.sequence_number as i32,
-            idempotency_key: message.idempotency_key.clone(),
-            payload_sha256: message.payload_sha256.clone(),
+            idempotency_key: message.idempotency_key,
+            payload_sha256: message.payload_sha256,
             payload: batch,
         })
-    })();
-    (address, parsed)
+    }
 }
 
 fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {

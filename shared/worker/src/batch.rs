@@ -1,7 +1,6 @@
 //! Cutting a plugin's stream of results into result batches within the session's limits, and
 //! encoding each batch as the `ResultBatch` that goes on the wire. Pure: no I/O, no clock.
 
-use bytes::Bytes;
 use messages::{limits, v1};
 use prost::Message as _;
 
@@ -130,25 +129,23 @@ pub(crate) fn msg_id(first_msg_id: &str, send: u32) -> String {
     }
 }
 
-/// The encoded `ResultBatch` for `payload`, and its idempotency key.
-pub(crate) fn encode_batch(
+/// The `ResultBatch` for `payload`.
+pub(crate) fn batch_message(
     worker_id: &str,
     lease: &v1::LeaseRef,
     sequence_number: u32,
     payload: &v1::BatchPayload,
-) -> (String, Bytes) {
+) -> v1::ResultBatch {
     let payload = payload.encode_to_vec();
-    let idempotency_key = idempotency_key(&lease.attempt_id, sequence_number);
-    let batch = v1::ResultBatch {
+    v1::ResultBatch {
         schema_version: messages::SCHEMA_VERSION,
         worker_id: worker_id.to_owned(),
         lease: Some(lease.clone()),
         sequence_number,
-        idempotency_key: idempotency_key.clone(),
+        idempotency_key: idempotency_key(&lease.attempt_id, sequence_number),
         payload_sha256: messages::sha256_hex(&payload),
         payload,
-    };
-    (idempotency_key, Bytes::from(batch.encode_to_vec()))
+    }
 }
 
 #[cfg(test)]
@@ -254,10 +251,8 @@ mod tests {
                 value: "/etc".into(),
             }],
         };
-        let (key, bytes) = encode_batch("w", &lease, 3, &payload);
-        let batch = v1::ResultBatch::decode(bytes).unwrap();
-        assert_eq!(key, "a:3");
-        assert_eq!(batch.idempotency_key, key);
+        let batch = batch_message("w", &lease, 3, &payload);
+        assert_eq!(batch.idempotency_key, "a:3");
         assert_eq!(batch.sequence_number, 3);
         assert_eq!(batch.payload_sha256, messages::sha256_hex(&batch.payload));
         assert_eq!(

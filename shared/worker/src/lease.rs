@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::acks::Route;
 use crate::batch::{self, Batcher};
+use crate::config::Session;
 use crate::context::Context;
 use crate::plugin::{Plugin, PluginError, ResultItem, ResultSink, TaskInput};
 use crate::renew::{self, LeaseLoss};
@@ -142,6 +143,7 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
         last: None,
         complete_rounds: 0,
         complete_sends: 0,
+        final_pending: false,
     };
     let outcome = task.drive().await;
     renew_done.cancel();
@@ -244,6 +246,8 @@ struct LeaseTask {
     complete_rounds: u32,
     /// Sends of the completion in earlier rounds: the next one's `Nats-Msg-Id` follows on.
     complete_sends: u32,
+    /// The plugin finished and its last partial batch (if any) is still in the batcher.
+    final_pending: bool,
 }
 
 impl LeaseTask {
@@ -294,7 +298,26 @@ impl LeaseTask {
                 && self.unacked.is_empty()
             {
                 let summary = summary.clone();
-                self.send_complete(&summary).await;
+                let final_batch = if std::mem::take(&mut self.final_pending) {
+                    match self.take_final_batch(&summary).await {
+                        Ok(batch) => batch,
+                        Err(Step::Fail(error)) => {
+                            self.send_fail(error).await;
+                            phase = Phase::Failing;
+                            continue;
+                        }
+                        Err(Step::End(outcome)) => return outcome,
+                        // Sent on its own: the completion follows once it is acknowledged.
+                        Err(Step::Continue) => continue,
+                    }
+                } else {
+                    None
+                };
+                if !self.unacked.is_empty() {
+                    // The last batch went out on its own; complete once it is acknowledged.
+                    continue;
+                }
+                self.send_complete(&summary, final_batch).await;
                 phase = Phase::Completing { summary };
             }
         }
@@ -317,11 +340,9 @@ impl LeaseTask {
                         return step;
                     }
                 }
-                let step = self.flush().await;
-                if !matches!(step, Step::Continue) {
-                    return step;
-                }
                 tracing::info!(batches = self.batches.len(), %summary, "plugin finished");
+                // The last partial batch waits for the completion it may travel in.
+                self.final_pending = true;
                 *phase = Phase::Draining { summary };
                 Step::Continue
             }
@@ -376,22 +397,11 @@ impl LeaseTask {
                 ),
             ));
         }
-        let (key, message) =
-            batch::encode_batch(&self.ctx.worker_id, &self.lease, sequence_number, &payload);
-        self.result_bytes += message.len();
-        if self.result_bytes > ATTEMPT_RESULT_BYTES_MAX {
-            return Step::Fail(PluginError::permanent(
-                "too_many_results",
-                format!(
-                    "the plugin produced more than {ATTEMPT_RESULT_BYTES_MAX} bytes of results"
-                ),
-            ));
-        }
-        let outbound = Outbound {
-            subject: self.result_subject.clone(),
-            first_msg_id: key,
-            message,
-            sends: 0,
+        let message =
+            batch::batch_message(&self.ctx.worker_id, &self.lease, sequence_number, &payload);
+        let outbound = match self.record_batch(&message) {
+            Ok(outbound) => outbound,
+            Err(error) => return Step::Fail(error),
         };
         self.publish(&outbound).await;
         self.ctx.stats.add(Counter::BatchesSent);
@@ -409,7 +419,53 @@ impl LeaseTask {
         Step::Continue
     }
 
-    async fn send_complete(&mut self, summary: &str) {
+    /// Counts a batch against the attempt's result bytes and returns it as a message of its
+    /// own, kept for a resend (after `batch_missing`) whether or not it is published alone.
+    fn record_batch(&mut self, message: &v1::ResultBatch) -> Result<Outbound, PluginError> {
+        let bytes = Bytes::from(message.encode_to_vec());
+        self.result_bytes += bytes.len();
+        if self.result_bytes > ATTEMPT_RESULT_BYTES_MAX {
+            return Err(PluginError::permanent(
+                "too_many_results",
+                format!(
+                    "the plugin produced more than {ATTEMPT_RESULT_BYTES_MAX} bytes of results"
+                ),
+            ));
+        }
+        Ok(Outbound {
+            subject: self.result_subject.clone(),
+            first_msg_id: message.idempotency_key.clone(),
+            message: bytes,
+            sends: 0,
+        })
+    }
+
+    /// The last batch, to travel inside the completion when it fits beside it: a task whose
+    /// results fit one batch is then one message. Otherwise it is sent on its own first.
+    async fn take_final_batch(&mut self, summary: &str) -> Result<Option<v1::ResultBatch>, Step> {
+        self.batch_started_at = None;
+        let Some(payload) = self.batcher.take() else {
+            return Ok(None);
+        };
+        let sequence_number = u32::try_from(self.batches.len()).unwrap_or(u32::MAX);
+        let message =
+            batch::batch_message(&self.ctx.worker_id, &self.lease, sequence_number, &payload);
+        let fits = message.encoded_len() + summary.len()
+            <= self.ctx.session.batch_bytes_max + Session::ENVELOPE_BYTES_MAX / 2;
+        if sequence_number > limits::BATCH_SEQUENCE_MAX || !fits {
+            return match self.send_new_batch(payload).await {
+                Step::Continue => Ok(None),
+                step => Err(step),
+            };
+        }
+        let outbound = self.record_batch(&message).map_err(Step::Fail)?;
+        // Never published alone unless ingestion asks for it again (`batch_missing`).
+        self.batches.push(outbound);
+        self.ctx.stats.add(Counter::BatchesSent);
+        Ok(Some(message))
+    }
+
+    async fn send_complete(&mut self, summary: &str, final_batch: Option<v1::ResultBatch>) {
         let complete = v1::TaskComplete {
             schema_version: messages::SCHEMA_VERSION,
             worker_id: self.ctx.worker_id.clone(),
@@ -417,6 +473,7 @@ impl LeaseTask {
             batch_count: u32::try_from(self.batches.len())
                 .expect("batches are bounded by BATCH_SEQUENCE_MAX"),
             summary: summary.to_owned(),
+            final_batch,
         };
         let outbound = Outbound {
             subject: self.ctx.subject(WorkerVerb::Complete),

@@ -407,6 +407,13 @@ fn ingest(
     } else if subject.ends_with(".complete") {
         let complete = v1::TaskComplete::decode(payload).unwrap();
         let lease = complete.lease.clone().unwrap();
+        // As ingestion does: the batch inside a completion is decided first.
+        if let Some(batch) = &complete.final_batch {
+            assert_eq!(batch.payload_sha256, messages::sha256_hex(&batch.payload));
+            assert_eq!(batch.lease.as_ref(), Some(&lease));
+            assert_eq!(batch.sequence_number + 1, complete.batch_count);
+            script.persisted.insert(batch.sequence_number);
+        }
         let missing = script.complete_missing_once.take().unwrap_or_else(|| {
             (0..complete.batch_count)
                 .filter(|sequence_number| !script.persisted.contains(sequence_number))
@@ -525,9 +532,17 @@ async fn completes_a_lease_in_dense_acknowledged_batches() {
     shutdown.cancel();
     handle.await.unwrap().unwrap();
 
-    let batches = fake.batches();
+    // The last, partial batch travels inside the completion.
+    let mut batches = fake.batches();
     let msg_ids: Vec<_> = batches.iter().map(|(msg_id, _)| msg_id.clone()).collect();
-    assert_eq!(msg_ids, [0, 1, 2].map(|n| format!("{attempt}:{n}")));
+    assert_eq!(msg_ids, [0, 1].map(|n| format!("{attempt}:{n}")));
+    batches.push((
+        msg_id.clone(),
+        complete
+            .final_batch
+            .clone()
+            .expect("the last batch inside the completion"),
+    ));
     let shapes: Vec<_> = batches
         .iter()
         .map(|(_, batch)| {
@@ -560,7 +575,7 @@ async fn resends_an_unacknowledged_batch_under_a_new_msg_id() {
     let attempt = attempt_id(&granted);
     let script = Script {
         leases: [granted].into(),
-        result_acks_dropped: [1].into(),
+        result_acks_dropped: [0].into(),
         ..Default::default()
     };
     let Some(mut fake) = Fake::start(script).await else {
@@ -569,6 +584,11 @@ async fn resends_an_unacknowledged_batch_under_a_new_msg_id() {
     let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
     let (_, complete) = fake.expect("completion", complete_of).await;
     assert_eq!(complete.batch_count, 2);
+    // The last batch travels inside the completion, sent once batch 0 was acknowledged.
+    assert_eq!(
+        complete.final_batch.map(|batch| batch.sequence_number),
+        Some(1)
+    );
     counters(&stats, "completion", |stats| stats.completed == 1).await;
     shutdown.cancel();
     handle.await.unwrap().unwrap();
@@ -580,11 +600,7 @@ async fn resends_an_unacknowledged_batch_under_a_new_msg_id() {
         .collect();
     assert_eq!(
         msg_ids,
-        [
-            format!("{attempt}:0"),
-            format!("{attempt}:1"),
-            format!("{attempt}:1:r1")
-        ],
+        [format!("{attempt}:0"), format!("{attempt}:0:r1")],
         "the resend got through JetStream's de-duplication"
     );
     assert_eq!(stats.snapshot().batches_resent, 1);
@@ -618,14 +634,9 @@ async fn resends_missing_batches_when_the_completion_says_so() {
         .into_iter()
         .map(|(msg_id, _)| msg_id)
         .collect();
-    assert_eq!(
-        msg_ids,
-        [
-            format!("{attempt}:0"),
-            format!("{attempt}:1"),
-            format!("{attempt}:0:r1")
-        ]
-    );
+    // Batch 1 travelled inside the first completion; the second carries none.
+    assert_eq!(msg_ids, [format!("{attempt}:0"), format!("{attempt}:0:r1")]);
+    assert!(complete.final_batch.is_none(), "{complete:?}");
     let completions = fake.history().iter().filter_map(complete_of).count();
     assert_eq!(
         completions, 2,

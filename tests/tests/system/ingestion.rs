@@ -297,3 +297,73 @@ async fn release_returns_the_task_without_spending_its_budget() {
     assert!(again.lease.unwrap().attempt_number > scan.lease.lease.unwrap().attempt_number);
     system.finish().await;
 }
+
+#[tokio::test]
+async fn a_completion_carrying_its_last_batch_is_one_message_and_one_decision() {
+    use messages::WorkerVerb;
+    use prost::Message as _;
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let worker = &scan.worker;
+
+    // Refused as a whole, writing nothing: a batch of another sequence number, or another lease.
+    let mut wrong_sequence = worker.completion(&scan.lease, 1);
+    wrong_sequence.final_batch = Some(worker.batch(&scan.lease, 1, &findings_payload(2)));
+    let mut foreign = worker.completion(&scan.lease, 1);
+    let mut other_lease = scan.lease.clone();
+    other_lease.lease.as_mut().expect("lease ref").lease_token = "another-token".into();
+    foreign.final_batch = Some(worker.batch(&other_lease, 0, &findings_payload(2)));
+    for refused in [wrong_sequence, foreign] {
+        worker
+            .publish_raw(WorkerVerb::Complete, refused.encode_to_vec())
+            .await;
+        let ack = worker.next_ack().await;
+        assert_eq!(
+            ack.error.as_ref().and_then(v1::Error::error_code),
+            Some(ErrorCode::InvalidField),
+            "{ack:?}"
+        );
+    }
+    assert_eq!(system.table_counts().await["findings"], 0);
+
+    // Batch 1 inside the completion, batch 0 never sent: the completion names what is missing.
+    let mut second_only = worker.completion(&scan.lease, 2);
+    second_only.final_batch = Some(worker.batch(&scan.lease, 1, &findings_payload(2)));
+    worker
+        .publish_raw(WorkerVerb::Complete, second_only.encode_to_vec())
+        .await;
+    let ack = worker.next_ack().await;
+    let error = ack.error.expect("batch 0 is missing");
+    assert_eq!(error.error_code(), Some(ErrorCode::BatchMissing));
+    assert_eq!(error.missing_sequence_numbers, [0]);
+
+    // The whole task in one message: batch 0 and the completion.
+    let scan = system.leased_scan(&["alpha"]).await;
+    let worker = &scan.worker;
+    let mut whole = worker.completion(&scan.lease, 1);
+    whole.final_batch = Some(worker.batch(&scan.lease, 0, &findings_payload(3)));
+    worker
+        .publish_raw(WorkerVerb::Complete, whole.encode_to_vec())
+        .await;
+    let ack = worker.next_ack().await;
+    assert!(ack.error.is_none() && !ack.duplicate, "{ack:?}");
+    assert_eq!(ack.kind, "complete");
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    let findings: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM findings WHERE scan_id = $1::uuid")
+            .bind(&scan.scan_id)
+            .fetch_one(&system.pool)
+            .await
+            .expect("count");
+    assert_eq!(findings, 3);
+
+    // Sent again, it is a duplicate and writes nothing.
+    let before = system.table_counts().await;
+    worker
+        .publish_raw(WorkerVerb::Complete, whole.encode_to_vec())
+        .await;
+    let ack = worker.next_ack().await;
+    assert!(ack.error.is_none() && ack.duplicate, "{ack:?}");
+    assert_eq!(system.table_counts().await, before);
+    system.finish().await;
+}
