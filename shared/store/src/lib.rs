@@ -113,6 +113,10 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, StoreError> 
         url: redact_url(&settings.url),
         source,
     })?;
+    // Every statement is planned for its own arguments: a generic plan made while a table was
+    // empty (a fresh install, a test) would otherwise be kept once the table is large. The hot
+    // statements run once per fetched batch, so planning each costs little.
+    let options = options.options([("plan_cache_mode", "force_custom_plan")]);
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
