@@ -218,6 +218,12 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
+    // Long-running commands log like the services; the others answer on standard output
+    // (ids, tables), so their logs go to standard error.
+    telemetry_settings.to_stderr = !matches!(
+        cli.command,
+        Command::Dev { .. } | Command::Demo { .. } | Command::Bench { .. }
+    );
     if matches!(cli.command, Command::Demo { .. } | Command::Bench { .. }) {
         // The demo and the benchmark print their own progress; per-task logs would drown it,
         // and so would sqlx's slow-statement warnings under a load meant to saturate.

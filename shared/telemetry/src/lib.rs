@@ -31,6 +31,9 @@ pub struct TelemetrySettings {
     pub default_filter: String,
     /// Where spans are exported; `None` (no `OTEL_EXPORTER_OTLP_*ENDPOINT` set) exports none.
     pub otlp: Option<OtlpSettings>,
+    /// Log to standard error instead of standard output: for commands whose standard output
+    /// is their answer (`palisade worker add` prints an id a script reads).
+    pub to_stderr: bool,
 }
 
 /// OTLP span export.
@@ -83,11 +86,13 @@ impl TelemetrySettings {
                 json: false,
                 default_filter: String::new(),
                 otlp: OtlpSettings::from_env()?,
+                to_stderr: false,
             }),
             Ok("json") => Ok(Self {
                 json: true,
                 default_filter: String::new(),
                 otlp: OtlpSettings::from_env()?,
+                to_stderr: false,
             }),
             Ok(other) => Err(TelemetryError::LogFormat(other.to_owned())),
         }
@@ -208,7 +213,11 @@ pub fn init(
         json: settings.json,
         ansi: ansi_default(),
     };
-    let layers = layers(&provider, log_format, filter, std::io::stdout);
+    let layers = if settings.to_stderr {
+        layers(&provider, log_format, filter, std::io::stderr)
+    } else {
+        layers(&provider, log_format, filter, std::io::stdout)
+    };
     let installed = tracing_subscriber::registry().with(layers).try_init();
     installed.map_err(|error| TelemetryError::AlreadyInstalled(error.to_string()))?;
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());

@@ -28,6 +28,7 @@ async fn spans_are_posted_to_v1_traces_over_http() {
                 protocol: telemetry::OtlpProtocol::HttpProtobuf,
                 endpoint: Some(format!("http://{addr}/v1/traces")),
             }),
+            to_stderr: false,
         },
     )
     .unwrap();

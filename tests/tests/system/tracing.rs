@@ -112,6 +112,7 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
                 protocol: telemetry::OtlpProtocol::Grpc,
                 endpoint: Some(format!("http://{collector_addr}")),
             }),
+            to_stderr: false,
         },
     )
     .expect("telemetry installs once per test process");
