@@ -125,6 +125,16 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
     let reply = system.submit(&request).await;
     assert!(reply.error.is_none(), "{reply:?}");
     system.wait_scan_state(&reply.scan_id, "completed").await;
+    // None of this profile's findings names a CVE, so the scan's enrichment job was born
+    // completed; give it one to enrich, as a dependency audit's finding would.
+    sqlx::query(
+        "WITH cve AS (UPDATE findings SET cve_ids = '{CVE-2021-44228}' WHERE scan_id = $1::uuid) \
+         UPDATE enrichment_jobs SET state = 'pending', finished_at = NULL WHERE scan_id = $1::uuid",
+    )
+    .bind(&reply.scan_id)
+    .execute(&system.pool)
+    .await
+    .expect("a CVE to enrich");
     // The system tests run no enrichment loop; run one pass of it here.
     let mut enrichment_settings = system.settings.enrichment.clone();
     enrichment_settings.http_addr = None;
@@ -251,8 +261,10 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
             .filter(|span| span.span.name.starts_with("send "))
             .collect();
         assert!(
-            sends.len() >= 2,
-            "{plugin}: at least one batch and its completion"
+            sends
+                .iter()
+                .any(|span| span.span.name.ends_with(".complete")),
+            "{plugin}: its completion (its only batch travels inside it)"
         );
         for send in sends {
             assert!(
