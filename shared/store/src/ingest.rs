@@ -501,29 +501,58 @@ async fn write_batches(
     .bind(&asset_counts)
     .execute(&mut *conn)
     .await?;
-    write_assets(conn, accepted).await?;
-    write_findings(conn, accepted).await
+    let evidence: Vec<Evidence<'_, '_>> = accepted
+        .iter()
+        .map(|(params, row, job)| Evidence {
+            params,
+            plugin: &row.locked.plugin,
+            organization_id: job.organization_id,
+            scan_id: job.scan_id,
+            scan_job_id: job.scan_job_id,
+        })
+        .collect();
+    write_evidence(conn, &evidence).await
+}
+
+/// An accepted batch's evidence and where it belongs.
+pub(crate) struct Evidence<'e, 'p> {
+    pub params: &'e BatchParams<'p>,
+    /// The task's plugin, part of every finding's key.
+    pub plugin: &'e str,
+    pub organization_id: Uuid,
+    pub scan_id: Uuid,
+    pub scan_job_id: Uuid,
+}
+
+/// Upserts the batches' assets (linked to their scans) and findings: one statement each,
+/// whatever the number of batches. The one writer of evidence, set-wise and one by one.
+pub(crate) async fn write_evidence(
+    conn: &mut PgConnection,
+    evidence: &[Evidence<'_, '_>],
+) -> Result<(), StoreError> {
+    write_assets(conn, evidence).await?;
+    write_findings(conn, evidence).await
 }
 
 async fn write_assets(
     conn: &mut PgConnection,
-    accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
+    accepted: &[Evidence<'_, '_>],
 ) -> Result<(), StoreError> {
     // Assets once per (organization, kind, value), sorted, so that concurrent upserts lock
     // shared assets in one order; links once per (scan, asset), the last writer winning.
     let mut assets: BTreeSet<(Uuid, &str, &str)> = BTreeSet::new();
     let mut links: BTreeMap<(Uuid, Uuid, &str, &str), (Uuid, Uuid)> = BTreeMap::new();
-    for (params, _, job) in accepted {
-        for asset in params.assets {
+    for batch in accepted {
+        for asset in batch.params.assets {
             let identity = (
-                job.organization_id,
+                batch.organization_id,
                 asset.kind.as_str(),
                 asset.value.as_str(),
             );
             assets.insert(identity);
             links.insert(
-                (job.scan_id, identity.0, identity.1, identity.2),
-                (job.scan_job_id, params.claim.attempt_id),
+                (batch.scan_id, identity.0, identity.1, identity.2),
+                (batch.scan_job_id, batch.params.claim.attempt_id),
             );
         }
     }
@@ -574,24 +603,20 @@ async fn write_assets(
 
 async fn write_findings(
     conn: &mut PgConnection,
-    accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
+    accepted: &[Evidence<'_, '_>],
 ) -> Result<(), StoreError> {
     // One row per (scan, key), the last message winning, in key order: one statement never
     // touches a row twice, and concurrent writers lock in one order.
-    let mut by_key: BTreeMap<(Uuid, String), (&v1::Finding, &LockedRow, Job, Uuid)> =
-        BTreeMap::new();
-    for (params, row, job) in accepted {
-        for finding in params.findings {
+    let mut by_key: BTreeMap<(Uuid, String), (&v1::Finding, &Evidence<'_, '_>)> = BTreeMap::new();
+    for batch in accepted {
+        for finding in batch.params.findings {
             let key = finding_key(
-                &row.locked.plugin,
+                batch.plugin,
                 &finding.rule_id,
                 &finding.resource,
                 &finding.discriminator,
             );
-            by_key.insert(
-                (job.scan_id, key),
-                (finding, row, *job, params.claim.attempt_id),
-            );
+            by_key.insert((batch.scan_id, key), (finding, batch));
         }
     }
     if by_key.is_empty() {
@@ -613,14 +638,14 @@ async fn write_findings(
     let mut descriptions = Vec::with_capacity(n);
     let mut evidence = Vec::with_capacity(n);
     let mut cves = Vec::with_capacity(n);
-    for ((scan_id, key), (finding, row, job, attempt_id)) in &by_key {
+    for ((scan_id, key), (finding, batch)) in &by_key {
         ids.push(Uuid::now_v7());
-        organizations.push(job.organization_id);
+        organizations.push(batch.organization_id);
         scans.push(*scan_id);
-        jobs.push(job.scan_job_id);
-        attempts.push(*attempt_id);
+        jobs.push(batch.scan_job_id);
+        attempts.push(batch.params.claim.attempt_id);
         keys.push(key.as_str());
-        plugins.push(row.locked.plugin.as_str());
+        plugins.push(batch.plugin);
         rule_ids.push(finding.rule_id.as_str());
         resources.push(redact(&finding.resource));
         discriminators.push(finding.discriminator.as_str());

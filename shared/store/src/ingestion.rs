@@ -5,8 +5,6 @@
 //! outcome has written nothing, and callers roll back their savepoint on it anyway, so that a
 //! refusal can never commit a partial change.
 
-use std::collections::BTreeMap;
-
 use messages::v1;
 use messages::{ErrorCode, EventKind, Subjects};
 use prost::Message as _;
@@ -14,7 +12,6 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::evidence::{finding_key, redact};
 use crate::fence::lease_lost;
 use crate::fence::{self, LeaseClaim, LockedAttempt};
 use crate::outbox::{self, OutboxEvent};
@@ -98,22 +95,15 @@ pub async fn accept_batch(
         return Ok(IngestOutcome::Refused(sequence_taken(params)));
     }
 
-    upsert_assets(
+    crate::ingest::write_evidence(
         conn,
-        &locked,
-        scan_id,
-        scan_job_id,
-        claim.attempt_id,
-        params.assets,
-    )
-    .await?;
-    upsert_findings(
-        conn,
-        &locked,
-        scan_id,
-        scan_job_id,
-        claim.attempt_id,
-        params.findings,
+        &[crate::ingest::Evidence {
+            params,
+            plugin: &locked.plugin,
+            organization_id: locked.organization_id,
+            scan_id,
+            scan_job_id,
+        }],
     )
     .await?;
 
@@ -165,134 +155,6 @@ async fn lock_live(
         None => Ok(Ok(locked)),
         Some(refusal) => Ok(Err(refusal)),
     }
-}
-
-async fn upsert_assets(
-    conn: &mut PgConnection,
-    locked: &LockedAttempt,
-    scan_id: Uuid,
-    scan_job_id: Uuid,
-    attempt_id: Uuid,
-    assets: &[v1::Asset],
-) -> Result<(), StoreError> {
-    if assets.is_empty() {
-        return Ok(());
-    }
-    // Sorted and deduplicated: concurrent upserts of shared assets lock rows in one order.
-    let unique: std::collections::BTreeSet<(&str, &str)> = assets
-        .iter()
-        .map(|asset| (asset.kind.as_str(), asset.value.as_str()))
-        .collect();
-    let ids: Vec<Uuid> = unique.iter().map(|_| Uuid::now_v7()).collect();
-    let kinds: Vec<&str> = unique.iter().map(|(kind, _)| *kind).collect();
-    let values: Vec<&str> = unique.iter().map(|(_, value)| *value).collect();
-    sqlx::query(
-        r#"
-        WITH upserted AS (
-            INSERT INTO assets (id, organization_id, kind, value)
-            SELECT id, $1, kind, value FROM UNNEST($2::uuid[], $3::text[], $4::text[]) AS u(id, kind, value)
-            ON CONFLICT (organization_id, kind, value) DO UPDATE SET last_seen_at = now()
-            RETURNING id
-        )
-        INSERT INTO scan_assets (scan_id, asset_id, scan_job_id, attempt_id)
-        SELECT $5, id, $6, $7 FROM upserted
-        ON CONFLICT (scan_id, asset_id) DO UPDATE SET attempt_id = EXCLUDED.attempt_id
-            WHERE scan_assets.scan_job_id = EXCLUDED.scan_job_id
-        "#,
-    )
-    .bind(locked.organization_id)
-    .bind(&ids)
-    .bind(&kinds)
-    .bind(&values)
-    .bind(scan_id)
-    .bind(scan_job_id)
-    .bind(attempt_id)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-async fn upsert_findings(
-    conn: &mut PgConnection,
-    locked: &LockedAttempt,
-    scan_id: Uuid,
-    scan_job_id: Uuid,
-    attempt_id: Uuid,
-    findings: &[v1::Finding],
-) -> Result<(), StoreError> {
-    if findings.is_empty() {
-        return Ok(());
-    }
-    // One row per key (the last wins) and in key order, so one statement never touches a row
-    // twice and concurrent writers lock in one order.
-    let by_key: BTreeMap<String, &v1::Finding> = findings
-        .iter()
-        .map(|finding| {
-            let key = finding_key(
-                &locked.plugin,
-                &finding.rule_id,
-                &finding.resource,
-                &finding.discriminator,
-            );
-            (key, finding)
-        })
-        .collect();
-    let n = by_key.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut keys = Vec::with_capacity(n);
-    let mut rule_ids = Vec::with_capacity(n);
-    let mut resources = Vec::with_capacity(n);
-    let mut discriminators = Vec::with_capacity(n);
-    let mut severities = Vec::with_capacity(n);
-    let mut titles = Vec::with_capacity(n);
-    let mut descriptions = Vec::with_capacity(n);
-    let mut evidence = Vec::with_capacity(n);
-    let mut cves = Vec::with_capacity(n);
-    for (key, finding) in &by_key {
-        ids.push(Uuid::now_v7());
-        keys.push(key.as_str());
-        rule_ids.push(finding.rule_id.as_str());
-        resources.push(redact(&finding.resource));
-        discriminators.push(finding.discriminator.as_str());
-        severities.push(finding.severity.as_str());
-        titles.push(redact(&finding.title));
-        descriptions.push(redact(&finding.description));
-        evidence.push(redact(&finding.evidence));
-        cves.push(finding.cve_ids.join(","));
-    }
-    sqlx::query(
-        r#"
-        INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
-                              rule_id, resource, discriminator, severity, title, description, evidence, cve_ids)
-        SELECT u.id, $1, $2, $3, $4, u.key, $5, u.rule_id, u.resource, u.discriminator, u.severity,
-               u.title, u.description, u.evidence, coalesce(string_to_array(nullif(u.cves, ''), ','), '{}')::text[]
-        FROM UNNEST($6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[],
-                    $12::text[], $13::text[], $14::text[], $15::text[])
-             AS u(id, key, rule_id, resource, discriminator, severity, title, description, evidence, cves)
-        ON CONFLICT (scan_id, finding_key) DO UPDATE
-        SET attempt_id = EXCLUDED.attempt_id, severity = EXCLUDED.severity, title = EXCLUDED.title,
-            description = EXCLUDED.description, evidence = EXCLUDED.evidence,
-            cve_ids = coalesce(EXCLUDED.cve_ids, '{}'), updated_at = now()
-        "#,
-    )
-    .bind(locked.organization_id)
-    .bind(scan_id)
-    .bind(scan_job_id)
-    .bind(attempt_id)
-    .bind(&locked.plugin)
-    .bind(&ids)
-    .bind(&keys)
-    .bind(&rule_ids)
-    .bind(&resources)
-    .bind(&discriminators)
-    .bind(&severities)
-    .bind(&titles)
-    .bind(&descriptions)
-    .bind(&evidence)
-    .bind(&cves)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Completes an attempt: every batch below `batch_count` must be persisted. Publishes the
