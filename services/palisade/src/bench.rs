@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -75,6 +76,8 @@ pub struct BenchOptions {
     pub keep_database: bool,
     /// Where to write the JSON document too.
     pub json: Option<PathBuf>,
+    /// Completed scans of history written before the scenarios run.
+    pub history: usize,
 }
 
 /// p50, p95 and p99 of a sample, in milliseconds.
@@ -203,6 +206,8 @@ pub struct BenchReport {
     pub workers: usize,
     pub worker_capacity: u32,
     pub in_flight: usize,
+    /// Completed scans of history the tables held before the scenarios ran.
+    pub history: usize,
     pub ceiling: Option<Ceiling>,
     pub burn_down: Option<BurnDown>,
     pub profile: Option<BurnDown>,
@@ -221,6 +226,22 @@ pub async fn run(common: CommonSettings, options: &BenchOptions) -> anyhow::Resu
     let started = Instant::now();
     let load_before = load_average();
     let harness = Harness::start(common, "bench", options.workers, options.worker_capacity).await?;
+    if options.history > 0 {
+        let worker_id: Uuid = sqlx::query_scalar(
+            "SELECT worker_id FROM organization_workers WHERE organization_id = $1 LIMIT 1",
+        )
+        .bind(harness.organization_id)
+        .fetch_one(&harness.pool)
+        .await
+        .context("the benchmark has no worker")?;
+        crate::history::seed(
+            &harness.pool,
+            harness.organization_id,
+            worker_id,
+            options.history,
+        )
+        .await?;
+    }
     let (web_app, web_app_stop) = start_local_web_app().await?;
     let report = scenarios(&harness, web_app, options).await;
     web_app_stop.cancel();
@@ -252,6 +273,7 @@ async fn scenarios(
         workers: options.workers,
         worker_capacity: options.worker_capacity,
         in_flight: options.in_flight,
+        history: options.history,
         ..BenchReport::default()
     };
     let wants = |scenario| options.scenarios.contains(&scenario);
@@ -831,6 +853,10 @@ pub fn print_report(report: &BenchReport) -> bool {
         "everything in one process: five services, {} workers × {} leases; requests by client.publish ({} awaiting PubAck at once)",
         report.workers, report.worker_capacity, report.in_flight
     );
+    println!(
+        "history: {} completed scans in the tables before the scenarios ran",
+        report.history
+    );
     line();
     if let Some(ceiling) = &report.ceiling {
         println!(
@@ -1034,6 +1060,7 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "worker_capacity": report.worker_capacity,
             "submission": "client.publish (durable, JetStream PubAck)",
             "in_flight": report.in_flight,
+            "history_completed_scans": report.history,
         },
         "ceiling": report.ceiling.as_ref().map(|ceiling| json!({
             "step": "UPDATE lease WHERE id AND token AND expires_at > now(); INSERT result; INSERT outbox; COMMIT",

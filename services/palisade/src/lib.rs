@@ -5,5 +5,6 @@
 pub mod bench;
 pub mod demo;
 pub mod harness;
+pub mod history;
 pub mod probe;
 pub mod system;

@@ -95,6 +95,10 @@ enum Command {
         /// Keep the benchmark's database afterwards (it is dropped by default).
         #[arg(long)]
         keep_database: bool,
+        /// Completed one-plugin scans of history written before the scenarios run, to
+        /// measure against full tables (e.g. 1000000).
+        #[arg(long, default_value_t = 0)]
+        history: usize,
     },
     /// Organizations (tenants).
     #[command(subcommand)]
@@ -282,6 +286,7 @@ async fn main() -> anyhow::Result<()> {
             timeout_secs,
             json,
             keep_database,
+            history,
         } => {
             let seconds = |name: &str, value: f64| {
                 Duration::try_from_secs_f64(value)
@@ -310,6 +315,7 @@ async fn main() -> anyhow::Result<()> {
                 timeout: Duration::from_secs(timeout_secs),
                 keep_database,
                 json,
+                history,
             };
             let report = bench::run(common, &options).await?;
             let held = bench::print_report(&report);
