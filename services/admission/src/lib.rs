@@ -1,6 +1,7 @@
 //! Admission (SPEC §4.1): consumes scan requests from JetStream (and answers the synchronous
 //! request/reply subject), and admits each request exactly once. A fetched batch is decided in
-//! one transaction with a savepoint per request; acknowledgements follow the commit.
+//! one transaction by `store::admit` with a fixed number of statements (one by one in savepoints
+//! only when a set-wise statement fails); acknowledgements follow the commit.
 
 pub mod request;
 
@@ -15,7 +16,7 @@ use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
 use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
-use store::admission::{AdmitOutcome, AdmitParams};
+use store::admit::{AdmitOutcome, AdmitParams};
 use store::{PgPool, StoreError};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
@@ -214,8 +215,9 @@ impl Admission {
         }
     }
 
-    /// Decides every request of a batch in one transaction, a savepoint each, in lock-key
-    /// order so two replicas never deadlock on each other's advisory locks.
+    /// Decides every request of a batch: refusals of the request itself without SQL, the rest
+    /// in one transaction, in (organization, target) order (the order admission has always
+    /// decided a batch in, so in-batch answers are what they were).
     async fn decide(&self, payloads: &[&[u8]], spans: &[&tracing::Span]) -> Vec<Verdict> {
         assert_eq!(payloads.len(), spans.len(), "one span per request");
         let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(payloads.len());
@@ -263,6 +265,10 @@ impl Admission {
             .collect()
     }
 
+    /// Decides the valid requests in one transaction (`store::admit`: set-wise, with a fixed
+    /// number of statements). When a set-wise statement fails for a reason retrying cannot fix,
+    /// the batch is decided again one request per savepoint, so the request at fault fails
+    /// alone and its neighbours go through.
     async fn decide_valid(
         &self,
         valid: &[(usize, ValidScanRequest)],
@@ -271,14 +277,15 @@ impl Admission {
         if valid.is_empty() {
             return Ok(Vec::new());
         }
-        let subjects = self.bus.subjects();
-        let mut tx = self.pool.begin().await?;
-        let mut verdicts = Vec::with_capacity(valid.len());
-        for (index, request) in valid {
-            // The request's own span: its context becomes the scan's trace context.
-            let span = spans[*index];
-            let trace_context = bus::trace::traceparent_of(span);
-            let params = AdmitParams {
+        // Each request's own span: its context becomes the scan's trace context.
+        let trace_contexts: Vec<Option<String>> = valid
+            .iter()
+            .map(|(index, _)| bus::trace::traceparent_of(spans[*index]))
+            .collect();
+        let requests: Vec<AdmitParams<'_>> = valid
+            .iter()
+            .zip(&trace_contexts)
+            .map(|((_, request), trace_context)| AdmitParams {
                 organization_id: request.organization_id,
                 target: &request.target,
                 plugins: &request.plugins,
@@ -289,30 +296,31 @@ impl Admission {
                 fingerprint: &request.fingerprint,
                 max_attempts: self.max_attempts,
                 trace_context: trace_context.as_deref(),
-            };
-            let mut savepoint = store::savepoint(&mut tx).await?;
-            let verdict = match store::admission::admit(&mut savepoint, subjects, &params).await {
+            })
+            .collect();
+        let outcomes = match self.transaction(&requests, false).await {
+            Err(error) if !error.is_transient() => {
+                tracing::warn!(error = %telemetry::chain(&error), "a set-wise admission statement failed; deciding the batch one request at a time");
+                self.transaction(&requests, true).await?
+            }
+            outcomes => outcomes?,
+        };
+        let verdicts: Vec<Verdict> = valid
+            .iter()
+            .zip(outcomes)
+            .map(|((index, _), outcome)| match outcome {
                 Ok(AdmitOutcome::Admitted { scan_id, .. }) => {
-                    savepoint.commit().await?;
-                    span.record("palisade.scan_id", tracing::field::display(scan_id));
+                    spans[*index].record("palisade.scan_id", tracing::field::display(scan_id));
                     Verdict::Admitted { scan_id }
                 }
                 Ok(AdmitOutcome::Duplicate { scan_id, state }) => {
-                    savepoint.rollback().await?;
                     Verdict::Duplicate { scan_id, state }
                 }
-                Ok(AdmitOutcome::Refused(error)) => {
-                    savepoint.rollback().await?;
-                    Verdict::Refused { wire: None, error }
-                }
-                Err(error) => {
-                    savepoint.rollback().await?;
-                    Verdict::Failed(telemetry::chain(&error).to_string())
-                }
-            };
-            verdicts.push(verdict);
-        }
-        tx.commit().await?;
+                Ok(AdmitOutcome::Refused(error)) => Verdict::Refused { wire: None, error },
+                // Logged once, where the verdict is handled.
+                Err(error) => Verdict::Failed(telemetry::chain(&error).to_string()),
+            })
+            .collect();
         if verdicts
             .iter()
             .any(|verdict| matches!(verdict, Verdict::Admitted { .. }))
@@ -320,6 +328,26 @@ impl Admission {
             self.relay.notify();
         }
         Ok(verdicts)
+    }
+
+    async fn transaction(
+        &self,
+        requests: &[AdmitParams<'_>],
+        one_by_one: bool,
+    ) -> Result<Vec<Result<AdmitOutcome, StoreError>>, StoreError> {
+        let subjects = self.bus.subjects();
+        let mut tx = self.pool.begin().await?;
+        let outcomes = if one_by_one {
+            store::admit::decide_each(&mut tx, subjects, requests).await?
+        } else {
+            store::admit::decide(&mut tx, subjects, requests)
+                .await?
+                .into_iter()
+                .map(Ok)
+                .collect()
+        };
+        tx.commit().await?;
+        Ok(outcomes)
     }
 
     /// The request/reply path: one request, one transaction, one reply.

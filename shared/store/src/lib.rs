@@ -2,12 +2,13 @@
 //!
 //! Services never write SQL; they call repository functions here, each taking the connection
 //! or transaction it runs in, so a service decides the transaction boundary (one per message,
-//! or one per fetched batch with a savepoint per message) and this crate decides what is true.
+//! or one per fetched batch decided set-wise by a decision script: `admit`, `ingest`) and this
+//! crate decides what is true.
 //! Every rule that says "unique", "at most one" or "never" is a constraint or a locked re-check
 //! inside the writing transaction; every lease decision uses the database clock (`now()`).
 
 pub mod admin;
-pub mod admission;
+pub mod admit;
 pub mod cancellation;
 pub mod dead_letters;
 pub mod dispatch;
@@ -58,6 +59,10 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// A concurrent transaction committed a row a set-wise decision had read as absent. Not
+    /// transient in [`StoreError::is_transient`]'s sense: the caller decides again one by one.
+    #[error("decided against a concurrent commit: {0}")]
+    Raced(String),
 }
 
 impl StoreError {
@@ -67,7 +72,7 @@ impl StoreError {
         match self {
             StoreError::Connect { .. } => true,
             StoreError::Database(error) => is_transient_sqlx(error),
-            StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
+            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::Raced(_) => false,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! a database and subject prefix per test. See `tests/src/lib.rs` for the harness.
 
 mod admission;
+mod admit;
 mod bad_input;
 mod control;
 mod cost;

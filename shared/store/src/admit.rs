@@ -1,0 +1,570 @@
+//! The admission decision script (SPEC §4.1): a fetched batch of validated scan requests decided
+//! in one transaction with a fixed number of statements, whatever the batch holds.
+//!
+//! 1. one statement takes every advisory lock the batch needs, in key order: one per
+//!    (organization, target), the key admission has always taken (I6), and one per
+//!    (organization, client, key), so that two transactions never admit one key (I5);
+//! 2. one statement reads the batch's organizations and locks (`FOR NO KEY UPDATE`, in id
+//!    order) those with a quota, so that quota counts are serialized per organization;
+//! 3. one statement reads, per request, the scan its key names, its target's active scan and
+//!    its organization's admissions of the last hour;
+//! 4. each request is decided in Rust, in the order given, against that snapshot and what the
+//!    requests before it in the batch admitted: the answer it would get decided alone, after
+//!    them (replay, `unknown_organization`, `scan_already_active`, `quota_exceeded`, in that
+//!    order);
+//! 5. the admitted requests' targets and scans are written with one statement, their first
+//!    scan jobs and tasks with one ([`progress::create_jobs`]), their events with one.
+//!
+//! A refused or replayed request writes nothing. [`decide_each`] runs the same script one
+//! request at a time, each in a savepoint: the caller's fallback when a set-wise statement fails
+//! for a reason retrying cannot fix, so that the request at fault is refused alone.
+
+use std::collections::HashMap;
+
+use messages::v1;
+use messages::{ErrorCode, EventKind, Subjects};
+use prost::Message as _;
+use sqlx::{PgConnection, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::outbox::{self, OutboxEvent};
+use crate::progress::{self, NewScanJob};
+use crate::states::ScanState;
+
+/// A scan request that passed validation.
+#[derive(Debug, Clone)]
+pub struct AdmitParams<'a> {
+    pub organization_id: Uuid,
+    pub target: &'a str,
+    pub plugins: &'a [String],
+    pub priority: i32,
+    pub execution_deadline_seconds: Option<i32>,
+    pub client_id: &'a str,
+    pub idempotency_key: &'a str,
+    /// `messages::scan_request_fingerprint` of the request.
+    pub fingerprint: &'a str,
+    /// Attempt budget of every task of the scan.
+    pub max_attempts: i32,
+    /// W3C `traceparent` of the admitting span, stored so the scan's later steps join its trace.
+    pub trace_context: Option<&'a str>,
+}
+
+/// What admission decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdmitOutcome {
+    /// A new scan, its first scan job and task were written.
+    Admitted { scan_id: Uuid, task_id: Uuid },
+    /// The request was seen before: the original scan, whatever its state.
+    Duplicate { scan_id: Uuid, state: ScanState },
+    /// Refused; nothing was written.
+    Refused(v1::Error),
+}
+
+/// The states in which a scan occupies its target (I6).
+const ACTIVE: [ScanState; 2] = [ScanState::Pending, ScanState::Running];
+
+/// Decides `requests` inside the caller's transaction; the outcomes are in the order of
+/// `requests`. The advisory locks are held until the caller commits.
+///
+/// Fails with [`StoreError::Raced`] in one case the locks cannot exclude (a replica that does
+/// not take the key locks committed one of the batch's keys meanwhile): the caller then decides
+/// the batch again with [`decide_each`].
+pub async fn decide(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    requests: &[AdmitParams<'_>],
+) -> Result<Vec<AdmitOutcome>, StoreError> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    lock(conn, requests).await?;
+    let quotas = organizations(conn, requests).await?;
+    let found = look_up(conn, requests, &quotas).await?;
+
+    // Each request against the snapshot and what the requests before it admitted.
+    let mut keys: HashMap<(Uuid, &str, &str), Seen<'_>> = HashMap::new();
+    let mut targets: HashMap<(Uuid, &str), Uuid> = HashMap::new();
+    let mut admitted_per_organization: HashMap<Uuid, i64> = HashMap::new();
+    let mut outcomes: Vec<Option<AdmitOutcome>> = Vec::with_capacity(requests.len());
+    let mut admitted: Vec<(usize, Uuid)> = Vec::new();
+    for (index, (request, found)) in requests.iter().zip(&found).enumerate() {
+        let key = (
+            request.organization_id,
+            request.client_id,
+            request.idempotency_key,
+        );
+        let seen = match (&found.key_scan_id, &found.key_fingerprint, &found.key_state) {
+            (Some(id), Some(fingerprint), Some(state)) => Some(Seen {
+                id: *id,
+                fingerprint: fingerprint.as_str(),
+                state: ScanState::parse(state)
+                    .ok_or_else(|| StoreError::Corrupt(format!("scan state {state:?}")))?,
+            }),
+            _ => keys.get(&key).copied(),
+        };
+        if let Some(seen) = seen {
+            outcomes.push(Some(replay_outcome(seen, request)));
+            continue;
+        }
+        let Some(quota) = quotas.get(&request.organization_id) else {
+            outcomes.push(Some(AdmitOutcome::Refused(unknown_organization(request))));
+            continue;
+        };
+        let active = found.active_scan_id.or_else(|| {
+            targets
+                .get(&(request.organization_id, request.target))
+                .copied()
+        });
+        if let Some(active_scan_id) = active {
+            outcomes.push(Some(AdmitOutcome::Refused(scan_already_active(
+                active_scan_id,
+            ))));
+            continue;
+        }
+        if let Some(quota) = quota {
+            let recent = found.recent
+                + admitted_per_organization
+                    .get(&request.organization_id)
+                    .copied()
+                    .unwrap_or_default();
+            if recent >= i64::from(*quota) {
+                outcomes.push(Some(AdmitOutcome::Refused(quota_exceeded(recent, *quota))));
+                continue;
+            }
+        }
+        let scan_id = Uuid::now_v7();
+        keys.insert(
+            key,
+            Seen {
+                id: scan_id,
+                fingerprint: request.fingerprint,
+                state: ScanState::Pending,
+            },
+        );
+        targets.insert((request.organization_id, request.target), scan_id);
+        *admitted_per_organization
+            .entry(request.organization_id)
+            .or_default() += 1;
+        admitted.push((index, scan_id));
+        // Filled in once the scan and its task are written.
+        outcomes.push(None);
+    }
+
+    for (index, scan_id, task_id) in write(conn, subjects, requests, &admitted).await? {
+        outcomes[index] = Some(match task_id {
+            Some(task_id) => AdmitOutcome::Admitted { scan_id, task_id },
+            None => {
+                // A batch of one only: its key was committed concurrently (see `write`).
+                let seen = find_by_key(conn, &requests[index]).await?.ok_or_else(|| {
+                    StoreError::Corrupt("idempotency conflict without a conflicting row".into())
+                })?;
+                replay_outcome(seen.borrowed()?, &requests[index])
+            }
+        });
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|outcome| outcome.expect("every request decided"))
+        .collect())
+}
+
+/// Decides `requests` one at a time, each in its own savepoint kept only when the request was
+/// admitted: the fallback when a set-wise statement failed for a reason retrying cannot fix,
+/// so that the request at fault fails alone. An `Err` in one outcome is that request's own
+/// failure; the outer `Err` fails the transaction.
+pub async fn decide_each(
+    tx: &mut Transaction<'_, Postgres>,
+    subjects: &Subjects,
+    requests: &[AdmitParams<'_>],
+) -> Result<Vec<Result<AdmitOutcome, StoreError>>, StoreError> {
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for request in requests {
+        let mut savepoint = crate::savepoint(tx).await?;
+        let outcome = decide(&mut savepoint, subjects, std::slice::from_ref(request))
+            .await
+            .map(|mut outcomes| outcomes.pop().expect("one outcome per request"));
+        match outcome {
+            Ok(AdmitOutcome::Admitted { .. }) => savepoint.commit().await?,
+            _ => savepoint.rollback().await?,
+        }
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// A scan a request's key already names: in the database, or admitted earlier in the batch.
+#[derive(Debug, Clone, Copy)]
+struct Seen<'a> {
+    id: Uuid,
+    fingerprint: &'a str,
+    state: ScanState,
+}
+
+/// Takes the transaction-scoped advisory locks of every (organization, target) and every
+/// (organization, client, key) of the batch, in key order, in one statement.
+async fn lock(conn: &mut PgConnection, requests: &[AdmitParams<'_>]) -> Result<(), StoreError> {
+    let organizations: Vec<Uuid> = requests.iter().map(|r| r.organization_id).collect();
+    let targets: Vec<&str> = requests.iter().map(|r| r.target).collect();
+    let clients: Vec<&str> = requests.iter().map(|r| r.client_id).collect();
+    let keys: Vec<&str> = requests.iter().map(|r| r.idempotency_key).collect();
+    // Seed 0 is the target lock older admissions take; seed 1 keeps the key locks apart.
+    sqlx::query(
+        r#"
+        SELECT pg_advisory_xact_lock(k)
+        FROM (
+            SELECT DISTINCT k FROM (
+                SELECT hashtextextended(u.organization_id::text || '/' || u.target, 0) AS k
+                FROM UNNEST($1::uuid[], $2::text[]) AS u(organization_id, target)
+                UNION ALL
+                SELECT hashtextextended(u.organization_id::text || '/' || u.client_id || '/'
+                                        || u.idempotency_key, 1)
+                FROM UNNEST($1::uuid[], $3::text[], $4::text[])
+                     AS u(organization_id, client_id, idempotency_key)
+            ) keys
+            ORDER BY k
+        ) ordered
+        "#,
+    )
+    .bind(&organizations)
+    .bind(&targets)
+    .bind(&clients)
+    .bind(&keys)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The batch's organizations that exist, with their quota; locks those with a quota.
+async fn organizations(
+    conn: &mut PgConnection,
+    requests: &[AdmitParams<'_>],
+) -> Result<HashMap<Uuid, Option<i32>>, StoreError> {
+    let mut ids: Vec<Uuid> = requests.iter().map(|r| r.organization_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let rows: Vec<(Uuid, Option<i32>)> = sqlx::query_as(
+        r#"
+        WITH counted AS MATERIALIZED (
+            -- Serialize an organization's admissions only when it has a quota to count.
+            SELECT id FROM organizations
+            WHERE id = ANY($1) AND hourly_scan_quota IS NOT NULL
+            ORDER BY id
+            FOR NO KEY UPDATE
+        )
+        SELECT o.id, o.hourly_scan_quota
+        FROM organizations o LEFT JOIN counted c ON c.id = o.id
+        WHERE o.id = ANY($1)
+        "#,
+    )
+    .bind(&ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// What the database holds for one request, read under the locks.
+#[derive(Debug, sqlx::FromRow)]
+struct Found {
+    key_scan_id: Option<Uuid>,
+    key_fingerprint: Option<String>,
+    key_state: Option<String>,
+    active_scan_id: Option<Uuid>,
+    /// The organization's scans created in the last hour, when it has a quota.
+    recent: i64,
+}
+
+/// Per request, in order: the scan its key names, its target's active scan, and its
+/// organization's admissions of the last hour (counted for organizations with a quota only).
+async fn look_up(
+    conn: &mut PgConnection,
+    requests: &[AdmitParams<'_>],
+    quotas: &HashMap<Uuid, Option<i32>>,
+) -> Result<Vec<Found>, StoreError> {
+    let organizations: Vec<Uuid> = requests.iter().map(|r| r.organization_id).collect();
+    let clients: Vec<&str> = requests.iter().map(|r| r.client_id).collect();
+    let keys: Vec<&str> = requests.iter().map(|r| r.idempotency_key).collect();
+    let targets: Vec<&str> = requests.iter().map(|r| r.target).collect();
+    let counted: Vec<Uuid> = quotas
+        .iter()
+        .filter(|(_, quota)| quota.is_some())
+        .map(|(id, _)| *id)
+        .collect();
+    let active: Vec<&str> = ACTIVE.iter().map(|state| state.as_str()).collect();
+    let found: Vec<Found> = sqlx::query_as(
+        r#"
+        WITH input AS (
+            SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[])
+                WITH ORDINALITY AS u(organization_id, client_id, idempotency_key, locator, position)
+        ), recent AS (
+            SELECT organization_id, count(*) AS admitted
+            FROM scans
+            WHERE organization_id = ANY($5) AND created_at > now() - interval '1 hour'
+            GROUP BY organization_id
+        )
+        SELECT k.id AS key_scan_id, k.request_fingerprint AS key_fingerprint, k.state AS key_state,
+               a.id AS active_scan_id, coalesce(r.admitted, 0) AS recent
+        FROM input u
+        LEFT JOIN scans k ON k.organization_id = u.organization_id AND k.client_id = u.client_id
+                         AND k.idempotency_key = u.idempotency_key
+        LEFT JOIN targets t ON t.organization_id = u.organization_id AND t.locator = u.locator
+        LEFT JOIN scans a ON a.organization_id = u.organization_id AND a.target_id = t.id
+                         AND a.state = ANY($6)
+        LEFT JOIN recent r ON r.organization_id = u.organization_id
+        ORDER BY u.position
+        "#,
+    )
+    .bind(&organizations)
+    .bind(&clients)
+    .bind(&keys)
+    .bind(&targets)
+    .bind(&counted)
+    .bind(&active)
+    .fetch_all(conn)
+    .await?;
+    if found.len() != requests.len() {
+        return Err(StoreError::Corrupt(format!(
+            "{} rows read for {} scan requests",
+            found.len(),
+            requests.len()
+        )));
+    }
+    Ok(found)
+}
+
+/// Writes the admitted requests' targets, scans, first scan jobs and tasks, and events.
+/// Returns per admitted request its index, scan id and task id; no task id when its key was
+/// committed concurrently (possible only in a batch of one: a larger batch fails with
+/// [`StoreError::Raced`] and is decided again one by one).
+async fn write(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    requests: &[AdmitParams<'_>],
+    admitted: &[(usize, Uuid)],
+) -> Result<Vec<(usize, Uuid, Option<Uuid>)>, StoreError> {
+    if admitted.is_empty() {
+        return Ok(Vec::new());
+    }
+    // In target order, so that concurrent upserts of shared targets lock them in one order.
+    let mut ordered: Vec<(usize, Uuid)> = admitted.to_vec();
+    ordered.sort_by_key(|(index, _)| (requests[*index].organization_id, requests[*index].target));
+    let n = ordered.len();
+    let mut scan_ids = Vec::with_capacity(n);
+    let mut target_ids = Vec::with_capacity(n);
+    let mut organizations = Vec::with_capacity(n);
+    let mut locators = Vec::with_capacity(n);
+    let mut clients = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut fingerprints = Vec::with_capacity(n);
+    let mut plugins = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
+    let mut deadlines = Vec::with_capacity(n);
+    let mut trace_contexts = Vec::with_capacity(n);
+    for (index, scan_id) in &ordered {
+        let request = &requests[*index];
+        scan_ids.push(*scan_id);
+        target_ids.push(Uuid::now_v7());
+        organizations.push(request.organization_id);
+        locators.push(request.target);
+        clients.push(request.client_id);
+        keys.push(request.idempotency_key);
+        fingerprints.push(request.fingerprint);
+        plugins.push(serde_json::json!(request.plugins));
+        priorities.push(request.priority);
+        deadlines.push(request.execution_deadline_seconds);
+        trace_contexts.push(request.trace_context);
+    }
+    let inserted: Vec<(Uuid, i64)> = sqlx::query_as(
+        r#"
+        WITH input AS (
+            SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
+                                 $6::text[], $7::text[], $8::jsonb[], $9::int[], $10::int[],
+                                 $11::text[])
+                WITH ORDINALITY
+                AS u(scan_id, target_id, organization_id, locator, client_id, idempotency_key,
+                     fingerprint, plugins, priority, deadline, trace_context, position)
+        ), upserted AS (
+            INSERT INTO targets (id, organization_id, locator)
+            SELECT target_id, organization_id, locator FROM input ORDER BY position
+            ON CONFLICT (organization_id, locator) DO UPDATE SET locator = EXCLUDED.locator
+            RETURNING id, organization_id, locator
+        )
+        INSERT INTO scans (id, organization_id, target_id, client_id, idempotency_key,
+                           request_fingerprint, plugins, priority, execution_deadline_seconds,
+                           trace_context, state)
+        SELECT u.scan_id, u.organization_id, t.id, u.client_id, u.idempotency_key, u.fingerprint,
+               ARRAY(SELECT jsonb_array_elements_text(u.plugins)), u.priority, u.deadline,
+               u.trace_context, $12
+        FROM input u
+        JOIN upserted t ON t.organization_id = u.organization_id AND t.locator = u.locator
+        ORDER BY u.position
+        ON CONFLICT (organization_id, client_id, idempotency_key) DO NOTHING
+        RETURNING id, (extract(epoch FROM created_at) * 1000)::bigint
+        "#,
+    )
+    .bind(&scan_ids)
+    .bind(&target_ids)
+    .bind(&organizations)
+    .bind(&locators)
+    .bind(&clients)
+    .bind(&keys)
+    .bind(&fingerprints)
+    .bind(&plugins)
+    .bind(&priorities)
+    .bind(&deadlines)
+    .bind(&trace_contexts)
+    .bind(ScanState::Pending.as_str())
+    .fetch_all(&mut *conn)
+    .await?;
+    let admitted_at: HashMap<Uuid, i64> = inserted.into_iter().collect();
+    if admitted_at.len() != n {
+        // The key locks exclude every admission that takes them: a replica that does not
+        // (an older version, mid-rollout) committed one of these keys for another target.
+        if requests.len() > 1 {
+            return Err(StoreError::Raced(format!(
+                "{} of {n} scans were not inserted: their keys were committed concurrently",
+                n - admitted_at.len()
+            )));
+        }
+        return Ok(ordered
+            .into_iter()
+            .map(|(index, scan_id)| (index, scan_id, None))
+            .collect());
+    }
+
+    let jobs: Vec<NewScanJob<'_>> = ordered
+        .iter()
+        .map(|(index, scan_id)| {
+            let request = &requests[*index];
+            let plugin = request.plugins.first().ok_or_else(|| {
+                StoreError::Corrupt(format!("scan request {index} names no plugin"))
+            })?;
+            Ok(NewScanJob {
+                scan_id: *scan_id,
+                organization_id: request.organization_id,
+                position: 0,
+                plugin,
+                target: request.target,
+                priority: request.priority,
+                execution_deadline_seconds: request.execution_deadline_seconds,
+                max_attempts: request.max_attempts,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let task_ids = progress::create_jobs(conn, &jobs).await?;
+
+    let mut events = Vec::with_capacity(2 * n);
+    let mut written = Vec::with_capacity(n);
+    for (((index, scan_id), job), task_id) in ordered.iter().zip(&jobs).zip(&task_ids) {
+        let request = &requests[*index];
+        let admitted = v1::ScanAdmitted {
+            scan_id: scan_id.to_string(),
+            organization_id: request.organization_id.to_string(),
+            client_id: request.client_id.to_owned(),
+            idempotency_key: request.idempotency_key.to_owned(),
+            target: request.target.to_owned(),
+            plugins: request.plugins.to_vec(),
+            admitted_at_unix_ms: admitted_at[scan_id],
+        };
+        let ready = v1::TaskReady {
+            task_id: task_id.to_string(),
+            scan_id: scan_id.to_string(),
+            organization_id: request.organization_id.to_string(),
+            plugin: job.plugin.to_owned(),
+            required_capabilities: vec![job.plugin.to_owned()],
+        };
+        events.push(
+            OutboxEvent::new(
+                subjects.event(EventKind::ScanAdmitted),
+                admitted.encode_to_vec(),
+            )
+            .in_trace_of(*scan_id),
+        );
+        events.push(
+            OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec())
+                .in_trace_of(*scan_id),
+        );
+        written.push((*index, *scan_id, Some(*task_id)));
+    }
+    outbox::enqueue(conn, &events).await?;
+    Ok(written)
+}
+
+#[derive(sqlx::FromRow)]
+struct ExistingScan {
+    id: Uuid,
+    request_fingerprint: String,
+    state: String,
+}
+
+impl ExistingScan {
+    fn borrowed(&self) -> Result<Seen<'_>, StoreError> {
+        Ok(Seen {
+            id: self.id,
+            fingerprint: &self.request_fingerprint,
+            state: ScanState::parse(&self.state)
+                .ok_or_else(|| StoreError::Corrupt(format!("scan state {:?}", self.state)))?,
+        })
+    }
+}
+
+async fn find_by_key(
+    conn: &mut PgConnection,
+    request: &AdmitParams<'_>,
+) -> Result<Option<ExistingScan>, StoreError> {
+    Ok(sqlx::query_as::<_, ExistingScan>(
+        r#"
+        SELECT id, request_fingerprint, state FROM scans
+        WHERE organization_id = $1 AND client_id = $2 AND idempotency_key = $3
+        "#,
+    )
+    .bind(request.organization_id)
+    .bind(request.client_id)
+    .bind(request.idempotency_key)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// A repeated key: the original scan when the request is the same, else a conflict.
+fn replay_outcome(seen: Seen<'_>, request: &AdmitParams<'_>) -> AdmitOutcome {
+    if seen.fingerprint != request.fingerprint {
+        return AdmitOutcome::Refused(v1::Error::new(
+            ErrorCode::IdempotencyConflict,
+            format!(
+                "idempotency key {:?} of client {:?} was used for scan {} with a different request; use a new key for a new request",
+                request.idempotency_key, request.client_id, seen.id
+            ),
+        ));
+    }
+    AdmitOutcome::Duplicate {
+        scan_id: seen.id,
+        state: seen.state,
+    }
+}
+
+fn unknown_organization(request: &AdmitParams<'_>) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::UnknownOrganization,
+        format!("organization {} does not exist", request.organization_id),
+    )
+}
+
+fn scan_already_active(active_scan_id: Uuid) -> v1::Error {
+    let mut error = v1::Error::new(
+        ErrorCode::ScanAlreadyActive,
+        format!(
+            "target already has active scan {active_scan_id}; wait for it to finish or cancel it"
+        ),
+    );
+    error.active_scan_id = active_scan_id.to_string();
+    error
+}
+
+fn quota_exceeded(recent: i64, quota: i32) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::QuotaExceeded,
+        format!(
+            "organization admitted {recent} scans in the last hour, its quota is {quota}; retry later or raise the quota"
+        ),
+    )
+}
