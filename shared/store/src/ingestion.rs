@@ -15,7 +15,7 @@ use crate::StoreError;
 use crate::fence::lease_lost;
 use crate::fence::{self, LeaseClaim, LockedAttempt};
 use crate::outbox::{self, OutboxEvent};
-use crate::progress::{self, CompletedJob};
+use crate::progress::{self, CompletedJob, FailedTask, Failure};
 use crate::retry::RetryPolicy;
 use crate::states::AttemptStatus;
 
@@ -351,7 +351,8 @@ pub struct FailParams<'a> {
 }
 
 /// Fails an attempt: the task waits for a retry while budget remains and the failure is
-/// retryable; otherwise it fails terminally and so does its scan.
+/// retryable; otherwise it fails terminally and so does its scan ([`progress::fail_tasks`]
+/// with one task, the failure logic the reaper's sweeps share).
 pub async fn fail(
     conn: &mut PgConnection,
     subjects: &Subjects,
@@ -385,171 +386,28 @@ pub async fn fail(
         message: params.error_message.to_owned(),
         ..Default::default()
     };
-    let events = fail_task(
+    let failed = progress::fail_tasks(
         conn,
         subjects,
-        &locked,
-        claim.task_id,
-        claim.attempt_id,
-        &error,
-        params.retryable,
         params.retry,
+        &Failure {
+            error: &error,
+            task_message: &error.message,
+            retryable: params.retryable,
+            scan_reason: &format!("failed: {}", error.message),
+        },
+        &[FailedTask {
+            task_id: claim.task_id,
+            attempt_id: claim.attempt_id,
+            organization_id: locked.organization_id,
+            scan_id: locked.scan_id,
+            scan_job_id: locked.scan_job_id,
+            plugin: &locked.plugin,
+            attempt_count: locked.attempt_count,
+            max_attempts: locked.max_attempts,
+        }],
     )
     .await?;
-    let events: Vec<OutboxEvent> = match locked.scan_id {
-        Some(scan_id) => events
-            .into_iter()
-            .map(|event| event.in_trace_of(scan_id))
-            .collect(),
-        None => events,
-    };
-    outbox::enqueue(conn, &events).await?;
+    outbox::enqueue(conn, &failed.events).await?;
     Ok(IngestOutcome::Accepted)
-}
-
-/// Moves a task whose attempt ended badly to `retry_wait` or `failed_terminal` (failing its
-/// scan job and scan too), returning the events to publish. Shared by ingestion and the
-/// reaper's stale recovery.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn fail_task(
-    conn: &mut PgConnection,
-    subjects: &Subjects,
-    locked: &LockedAttempt,
-    task_id: Uuid,
-    attempt_id: Uuid,
-    error: &v1::Error,
-    retryable: bool,
-    retry: RetryPolicy,
-) -> Result<Vec<OutboxEvent>, StoreError> {
-    let will_retry = retryable && locked.attempt_count < locked.max_attempts;
-    let scan_id = locked.scan_id.map(|id| id.to_string()).unwrap_or_default();
-    let mut events = vec![OutboxEvent::new(
-        subjects.event(EventKind::TaskFailed),
-        v1::TaskFailed {
-            task_id: task_id.to_string(),
-            attempt_id: attempt_id.to_string(),
-            scan_id: scan_id.clone(),
-            plugin: locked.plugin.clone(),
-            error: Some(error.clone()),
-            will_retry,
-        }
-        .encode_to_vec(),
-    )];
-    if will_retry {
-        let delay = retry.delay(locked.attempt_count as u32, &mut rand::rng());
-        sqlx::query(
-            r#"
-            UPDATE worker_tasks SET state = 'retry_wait', available_at = now() + make_interval(secs => $2),
-                   last_error_code = $3, last_error = $4, updated_at = now()
-            WHERE id = $1
-            "#,
-        )
-        .bind(task_id)
-        .bind(crate::seconds(delay))
-        .bind(&error.code)
-        .bind(&error.message)
-        .execute(&mut *conn)
-        .await?;
-        if let Some(scan_job_id) = locked.scan_job_id {
-            sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
-                .bind(scan_job_id)
-                .execute(&mut *conn)
-                .await?;
-        }
-        return Ok(events);
-    }
-
-    sqlx::query(
-        r#"
-        UPDATE worker_tasks SET state = 'failed_terminal', last_error_code = $2, last_error = $3,
-               completed_at = now(), updated_at = now()
-        WHERE id = $1
-        "#,
-    )
-    .bind(task_id)
-    .bind(&error.code)
-    .bind(&error.message)
-    .execute(&mut *conn)
-    .await?;
-    let reason = format!("plugin {} failed: {}", locked.plugin, error.message);
-    events.extend(
-        fail_scan_job_and_scan(
-            conn,
-            subjects,
-            &TerminalFailure {
-                organization_id: locked.organization_id,
-                scan_id: locked.scan_id,
-                scan_job_id: locked.scan_job_id,
-                error,
-                scan_reason: &reason,
-            },
-        )
-        .await?,
-    );
-    Ok(events)
-}
-
-/// A task that failed for good: what its scan job and scan record.
-pub(crate) struct TerminalFailure<'a> {
-    pub organization_id: Uuid,
-    pub scan_id: Option<Uuid>,
-    pub scan_job_id: Option<Uuid>,
-    pub error: &'a v1::Error,
-    /// The scan's failure reason, for people.
-    pub scan_reason: &'a str,
-}
-
-/// Fails the scan job and its scan (unless already terminal) and returns the scan.failed
-/// event when the scan changed. Shared by ingestion and the reaper's stale recovery.
-pub(crate) async fn fail_scan_job_and_scan(
-    conn: &mut PgConnection,
-    subjects: &Subjects,
-    failure: &TerminalFailure<'_>,
-) -> Result<Option<OutboxEvent>, StoreError> {
-    if let Some(scan_job_id) = failure.scan_job_id {
-        sqlx::query(
-            r#"
-            UPDATE scan_jobs SET state = 'failed', error_code = $2, error_message = $3,
-                   finished_at = now(), updated_at = now()
-            WHERE id = $1 AND state IN ('pending', 'running')
-            "#,
-        )
-        .bind(scan_job_id)
-        .bind(&failure.error.code)
-        .bind(&failure.error.message)
-        .execute(&mut *conn)
-        .await?;
-    }
-    let Some(scan_id) = failure.scan_id else {
-        return Ok(None);
-    };
-    let failed: Option<(String, String, i64)> = sqlx::query_as(
-        r#"
-        UPDATE scans SET state = 'failed', failure_code = $2, failure_reason = $3,
-               finished_at = now(), updated_at = now()
-        WHERE id = $1 AND state IN ('pending', 'running')
-        RETURNING client_id, idempotency_key, (extract(epoch FROM finished_at) * 1000)::bigint
-        "#,
-    )
-    .bind(scan_id)
-    .bind(&failure.error.code)
-    .bind(failure.scan_reason)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(
-        failed.map(|(client_id, idempotency_key, failed_at_unix_ms)| {
-            OutboxEvent::new(
-                subjects.event(EventKind::ScanFailed),
-                v1::ScanFailed {
-                    scan_id: scan_id.to_string(),
-                    organization_id: failure.organization_id.to_string(),
-                    client_id,
-                    idempotency_key,
-                    error: Some(failure.error.clone()),
-                    failed_at_unix_ms,
-                }
-                .encode_to_vec(),
-            )
-        }),
-    )
 }

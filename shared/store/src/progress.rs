@@ -1,5 +1,6 @@
 //! Progression (SPEC §4.3): the one place a scan advances, to its next plugin's job and task or
-//! to its end, set-wise for any number of scans with a fixed number of statements.
+//! to its end, and the one place a task whose attempt ended badly goes back to the queue or
+//! fails with its scan; set-wise for any number of scans with a fixed number of statements.
 
 use std::collections::HashMap;
 
@@ -11,7 +12,8 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::outbox::OutboxEvent;
-use crate::states::{EnrichmentJobState, ScanState};
+use crate::retry::RetryPolicy;
+use crate::states::{EnrichmentJobState, ScanJobState, ScanState, TaskState};
 
 /// A scan job (and its task), due now.
 #[derive(Debug, Clone)]
@@ -275,4 +277,217 @@ async fn complete_scans(
     .bind(EnrichmentJobState::Completed.as_str())
     .fetch_all(conn)
     .await?)
+}
+
+/// A task whose current attempt just ended badly (failed, expired, overdue). The caller has
+/// ended the attempt and holds it and its task locked, the task `leased` or `running` with
+/// this attempt current.
+#[derive(Debug, Clone)]
+pub struct FailedTask<'a> {
+    pub task_id: Uuid,
+    pub attempt_id: Uuid,
+    pub organization_id: Uuid,
+    pub scan_id: Option<Uuid>,
+    pub scan_job_id: Option<Uuid>,
+    pub plugin: &'a str,
+    /// Attempts spent, the one that just ended included.
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+}
+
+/// Why the attempts of one [`fail_tasks`] call ended: the same for every task of the call.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// Published in `task.failed` and `scan.failed`; its code is each task's, failed scan
+    /// job's and failed scan's failure code, its message each failed scan job's.
+    pub error: &'a v1::Error,
+    /// Recorded as each task's `last_error`.
+    pub task_message: &'a str,
+    /// Whether retrying may help; a task retries only when it is and budget remains.
+    pub retryable: bool,
+    /// What the plugin did, for people: a failed scan's reason is `plugin <name> <this>`.
+    pub scan_reason: &'a str,
+}
+
+/// What [`fail_tasks`] decided.
+#[derive(Debug, Clone, Default)]
+pub struct FailedTasks {
+    /// Tasks now in `retry_wait`.
+    pub retried: Vec<Uuid>,
+    /// Tasks now `failed_terminal` (their scan jobs and scans failed with them).
+    pub failed: Vec<Uuid>,
+    /// `task.failed` per task and `scan.failed` per scan that failed now, each in its scan's
+    /// trace; the caller enqueues them.
+    pub events: Vec<OutboxEvent>,
+}
+
+#[derive(sqlx::FromRow)]
+struct FailedRow {
+    ord: i64,
+    retry: bool,
+    client_id: Option<String>,
+    idempotency_key: Option<String>,
+    failed_at_unix_ms: Option<i64>,
+}
+
+/// Fails the tasks of attempts that ended badly, in one statement whatever their number:
+/// a task with budget left (`attempt_count < max_attempts`) and a retryable failure waits in
+/// `retry_wait` for a fully jittered backoff from `retry` (its running scan job back to
+/// `pending`); every other one fails terminally, and so do its scan job and its scan (scans
+/// still pending or running only). Tasks no longer `leased` or `running` are left alone.
+/// Locks scan jobs and scans after the caller's attempts and tasks.
+pub async fn fail_tasks(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    retry: RetryPolicy,
+    failure: &Failure<'_>,
+    tasks: &[FailedTask<'_>],
+) -> Result<FailedTasks, StoreError> {
+    if tasks.is_empty() {
+        return Ok(FailedTasks::default());
+    }
+    let task_ids: Vec<Uuid> = tasks.iter().map(|task| task.task_id).collect();
+    let job_ids: Vec<Option<Uuid>> = tasks.iter().map(|task| task.scan_job_id).collect();
+    let scan_ids: Vec<Option<Uuid>> = tasks.iter().map(|task| task.scan_id).collect();
+    let retries: Vec<bool> = tasks
+        .iter()
+        .map(|task| failure.retryable && task.attempt_count < task.max_attempts)
+        .collect();
+    let delays: Vec<f64> = {
+        let mut rng = rand::rng();
+        tasks
+            .iter()
+            .zip(&retries)
+            .map(|(task, &retries)| {
+                if retries {
+                    crate::seconds(retry.delay(task.attempt_count.max(0) as u32, &mut rng))
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    let reasons: Vec<String> = tasks
+        .iter()
+        .zip(&retries)
+        .map(|(task, &retries)| {
+            if retries {
+                String::new()
+            } else {
+                format!("plugin {} {}", task.plugin, failure.scan_reason)
+            }
+        })
+        .collect();
+    let rows: Vec<FailedRow> = sqlx::query_as(
+        r#"
+        WITH input AS (
+            SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bool[], $5::float8[], $6::text[])
+                WITH ORDINALITY AS u(task_id, scan_job_id, scan_id, retry, delay, reason, ord)
+        ), tasks AS (
+            UPDATE worker_tasks t
+            SET state = CASE WHEN u.retry THEN $7 ELSE $8 END,
+                available_at = CASE WHEN u.retry THEN now() + make_interval(secs => u.delay)
+                                    ELSE t.available_at END,
+                completed_at = CASE WHEN u.retry THEN t.completed_at ELSE now() END,
+                last_error_code = $9, last_error = $10, updated_at = now()
+            FROM input u
+            WHERE t.id = u.task_id AND t.state IN ($11, $12)
+            RETURNING u.ord, u.scan_job_id, u.scan_id, u.retry, u.reason
+        ), jobs AS (
+            UPDATE scan_jobs j
+            SET state = CASE WHEN tasks.retry THEN $13 ELSE $14 END,
+                error_code = CASE WHEN tasks.retry THEN j.error_code ELSE $9 END,
+                error_message = CASE WHEN tasks.retry THEN j.error_message ELSE $15 END,
+                finished_at = CASE WHEN tasks.retry THEN j.finished_at ELSE now() END,
+                updated_at = now()
+            FROM tasks
+            WHERE j.id = tasks.scan_job_id
+              AND CASE WHEN tasks.retry THEN j.state = $16 ELSE j.state IN ($13, $16) END
+        ), scans_failed AS (
+            -- One reason per scan: its first terminal task's.
+            UPDATE scans s
+            SET state = $17, failure_code = $9, failure_reason = f.reason, finished_at = now(),
+                updated_at = now()
+            FROM (SELECT DISTINCT ON (scan_id) scan_id, reason, ord FROM tasks
+                  WHERE NOT retry AND scan_id IS NOT NULL ORDER BY scan_id, ord) f
+            WHERE s.id = f.scan_id AND s.state IN ($18, $19)
+            RETURNING f.ord, s.client_id, s.idempotency_key,
+                      (extract(epoch FROM s.finished_at) * 1000)::bigint AS failed_at_unix_ms
+        )
+        SELECT tasks.ord, tasks.retry, scans_failed.client_id, scans_failed.idempotency_key,
+               scans_failed.failed_at_unix_ms
+        FROM tasks LEFT JOIN scans_failed ON scans_failed.ord = tasks.ord
+        ORDER BY tasks.ord
+        "#,
+    )
+    .bind(&task_ids)
+    .bind(&job_ids)
+    .bind(&scan_ids)
+    .bind(&retries)
+    .bind(&delays)
+    .bind(&reasons)
+    .bind(TaskState::RetryWait.as_str())
+    .bind(TaskState::FailedTerminal.as_str())
+    .bind(&failure.error.code)
+    .bind(failure.task_message)
+    .bind(TaskState::Leased.as_str())
+    .bind(TaskState::Running.as_str())
+    .bind(ScanJobState::Pending.as_str())
+    .bind(ScanJobState::Failed.as_str())
+    .bind(&failure.error.message)
+    .bind(ScanJobState::Running.as_str())
+    .bind(ScanState::Failed.as_str())
+    .bind(ScanState::Pending.as_str())
+    .bind(ScanState::Running.as_str())
+    .fetch_all(conn)
+    .await?;
+
+    let mut outcome = FailedTasks::default();
+    for row in rows {
+        let task = usize::try_from(row.ord - 1)
+            .ok()
+            .and_then(|index| tasks.get(index))
+            .ok_or_else(|| StoreError::Corrupt(format!("failed task ordinal {}", row.ord)))?;
+        let in_trace = |event: OutboxEvent| match task.scan_id {
+            Some(scan_id) => event.in_trace_of(scan_id),
+            None => event,
+        };
+        outcome.events.push(in_trace(OutboxEvent::new(
+            subjects.event(EventKind::TaskFailed),
+            v1::TaskFailed {
+                task_id: task.task_id.to_string(),
+                attempt_id: task.attempt_id.to_string(),
+                scan_id: task.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+                plugin: task.plugin.to_owned(),
+                error: Some(failure.error.clone()),
+                will_retry: row.retry,
+            }
+            .encode_to_vec(),
+        )));
+        if row.retry {
+            outcome.retried.push(task.task_id);
+            continue;
+        }
+        outcome.failed.push(task.task_id);
+        if let (Some(scan_id), Some(client_id), Some(idempotency_key), Some(failed_at_unix_ms)) = (
+            task.scan_id,
+            row.client_id,
+            row.idempotency_key,
+            row.failed_at_unix_ms,
+        ) {
+            outcome.events.push(in_trace(OutboxEvent::new(
+                subjects.event(EventKind::ScanFailed),
+                v1::ScanFailed {
+                    scan_id: scan_id.to_string(),
+                    organization_id: task.organization_id.to_string(),
+                    client_id,
+                    idempotency_key,
+                    error: Some(failure.error.clone()),
+                    failed_at_unix_ms,
+                }
+                .encode_to_vec(),
+            )));
+        }
+    }
+    Ok(outcome)
 }

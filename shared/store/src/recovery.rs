@@ -1,18 +1,22 @@
-//! Stale-attempt recovery (SPEC §4.5): expired leases go back to the queue or fail
-//! terminally when the budget is spent. One statement decides, with `FOR UPDATE SKIP LOCKED`
-//! and guards on state and expiry, so it never waits on a busy row and never touches an
-//! attempt that completed, renewed or was superseded meanwhile.
+//! The reaper's sweeps (SPEC §4.5). Stale-attempt recovery: expired leases go back to the
+//! queue or fail terminally when the budget is spent. Execution deadlines: overdue attempts
+//! fail terminally. Each is one transaction of a fixed number of statements whatever the
+//! number of rows: one claims and ends the attempts (`FOR UPDATE SKIP LOCKED` on attempt and
+//! task, guarded on status and time, so it never waits on a busy row and never touches an
+//! attempt that completed, renewed or was superseded meanwhile), [`progress::fail_tasks`]
+//! fails their tasks, scan jobs and scans set-wise, and one statement inserts the events.
+//! Upload expiry and each retention table are one statement.
 
+use messages::Subjects;
 use messages::v1;
-use messages::{EventKind, Subjects};
-use prost::Message as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::ingestion::{TerminalFailure, fail_scan_job_and_scan};
-use crate::outbox::{self, OutboxEvent};
+use crate::outbox;
+use crate::progress::{self, FailedTask, Failure};
 use crate::retry::RetryPolicy;
+use crate::states::{AttemptStatus, TaskState};
 
 /// What one recovery pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,58 +33,60 @@ impl RecoveryOutcome {
     }
 }
 
+/// An attempt a sweep claimed and ended, with its task (both locked).
 #[derive(sqlx::FromRow)]
-struct Recovered {
-    task_id: Uuid,
+struct Claimed {
     attempt_id: Uuid,
-    state: String,
+    task_id: Uuid,
+    organization_id: Uuid,
     scan_id: Option<Uuid>,
     scan_job_id: Option<Uuid>,
-    organization_id: Uuid,
     plugin: String,
+    attempt_count: i32,
+    max_attempts: i32,
+    /// The task is `leased` or `running` with this attempt current: its task fails now.
+    /// Otherwise only the attempt ended (its task moved on without it).
+    task_live: bool,
 }
 
-impl Recovered {
-    /// The task.failed event for this row.
-    fn task_failed(&self, subjects: &Subjects, error: &v1::Error, will_retry: bool) -> OutboxEvent {
-        OutboxEvent::new(
-            subjects.event(EventKind::TaskFailed),
-            v1::TaskFailed {
-                task_id: self.task_id.to_string(),
-                attempt_id: self.attempt_id.to_string(),
-                scan_id: self.scan_id.map(|id| id.to_string()).unwrap_or_default(),
-                plugin: self.plugin.clone(),
-                error: Some(error.clone()),
-                will_retry,
-            }
-            .encode_to_vec(),
-        )
-    }
-
-    /// Fails this row's scan job and scan; the scan.failed event when the scan changed.
-    async fn fail_scan(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        subjects: &Subjects,
-        error: &v1::Error,
-        reason: &str,
-    ) -> Result<Option<OutboxEvent>, StoreError> {
-        fail_scan_job_and_scan(
-            conn,
-            subjects,
-            &TerminalFailure {
-                organization_id: self.organization_id,
-                scan_id: self.scan_id,
-                scan_job_id: self.scan_job_id,
-                error,
-                scan_reason: reason,
-            },
-        )
-        .await
-    }
+/// The rest of a sweep step after its claim: fails the claimed attempts' live tasks set-wise
+/// and enqueues their events in one statement, then commits.
+async fn fail_claimed(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    subjects: &Subjects,
+    retry: RetryPolicy,
+    failure: &Failure<'_>,
+    claimed: &[Claimed],
+) -> Result<RecoveryOutcome, StoreError> {
+    let tasks: Vec<FailedTask<'_>> = claimed
+        .iter()
+        .filter(|row| row.task_live)
+        .map(|row| FailedTask {
+            task_id: row.task_id,
+            attempt_id: row.attempt_id,
+            organization_id: row.organization_id,
+            scan_id: row.scan_id,
+            scan_job_id: row.scan_job_id,
+            plugin: &row.plugin,
+            attempt_count: row.attempt_count,
+            max_attempts: row.max_attempts,
+        })
+        .collect();
+    let failed = progress::fail_tasks(&mut tx, subjects, retry, failure, &tasks).await?;
+    outbox::enqueue(&mut tx, &failed.events).await?;
+    tx.commit().await?;
+    Ok(RecoveryOutcome {
+        retried: failed.retried,
+        failed: failed.failed,
+    })
 }
 
-/// Recovers up to `limit` expired attempts in one transaction.
+/// Recovers up to `limit` expired attempts in one transaction of a fixed number of
+/// statements, whatever their number: one claims them (`FOR UPDATE SKIP LOCKED` on attempt
+/// and task, guarded on status and expiry, so it never waits on a busy row and never touches
+/// an attempt that completed, renewed or was superseded meanwhile) and marks them `expired`;
+/// [`progress::fail_tasks`] moves their tasks to `retry_wait` or, budget spent,
+/// `failed_terminal` with their scans (failure code `lease_expired`); one inserts the events.
 pub async fn recover_expired(
     pool: &PgPool,
     subjects: &Subjects,
@@ -88,75 +94,60 @@ pub async fn recover_expired(
     limit: i64,
 ) -> Result<RecoveryOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let recovered = sqlx::query_as::<_, Recovered>(
+    let claimed = sqlx::query_as::<_, Claimed>(
         r#"
         WITH stale AS (
-            SELECT a.id, a.task_id FROM worker_task_attempts a
-            WHERE a.status IN ('leased', 'running') AND a.lease_expires_at <= now()
+            SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
+                   coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,
+                   (t.current_attempt_id = a.id AND t.state IN ($5, $6)) AS task_live
+            FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+            WHERE a.status IN ($2, $3) AND a.lease_expires_at <= now()
             ORDER BY a.lease_expires_at
             LIMIT $1
-            FOR UPDATE SKIP LOCKED
-        ),
-        expired AS (
+            FOR UPDATE OF a, t SKIP LOCKED
+        ), expired AS (
             UPDATE worker_task_attempts a
-            SET status = 'expired', finished_at = now(), updated_at = now(), error_code = 'lease_expired',
-                error_message = 'lease expired without renewal'
-            FROM stale
-            WHERE a.id = stale.id AND a.status IN ('leased', 'running') AND a.lease_expires_at <= now()
-            RETURNING a.id, a.task_id
+            SET status = $4, finished_at = now(), updated_at = now(), error_code = $7,
+                error_message = $8
+            FROM stale WHERE a.id = stale.attempt_id
         )
-        UPDATE worker_tasks t
-        SET state = CASE WHEN t.attempt_count >= t.max_attempts THEN 'failed_terminal' ELSE 'retry_wait' END,
-            available_at = now() + make_interval(secs =>
-                random() * least($3, $2 * power(2, greatest(t.attempt_count, 1) - 1))),
-            completed_at = CASE WHEN t.attempt_count >= t.max_attempts THEN now() END,
-            last_error_code = 'lease_expired', last_error = 'lease expired without renewal',
-            updated_at = now()
-        FROM expired
-        WHERE t.id = expired.task_id AND t.current_attempt_id = expired.id AND t.state IN ('leased', 'running')
-        RETURNING t.id AS task_id, expired.id AS attempt_id, t.state, t.scan_id, t.scan_job_id,
-                  t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin
+        SELECT * FROM stale
         "#,
     )
     .bind(limit)
-    .bind(retry.base.as_secs_f64())
-    .bind(retry.cap.as_secs_f64())
+    .bind(AttemptStatus::Leased.as_str())
+    .bind(AttemptStatus::Running.as_str())
+    .bind(AttemptStatus::Expired.as_str())
+    .bind(TaskState::Leased.as_str())
+    .bind(TaskState::Running.as_str())
+    .bind(LEASE_EXPIRED)
+    .bind(LEASE_EXPIRED_MESSAGE)
     .fetch_all(&mut *tx)
     .await?;
-
-    let mut outcome = RecoveryOutcome::default();
-    let mut events = Vec::new();
+    if claimed.is_empty() {
+        tx.commit().await?;
+        return Ok(RecoveryOutcome::default());
+    }
     // A failure code, not a refusal: like plugin failure codes it is free-form, and it is
     // the same code the attempt and task rows record.
     let error = v1::Error {
-        code: "lease_expired".into(),
+        code: LEASE_EXPIRED.into(),
         message: "every attempt's lease expired without renewal".into(),
         ..Default::default()
     };
-    for row in &recovered {
-        let terminal = row.state == "failed_terminal";
-        events.push(row.task_failed(subjects, &error, !terminal));
-        if !terminal {
-            if let Some(scan_job_id) = row.scan_job_id {
-                sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
-                    .bind(scan_job_id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            outcome.retried.push(row.task_id);
-            continue;
-        }
-        outcome.failed.push(row.task_id);
-        let reason = format!(
-            "plugin {} spent its attempt budget: every lease expired",
-            row.plugin
-        );
-        events.extend(row.fail_scan(&mut tx, subjects, &error, &reason).await?);
-    }
-    outbox::enqueue(&mut tx, &events).await?;
-    tx.commit().await?;
-    Ok(outcome)
+    let failure = Failure {
+        error: &error,
+        task_message: LEASE_EXPIRED_MESSAGE,
+        retryable: true,
+        scan_reason: "spent its attempt budget: every lease expired",
+    };
+    fail_claimed(tx, subjects, retry, &failure, &claimed).await
 }
+
+const LEASE_EXPIRED: &str = "lease_expired";
+const LEASE_EXPIRED_MESSAGE: &str = "lease expired without renewal";
+const DEADLINE_EXCEEDED: &str = "deadline_exceeded";
+const DEADLINE_EXCEEDED_MESSAGE: &str = "the execution deadline passed";
 
 /// How many `retry_wait` tasks are due now (index-served).
 pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
@@ -169,60 +160,67 @@ pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
 
 /// Fails live attempts that passed their task's execution deadline, even if they renew:
 /// lease expiry and the deadline are separate clocks. A deadline failure is not retried (the
-/// same work would overrun again); the task fails terminally and its scan with it. One
-/// statement decides, skipping rows another transaction holds.
+/// same work would overrun again); the task fails terminally and its scan with it. A fixed
+/// number of statements whatever the number of rows, like [`recover_expired`]: one claims
+/// and fails the attempts (skipping rows another transaction holds), one fails their tasks,
+/// scan jobs and scans ([`progress::fail_tasks`]), one inserts the events.
 pub async fn fail_overdue(
     pool: &PgPool,
     subjects: &Subjects,
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
     let mut tx = pool.begin().await?;
-    let overdue = sqlx::query_as::<_, Recovered>(
+    let claimed = sqlx::query_as::<_, Claimed>(
         r#"
         WITH overdue AS (
-            SELECT a.id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-            WHERE a.status IN ('leased', 'running') AND t.execution_deadline_seconds IS NOT NULL
+            SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
+                   coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,
+                   (t.current_attempt_id = a.id AND t.state IN ($5, $6)) AS task_live
+            FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
+            WHERE a.status IN ($2, $3) AND t.execution_deadline_seconds IS NOT NULL
               AND a.started_at + make_interval(secs => t.execution_deadline_seconds) <= now()
             ORDER BY a.started_at
             LIMIT $1
-            FOR UPDATE OF a SKIP LOCKED
-        ),
-        failed AS (
+            FOR UPDATE OF a, t SKIP LOCKED
+        ), failed AS (
             UPDATE worker_task_attempts a
-            SET status = 'failed', finished_at = now(), updated_at = now(), error_code = 'deadline_exceeded',
-                error_message = 'the execution deadline passed'
-            FROM overdue WHERE a.id = overdue.id AND a.status IN ('leased', 'running')
-            RETURNING a.id, a.task_id
+            SET status = $4, finished_at = now(), updated_at = now(), error_code = $7,
+                error_message = $8
+            FROM overdue WHERE a.id = overdue.attempt_id
         )
-        UPDATE worker_tasks t
-        SET state = 'failed_terminal', completed_at = now(), updated_at = now(),
-            last_error_code = 'deadline_exceeded', last_error = 'the execution deadline passed'
-        FROM failed
-        WHERE t.id = failed.task_id AND t.current_attempt_id = failed.id AND t.state IN ('leased', 'running')
-        RETURNING t.id AS task_id, failed.id AS attempt_id, t.state, t.scan_id, t.scan_job_id,
-                  t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin
+        SELECT * FROM overdue
         "#,
     )
     .bind(limit)
+    .bind(AttemptStatus::Leased.as_str())
+    .bind(AttemptStatus::Running.as_str())
+    .bind(AttemptStatus::Failed.as_str())
+    .bind(TaskState::Leased.as_str())
+    .bind(TaskState::Running.as_str())
+    .bind(DEADLINE_EXCEEDED)
+    .bind(DEADLINE_EXCEEDED_MESSAGE)
     .fetch_all(&mut *tx)
     .await?;
+    if claimed.is_empty() {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
     let error = v1::Error {
-        code: "deadline_exceeded".into(),
-        message: "the execution deadline passed".into(),
+        code: DEADLINE_EXCEEDED.into(),
+        message: DEADLINE_EXCEEDED_MESSAGE.into(),
         ..Default::default()
     };
-    let mut events = Vec::new();
-    for row in &overdue {
-        events.push(row.task_failed(subjects, &error, false));
-        let reason = format!("plugin {} ran past its execution deadline", row.plugin);
-        events.extend(row.fail_scan(&mut tx, subjects, &error, &reason).await?);
-    }
-    outbox::enqueue(&mut tx, &events).await?;
-    tx.commit().await?;
-    Ok(overdue.iter().map(|row| row.task_id).collect())
+    let failure = Failure {
+        error: &error,
+        task_message: DEADLINE_EXCEEDED_MESSAGE,
+        retryable: false,
+        scan_reason: "ran past its execution deadline",
+    };
+    let outcome = fail_claimed(tx, subjects, RetryPolicy::default(), &failure, &claimed).await?;
+    Ok(outcome.failed)
 }
 
-/// Upload sessions past their expiry (never committed) become `expired`.
+/// Upload sessions past their expiry (never committed) become `expired`, in one statement.
 pub async fn expire_uploads(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
     Ok(sqlx::query(
         r#"

@@ -1,8 +1,9 @@
 //! The ingestion decision script (`store::ingest`) driven directly against PostgreSQL: what a
 //! batch costs in statements whatever its size, and each message of a mixed batch getting its
-//! own answer.
+//! own answer; and the reaper's recovery and deadline sweeps, whose cost does not grow with
+//! the rows they fail either.
 
-use messages::{ErrorCode, v1};
+use messages::{ErrorCode, EventKind, v1};
 use prost::Message as _;
 use store::LeaseClaim;
 use store::ingest::{self, CompleteParams, Message};
@@ -412,5 +413,119 @@ async fn a_ready_task_wakes_one_waiting_acquire_not_all() {
         woken < 2 * empty_round,
         "a ready task woke more than one waiting acquire: {woken} statements, {empty_round} per round"
     );
+    system.finish().await;
+}
+
+/// Task ids of `leases`.
+fn task_ids(leases: &[v1::Lease]) -> Vec<Uuid> {
+    leases
+        .iter()
+        .map(|lease| Uuid::parse_str(&lease.lease.as_ref().expect("lease").task_id).expect("id"))
+        .collect()
+}
+
+/// One reaper sweep; the statements its recovery and deadline steps spent.
+async fn sweep(reaper: &reaper::Service) -> (reaper::SweepOutcome, u64, u64) {
+    let before = cost::snapshot();
+    let outcome = reaper.run_once().await.expect("reaper sweep");
+    let spent = cost::spent(&before, &cost::snapshot());
+    (
+        outcome,
+        spent[lanes::REAPER_RECOVERY].statements,
+        spent[lanes::REAPER_DEADLINES].statements,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_sweeps_cost_the_same_for_10_and_100_rows() {
+    let system = TestSystem::spawn().await;
+    let reaper = system.reaper();
+    let mut counts = Vec::new();
+    for size in [10_usize, 100] {
+        // Expired leases: every other task spent its budget (fails with its scan), the rest
+        // go back to the queue.
+        let (_worker, leases) = leased(&system, size).await;
+        let tasks = task_ids(&leases);
+        let spent: Vec<Uuid> = tasks.iter().step_by(2).copied().collect();
+        sqlx::query("UPDATE worker_tasks SET max_attempts = attempt_count WHERE id = ANY($1)")
+            .bind(&spent)
+            .execute(&system.pool)
+            .await
+            .expect("spend the budget");
+        sqlx::query(
+            "UPDATE worker_task_attempts SET lease_expires_at = now() - interval '1 second' \
+             WHERE task_id = ANY($1) AND status IN ('leased', 'running')",
+        )
+        .bind(&tasks)
+        .execute(&system.pool)
+        .await
+        .expect("expire the leases");
+        let (outcome, recovery, _) = sweep(&reaper).await;
+        let mut failed = outcome.recovered.failed.clone();
+        failed.sort_unstable();
+        let mut expected = spent.clone();
+        expected.sort_unstable();
+        assert_eq!(failed, expected);
+        assert_eq!(outcome.recovered.retried.len(), size - spent.len());
+
+        // Overdue attempts (live leases, started long before their deadline): all fail.
+        let (_worker, leases) = leased(&system, size).await;
+        let tasks = task_ids(&leases);
+        sqlx::query("UPDATE worker_tasks SET execution_deadline_seconds = 60 WHERE id = ANY($1)")
+            .bind(&tasks)
+            .execute(&system.pool)
+            .await
+            .expect("set deadlines");
+        sqlx::query(
+            "UPDATE worker_task_attempts SET started_at = now() - interval '1 hour' \
+             WHERE task_id = ANY($1) AND status IN ('leased', 'running')",
+        )
+        .bind(&tasks)
+        .execute(&system.pool)
+        .await
+        .expect("start the attempts long ago");
+        let (outcome, _, deadlines) = sweep(&reaper).await;
+        assert_eq!(outcome.overdue.len(), size);
+        counts.push((size, recovery, deadlines));
+    }
+    println!("(rows, statements for stale recovery, for deadlines): {counts:?}");
+    let (_, recovery_10, deadlines_10) = counts[0];
+    let (_, recovery_100, deadlines_100) = counts[1];
+    assert_eq!(
+        (recovery_10, deadlines_10),
+        (recovery_100, deadlines_100),
+        "statements per sweep step grew with its rows: {counts:?}"
+    );
+    // Claim and end the attempts, fail the tasks, scan jobs and scans, outbox, COMMIT.
+    assert!(recovery_100 <= 4, "recovery: {recovery_100} statements");
+    assert!(deadlines_100 <= 4, "deadlines: {deadlines_100} statements");
+
+    // The events are today's: a task.failed per task (will_retry for the retried ones) and
+    // a scan.failed per failed scan.
+    let payloads: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT payload FROM outbox WHERE subject = $1")
+            .bind(system.subjects.event(EventKind::TaskFailed))
+            .fetch_all(&system.pool)
+            .await
+            .expect("task.failed events");
+    let will_retry = payloads
+        .iter()
+        .filter(|payload| {
+            v1::TaskFailed::decode(payload.as_slice())
+                .expect("a task.failed")
+                .will_retry
+        })
+        .count();
+    assert_eq!((payloads.len(), will_retry), (2 * 110, 55));
+    let scan_failed: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE subject = $1")
+        .bind(system.subjects.event(EventKind::ScanFailed))
+        .fetch_one(&system.pool)
+        .await
+        .expect("scan.failed events");
+    let failed_scans: i64 = sqlx::query_scalar("SELECT count(*) FROM scans WHERE state = 'failed'")
+        .fetch_one(&system.pool)
+        .await
+        .expect("failed scans");
+    assert_eq!((scan_failed, failed_scans), (55 + 110, 55 + 110));
     system.finish().await;
 }
