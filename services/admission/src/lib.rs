@@ -298,13 +298,12 @@ impl Admission {
                 trace_context: trace_context.as_deref(),
             })
             .collect();
-        let outcomes = match self.transaction(&requests, false).await {
-            Err(error) if !error.is_transient() => {
-                tracing::warn!(error = %telemetry::chain(&error), "a set-wise admission statement failed; deciding the batch one request at a time");
-                self.transaction(&requests, true).await?
-            }
-            outcomes => outcomes?,
+        let subjects = self.bus.subjects();
+        let script = store::admit::Admit {
+            subjects,
+            requests: &requests,
         };
+        let outcomes = store::decide_batch(&self.pool, &script).await?;
         let verdicts: Vec<Verdict> = valid
             .iter()
             .zip(outcomes)
@@ -328,26 +327,6 @@ impl Admission {
             self.relay.notify();
         }
         Ok(verdicts)
-    }
-
-    async fn transaction(
-        &self,
-        requests: &[AdmitParams<'_>],
-        one_by_one: bool,
-    ) -> Result<Vec<Result<AdmitOutcome, StoreError>>, StoreError> {
-        let subjects = self.bus.subjects();
-        let mut tx = self.pool.begin().await?;
-        let outcomes = if one_by_one {
-            store::admit::decide_each(&mut tx, subjects, requests).await?
-        } else {
-            store::admit::decide(&mut tx, subjects, requests)
-                .await?
-                .into_iter()
-                .map(Ok)
-                .collect()
-        };
-        tx.commit().await?;
-        Ok(outcomes)
     }
 
     /// The request/reply path: one request, one transaction, one reply.

@@ -196,19 +196,14 @@ impl Ingestion {
             .map(|(_, message)| message.to_store(self.retry))
             .collect();
         let decisions: Vec<store::ingest::Message<'_>> = parts.iter().flatten().cloned().collect();
-        let outcomes = match self
-            .transaction(&decisions, false)
-            .instrument(transaction_span.clone())
-            .await
-        {
-            Err(error) if !error.is_transient() => {
-                tracing::warn!(error = %telemetry::chain(&error), "a set-wise ingestion statement failed; deciding the batch one message at a time");
-                self.transaction(&decisions, true)
-                    .instrument(transaction_span)
-                    .await?
-            }
-            outcomes => outcomes?,
+        let subjects = self.bus.subjects();
+        let script = store::ingest::Ingest {
+            subjects,
+            messages: &decisions,
         };
+        let outcomes = store::decide_batch(&self.pool, &script)
+            .instrument(transaction_span)
+            .await?;
         let mut outcomes = outcomes.into_iter();
         Ok(parts
             .iter()
@@ -233,22 +228,6 @@ impl Ingestion {
                 }
             })
             .collect())
-    }
-
-    async fn transaction(
-        &self,
-        messages: &[store::ingest::Message<'_>],
-        one_by_one: bool,
-    ) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
-        let subjects = self.bus.subjects();
-        let mut tx = self.pool.begin().await?;
-        let outcomes = if one_by_one {
-            store::ingest::decide_each(&mut tx, subjects, messages).await?
-        } else {
-            store::ingest::decide(&mut tx, subjects, messages).await?
-        };
-        tx.commit().await?;
-        Ok(outcomes)
     }
 
     async fn answer(&self, address: &AckAddress, verdict: &Verdict) {

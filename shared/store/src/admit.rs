@@ -64,6 +64,34 @@ pub enum AdmitOutcome {
 /// The states in which a scan occupies its target (I6).
 const ACTIVE: [ScanState; 2] = [ScanState::Pending, ScanState::Running];
 
+/// The admission script over `requests`, for [`crate::decide_batch`].
+pub struct Admit<'a, 'r> {
+    pub subjects: &'a Subjects,
+    pub requests: &'a [AdmitParams<'r>],
+}
+
+impl crate::Script for Admit<'_, '_> {
+    type Outcomes = Vec<Result<AdmitOutcome, StoreError>>;
+
+    async fn set_wise(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<Self::Outcomes, StoreError> {
+        Ok(decide(tx, self.subjects, self.requests)
+            .await?
+            .into_iter()
+            .map(Ok)
+            .collect())
+    }
+
+    fn one_by_one(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
+        decide_each(tx, self.subjects, self.requests)
+    }
+}
+
 /// Decides `requests` inside the caller's transaction; the outcomes are in the order of
 /// `requests`. The advisory locks are held until the caller commits.
 ///

@@ -52,6 +52,30 @@ impl Message<'_> {
     }
 }
 
+/// The ingestion script over `messages`, for [`crate::decide_batch`].
+pub struct Ingest<'a, 'm> {
+    pub subjects: &'a Subjects,
+    pub messages: &'a [Message<'m>],
+}
+
+impl crate::Script for Ingest<'_, '_> {
+    type Outcomes = Vec<Result<IngestOutcome, StoreError>>;
+
+    fn set_wise(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
+        decide(tx, self.subjects, self.messages)
+    }
+
+    fn one_by_one(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
+        decide_each(tx, self.subjects, self.messages)
+    }
+}
+
 /// A completion: every batch below `batch_count` must be persisted.
 #[derive(Debug, Clone)]
 pub struct CompleteParams<'a> {

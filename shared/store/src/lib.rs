@@ -232,6 +232,50 @@ pub async fn savepoint<'c>(
     Ok((&mut **tx).begin().await?)
 }
 
+/// A decision script over one fetched batch, in its two forms.
+pub trait Script {
+    /// One outcome per message, in the batch's order.
+    type Outcomes: Send;
+    /// A fixed number of statements for the whole batch.
+    fn set_wise(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send;
+    /// One message per savepoint: more statements, but a message the schema refuses fails
+    /// alone.
+    fn one_by_one(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send;
+}
+
+/// The one fallback policy of every consumer: decides the batch set-wise in one transaction;
+/// when a set-wise statement fails for a reason retrying cannot fix (a row the schema refuses),
+/// decides it again one message per savepoint in a fresh transaction, so that the message at
+/// fault is refused alone and its neighbours go through. A transient failure is returned: the
+/// caller has the whole batch redelivered.
+pub async fn decide_batch<S: Script + Sync>(
+    pool: &PgPool,
+    script: &S,
+) -> Result<S::Outcomes, StoreError> {
+    let set_wise = async {
+        let mut tx = pool.begin().await?;
+        let outcomes = script.set_wise(&mut tx).await?;
+        tx.commit().await?;
+        Ok::<_, StoreError>(outcomes)
+    };
+    match set_wise.await {
+        Err(error) if !error.is_transient() => {
+            tracing::warn!(%error, "a set-wise statement failed; deciding the batch one message at a time");
+            let mut tx = pool.begin().await?;
+            let outcomes = script.one_by_one(&mut tx).await?;
+            tx.commit().await?;
+            Ok(outcomes)
+        }
+        outcome => outcome,
+    }
+}
+
 /// Drops the database named in `url` (demo and test clean-up), closing its other sessions.
 pub async fn drop_database(url: &str) -> Result<(), StoreError> {
     use sqlx::migrate::MigrateDatabase as _;
