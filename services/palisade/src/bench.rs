@@ -153,6 +153,56 @@ pub struct BurnDown {
     pub latency_ms: Quantiles,
     /// What each lane spent from the first request to the last completion event.
     pub cost: BTreeMap<&'static str, LaneCost>,
+    /// Per durable consumer: the batches its handler decided in that window.
+    pub consumers: BTreeMap<String, ConsumerBatches>,
+}
+
+/// What one durable consumer's handler did in a window, from `/metrics`'
+/// `palisade_handler_seconds` (one observation per decided batch) and `palisade_messages_total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ConsumerBatches {
+    pub batches: f64,
+    pub messages: f64,
+    pub handler_seconds: f64,
+}
+
+impl ConsumerBatches {
+    /// Every consumer's totals so far, read from the process's metrics.
+    fn snapshot() -> BTreeMap<String, ConsumerBatches> {
+        let mut consumers: BTreeMap<String, ConsumerBatches> = BTreeMap::new();
+        for line in bus::metrics::encode_text().lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let Some(consumer) = series
+                .split_once("consumer=\"")
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(consumer, _)| consumer.to_owned())
+            else {
+                continue;
+            };
+            let entry = consumers.entry(consumer).or_default();
+            if series.starts_with("palisade_handler_seconds_count") {
+                entry.batches += value;
+            } else if series.starts_with("palisade_handler_seconds_sum") {
+                entry.handler_seconds += value;
+            } else if series.starts_with("palisade_messages_total") {
+                entry.messages += value;
+            }
+        }
+        consumers
+    }
+
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            batches: self.batches - earlier.batches,
+            messages: self.messages - earlier.messages,
+            handler_seconds: self.handler_seconds - earlier.handler_seconds,
+        }
+    }
 }
 
 /// One stage of a scan's life, over the scans of the steady scenario.
@@ -378,6 +428,7 @@ async fn burn_down(
         .collect();
 
     let cost_before = telemetry::cost::snapshot();
+    let consumers_before = ConsumerBatches::snapshot();
     let started = Instant::now();
     let submitted = Arc::new(AtomicU64::new(0));
     let progress =
@@ -404,12 +455,21 @@ async fn burn_down(
         .wait_for(Tally::answered, scans, options.timeout)
         .await;
     let cost = telemetry::cost::spent(&cost_before, &telemetry::cost::snapshot());
+    let consumers = ConsumerBatches::snapshot()
+        .into_iter()
+        .map(|(consumer, now)| {
+            let then = consumers_before.get(&consumer).copied().unwrap_or_default();
+            (consumer, now.since(then))
+        })
+        .filter(|(_, spent)| spent.batches > 0.0)
+        .collect();
     progress.stop().await;
 
     let mut report = BurnDown {
         profile: profile.to_vec(),
         scans,
         cost,
+        consumers,
         ..BurnDown::default()
     };
     {
@@ -905,6 +965,14 @@ pub fn print_report(report: &BenchReport) -> bool {
             );
         }
         print_cost(&run.cost, run.completed, WIDTH);
+        for (consumer, spent) in &run.consumers {
+            println!(
+                "  consumer {consumer}: {:.0} batches, {:.1} messages and {:.1} ms each",
+                spent.batches,
+                spent.messages / spent.batches.max(1.0),
+                spent.handler_seconds * 1000.0 / spent.batches.max(1.0),
+            );
+        }
     }
     if let Some(steady) = &report.steady {
         println!(
@@ -1003,6 +1071,11 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "ratio_to_ceiling": ratio(run.scans_per_second),
             "latency_ms": run.latency_ms.to_json(),
             "cost_per_scan": cost_json(&run.cost, run.completed),
+            "consumers": run.consumers.iter().map(|(consumer, spent)| (consumer.clone(), json!({
+                "batches": spent.batches,
+                "messages_per_batch": round(spent.messages / spent.batches.max(1.0)),
+                "ms_per_batch": round(spent.handler_seconds * 1000.0 / spent.batches.max(1.0)),
+            }))).collect::<serde_json::Map<_, _>>(),
         })
     };
     let steady = report.steady.as_ref().map(|steady| {
