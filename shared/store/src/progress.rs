@@ -118,7 +118,8 @@ struct LockedScan {
 /// Advances the scans of `completed` (jobs of distinct scans): each active scan gets its next
 /// plugin's job and task, or is completed with its one enrichment job. Scans already ended
 /// (cancelled, failed) stay as they are. Returns the `task.ready` and `scan.completed` events,
-/// in their scans' traces. Locks the scans in id order, after the caller's attempts and tasks.
+/// in their scans' traces. Locks the scans in id order, after the caller's attempts and tasks
+/// (`FOR NO KEY UPDATE`: no key changes, so inserts that reference a scan are not held up).
 pub async fn advance(
     conn: &mut PgConnection,
     subjects: &Subjects,
@@ -138,7 +139,7 @@ pub async fn advance(
         FROM scans s JOIN targets t ON t.id = s.target_id
         WHERE s.id = ANY($1)
         ORDER BY s.id
-        FOR UPDATE OF s
+        FOR NO KEY UPDATE OF s
         "#,
     )
     .bind(&scan_ids)
