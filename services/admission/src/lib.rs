@@ -35,7 +35,7 @@ pub struct Settings {
     /// Attempt budget of every task (`PALISADE_MAX_ATTEMPTS`, default 3).
     pub max_attempts: i32,
     /// The durable consumer (`PALISADE_ADMISSION_BATCH_SIZE` 128, `PALISADE_ADMISSION_ACK_WAIT_MS`
-    /// 30000, `PALISADE_ADMISSION_MAX_DELIVER` 10).
+    /// 30000, `PALISADE_ADMISSION_MAX_DELIVER` 10, `PALISADE_ADMISSION_BATCHES_IN_FLIGHT` 4).
     pub consumer: ConsumerTuning,
     /// When set, profiles may only name these plugins; others get `unknown_plugin`
     /// (`PALISADE_KNOWN_PLUGINS`, comma-separated; unset accepts any plugin name).
@@ -68,6 +68,7 @@ impl Settings {
             batch_size: "PALISADE_ADMISSION_BATCH_SIZE",
             ack_wait_ms: "PALISADE_ADMISSION_ACK_WAIT_MS",
             max_deliver: "PALISADE_ADMISSION_MAX_DELIVER",
+            batches_in_flight: "PALISADE_ADMISSION_BATCHES_IN_FLIGHT",
         })?;
         Ok(Self {
             common,

@@ -35,6 +35,10 @@ pub struct ConsumerSpec {
     pub max_ack_pending: i64,
     /// Messages handed to the handler at once (one transaction per batch).
     pub batch_size: usize,
+    /// Batches decided at once: the next batch is fetched and decided while the previous one
+    /// waits on its commit. Handlers lock in one global order, so concurrent batches wait on
+    /// each other where they overlap (a deadlock is a transient failure: redelivered).
+    pub batches_in_flight: usize,
     /// Nak delay after the first delivery; doubles per delivery up to `retry_delay_max`.
     pub retry_delay_base: Duration,
     pub retry_delay_max: Duration,
@@ -48,6 +52,7 @@ impl ConsumerSpec {
     pub const MAX_DELIVER_DEFAULT: i64 = 10;
     pub const MAX_ACK_PENDING_DEFAULT: i64 = 20_000;
     pub const BATCH_SIZE_DEFAULT: usize = 128;
+    pub const BATCHES_IN_FLIGHT_DEFAULT: usize = 4;
 
     pub fn new(stream: String, durable_name: &str, filter_subject: String) -> Self {
         Self {
@@ -58,6 +63,7 @@ impl ConsumerSpec {
             max_deliver: Self::MAX_DELIVER_DEFAULT,
             max_ack_pending: Self::MAX_ACK_PENDING_DEFAULT,
             batch_size: Self::BATCH_SIZE_DEFAULT,
+            batches_in_flight: Self::BATCHES_IN_FLIGHT_DEFAULT,
             retry_delay_base: Duration::from_millis(500),
             retry_delay_max: Duration::from_secs(30),
             crash_after_commit: None,
@@ -177,10 +183,23 @@ pub async fn run<H: BatchHandler>(
         .ready_chunks(spec.batch_size);
     crate::metrics::register_consumer(&spec.durable_name);
 
+    let spec = &spec;
+    let mut in_flight = futures::stream::FuturesUnordered::new();
     loop {
+        let room = in_flight.len() < spec.batches_in_flight.max(1);
         let chunk = tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            chunk = messages.next() => chunk,
+            () = shutdown.cancelled() => {
+                // Batches being decided finish and are acknowledged; nothing new is fetched.
+                while let Some(finished) = in_flight.next().await {
+                    finished?;
+                }
+                return Ok(());
+            }
+            Some(finished) = in_flight.next(), if !in_flight.is_empty() => {
+                finished?;
+                continue;
+            }
+            chunk = messages.next(), if room => chunk,
         };
         let Some(chunk) = chunk else {
             return Err(consume_error("message stream ended".into()));
@@ -219,29 +238,43 @@ pub async fn run<H: BatchHandler>(
         if batch.is_empty() {
             continue;
         }
-        telemetry::cost::count_messages(telemetry::cost::Direction::Received, batch.len() as u64);
-        let handle_started = std::time::Instant::now();
-        let decisions = handler.handle(&batch).await;
-        crate::metrics::observe_handler_seconds(
-            &spec.durable_name,
-            handle_started.elapsed().as_secs_f64(),
-        );
-        assert_eq!(
-            decisions.len(),
-            batch.len(),
-            "a handler returns one decision per delivery"
-        );
-        if let Some(crash) = &spec.crash_after_commit
-            && crash.load(Ordering::SeqCst)
-        {
-            return Err(consume_error(
-                "injected crash after commit, before ack".into(),
-            ));
-        }
-        for (delivery, decision) in batch.iter().zip(decisions) {
-            acknowledge(&spec, handler.as_ref(), delivery, decision).await;
-        }
+        let handler = handler.clone();
+        in_flight.push(telemetry::cost::inherit(async move {
+            decide_and_acknowledge(spec, handler.as_ref(), batch).await
+        }));
     }
+}
+
+/// Decides one batch, then acknowledges each delivery as decided.
+async fn decide_and_acknowledge<H: BatchHandler>(
+    spec: &ConsumerSpec,
+    handler: &H,
+    batch: Vec<Delivery>,
+) -> Result<(), BusError> {
+    telemetry::cost::count_messages(telemetry::cost::Direction::Received, batch.len() as u64);
+    let handle_started = std::time::Instant::now();
+    let decisions = handler.handle(&batch).await;
+    crate::metrics::observe_handler_seconds(
+        &spec.durable_name,
+        handle_started.elapsed().as_secs_f64(),
+    );
+    assert_eq!(
+        decisions.len(),
+        batch.len(),
+        "a handler returns one decision per delivery"
+    );
+    if let Some(crash) = &spec.crash_after_commit
+        && crash.load(Ordering::SeqCst)
+    {
+        return Err(BusError::Consume {
+            consumer: spec.durable_name.clone(),
+            message: "injected crash after commit, before ack".into(),
+        });
+    }
+    for (delivery, decision) in batch.iter().zip(decisions) {
+        acknowledge(spec, handler, delivery, decision).await;
+    }
+    Ok(())
 }
 
 async fn acknowledge<H: BatchHandler>(

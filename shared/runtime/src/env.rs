@@ -69,7 +69,7 @@ where
     }
 }
 
-/// A durable consumer's tuning, read from three variables named by the service.
+/// A durable consumer's tuning, read from four variables named by the service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConsumerTuning {
     /// Messages decided per transaction, 1..=1000.
@@ -78,6 +78,8 @@ pub struct ConsumerTuning {
     pub ack_wait: std::time::Duration,
     /// Deliveries before a message is recorded dead.
     pub max_deliver: i64,
+    /// Batches decided at once, 1..=16.
+    pub batches_in_flight: usize,
 }
 
 /// The variable names of one consumer's [`ConsumerTuning`].
@@ -86,10 +88,11 @@ pub struct ConsumerVars {
     pub batch_size: &'static str,
     pub ack_wait_ms: &'static str,
     pub max_deliver: &'static str,
+    pub batches_in_flight: &'static str,
 }
 
 impl ConsumerTuning {
-    /// Reads and validates the three variables (defaults from `bus::ConsumerSpec`).
+    /// Reads and validates the four variables (defaults from `bus::ConsumerSpec`).
     pub fn from_env(vars: ConsumerVars) -> Result<Self, SettingsError> {
         use bus::ConsumerSpec;
         let batch_size = parse(vars.batch_size, ConsumerSpec::BATCH_SIZE_DEFAULT)?;
@@ -108,8 +111,20 @@ impl ConsumerTuning {
                 reason: "must be at least 1".into(),
             });
         }
+        let batches_in_flight = parse(
+            vars.batches_in_flight,
+            ConsumerSpec::BATCHES_IN_FLIGHT_DEFAULT,
+        )?;
+        if !(1..=16).contains(&batches_in_flight) {
+            return Err(SettingsError::Invalid {
+                name: vars.batches_in_flight,
+                value: batches_in_flight.to_string(),
+                reason: "must be 1..=16".into(),
+            });
+        }
         Ok(Self {
             batch_size,
+            batches_in_flight,
             ack_wait: std::time::Duration::from_millis(parse(
                 vars.ack_wait_ms,
                 ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
@@ -123,5 +138,6 @@ impl ConsumerTuning {
         spec.batch_size = self.batch_size;
         spec.ack_wait = self.ack_wait;
         spec.max_deliver = self.max_deliver;
+        spec.batches_in_flight = self.batches_in_flight;
     }
 }
