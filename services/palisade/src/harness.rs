@@ -200,6 +200,8 @@ impl Tally {
 /// until it is dropped.
 pub struct Outcomes {
     tally: Arc<Mutex<Tally>>,
+    /// Signalled after every outcome the reader records.
+    recorded: Arc<tokio::sync::Notify>,
     reader: JoinHandle<()>,
 }
 
@@ -213,15 +215,22 @@ impl Outcomes {
                 .context("cannot follow scan outcome events")?,
         );
         let tally = Arc::new(Mutex::new(Tally::new()));
+        let recorded = Arc::new(tokio::sync::Notify::new());
         let reader = tokio::spawn({
             let tally = tally.clone();
+            let recorded = recorded.clone();
             async move {
                 while let Some(outcome) = outcomes.next().await {
                     tally.lock().expect("not poisoned").record(outcome);
+                    recorded.notify_waiters();
                 }
             }
         });
-        Ok(Self { tally, reader })
+        Ok(Self {
+            tally,
+            recorded,
+            reader,
+        })
     }
 
     /// The tally so far.
@@ -244,16 +253,17 @@ impl Outcomes {
         expected: usize,
         timeout: Duration,
     ) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if count(&self.tally()) >= expected {
-                return true;
+        let reached = async {
+            loop {
+                // Registered before the check, so an outcome recorded in between still wakes us.
+                let recorded = self.recorded.notified();
+                if count(&self.tally()) >= expected {
+                    return;
+                }
+                recorded.await;
             }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        };
+        tokio::time::timeout(timeout, reached).await.is_ok()
     }
 
     /// Prints a progress line every second until the returned [`Progress`] is stopped.

@@ -258,16 +258,12 @@ async fn decide_set_wise(
                     ));
                     continue;
                 }
-                let row = match fenced(&rows, claim)? {
-                    Fenced::Live(row) => row,
-                    Fenced::Refused(error) => {
-                        decided.push((index, Some(IngestOutcome::Refused(error))));
+                let (row, job) = match live_job(&rows, claim)? {
+                    Ok(live) => live,
+                    Err(decision) => {
+                        decided.push((index, decision));
                         continue;
                     }
-                };
-                let Some(job) = row.job() else {
-                    decided.push((index, None));
-                    continue;
                 };
                 if !sequences.insert((claim.attempt_id, params.sequence_number)) {
                     decided.push((
@@ -296,19 +292,15 @@ async fn decide_set_wise(
                     }
                     _ => {}
                 }
-                let row = match fenced(&rows, claim)? {
-                    Fenced::Live(row) => row,
-                    Fenced::Refused(error) => {
-                        decided.push((index, Some(IngestOutcome::Refused(error))));
+                let (row, job) = match live_job(&rows, claim)? {
+                    Ok(live) => live,
+                    Err(decision) => {
+                        decided.push((index, decision));
                         continue;
                     }
                 };
-                let Some(job) = row.job() else {
-                    decided.push((index, None));
-                    continue;
-                };
-                completing.push((index, params, row, job));
-                // Decided after the batches are written and counted.
+                // Decided after the batches are written and counted: remember its slot.
+                completing.push((decided.len(), params, row, job));
                 decided.push((index, Some(IngestOutcome::Accepted)));
             }
             Message::Fail(_) => unreachable!("failures are decided one by one"),
@@ -318,16 +310,10 @@ async fn decide_set_wise(
     write_batches(conn, &accepted).await?;
     let counts = count_batches(conn, &completing).await?;
     let mut completed: Vec<(&CompleteParams<'_>, &LockedRow, Job)> = Vec::new();
-    for (index, params, row, job) in completing {
+    for (slot, params, row, job) in completing {
         let verdict = completion_verdict(conn, params, row, job, &counts).await?;
         match verdict {
-            Some(refusal) => {
-                let slot = decided
-                    .iter_mut()
-                    .find(|(decided_index, _)| *decided_index == index)
-                    .expect("the completion was recorded");
-                slot.1 = Some(IngestOutcome::Refused(refusal));
-            }
+            Some(refusal) => decided[slot].1 = Some(IngestOutcome::Refused(refusal)),
             None => completed.push((params, row, job)),
         }
     }
@@ -368,26 +354,23 @@ async fn decide_set_wise(
     Ok(decided)
 }
 
-enum Fenced<'r> {
-    Live(&'r LockedRow),
-    Refused(v1::Error),
-}
-
-/// The fence (SPEC I1) against the locked rows.
-fn fenced<'r>(
+/// The fence (SPEC I1) against the locked rows, and the scan job the live attempt writes
+/// into: `Err(Some(refusal))` when the claim may not write, `Err(None)` for a task without a
+/// scan job (left to the one-by-one path).
+fn live_job<'r>(
     rows: &'r HashMap<Uuid, LockedRow>,
     claim: &LeaseClaim,
-) -> Result<Fenced<'r>, StoreError> {
+) -> Result<Result<(&'r LockedRow, Job), Option<IngestOutcome>>, StoreError> {
     let Some(row) = rows
         .get(&claim.attempt_id)
         .filter(|row| row.attempt_task_id == claim.task_id)
     else {
-        return Ok(Fenced::Refused(lease_lost(claim)));
+        return Ok(Err(Some(IngestOutcome::Refused(lease_lost(claim)))));
     };
-    Ok(match row.locked.refusal(claim)? {
-        None => Fenced::Live(row),
-        Some(refusal) => Fenced::Refused(refusal),
-    })
+    if let Some(refusal) = row.locked.refusal(claim)? {
+        return Ok(Err(Some(IngestOutcome::Refused(refusal))));
+    }
+    Ok(row.job().map(|job| (row, job)).ok_or(None))
 }
 
 /// Locks every named attempt and its task, in task order (the order every writer of tasks
