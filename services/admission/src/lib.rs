@@ -115,6 +115,7 @@ impl Service {
             bus: connections.bus.clone(),
             max_attempts: settings.max_attempts,
             known_plugins: settings.known_plugins.clone(),
+            progress_events: settings.common.progress_events,
         });
         Self {
             settings,
@@ -193,6 +194,7 @@ struct Admission {
     relay: Relay,
     max_attempts: i32,
     known_plugins: Option<Vec<String>>,
+    progress_events: store::ProgressEvents,
 }
 
 impl Admission {
@@ -304,7 +306,10 @@ impl Admission {
             subjects,
             requests: &requests,
         };
-        let outcomes = store::decide_batch(&self.pool, &script).await?;
+        let (outcomes, staged) =
+            store::decide_batch(&self.pool, self.progress_events, &script).await?;
+        // Committed: the scans' events go out now (task.ready wakes dispatch).
+        self.relay.hand_off(staged);
         let verdicts: Vec<Verdict> = valid
             .iter()
             .zip(outcomes)
@@ -321,12 +326,6 @@ impl Admission {
                 Err(error) => Verdict::Failed(telemetry::chain(&error).to_string()),
             })
             .collect();
-        if verdicts
-            .iter()
-            .any(|verdict| matches!(verdict, Verdict::Admitted { .. }))
-        {
-            self.relay.notify();
-        }
         Ok(verdicts)
     }
 

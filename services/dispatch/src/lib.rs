@@ -26,7 +26,7 @@ use store::cancellation::{CancelOutcome, CancelTarget};
 use store::dispatch::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
 };
-use store::{LeaseClaim, PgPool, StoreError};
+use store::{LeaseClaim, PgPool, Staged, StoreError};
 
 use crate::waiters::Waiters;
 use telemetry::cost::{Direction, count_messages, in_lane, inherit, lanes};
@@ -471,16 +471,19 @@ impl Dispatch {
             tokio::time::Instant::now() + Duration::from_millis(u64::from(request.wait_ms));
         let mut waiter: Option<crate::waiters::Waiter<'_>> = None;
         loop {
-            let eligibility =
-                match store::dispatch::acquire(&self.pool, self.bus.subjects(), &params).await {
-                    Ok((AcquireOutcome::Leases(leases), _)) if !leases.is_empty() => {
-                        self.relay.notify();
-                        return Ok(leases.iter().map(traced_lease).collect());
-                    }
-                    Ok((AcquireOutcome::Leases(_), eligibility)) => eligibility,
-                    Ok((AcquireOutcome::Refused(error), _)) => return Err(error),
-                    Err(error) => return Err(internal(&error)),
-                };
+            let mut staged = Staged::new(self.settings.common.progress_events);
+            let acquired =
+                store::dispatch::acquire(&self.pool, &mut staged, self.bus.subjects(), &params)
+                    .await;
+            let eligibility = match acquired {
+                Ok((AcquireOutcome::Leases(leases), _)) if !leases.is_empty() => {
+                    self.relay.hand_off(staged);
+                    return Ok(leases.iter().map(traced_lease).collect());
+                }
+                Ok((AcquireOutcome::Leases(_), eligibility)) => eligibility,
+                Ok((AcquireOutcome::Refused(error), _)) => return Err(error),
+                Err(error) => return Err(internal(&error)),
+            };
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return Ok(Vec::new());
@@ -524,9 +527,18 @@ impl Dispatch {
             .filter(|c| *c != '\0')
             .take(512)
             .collect();
-        match store::dispatch::release(&self.pool, self.bus.subjects(), &claim, &reason).await {
+        let mut staged = Staged::new(self.settings.common.progress_events);
+        let released = store::dispatch::release(
+            &self.pool,
+            &mut staged,
+            self.bus.subjects(),
+            &claim,
+            &reason,
+        )
+        .await;
+        match released {
             Ok(ReleaseOutcome::Released) => {
-                self.relay.notify();
+                self.relay.hand_off(staged);
                 Ok(())
             }
             Ok(ReleaseOutcome::Refused(error)) => Err(error),

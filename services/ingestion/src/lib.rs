@@ -102,6 +102,7 @@ impl Service {
             bus: connections.bus.clone(),
             limits: settings.batch_limits,
             retry: settings.retry,
+            progress_events: settings.common.progress_events,
         });
         Self {
             settings,
@@ -153,6 +154,7 @@ struct Ingestion {
     relay: Relay,
     limits: BatchLimits,
     retry: RetryPolicy,
+    progress_events: store::ProgressEvents,
 }
 
 fn verb_of(subject: &str) -> Option<WorkerVerb> {
@@ -202,9 +204,11 @@ impl Ingestion {
             subjects,
             messages: &decisions,
         };
-        let outcomes = store::decide_batch(&self.pool, &script)
+        let (outcomes, staged) = store::decide_batch(&self.pool, self.progress_events, &script)
             .instrument(transaction_span)
             .await?;
+        // Committed: the events go out now (task.ready of next plugins, scan outcomes).
+        self.relay.hand_off(staged);
         let mut outcomes = outcomes.into_iter();
         Ok(parts
             .iter()
@@ -287,14 +291,8 @@ impl BatchHandler for Ingestion {
         let spans: Vec<&tracing::Span> = batch.iter().map(Delivery::span).collect();
         match self.decide(&valid, &spans).await {
             Ok(decided) => {
-                let any_accepted = decided
-                    .iter()
-                    .any(|verdict| matches!(verdict, Verdict::Accepted));
                 for ((index, _), verdict) in valid.iter().zip(decided) {
                     verdicts[*index] = Some(verdict);
-                }
-                if any_accepted {
-                    self.relay.notify();
                 }
             }
             Err(error) => {

@@ -1,9 +1,16 @@
 //! The outbox relay: publishes events that were committed to the `outbox` table to JetStream,
 //! with `Nats-Msg-Id` = the row id so a re-publish is de-duplicated by the stream.
 //!
-//! Rows are claimed with `FOR UPDATE SKIP LOCKED` and a claim deadline (never "id > cursor":
-//! ids commit out of order), the claim commits before publishing so no connection is held
-//! across a network wait, every PubAck is awaited, and only acknowledged rows are marked
+//! Two ways out. **Hand-off**: a service's hot path stages its events (`store::outbox::stage`,
+//! the rows claimed by their committer) and hands them to [`Relay::hand_off`] right after its
+//! commit; they are published at once, pipelined with whatever else was handed off meanwhile,
+//! and marked published in bulk by one statement per round. An event then costs no claim, no
+//! poll and no relay pass on the latency path. **Poll**: the relay claims unpublished rows with
+//! `FOR UPDATE SKIP LOCKED` and a claim deadline (never "id > cursor": ids commit out of
+//! order), commits the claim before publishing so no connection is held across a network wait,
+//! and publishes them; it picks up rows enqueued without a hand-off (the operator's commands)
+//! and staged rows whose hand-off lapsed (a committer that crashed between commit and publish,
+//! a publish NATS refused). Every PubAck is awaited and only acknowledged rows are marked
 //! published. Any number of relays (one per service replica) can run at once.
 
 use std::sync::Arc;
@@ -11,9 +18,10 @@ use std::time::Duration;
 
 use bus::async_nats::HeaderMap;
 use bus::{Bus, OutgoingMessage};
-use store::PgPool;
-use tokio::sync::Notify;
+use store::{OutboxEvent, PgPool, Staged};
+use tokio::sync::{Mutex, Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 /// How a relay runs.
 #[derive(Debug, Clone)]
@@ -22,8 +30,11 @@ pub struct RelayConfig {
     pub batch_size: i64,
     /// How long a claim lasts; a relay that dies mid-publish loses its rows to others after it.
     pub claim_for: Duration,
-    /// Poll interval when nobody signals new rows (rows committed by other processes).
+    /// Poll interval when nobody signals new rows (rows committed by other processes, staged
+    /// rows whose hand-off lapsed).
     pub idle_poll: Duration,
+    /// Most handed-off events published in one pipelined round (and marked by one statement).
+    pub hand_off_round: usize,
 }
 
 impl Default for RelayConfig {
@@ -32,6 +43,7 @@ impl Default for RelayConfig {
             batch_size: 500,
             claim_for: Duration::from_secs(30),
             idle_poll: Duration::from_millis(200),
+            hand_off_round: 1000,
         }
     }
 }
@@ -43,38 +55,62 @@ pub struct RelayOutcome {
     pub failed: usize,
 }
 
-/// Publishes outbox rows. Cheap to clone; [`Relay::notify`] wakes it after a commit.
+/// Publishes outbox rows. Cheap to clone: every clone hands off to, and wakes, the same relay.
 #[derive(Clone)]
 pub struct Relay {
     pool: PgPool,
     bus: Bus,
     config: RelayConfig,
     wake: Arc<Notify>,
+    handed_off: mpsc::UnboundedSender<Vec<OutboxEvent>>,
+    /// Taken by [`Relay::run`] for as long as it runs.
+    hand_offs: Arc<Mutex<mpsc::UnboundedReceiver<Vec<OutboxEvent>>>>,
 }
 
 impl Relay {
     pub fn new(pool: PgPool, bus: Bus, config: RelayConfig) -> Self {
+        let (handed_off, hand_offs) = mpsc::unbounded_channel();
         Self {
             pool,
             bus,
             config,
             wake: Arc::new(Notify::new()),
+            handed_off,
+            hand_offs: Arc::new(Mutex::new(hand_offs)),
         }
     }
 
-    /// Call after committing outbox rows, so they go out now rather than at the next poll.
+    /// Call after committing [`store::outbox::enqueue`]d rows, so they go out now rather than
+    /// at the next poll.
     pub fn notify(&self) {
         self.wake.notify_one();
+    }
+
+    /// Call right after committing the transaction that staged `staged`: its events are
+    /// published at once. Never waits; a relay that stopped leaves them to the next poll.
+    pub fn hand_off(&self, staged: Staged) {
+        if staged.is_empty() {
+            return;
+        }
+        // An error means the relay has stopped (shutdown): the rows wait out their hand-off
+        // and the next poll of any relay publishes them.
+        let _ = self.handed_off.send(staged.into_events());
     }
 
     /// One pass: claim, publish (pipelined, every PubAck awaited), mark published.
     pub async fn run_once(&self) -> Result<RelayOutcome, store::StoreError> {
         let events =
             store::outbox::claim(&self.pool, self.config.batch_size, self.config.claim_for).await?;
+        self.publish(events).await
+    }
+
+    /// Publishes `events` pipelined, marks the acknowledged ones published and gives the
+    /// others back to the poll (one statement each, whatever their number).
+    async fn publish(&self, events: Vec<OutboxEvent>) -> Result<RelayOutcome, store::StoreError> {
         if events.is_empty() {
             return Ok(RelayOutcome::default());
         }
-        let ids: Vec<_> = events.iter().map(|event| event.id).collect();
+        let ids: Vec<Uuid> = events.iter().map(|event| event.id).collect();
         let outgoing = events
             .into_iter()
             .map(|event| {
@@ -125,7 +161,46 @@ impl Relay {
     /// a signal or the idle poll. Its cost is the `outbox` lane's, whichever service runs it:
     /// every relay claims from the same table.
     pub async fn run(self, shutdown: CancellationToken) {
-        telemetry::cost::in_lane(telemetry::cost::lanes::OUTBOX, self.relay_until(shutdown)).await;
+        let work = async {
+            tokio::join!(
+                self.publish_hand_offs(shutdown.clone()),
+                self.clone().relay_until(shutdown.clone())
+            );
+        };
+        telemetry::cost::in_lane(telemetry::cost::lanes::OUTBOX, work).await;
+    }
+
+    /// Publishes handed-off events as they come: each round takes everything handed off
+    /// since the last (up to `hand_off_round` events), so under load a round carries many
+    /// commits' events and costs one marking statement. At shutdown it publishes what was
+    /// handed off before it stopped; what comes later waits for a poll.
+    async fn publish_hand_offs(&self, shutdown: CancellationToken) {
+        let mut hand_offs = self.hand_offs.lock().await;
+        let mut received: Vec<Vec<OutboxEvent>> = Vec::new();
+        loop {
+            let open = tokio::select! {
+                biased;
+                count = hand_offs.recv_many(&mut received, self.config.hand_off_round) => count > 0,
+                () = shutdown.cancelled() => {
+                    hand_offs.close();
+                    while hand_offs.recv_many(&mut received, usize::MAX).await > 0 {}
+                    false
+                }
+            };
+            let mut events: Vec<OutboxEvent> = received.drain(..).flatten().collect();
+            while !events.is_empty() {
+                let round: Vec<OutboxEvent> = events
+                    .drain(..events.len().min(self.config.hand_off_round))
+                    .collect();
+                if let Err(error) = self.publish(round).await {
+                    // The rows are not lost: their hand-off lapses and a poll publishes them.
+                    tracing::warn!(error = %telemetry::chain(&error), "marking handed-off outbox rows failed; a poll will publish them again");
+                }
+            }
+            if !open {
+                return;
+            }
+        }
     }
 
     async fn relay_until(self, shutdown: CancellationToken) {

@@ -30,13 +30,16 @@ pub struct CommonSettings {
     /// How `/metrics` computes its database gauges (the live-worker window follows the lease
     /// TTL dispatch grants, so every process reads `PALISADE_LEASE_TTL_MS`).
     pub metrics: metrics::MetricsSettings,
+    /// Whether `scan.admitted`, `task.leased` and `task.completed` are written
+    /// (`PALISADE_PROGRESS_EVENTS`, `on` or `off`; default `on`).
+    pub progress_events: store::ProgressEvents,
 }
 
 impl CommonSettings {
     pub const NATS_URL_DEFAULT: &'static str = "nats://127.0.0.1:4222";
 
     /// `DATABASE_URL`, `NATS_URL`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
-    /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_LEASE_TTL_MS`.
+    /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_LEASE_TTL_MS`, `PALISADE_PROGRESS_EVENTS`.
     pub fn from_env() -> Result<Self, SettingsError> {
         let mut database =
             DatabaseSettings::new(env::string("DATABASE_URL", DatabaseSettings::DEFAULT_URL));
@@ -64,6 +67,7 @@ impl CommonSettings {
             subjects,
             streams: StreamSettings { replicas },
             metrics: metrics::MetricsSettings::from_env()?,
+            progress_events: env::parse("PALISADE_PROGRESS_EVENTS", store::ProgressEvents::On)?,
         })
     }
 }

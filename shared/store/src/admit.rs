@@ -28,7 +28,7 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::outbox::{self, OutboxEvent};
+use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, NewScanJob};
 use crate::states::ScanState;
 
@@ -76,8 +76,9 @@ impl crate::Script for Admit<'_, '_> {
     async fn set_wise(
         &self,
         tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
     ) -> Result<Self::Outcomes, StoreError> {
-        Ok(decide(tx, self.subjects, self.requests)
+        Ok(decide(tx, staged, self.subjects, self.requests)
             .await?
             .into_iter()
             .map(Ok)
@@ -87,8 +88,9 @@ impl crate::Script for Admit<'_, '_> {
     fn one_by_one(
         &self,
         tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide_each(tx, self.subjects, self.requests)
+        decide_each(tx, staged, self.subjects, self.requests)
     }
 }
 
@@ -100,6 +102,7 @@ impl crate::Script for Admit<'_, '_> {
 /// the batch again with [`decide_each`].
 pub async fn decide(
     conn: &mut PgConnection,
+    staged: &mut Staged,
     subjects: &Subjects,
     requests: &[AdmitParams<'_>],
 ) -> Result<Vec<AdmitOutcome>, StoreError> {
@@ -179,7 +182,7 @@ pub async fn decide(
         outcomes.push(None);
     }
 
-    for (index, scan_id, task_id) in write(conn, subjects, requests, &admitted).await? {
+    for (index, scan_id, task_id) in write(conn, staged, subjects, requests, &admitted).await? {
         outcomes[index] = Some(match task_id {
             Some(task_id) => AdmitOutcome::Admitted { scan_id, task_id },
             None => {
@@ -203,18 +206,28 @@ pub async fn decide(
 /// failure; the outer `Err` fails the transaction.
 pub async fn decide_each(
     tx: &mut Transaction<'_, Postgres>,
+    staged: &mut Staged,
     subjects: &Subjects,
     requests: &[AdmitParams<'_>],
 ) -> Result<Vec<Result<AdmitOutcome, StoreError>>, StoreError> {
     let mut outcomes = Vec::with_capacity(requests.len());
     for request in requests {
+        let mark = staged.mark();
         let mut savepoint = crate::savepoint(tx).await?;
-        let outcome = decide(&mut savepoint, subjects, std::slice::from_ref(request))
-            .await
-            .map(|mut outcomes| outcomes.pop().expect("one outcome per request"));
+        let outcome = decide(
+            &mut savepoint,
+            staged,
+            subjects,
+            std::slice::from_ref(request),
+        )
+        .await
+        .map(|mut outcomes| outcomes.pop().expect("one outcome per request"));
         match outcome {
             Ok(AdmitOutcome::Admitted { .. }) => savepoint.commit().await?,
-            _ => savepoint.rollback().await?,
+            _ => {
+                savepoint.rollback().await?;
+                staged.roll_back_to(mark);
+            }
         }
         outcomes.push(outcome);
     }
@@ -366,6 +379,7 @@ async fn look_up(
 /// [`StoreError::Raced`] and is decided again one by one).
 async fn write(
     conn: &mut PgConnection,
+    staged: &mut Staged,
     subjects: &Subjects,
     requests: &[AdmitParams<'_>],
     admitted: &[(usize, Uuid)],
@@ -502,19 +516,16 @@ async fn write(
             required_capabilities: vec![job.plugin.to_owned()],
         };
         events.push(
-            OutboxEvent::new(
-                subjects.event(EventKind::ScanAdmitted),
-                admitted.encode_to_vec(),
-            )
-            .in_trace_of(*scan_id),
+            OutboxEvent::new(subjects, EventKind::ScanAdmitted, admitted.encode_to_vec())
+                .in_trace_of(*scan_id),
         );
         events.push(
-            OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec())
+            OutboxEvent::new(subjects, EventKind::TaskReady, ready.encode_to_vec())
                 .in_trace_of(*scan_id),
         );
         written.push((*index, *scan_id, Some(*task_id)));
     }
-    outbox::enqueue(conn, &events).await?;
+    outbox::stage(conn, staged, events).await?;
     Ok(written)
 }
 

@@ -173,7 +173,8 @@ async fn cancel_scan(
     outbox::enqueue(
         conn,
         &[OutboxEvent::new(
-            subjects.event(EventKind::ScanCancelled),
+            subjects,
+            EventKind::ScanCancelled,
             event.encode_to_vec(),
         )],
     )

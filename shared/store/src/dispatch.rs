@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::fence::{self, LeaseClaim, lease_lost};
-use crate::outbox::{self, OutboxEvent};
+use crate::outbox::{self, OutboxEvent, Staged};
 use crate::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
 
 /// Discovered assets handed to one lease, at most: bounds the reply size.
@@ -187,6 +187,7 @@ struct AcquiringWorker {
 /// so a lost reply never strands a lease.
 pub async fn acquire(
     pool: &PgPool,
+    staged: &mut Staged,
     subjects: &Subjects,
     params: &AcquireParams,
 ) -> Result<(AcquireOutcome, Eligibility), StoreError> {
@@ -362,17 +363,14 @@ pub async fn acquire(
                 worker_id: params.worker_id.to_string(),
                 scan_id: lease.scan_id.map(|id| id.to_string()).unwrap_or_default(),
             };
-            let event = OutboxEvent::new(
-                subjects.event(EventKind::TaskLeased),
-                leased.encode_to_vec(),
-            );
+            let event = OutboxEvent::new(subjects, EventKind::TaskLeased, leased.encode_to_vec());
             match lease.scan_id {
                 Some(scan_id) => event.in_trace_of(scan_id),
                 None => event,
             }
         })
         .collect();
-    outbox::enqueue(&mut tx, &events).await?;
+    outbox::stage(&mut tx, staged, events).await?;
 
     let leases = with_assets(&mut tx, granted).await?;
     tx.commit().await?;
@@ -510,6 +508,7 @@ pub enum ReleaseOutcome {
 /// Gives a live attempt back without spending the attempt budget; the task is due at once.
 pub async fn release(
     pool: &PgPool,
+    staged: &mut Staged,
     subjects: &Subjects,
     claim: &LeaseClaim,
     reason: &str,
@@ -553,10 +552,12 @@ pub async fn release(
         plugin: locked.plugin.clone(),
         required_capabilities: vec![locked.plugin.clone()],
     };
-    outbox::enqueue(
+    outbox::stage(
         &mut tx,
-        &[OutboxEvent::new(
-            subjects.event(EventKind::TaskReady),
+        staged,
+        vec![OutboxEvent::new(
+            subjects,
+            EventKind::TaskReady,
             ready.encode_to_vec(),
         )],
     )

@@ -30,7 +30,7 @@ use crate::StoreError;
 use crate::evidence::{finding_key, redact};
 use crate::fence::{LeaseClaim, LockedAttempt, lease_lost};
 use crate::ingestion::{self, BatchParams, FailParams, IngestOutcome};
-use crate::outbox::{self, OutboxEvent};
+use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob};
 use crate::states::{AttemptStatus, ScanJobState, TaskState};
 
@@ -64,15 +64,17 @@ impl crate::Script for Ingest<'_, '_> {
     fn set_wise(
         &self,
         tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide(tx, self.subjects, self.messages)
+        decide(tx, staged, self.subjects, self.messages)
     }
 
     fn one_by_one(
         &self,
         tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide_each(tx, self.subjects, self.messages)
+        decide_each(tx, staged, self.subjects, self.messages)
     }
 }
 
@@ -89,13 +91,14 @@ pub struct CompleteParams<'a> {
 /// savepoint was rolled back), while the outer `Err` fails the whole transaction.
 pub async fn decide(
     tx: &mut Transaction<'_, Postgres>,
+    staged: &mut Staged,
     subjects: &Subjects,
     messages: &[Message<'_>],
 ) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
     let (set_wise, one_by_one) = split(messages);
     let mut outcomes: Vec<Option<Result<IngestOutcome, StoreError>>> =
         messages.iter().map(|_| None).collect();
-    let decided = decide_set_wise(tx, subjects, messages, &set_wise).await?;
+    let decided = decide_set_wise(tx, staged, subjects, messages, &set_wise).await?;
     let mut deferred = one_by_one;
     for (index, outcome) in decided {
         match outcome {
@@ -106,7 +109,7 @@ pub async fn decide(
     }
     deferred.sort_unstable();
     for index in deferred {
-        outcomes[index] = Some(decide_one(tx, subjects, &messages[index]).await?);
+        outcomes[index] = Some(decide_one(tx, staged, subjects, &messages[index]).await?);
     }
     Ok(outcomes
         .into_iter()
@@ -119,12 +122,13 @@ pub async fn decide(
 /// alone.
 pub async fn decide_each(
     tx: &mut Transaction<'_, Postgres>,
+    staged: &mut Staged,
     subjects: &Subjects,
     messages: &[Message<'_>],
 ) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
     let mut outcomes = Vec::with_capacity(messages.len());
     for message in messages {
-        outcomes.push(decide_one(tx, subjects, message).await?);
+        outcomes.push(decide_one(tx, staged, subjects, message).await?);
     }
     Ok(outcomes)
 }
@@ -132,15 +136,18 @@ pub async fn decide_each(
 /// One message in its own savepoint; the savepoint is kept only when the message was accepted.
 async fn decide_one(
     tx: &mut Transaction<'_, Postgres>,
+    staged: &mut Staged,
     subjects: &Subjects,
     message: &Message<'_>,
 ) -> Result<Result<IngestOutcome, StoreError>, StoreError> {
+    let mark = staged.mark();
     let mut savepoint = crate::savepoint(tx).await?;
     let outcome = match message {
         Message::Result(params) => ingestion::accept_batch(&mut savepoint, params).await,
         Message::Complete(params) => {
             ingestion::complete(
                 &mut savepoint,
+                staged,
                 subjects,
                 params.claim,
                 params.batch_count,
@@ -148,11 +155,14 @@ async fn decide_one(
             )
             .await
         }
-        Message::Fail(params) => ingestion::fail(&mut savepoint, subjects, params).await,
+        Message::Fail(params) => ingestion::fail(&mut savepoint, staged, subjects, params).await,
     };
     match outcome {
         Ok(IngestOutcome::Accepted) => savepoint.commit().await?,
-        _ => savepoint.rollback().await?,
+        _ => {
+            savepoint.rollback().await?;
+            staged.roll_back_to(mark);
+        }
     }
     Ok(outcome)
 }
@@ -224,6 +234,7 @@ impl LockedRow {
 /// Decides the set-wise messages; `None` for a message left to the one-by-one path.
 async fn decide_set_wise(
     conn: &mut PgConnection,
+    staged: &mut Staged,
     subjects: &Subjects,
     messages: &[Message<'_>],
     indices: &[usize],
@@ -329,7 +340,8 @@ async fn decide_set_wise(
             .ok_or_else(|| StoreError::Corrupt(format!("scan job {} vanished", job.scan_job_id)))?;
         events.push(
             OutboxEvent::new(
-                subjects.event(EventKind::TaskCompleted),
+                subjects,
+                EventKind::TaskCompleted,
                 v1::TaskCompleted {
                     task_id: params.claim.task_id.to_string(),
                     attempt_id: params.claim.attempt_id.to_string(),
@@ -350,7 +362,7 @@ async fn decide_set_wise(
         });
     }
     events.extend(progress::advance(conn, subjects, &jobs).await?);
-    outbox::enqueue(conn, &events).await?;
+    outbox::stage(conn, staged, events).await?;
     Ok(decided)
 }
 

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::fence::lease_lost;
 use crate::fence::{self, LeaseClaim, LockedAttempt};
-use crate::outbox::{self, OutboxEvent};
+use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob, FailedTask, Failure};
 use crate::retry::RetryPolicy;
 use crate::states::AttemptStatus;
@@ -162,6 +162,7 @@ async fn lock_live(
 /// creates its one enrichment job).
 pub async fn complete(
     conn: &mut PgConnection,
+    staged: &mut Staged,
     subjects: &Subjects,
     claim: &LeaseClaim,
     batch_count: i32,
@@ -265,7 +266,8 @@ pub async fn complete(
     .await?;
 
     let mut events = vec![OutboxEvent::new(
-        subjects.event(EventKind::TaskCompleted),
+        subjects,
+        EventKind::TaskCompleted,
         v1::TaskCompleted {
             task_id: claim.task_id.to_string(),
             attempt_id: claim.attempt_id.to_string(),
@@ -290,7 +292,7 @@ pub async fn complete(
         )
         .await?,
     );
-    outbox::enqueue(conn, &events).await?;
+    outbox::stage(conn, staged, events).await?;
     Ok(IngestOutcome::Accepted)
 }
 
@@ -355,6 +357,7 @@ pub struct FailParams<'a> {
 /// with one task, the failure logic the reaper's sweeps share).
 pub async fn fail(
     conn: &mut PgConnection,
+    staged: &mut Staged,
     subjects: &Subjects,
     params: &FailParams<'_>,
 ) -> Result<IngestOutcome, StoreError> {
@@ -408,6 +411,6 @@ pub async fn fail(
         }],
     )
     .await?;
-    outbox::enqueue(conn, &failed.events).await?;
+    outbox::stage(conn, staged, failed.events).await?;
     Ok(IngestOutcome::Accepted)
 }

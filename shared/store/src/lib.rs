@@ -34,7 +34,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use thiserror::Error;
 
 pub use fence::LeaseClaim;
-pub use outbox::OutboxEvent;
+pub use outbox::{OutboxEvent, ProgressEvents, Staged};
 pub use retry::RetryPolicy;
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
@@ -236,16 +236,18 @@ pub async fn savepoint<'c>(
 pub trait Script {
     /// One outcome per message, in the batch's order.
     type Outcomes: Send;
-    /// A fixed number of statements for the whole batch.
+    /// A fixed number of statements for the whole batch; its events go to `staged`.
     fn set_wise(
         &self,
         tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send;
     /// One message per savepoint: more statements, but a message the schema refuses fails
     /// alone.
     fn one_by_one(
         &self,
         tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send;
 }
 
@@ -253,24 +255,28 @@ pub trait Script {
 /// when a set-wise statement fails for a reason retrying cannot fix (a row the schema refuses),
 /// decides it again one message per savepoint in a fresh transaction, so that the message at
 /// fault is refused alone and its neighbours go through. A transient failure is returned: the
-/// caller has the whole batch redelivered.
+/// caller has the whole batch redelivered. The events of the committed transaction come back
+/// staged, for the caller to publish.
 pub async fn decide_batch<S: Script + Sync>(
     pool: &PgPool,
+    progress_events: outbox::ProgressEvents,
     script: &S,
-) -> Result<S::Outcomes, StoreError> {
+) -> Result<(S::Outcomes, Staged), StoreError> {
     let set_wise = async {
+        let mut staged = Staged::new(progress_events);
         let mut tx = pool.begin().await?;
-        let outcomes = script.set_wise(&mut tx).await?;
+        let outcomes = script.set_wise(&mut tx, &mut staged).await?;
         tx.commit().await?;
-        Ok::<_, StoreError>(outcomes)
+        Ok::<_, StoreError>((outcomes, staged))
     };
     match set_wise.await {
         Err(error) if !error.is_transient() => {
             tracing::warn!(%error, "a set-wise statement failed; deciding the batch one message at a time");
+            let mut staged = Staged::new(progress_events);
             let mut tx = pool.begin().await?;
-            let outcomes = script.one_by_one(&mut tx).await?;
+            let outcomes = script.one_by_one(&mut tx, &mut staged).await?;
             tx.commit().await?;
-            Ok(outcomes)
+            Ok((outcomes, staged))
         }
         outcome => outcome,
     }

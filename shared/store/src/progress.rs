@@ -181,7 +181,8 @@ pub async fn advance(
     for (job, task_id) in next.iter().zip(task_ids) {
         events.push(
             OutboxEvent::new(
-                subjects.event(EventKind::TaskReady),
+                subjects,
+                EventKind::TaskReady,
                 v1::TaskReady {
                     task_id: task_id.to_string(),
                     scan_id: job.scan_id.to_string(),
@@ -198,7 +199,8 @@ pub async fn advance(
         let scan = &scans[&done.scan_id];
         events.push(
             OutboxEvent::new(
-                subjects.event(EventKind::ScanCompleted),
+                subjects,
+                EventKind::ScanCompleted,
                 v1::ScanCompleted {
                     scan_id: done.scan_id.to_string(),
                     organization_id: done.organization_id.to_string(),
@@ -454,7 +456,8 @@ pub async fn fail_tasks(
             None => event,
         };
         outcome.events.push(in_trace(OutboxEvent::new(
-            subjects.event(EventKind::TaskFailed),
+            subjects,
+            EventKind::TaskFailed,
             v1::TaskFailed {
                 task_id: task.task_id.to_string(),
                 attempt_id: task.attempt_id.to_string(),
@@ -477,7 +480,8 @@ pub async fn fail_tasks(
             row.failed_at_unix_ms,
         ) {
             outcome.events.push(in_trace(OutboxEvent::new(
-                subjects.event(EventKind::ScanFailed),
+                subjects,
+                EventKind::ScanFailed,
                 v1::ScanFailed {
                     scan_id: scan_id.to_string(),
                     organization_id: task.organization_id.to_string(),

@@ -162,7 +162,7 @@ async fn void_leases(
                 plugin: plugin.clone(),
                 required_capabilities: vec![plugin.clone()],
             };
-            OutboxEvent::new(subjects.event(EventKind::TaskReady), ready.encode_to_vec())
+            OutboxEvent::new(subjects, EventKind::TaskReady, ready.encode_to_vec())
         })
         .collect();
     outbox::enqueue(conn, &events).await?;

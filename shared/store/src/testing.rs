@@ -99,6 +99,18 @@ pub async fn forget_outbox_publication(pool: &PgPool) -> Result<u64, StoreError>
     )
 }
 
+/// Ends the hand-off of every staged, unpublished outbox row now, as if its committer had
+/// crashed [`crate::outbox::HANDOFF`] ago: the relays' next poll publishes it.
+pub async fn lapse_outbox_hand_offs(pool: &PgPool) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE outbox SET claimed_until = now() - interval '1 second'
+         WHERE published_at IS NULL AND claimed_until > now()",
+    )
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
 /// Live attempts a worker holds (tests and operators).
 pub async fn live_attempts_of_worker(pool: &PgPool, worker_id: Uuid) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(

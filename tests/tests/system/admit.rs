@@ -10,10 +10,10 @@ use tests::TestSystem;
 use uuid::Uuid;
 
 /// Validated requests, owning what the store's params borrow.
-struct Requests(Vec<ValidScanRequest>);
+pub(crate) struct Requests(Vec<ValidScanRequest>);
 
 impl Requests {
-    fn new(requests: &[v1::ScanRequest]) -> Self {
+    pub(crate) fn new(requests: &[v1::ScanRequest]) -> Self {
         Self(
             requests
                 .iter()
@@ -22,7 +22,7 @@ impl Requests {
         )
     }
 
-    fn params(&self) -> Vec<AdmitParams<'_>> {
+    pub(crate) fn params(&self) -> Vec<AdmitParams<'_>> {
         self.0
             .iter()
             .map(|request| AdmitParams {
@@ -48,9 +48,14 @@ async fn decide(system: &TestSystem, requests: &Requests) -> (Vec<AdmitOutcome>,
     let before = cost::snapshot();
     let outcomes = cost::in_lane(lanes::ADMISSION, async {
         let mut tx = system.pool.begin().await.expect("begin");
-        let outcomes = admit::decide(&mut tx, &system.subjects, &params)
-            .await
-            .expect("the batch is decided");
+        let outcomes = admit::decide(
+            &mut tx,
+            &mut store::Staged::default(),
+            &system.subjects,
+            &params,
+        )
+        .await
+        .expect("the batch is decided");
         tx.commit().await.expect("commit");
         outcomes
     })
@@ -63,9 +68,14 @@ async fn decide(system: &TestSystem, requests: &Requests) -> (Vec<AdmitOutcome>,
 async fn decide_each(system: &TestSystem, requests: &Requests) -> Vec<AdmitOutcome> {
     let params = requests.params();
     let mut tx = system.pool.begin().await.expect("begin");
-    let outcomes = admit::decide_each(&mut tx, &system.subjects, &params)
-        .await
-        .expect("the batch is decided");
+    let outcomes = admit::decide_each(
+        &mut tx,
+        &mut store::Staged::default(),
+        &system.subjects,
+        &params,
+    )
+    .await
+    .expect("the batch is decided");
     tx.commit().await.expect("commit");
     outcomes
         .into_iter()
@@ -302,16 +312,26 @@ async fn an_admission_request_the_schema_refuses_fails_alone_when_decided_one_by
     params[1].client_id = &long_client;
 
     let mut tx = system.pool.begin().await.expect("begin");
-    let error = admit::decide(&mut tx, &system.subjects, &params)
-        .await
-        .expect_err("the set-wise scan statement is refused");
+    let error = admit::decide(
+        &mut tx,
+        &mut store::Staged::default(),
+        &system.subjects,
+        &params,
+    )
+    .await
+    .expect_err("the set-wise scan statement is refused");
     assert!(!error.is_transient(), "{error}");
     tx.rollback().await.expect("rollback");
 
     let mut tx = system.pool.begin().await.expect("begin");
-    let outcomes = admit::decide_each(&mut tx, &system.subjects, &params)
-        .await
-        .expect("decided one by one");
+    let outcomes = admit::decide_each(
+        &mut tx,
+        &mut store::Staged::default(),
+        &system.subjects,
+        &params,
+    )
+    .await
+    .expect("decided one by one");
     tx.commit().await.expect("commit");
     assert!(
         matches!(outcomes[0], Ok(AdmitOutcome::Admitted { .. })),

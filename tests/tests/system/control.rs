@@ -148,8 +148,15 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
                 }
                 retry_transient(|| async {
                     let mut tx = pool.begin().await?;
-                    let outcome =
-                        store::ingestion::complete(&mut tx, &subjects, &claim, 0, "").await?;
+                    let outcome = store::ingestion::complete(
+                        &mut tx,
+                        &mut store::Staged::default(),
+                        &subjects,
+                        &claim,
+                        0,
+                        "",
+                    )
+                    .await?;
                     tx.commit().await?;
                     Ok(outcome)
                 })
@@ -324,7 +331,7 @@ async fn no_lease_is_granted_after_a_revocation_commits() {
                     max_tasks: 1,
                     lease_ttl: std::time::Duration::from_secs(30),
                 };
-                store::dispatch::acquire(&pool, &subjects, &params)
+                store::dispatch::acquire(&pool, &mut store::Staged::default(), &subjects, &params)
                     .await
                     .unwrap()
             }

@@ -98,9 +98,14 @@ async fn decide(
     let before = cost::snapshot();
     let outcomes = cost::in_lane(lanes::INGESTION, async {
         let mut tx = system.pool.begin().await.expect("begin");
-        let outcomes = ingest::decide(&mut tx, &system.subjects, messages)
-            .await
-            .expect("the batch is decided");
+        let outcomes = ingest::decide(
+            &mut tx,
+            &mut store::Staged::default(),
+            &system.subjects,
+            messages,
+        )
+        .await
+        .expect("the batch is decided");
         tx.commit().await.expect("commit");
         outcomes
     })
@@ -326,16 +331,26 @@ async fn a_row_the_schema_refuses_fails_alone_when_decided_one_by_one() {
     let messages = [good.message(), bad.message(), also_good.message()];
 
     let mut tx = system.pool.begin().await.expect("begin");
-    let error = ingest::decide(&mut tx, &system.subjects, &messages)
-        .await
-        .expect_err("the set-wise asset statement is refused");
+    let error = ingest::decide(
+        &mut tx,
+        &mut store::Staged::default(),
+        &system.subjects,
+        &messages,
+    )
+    .await
+    .expect_err("the set-wise asset statement is refused");
     assert!(!error.is_transient(), "{error}");
     tx.rollback().await.expect("rollback");
 
     let mut tx = system.pool.begin().await.expect("begin");
-    let outcomes = ingest::decide_each(&mut tx, &system.subjects, &messages)
-        .await
-        .expect("decided one by one");
+    let outcomes = ingest::decide_each(
+        &mut tx,
+        &mut store::Staged::default(),
+        &system.subjects,
+        &messages,
+    )
+    .await
+    .expect("decided one by one");
     tx.commit().await.expect("commit");
     assert!(matches!(outcomes[0], Ok(IngestOutcome::Accepted)));
     assert!(outcomes[1].is_err(), "{:?}", outcomes[1]);

@@ -12,6 +12,7 @@ mod health;
 mod ingestion;
 mod leader;
 mod metrics;
+mod outbox;
 mod processes;
 mod recovery;
 mod redelivery;

@@ -258,9 +258,16 @@ async fn completion_and_stale_recovery_race_cleanly() {
         let (scan, claim, completion, sweep) =
             race_with_recovery(&system, &reaper, round, |claim| async move {
                 let mut tx = pool.begin().await.unwrap();
-                let outcome = store::ingestion::complete(&mut tx, &subjects, &claim, 0, "")
-                    .await
-                    .unwrap();
+                let outcome = store::ingestion::complete(
+                    &mut tx,
+                    &mut store::Staged::default(),
+                    &subjects,
+                    &claim,
+                    0,
+                    "",
+                )
+                .await
+                .unwrap();
                 tx.commit().await.unwrap();
                 outcome
             })
@@ -325,10 +332,15 @@ async fn two_acquirers_never_lease_one_task_twice() {
                     max_tasks: 4,
                     lease_ttl: Duration::from_secs(30),
                 };
-                match store::dispatch::acquire(&pool, &subjects, &params)
-                    .await
-                    .unwrap()
-                    .0
+                match store::dispatch::acquire(
+                    &pool,
+                    &mut store::Staged::default(),
+                    &subjects,
+                    &params,
+                )
+                .await
+                .unwrap()
+                .0
                 {
                     store::dispatch::AcquireOutcome::Leases(leases) => leases.len(),
                     store::dispatch::AcquireOutcome::Refused(error) => panic!("{error:?}"),

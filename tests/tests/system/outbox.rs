@@ -1,0 +1,128 @@
+//! How events leave the outbox: published by the service that committed them, right after its
+//! commit; published by a relay's poll only when their committer did not (it crashed between
+//! commit and publish); and the progress events left out when an operator turns them off.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use store::ProgressEvents;
+use store::admit::{self, AdmitOutcome};
+use tests::TestSystem;
+
+use crate::admit::Requests;
+
+/// Events per name on the scan's stream, by the short name (`scan.admitted`).
+async fn events_by_name(system: &TestSystem) -> BTreeMap<String, usize> {
+    let prefix = format!("{}.v1.event.", system.subjects.prefix());
+    tests::stream_subject_counts(
+        system,
+        &system.subjects.events_stream(),
+        &system.subjects.events_wildcard(),
+    )
+    .await
+    .into_iter()
+    .map(|(subject, count)| (subject.trim_start_matches(&prefix).to_owned(), count))
+    .collect()
+}
+
+/// Rows as (subject suffix, published, times a poll claimed it).
+async fn outbox_rows(system: &TestSystem) -> Vec<(String, bool, i32)> {
+    sqlx::query_as(
+        "SELECT split_part(subject, '.v1.event.', 2), published_at IS NOT NULL, publish_attempts
+         FROM outbox ORDER BY id",
+    )
+    .fetch_all(&system.pool)
+    .await
+    .expect("outbox rows")
+}
+
+#[tokio::test]
+async fn committed_events_are_published_by_their_committer_not_by_a_poll() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    system.complete_with_findings(&scan, 1).await;
+
+    let rows = outbox_rows(&system).await;
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    // A poll increments publish_attempts when it claims a row; a hand-off does not.
+    assert!(
+        rows.iter()
+            .all(|(_, published, claimed)| *published && *claimed == 0),
+        "every event published by its committer's hand-off: {rows:?}"
+    );
+    let events = events_by_name(&system).await;
+    for name in [
+        "scan.admitted",
+        "task.ready",
+        "task.leased",
+        "task.completed",
+        "scan.completed",
+    ] {
+        assert_eq!(events.get(name), Some(&1), "{name}: {events:?}");
+    }
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn an_event_its_committer_never_published_goes_out_once_its_hand_off_lapses() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let requests = Requests::new(&[system.request(organization_id, "http://a.test", &["alpha"])]);
+    let params = requests.params();
+
+    // Commit, then "crash": the staged events are dropped instead of handed off.
+    let mut tx = system.pool.begin().await.expect("begin");
+    let mut staged = store::Staged::default();
+    let outcomes = admit::decide(&mut tx, &mut staged, &system.subjects, &params)
+        .await
+        .expect("decided");
+    tx.commit().await.expect("commit");
+    assert!(matches!(outcomes[0], AdmitOutcome::Admitted { .. }));
+    assert_eq!(staged.len(), 2, "scan.admitted and task.ready were staged");
+    drop(staged);
+
+    // The relays' polls (every 200 ms) leave a row alone while its committer may publish it.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let rows = outbox_rows(&system).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows.iter().all(|(_, published, _)| !published), "{rows:?}");
+    assert!(events_by_name(&system).await.is_empty());
+
+    // Once the hand-off lapses, a poll publishes them, once.
+    store::testing::lapse_outbox_hand_offs(&system.pool)
+        .await
+        .expect("lapse");
+    system.wait_outbox_drained().await;
+    let rows = outbox_rows(&system).await;
+    assert!(
+        rows.iter()
+            .all(|(_, published, claimed)| *published && *claimed == 1),
+        "published by a poll: {rows:?}"
+    );
+    let events = events_by_name(&system).await;
+    assert_eq!(events.get("scan.admitted"), Some(&1), "{events:?}");
+    assert_eq!(events.get("task.ready"), Some(&1), "{events:?}");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn progress_events_can_be_turned_off_and_outcomes_still_go_out() {
+    let system = TestSystem::spawn_with(|settings| {
+        settings.admission.common.progress_events = ProgressEvents::Off;
+        settings.dispatch.common.progress_events = ProgressEvents::Off;
+        settings.ingestion.common.progress_events = ProgressEvents::Off;
+    })
+    .await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    system.complete_with_findings(&scan, 1).await;
+
+    let rows = outbox_rows(&system).await;
+    let subjects: Vec<&str> = rows.iter().map(|(subject, ..)| subject.as_str()).collect();
+    assert_eq!(subjects, ["task.ready", "scan.completed"], "{rows:?}");
+    let events = events_by_name(&system).await;
+    assert_eq!(
+        events,
+        BTreeMap::from([("scan.completed".into(), 1), ("task.ready".into(), 1)])
+    );
+    system.finish().await;
+}
