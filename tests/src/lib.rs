@@ -520,6 +520,23 @@ impl TestSystem {
         .await;
     }
 
+    /// The test's own database.
+    pub fn database_url(&self) -> &str {
+        &self.database_url
+    }
+
+    /// Stops every component and closes the pool, keeping the database (for what a test reads
+    /// once no palisade backend is left, such as the statistics they flush when they exit).
+    /// [`TestSystem::finish`] still cleans up afterwards.
+    pub async fn stop_all(&self) {
+        self.shutdown.cancel();
+        let running: Vec<_> = self.running.lock().expect("not poisoned").drain().collect();
+        for (_, (_, handle)) in running {
+            let _ = handle.await;
+        }
+        self.pool.close().await;
+    }
+
     /// Stops everything, drops the test's database and deletes its streams.
     pub async fn finish(self) {
         self.shutdown.cancel();

@@ -284,13 +284,22 @@ pub async fn run(common: CommonSettings, options: &BenchOptions) -> anyhow::Resu
         .fetch_one(&harness.pool)
         .await
         .context("the benchmark has no worker")?;
-        crate::history::seed(
+        let seeding = Instant::now();
+        store::history::seed(
             &harness.pool,
             harness.organization_id,
             worker_id,
             options.history,
+            |written| {
+                println!(
+                    "bench history: {written}/{} completed scans written ({:.0} s)",
+                    options.history,
+                    seeding.elapsed().as_secs_f64()
+                );
+            },
         )
-        .await?;
+        .await
+        .context("cannot write the benchmark's history")?;
     }
     let (web_app, web_app_stop) = start_local_web_app().await?;
     let report = scenarios(&harness, web_app, options).await;

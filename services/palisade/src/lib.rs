@@ -5,6 +5,5 @@
 pub mod bench;
 pub mod demo;
 pub mod harness;
-pub mod history;
 pub mod probe;
 pub mod system;

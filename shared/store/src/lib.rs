@@ -14,6 +14,7 @@ pub mod dead_letters;
 pub mod dispatch;
 pub mod enrichment;
 pub mod evidence;
+pub mod history;
 pub mod ingest;
 pub mod ingestion;
 pub mod observability;

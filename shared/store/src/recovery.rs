@@ -250,6 +250,13 @@ pub struct Pruned {
 /// Removes transport history older than `retention`: published outbox rows, result-batch
 /// records of tasks that ended, dead letters. Evidence (scans, findings, assets) and attempt
 /// history are kept. At most `limit` rows of each per pass.
+///
+/// Each statement reads only what it removes, whatever the tables hold: the rows are chosen
+/// in an index's order (`ARRAY(…)`, an init plan run once) and then deleted by primary key,
+/// so the planner cannot join the chosen ids back to the whole table with a sequential scan.
+/// Result batches are chosen by their own arrival (`worker_result_batches_received_idx`),
+/// not by walking every task that ended before the cutoff (tasks are never pruned, so that
+/// walk would grow with all history).
 pub async fn prune(
     pool: &PgPool,
     retention: std::time::Duration,
@@ -258,10 +265,10 @@ pub async fn prune(
     let seconds = crate::seconds(retention);
     let outbox = sqlx::query(
         r#"
-        DELETE FROM outbox WHERE id IN (
+        DELETE FROM outbox WHERE id = ANY(ARRAY(
             SELECT id FROM outbox WHERE published_at < now() - make_interval(secs => $1)
             ORDER BY published_at LIMIT $2
-        )
+        ))
         "#,
     )
     .bind(seconds)
@@ -271,12 +278,13 @@ pub async fn prune(
     .rows_affected();
     let batches = sqlx::query(
         r#"
-        DELETE FROM worker_result_batches WHERE id IN (
+        DELETE FROM worker_result_batches WHERE id = ANY(ARRAY(
             SELECT b.id FROM worker_result_batches b JOIN worker_tasks t ON t.id = b.task_id
-            WHERE t.state IN ('completed', 'failed_terminal', 'cancelled')
+            WHERE b.received_at < now() - make_interval(secs => $1)
+              AND t.state IN ('completed', 'failed_terminal', 'cancelled')
               AND t.completed_at < now() - make_interval(secs => $1)
-            LIMIT $2
-        )
+            ORDER BY b.received_at LIMIT $2
+        ))
         "#,
     )
     .bind(seconds)
@@ -286,10 +294,10 @@ pub async fn prune(
     .rows_affected();
     let dead_letters = sqlx::query(
         r#"
-        DELETE FROM dead_letters WHERE id IN (
+        DELETE FROM dead_letters WHERE id = ANY(ARRAY(
             SELECT id FROM dead_letters WHERE created_at < now() - make_interval(secs => $1)
             ORDER BY created_at LIMIT $2
-        )
+        ))
         "#,
     )
     .bind(seconds)

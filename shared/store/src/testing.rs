@@ -230,7 +230,7 @@ pub async fn workers_seen(pool: &PgPool, organization_id: Uuid) -> Result<i64, S
     .await?)
 }
 
-/// Test aid: makes published outbox rows and ended tasks look `by` older.
+/// Test aid: makes published outbox rows, ended tasks and result batches look `by` older.
 pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), StoreError> {
     let seconds = crate::seconds(by);
     sqlx::query("UPDATE outbox SET published_at = published_at - make_interval(secs => $1) WHERE published_at IS NOT NULL")
@@ -241,5 +241,11 @@ pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), S
         .bind(seconds)
         .execute(pool)
         .await?;
+    sqlx::query(
+        "UPDATE worker_result_batches SET received_at = received_at - make_interval(secs => $1)",
+    )
+    .bind(seconds)
+    .execute(pool)
+    .await?;
     Ok(())
 }

@@ -8,6 +8,7 @@ mod control;
 mod cost;
 mod decide;
 mod end_to_end;
+mod flat;
 mod health;
 mod ingestion;
 mod leader;

@@ -1,46 +1,45 @@
-//! `palisade bench --history N`: N completed one-plugin scans of history written straight
-//! into the benchmark's database (scans, targets, scan jobs, tasks, attempts, result batches,
-//! findings, enrichment jobs and published outbox rows, as a completed scan leaves them), so
-//! that a burn-down can be measured against full tables as well as empty ones.
+//! History written set-wise in SQL: N completed one-plugin scans as a completed scan leaves
+//! them (targets, scans, scan jobs, tasks, attempts, result batches, findings, assets and
+//! their scan links, completed enrichment jobs and published outbox rows), so that a
+//! benchmark (`palisade bench --history N`) and the flat-cost system test
+//! (`tests/tests/system/flat.rs`) run against full tables as well as empty ones. Not called
+//! by any service.
 
-use std::time::Instant;
-
-use anyhow::Context as _;
+use sqlx::PgPool;
 use uuid::Uuid;
 
-/// Scans written per statement.
-const CHUNK: usize = 50_000;
+use crate::StoreError;
+
+/// Scans written per statement: one statement's work stays a few seconds.
+pub const CHUNK_SCANS: usize = 50_000;
+
+/// Outbox rows (published events) each scan of history leaves.
+pub const OUTBOX_ROWS_PER_SCAN: usize = 5;
 
 /// Writes `scans` completed scans of history for `organization_id`, their attempts held by
-/// `worker_id`, then analyzes the tables. Prints progress.
+/// `worker_id`, then analyzes the database (a table never analyzed is planned as if it were
+/// small). `progress` is told the scans written so far after each chunk.
 pub async fn seed(
-    pool: &sqlx::PgPool,
+    pool: &PgPool,
     organization_id: Uuid,
     worker_id: Uuid,
     scans: usize,
-) -> anyhow::Result<()> {
-    let started = Instant::now();
+    mut progress: impl FnMut(usize),
+) -> Result<(), StoreError> {
     let mut written = 0;
     while written < scans {
-        let chunk = CHUNK.min(scans - written);
+        let chunk = CHUNK_SCANS.min(scans - written);
         sqlx::query(SEED)
             .bind(organization_id)
             .bind(written as i64)
             .bind((written + chunk) as i64 - 1)
             .bind(worker_id)
             .execute(pool)
-            .await
-            .context("cannot write the benchmark's history")?;
+            .await?;
         written += chunk;
-        println!(
-            "bench history: {written}/{scans} completed scans written ({:.0} s)",
-            started.elapsed().as_secs_f64()
-        );
+        progress(written);
     }
-    sqlx::query("ANALYZE")
-        .execute(pool)
-        .await
-        .context("cannot analyze the benchmark's database")?;
+    sqlx::query("ANALYZE").execute(pool).await?;
     Ok(())
 }
 
@@ -50,7 +49,7 @@ const SEED: &str = r#"
 WITH s AS (
     SELECT i, gen_random_uuid() AS scan_id, gen_random_uuid() AS target_id,
            gen_random_uuid() AS job_id, gen_random_uuid() AS task_id,
-           gen_random_uuid() AS attempt_id,
+           gen_random_uuid() AS attempt_id, gen_random_uuid() AS asset_id,
            now() - interval '2 hours' + make_interval(secs => i * 0.001) AS at
     FROM generate_series($2::bigint, $3::bigint) AS i
 ), targets AS (
@@ -93,11 +92,17 @@ WITH s AS (
     SELECT gen_random_uuid(), $1, scan_id, job_id, attempt_id, md5(i::text) || md5(i::text),
            'synthetic', 'synthetic-0', 'synthetic://history/' || i, 'low', 'history', at, at
     FROM s
+), assets AS (
+    INSERT INTO assets (id, organization_id, kind, value, first_seen_at, last_seen_at)
+    SELECT asset_id, $1, 'http_service', 'synthetic://history/' || i, at, at FROM s
+), scan_assets AS (
+    INSERT INTO scan_assets (scan_id, asset_id, scan_job_id, attempt_id)
+    SELECT scan_id, asset_id, job_id, attempt_id FROM s
 ), enrichment AS (
     INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, finished_at, created_at, updated_at)
     SELECT gen_random_uuid(), scan_id, $1, 'completed', at, at, at FROM s
 )
 INSERT INTO outbox (id, subject, payload, created_at, published_at)
 SELECT gen_random_uuid(), 'history.event', '\x00'::bytea, at, at
-FROM s CROSS JOIN generate_series(1, 5)
+FROM s CROSS JOIN generate_series(1, 5) -- OUTBOX_ROWS_PER_SCAN
 "#;
