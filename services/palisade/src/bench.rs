@@ -11,7 +11,8 @@
 //!   throughput is also given as a ratio to it.
 //! - **burn-down**: N scans of one `synthetic` plugin (no delay, one finding) sent at once;
 //!   scans/s from the first request to the last completion event, request-to-completion
-//!   latency, and what each lane spent per scan (statements, commits, messages).
+//!   latency, where the time went per stage (as for steady), and what each lane spent per scan
+//!   (statements, commits, messages).
 //! - **profile**: the same with the demo's three-plugin profile (`tcp_connect → http_headers →
 //!   synthetic` against a local web app; admission refuses a plugin twice in a profile, so
 //!   three `synthetic` stages are not possible).
@@ -151,6 +152,7 @@ pub struct BurnDown {
     pub seconds: f64,
     pub scans_per_second: f64,
     pub latency_ms: Quantiles,
+    pub stages: Stages,
     /// What each lane spent from the first request to the last completion event.
     pub cost: BTreeMap<&'static str, LaneCost>,
     /// Per durable consumer: the batches its handler decided in that window.
@@ -214,6 +216,16 @@ pub struct Stage {
     pub ms: Quantiles,
 }
 
+/// Where a scenario's time went: pickup and the stages of its scans' lives.
+#[derive(Debug, Clone, Default)]
+pub struct Stages {
+    /// Request to the first attempt of the first task.
+    pub pickup_ms: Quantiles,
+    pub stages: Vec<Stage>,
+    /// Scans lacking a timestamp a stage needs.
+    pub incomplete_timestamps: usize,
+}
+
 /// What the steady scenario measured.
 #[derive(Debug, Clone, Default)]
 pub struct Steady {
@@ -231,11 +243,7 @@ pub struct Steady {
     pub seconds: f64,
     pub achieved_per_second: f64,
     pub latency_ms: Quantiles,
-    /// Request to the first attempt of the first task.
-    pub pickup_ms: Quantiles,
-    pub stages: Vec<Stage>,
-    /// Scans lacking a timestamp a stage needs.
-    pub incomplete_timestamps: usize,
+    pub stages: Stages,
 }
 
 /// The machine and servers the benchmark ran on.
@@ -442,21 +450,31 @@ async fn burn_down(
     let submitted = Arc::new(AtomicU64::new(0));
     let progress =
         outcomes.report_progress(format!("bench {name}"), submitted.clone(), scans, started);
-    let sent: Vec<Result<(), client::ClientError>> = futures::stream::iter(&requests)
-        .map(|request| {
-            let outcomes = &outcomes;
-            let submitted = &submitted;
-            async move {
-                outcomes.submitting(&request.idempotency_key);
-                let sent = client.publish(request).await;
-                submitted.fetch_add(1, Ordering::Relaxed);
-                sent
-            }
-        })
-        .buffer_unordered(options.in_flight.max(1))
-        .collect()
-        .await;
-    if let Some(Err(error)) = sent.into_iter().find(Result::is_err) {
+    let sent: Vec<(String, DateTime<Utc>, Result<(), client::ClientError>)> =
+        futures::stream::iter(&requests)
+            .map(|request| {
+                let outcomes = &outcomes;
+                let submitted = &submitted;
+                async move {
+                    outcomes.submitting(&request.idempotency_key);
+                    let requested_at = Utc::now();
+                    let sent = client.publish(request).await;
+                    submitted.fetch_add(1, Ordering::Relaxed);
+                    (request.idempotency_key.clone(), requested_at, sent)
+                }
+            })
+            .buffer_unordered(options.in_flight.max(1))
+            .collect()
+            .await;
+    let mut requested_at: HashMap<String, DateTime<Utc>> = HashMap::with_capacity(scans);
+    let mut failed_send = None;
+    for (key, at, sent) in sent {
+        requested_at.insert(key, at);
+        if let Err(error) = sent {
+            failed_send.get_or_insert(error);
+        }
+    }
+    if let Some(error) = failed_send {
         progress.stop().await;
         return Err(error).context("a request was not accepted by JetStream");
     }
@@ -481,7 +499,7 @@ async fn burn_down(
         consumers,
         ..BurnDown::default()
     };
-    {
+    let seen_at = {
         let tally = outcomes.tally();
         report.completed = tally.completed.len();
         report.failed = tally.failed.len();
@@ -491,9 +509,11 @@ async fn burn_down(
         report.latency_ms = Quantiles::from_tally(&tally);
         let last = tally.last_finished.unwrap_or_else(Instant::now);
         report.seconds = last.duration_since(started).as_secs_f64();
-    }
+        tally.completed_seen_at.clone()
+    };
     report.scans_per_second = report.completed as f64 / report.seconds.max(0.001);
     report.database_completed = completed_in_database(harness, name).await?;
+    report.stages = stages(harness, name, &requested_at, &seen_at).await?;
     Ok(report)
 }
 
@@ -594,7 +614,7 @@ async fn steady(harness: &Harness, options: &BenchOptions) -> anyhow::Result<Ste
     };
     report.achieved_per_second = report.completed as f64 / report.seconds.max(0.001);
     report.database_completed = completed_in_database(harness, NAME).await?;
-    stages(harness, NAME, &requested_at, &seen_at, &mut report).await?;
+    report.stages = stages(harness, NAME, &requested_at, &seen_at).await?;
     Ok(report)
 }
 
@@ -615,8 +635,8 @@ async fn stages(
     name: &str,
     requested_at: &HashMap<String, DateTime<Utc>>,
     seen_at: &HashMap<String, DateTime<Utc>>,
-    report: &mut Steady,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Stages> {
+    let mut report = Stages::default();
     // There is no `leased_at`: an attempt row is created by the transaction that grants the
     // lease, so its `created_at` is the lease time.
     let rows: Vec<ScanTimes> = sqlx::query_as(
@@ -688,7 +708,7 @@ async fn stages(
             ms: Quantiles::of(&samples),
         })
         .collect();
-    Ok(())
+    Ok(report)
 }
 
 /// The statements that set up the ceiling's scratch tables, shaped like palisade's own:
@@ -880,6 +900,10 @@ pub fn checks(report: &BenchReport) -> Vec<Check> {
                     && run.completion_events_repeated == 0
                     && run.database_completed == run.scans as i64,
             ));
+            checks.push((
+                format!("{name}: every scan has every stage's timestamps"),
+                run.stages.incomplete_timestamps == 0,
+            ));
         }
     }
     if let Some(steady) = &report.steady {
@@ -893,7 +917,7 @@ pub fn checks(report: &BenchReport) -> Vec<Check> {
         ));
         checks.push((
             "steady: every scan has every stage's timestamps".into(),
-            steady.incomplete_timestamps == 0,
+            steady.stages.incomplete_timestamps == 0,
         ));
     }
     checks
@@ -973,6 +997,7 @@ pub fn print_report(report: &BenchReport) -> bool {
                 steps / per_scan(total.commits).max(0.001),
             );
         }
+        print_stages(&run.stages);
         print_cost(&run.cost, run.completed, WIDTH);
         for (consumer, spent) in &run.consumers {
             println!(
@@ -1006,26 +1031,7 @@ pub fn print_report(report: &BenchReport) -> bool {
             "  request → completion event  p50 {:.1} ms  p95 {:.1} ms  p99 {:.1} ms",
             steady.latency_ms.p50, steady.latency_ms.p95, steady.latency_ms.p99
         );
-        println!(
-            "  pickup (request → leased)   p50 {:.1} ms  p99 {:.1} ms",
-            steady.pickup_ms.p50, steady.pickup_ms.p99
-        );
-        println!(
-            "  {:<12} {:>9} {:>9}  from → to (PostgreSQL's now(): the writing transaction's start)",
-            "stage", "p50 ms", "p99 ms"
-        );
-        for stage in &steady.stages {
-            println!(
-                "  {:<12} {:>9.1} {:>9.1}  {}",
-                stage.name, stage.ms.p50, stage.ms.p99, stage.span
-            );
-        }
-        if steady.incomplete_timestamps > 0 {
-            println!(
-                "  {} scans lack a timestamp and are left out of the stages",
-                steady.incomplete_timestamps
-            );
-        }
+        print_stages(&steady.stages);
         line();
     }
     println!("total {:.1} s", report.total_seconds);
@@ -1035,6 +1041,54 @@ pub fn print_report(report: &BenchReport) -> bool {
         all &= held;
     }
     all
+}
+
+/// Pickup and the stages, as rows of the table.
+fn print_stages(stages: &Stages) {
+    println!(
+        "  pickup (request → leased)   p50 {:.1} ms  p99 {:.1} ms",
+        stages.pickup_ms.p50, stages.pickup_ms.p99
+    );
+    println!(
+        "  {:<12} {:>9} {:>9}  from → to (PostgreSQL's now(): the writing transaction's start)",
+        "stage", "p50 ms", "p99 ms"
+    );
+    for stage in &stages.stages {
+        println!(
+            "  {:<12} {:>9.1} {:>9.1}  {}",
+            stage.name, stage.ms.p50, stage.ms.p99, stage.span
+        );
+    }
+    if stages.incomplete_timestamps > 0 {
+        println!(
+            "  {} scans lack a timestamp and are left out of the stages",
+            stages.incomplete_timestamps
+        );
+    }
+}
+
+/// Pickup and the stages as JSON fields.
+fn stages_json(stages: &Stages) -> serde_json::Value {
+    let by_name: serde_json::Map<String, serde_json::Value> = stages
+        .stages
+        .iter()
+        .map(|stage| {
+            (
+                stage.name.to_owned(),
+                json!({
+                    "span": stage.span,
+                    "samples": stage.samples,
+                    "p50_ms": round(stage.ms.p50),
+                    "p99_ms": round(stage.ms.p99),
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "pickup_ms": { "p50": round(stages.pickup_ms.p50), "p99": round(stages.pickup_ms.p99) },
+        "stages": by_name,
+        "incomplete_timestamps": stages.incomplete_timestamps,
+    })
 }
 
 /// The report as one JSON document.
@@ -1079,6 +1133,7 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "scans_per_second": round(run.scans_per_second),
             "ratio_to_ceiling": ratio(run.scans_per_second),
             "latency_ms": run.latency_ms.to_json(),
+            "time": stages_json(&run.stages),
             "cost_per_scan": cost_json(&run.cost, run.completed),
             "consumers": run.consumers.iter().map(|(consumer, spent)| (consumer.clone(), json!({
                 "batches": spent.batches,
@@ -1088,21 +1143,6 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
         })
     };
     let steady = report.steady.as_ref().map(|steady| {
-        let stages: serde_json::Map<String, serde_json::Value> = steady
-            .stages
-            .iter()
-            .map(|stage| {
-                (
-                    stage.name.to_owned(),
-                    json!({
-                        "span": stage.span,
-                        "samples": stage.samples,
-                        "p50_ms": round(stage.ms.p50),
-                        "p99_ms": round(stage.ms.p99),
-                    }),
-                )
-            })
-            .collect();
         json!({
             "offered_per_second": steady.offered_per_second,
             "duration_seconds": steady.duration_seconds,
@@ -1117,9 +1157,7 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "achieved_per_second": round(steady.achieved_per_second),
             "ratio_to_ceiling": ratio(steady.achieved_per_second),
             "latency_ms": steady.latency_ms.to_json(),
-            "pickup_ms": { "p50": round(steady.pickup_ms.p50), "p99": round(steady.pickup_ms.p99) },
-            "stages": stages,
-            "incomplete_timestamps": steady.incomplete_timestamps,
+            "time": stages_json(&steady.stages),
         })
     });
     let checks: Vec<serde_json::Value> = checks(report)
