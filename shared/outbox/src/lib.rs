@@ -35,6 +35,8 @@ pub struct RelayConfig {
     pub idle_poll: Duration,
     /// Most handed-off events published in one pipelined round (and marked by one statement).
     pub hand_off_round: usize,
+    /// Rounds of handed-off events being published (and marked) at once.
+    pub hand_off_rounds_in_flight: usize,
 }
 
 impl Default for RelayConfig {
@@ -44,6 +46,7 @@ impl Default for RelayConfig {
             claim_for: Duration::from_secs(30),
             idle_poll: Duration::from_millis(200),
             hand_off_round: 1000,
+            hand_off_rounds_in_flight: 4,
         }
     }
 }
@@ -172,11 +175,14 @@ impl Relay {
 
     /// Publishes handed-off events as they come: each round takes everything handed off
     /// since the last (up to `hand_off_round` events), so under load a round carries many
-    /// commits' events and costs one marking statement. At shutdown it publishes what was
-    /// handed off before it stopped; what comes later waits for a poll.
+    /// commits' events and costs one marking statement. Up to `hand_off_rounds_in_flight`
+    /// rounds run at once, so an event never waits behind another round's PubAcks or marking
+    /// statement. At shutdown it publishes what was handed off before it stopped; what comes
+    /// later waits for a poll.
     async fn publish_hand_offs(&self, shutdown: CancellationToken) {
         let mut hand_offs = self.hand_offs.lock().await;
         let mut received: Vec<Vec<OutboxEvent>> = Vec::new();
+        let mut rounds = tokio::task::JoinSet::new();
         loop {
             let open = tokio::select! {
                 biased;
@@ -192,12 +198,21 @@ impl Relay {
                 let round: Vec<OutboxEvent> = events
                     .drain(..events.len().min(self.config.hand_off_round))
                     .collect();
-                if let Err(error) = self.publish(round).await {
-                    // The rows are not lost: their hand-off lapses and a poll publishes them.
-                    tracing::warn!(error = %telemetry::chain(&error), "marking handed-off outbox rows failed; a poll will publish them again");
+                while rounds.len() >= self.config.hand_off_rounds_in_flight.max(1) {
+                    rounds.join_next().await;
                 }
+                let relay = self.clone();
+                rounds.spawn(telemetry::cost::inherit(async move {
+                    if let Err(error) = relay.publish(round).await {
+                        // The rows are not lost: their hand-off lapses and a poll publishes them.
+                        tracing::warn!(error = %telemetry::chain(&error), "marking handed-off outbox rows failed; a poll will publish them again");
+                    }
+                }));
             }
+            // Finished rounds are reaped as they end, not only when the limit is reached.
+            while rounds.try_join_next().is_some() {}
             if !open {
+                rounds.join_all().await;
                 return;
             }
         }
