@@ -15,5 +15,6 @@ mod metrics;
 mod processes;
 mod recovery;
 mod redelivery;
+mod renew;
 mod schema;
 mod tracing;
