@@ -652,6 +652,22 @@ impl ManualWorker {
             schema_version: 1,
             worker_id: self.id.to_string(),
             lease: lease.lease.clone(),
+            more_leases: Vec::new(),
+        };
+        v1::RenewReply::decode(
+            self.request_raw(WorkerVerb::Renew, request.encode_to_vec())
+                .await,
+        )
+        .expect("RenewReply")
+    }
+
+    /// Renews `leases` in one request: the first as `lease`, the rest as `more_leases`.
+    pub async fn renew_many(&self, leases: &[v1::LeaseRef]) -> v1::RenewReply {
+        let request = v1::RenewRequest {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            lease: leases.first().cloned(),
+            more_leases: leases.iter().skip(1).cloned().collect(),
         };
         v1::RenewReply::decode(
             self.request_raw(WorkerVerb::Renew, request.encode_to_vec())
@@ -840,6 +856,25 @@ impl TestSystem {
         assert!(ack.error.is_none(), "{ack:?}");
         self.wait_scan_state(&scan.scan_id, "completed").await;
         self.wait_outbox_drained().await;
+    }
+
+    /// Cancels the task `task_id` (and its scan) as dispatch's cancel does.
+    pub async fn cancel_task(&self, task_id: Uuid) {
+        let outcome = store::cancellation::cancel(
+            &self.pool,
+            &self.subjects,
+            store::cancellation::CancelTarget::Task(task_id),
+            "cancelled by the test",
+        )
+        .await
+        .expect("cancel decided");
+        assert!(
+            matches!(
+                outcome,
+                store::cancellation::CancelOutcome::Cancelled { .. }
+            ),
+            "{outcome:?}"
+        );
     }
 
     /// Expires the live attempt of `lease`'s task by the database clock, recovers it with the

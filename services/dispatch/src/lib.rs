@@ -24,7 +24,8 @@ use runtime::{
 };
 use store::cancellation::{CancelOutcome, CancelTarget};
 use store::dispatch::{
-    AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewClaims,
+    RenewOutcome,
 };
 use store::{LeaseClaim, PgPool, Staged, StoreError};
 
@@ -354,13 +355,10 @@ impl Dispatch {
             }
             .encode_to_vec(),
             WorkerVerb::Renew => match self.renew(subject_worker, payload).await {
-                Ok(lease_expires_in_ms) => v1::RenewReply {
-                    error: None,
-                    lease_expires_in_ms,
-                },
+                Ok(reply) => reply,
                 Err(error) => v1::RenewReply {
                     error: Some(error),
-                    lease_expires_in_ms: 0,
+                    ..Default::default()
                 },
             }
             .encode_to_vec(),
@@ -500,19 +498,54 @@ impl Dispatch {
         }
     }
 
-    async fn renew(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<u32, v1::Error> {
+    /// Renews one lease, or a worker's batch of them in one statement. The reply's top-level
+    /// fields answer `lease` exactly as a single renew always has; a batch (a request with
+    /// `more_leases`) also gets one answer per lease in `renewals`.
+    async fn renew(
+        &self,
+        subject_worker: Option<&str>,
+        payload: &[u8],
+    ) -> Result<v1::RenewReply, v1::Error> {
         let request =
             v1::RenewRequest::decode(payload).map_err(|error| malformed("RenewRequest", error))?;
         schema(request.schema_version)?;
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
-        let claim = LeaseClaim::from_wire(worker_id, request.lease.as_ref())?;
-        match store::dispatch::renew(&self.pool, &claim, self.settings.lease.ttl).await {
-            Ok(RenewOutcome::Renewed {
-                lease_expires_in_ms,
-            }) => Ok(lease_expires_in_ms.clamp(0, i64::from(u32::MAX)) as u32),
-            Ok(RenewOutcome::Refused(error)) => Err(error),
-            Err(error) => Err(internal(&error)),
+        let claims =
+            RenewClaims::from_wire(worker_id, request.lease.as_ref(), &request.more_leases)?;
+        let outcomes = store::dispatch::renew_many(&self.pool, &claims, self.settings.lease.ttl)
+            .await
+            .map_err(|error| internal(&error))?;
+        let mut renewals: Vec<v1::LeaseRenewal> = claims
+            .claims()
+            .iter()
+            .zip(outcomes)
+            .map(|(claim, outcome)| {
+                let (error, lease_expires_in_ms) = match outcome {
+                    RenewOutcome::Renewed {
+                        lease_expires_in_ms,
+                    } => (
+                        None,
+                        lease_expires_in_ms.clamp(0, i64::from(u32::MAX)) as u32,
+                    ),
+                    RenewOutcome::Refused(error) => (Some(error), 0),
+                };
+                v1::LeaseRenewal {
+                    attempt_id: claim.attempt_id.to_string(),
+                    error,
+                    lease_expires_in_ms,
+                }
+            })
+            .collect();
+        let first = renewals[0].clone();
+        if request.more_leases.is_empty() {
+            // A single renew's reply is what it has always been: no `renewals`.
+            renewals.clear();
         }
+        Ok(v1::RenewReply {
+            error: first.error,
+            lease_expires_in_ms: first.lease_expires_in_ms,
+            renewals,
+        })
     }
 
     async fn release(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<(), v1::Error> {

@@ -24,3 +24,7 @@ pub const WORKER_CAPABILITIES_MAX: usize = 256;
 pub const BATCH_SEQUENCE_MAX: u32 = 100_000;
 /// Any single finding text field (title, description, evidence, resource), in bytes.
 pub const FINDING_FIELD_BYTES_MAX: usize = 64 * 1024;
+/// Leases one renew request may name (`lease` and `more_leases` together): a worker holds at
+/// most its capacity of leases, so one message always renews them all, and the request
+/// (about 150 bytes a lease) and its reply stay far below NATS's default 1 MiB payload.
+pub const RENEW_LEASES_MAX: usize = WORKER_CAPACITY_MAX as usize;

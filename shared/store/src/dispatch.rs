@@ -1,8 +1,10 @@
 //! Dispatch (SPEC §4.2): worker hello, acquire (eligibility, capacity, fencing numbers, lease
 //! tokens), renew and release. Every decision uses the database clock.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
+use messages::limits::RENEW_LEASES_MAX;
 use messages::v1;
 use messages::{ErrorCode, EventKind, Subjects};
 use prost::Message as _;
@@ -443,61 +445,168 @@ pub enum RenewOutcome {
     Refused(v1::Error),
 }
 
+/// The leases one renew request names, parsed once (checks 4 to 7 of reference 6.5): at
+/// least one, at most [`RENEW_LEASES_MAX`], each a valid `LeaseRef`, no attempt named twice.
+/// Distinct attempts are what lets [`renew_many`] answer each lease by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewClaims {
+    claims: Vec<LeaseClaim>,
+}
+
+impl RenewClaims {
+    /// Parses a `RenewRequest`'s `lease` and `more_leases`, sent by `worker_id`, checking in
+    /// this order: `lease` (as `LeaseClaim::from_wire`), the number of leases (`too_large`),
+    /// each of `more_leases` in turn, then that no attempt is named twice (`invalid_field`).
+    pub fn from_wire(
+        worker_id: Uuid,
+        lease: Option<&v1::LeaseRef>,
+        more_leases: &[v1::LeaseRef],
+    ) -> Result<Self, v1::Error> {
+        let first = LeaseClaim::from_wire(worker_id, lease)?;
+        if more_leases.len() >= RENEW_LEASES_MAX {
+            return Err(v1::Error::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "{} leases in one renew; at most {RENEW_LEASES_MAX} (lease and more_leases together)",
+                    more_leases.len() + 1
+                ),
+            ));
+        }
+        let mut claims = Vec::with_capacity(1 + more_leases.len());
+        claims.push(first);
+        for (index, lease) in more_leases.iter().enumerate() {
+            let claim = LeaseClaim::from_wire(worker_id, Some(lease)).map_err(|error| {
+                v1::Error::new(
+                    ErrorCode::InvalidField,
+                    format!("more_leases[{index}]: {}", error.message),
+                )
+            })?;
+            claims.push(claim);
+        }
+        let mut named = HashSet::with_capacity(claims.len());
+        if let Some(twice) = claims.iter().find(|claim| !named.insert(claim.attempt_id)) {
+            return Err(v1::Error::new(
+                ErrorCode::InvalidField,
+                format!("attempt {} is named twice in one renew", twice.attempt_id),
+            ));
+        }
+        Ok(Self { claims })
+    }
+
+    /// One lease: the single renew every version of the protocol sends.
+    pub fn one(claim: LeaseClaim) -> Self {
+        Self {
+            claims: vec![claim],
+        }
+    }
+
+    /// The leases, in the request's order (`lease` first).
+    pub fn claims(&self) -> &[LeaseClaim] {
+        &self.claims
+    }
+}
+
 /// Extends the caller's own live attempt; never revives an expired, superseded or cancelled one.
 pub async fn renew(
     pool: &PgPool,
     claim: &LeaseClaim,
     lease_ttl: Duration,
 ) -> Result<RenewOutcome, StoreError> {
-    let renewed: Option<i64> = sqlx::query_scalar(
-        r#"
-        WITH renewed AS (
-            UPDATE worker_task_attempts a
-            SET lease_expires_at = now() + make_interval(secs => $6), last_renewed_at = now(),
-                status = 'running', updated_at = now()
-            FROM worker_tasks t
-            WHERE a.id = $1 AND a.task_id = $2 AND a.worker_id = $3 AND a.attempt_number = $4
-              AND a.lease_token = $5 AND a.status IN ('leased', 'running') AND a.lease_expires_at > now()
-              AND t.id = a.task_id AND t.current_attempt_id = a.id
-              AND t.state IN ('leased', 'running') AND t.cancel_requested_at IS NULL
-            RETURNING a.task_id, a.lease_expires_at
-        ),
-        task AS (
-            UPDATE worker_tasks t SET state = 'running', updated_at = now()
-            FROM renewed WHERE t.id = renewed.task_id AND t.state = 'leased'
-        )
-        SELECT (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint FROM renewed
-        "#,
-    )
-    .bind(claim.attempt_id)
-    .bind(claim.task_id)
-    .bind(claim.worker_id)
-    .bind(claim.attempt_number)
-    .bind(&claim.lease_token)
-    .bind(crate::seconds(lease_ttl))
-    .fetch_optional(pool)
-    .await?;
-    if let Some(lease_expires_in_ms) = renewed {
-        return Ok(RenewOutcome::Renewed {
-            lease_expires_in_ms,
-        });
-    }
-    // Nothing was written; say why, so the worker knows whether it was cancelled.
-    let cancelled: Option<bool> = sqlx::query_scalar(
-        "SELECT cancel_requested_at IS NOT NULL OR state IN ('cancelling', 'cancelled') FROM worker_tasks WHERE id = $1",
-    )
-    .bind(claim.task_id)
-    .fetch_optional(pool)
-    .await?;
-    Ok(RenewOutcome::Refused(if cancelled == Some(true) {
-        v1::Error::new(
-            ErrorCode::CancelRequested,
-            "the task was cancelled; stop working on it",
-        )
-    } else {
-        lease_lost(claim)
-    }))
+    let mut outcomes = renew_many(pool, &RenewClaims::one(claim.clone()), lease_ttl).await?;
+    Ok(outcomes.pop().expect("one outcome per claim"))
 }
+
+/// Renews every lease of `claims` that its claimant holds, in one statement whatever their
+/// number, and answers each, in order: renewed with the lease's new expiry, or refused with
+/// `cancel_requested` when the task the claim names has a cancel requested (whatever the rest
+/// of the claim), else `lease_lost`. Never revives an expired, superseded or cancelled attempt.
+pub async fn renew_many(
+    pool: &PgPool,
+    claims: &RenewClaims,
+    lease_ttl: Duration,
+) -> Result<Vec<RenewOutcome>, StoreError> {
+    let claims = claims.claims();
+    let column = |field: fn(&LeaseClaim) -> Uuid| claims.iter().map(field).collect::<Vec<_>>();
+    let attempt_numbers: Vec<i32> = claims.iter().map(|claim| claim.attempt_number).collect();
+    let lease_tokens: Vec<&str> = claims
+        .iter()
+        .map(|claim| claim.lease_token.as_str())
+        .collect();
+    let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(RENEW_MANY)
+        .bind(column(|claim| claim.attempt_id))
+        .bind(column(|claim| claim.task_id))
+        .bind(column(|claim| claim.worker_id))
+        .bind(&attempt_numbers)
+        .bind(&lease_tokens)
+        .bind(crate::seconds(lease_ttl))
+        .fetch_all(pool)
+        .await?;
+    assert_eq!(rows.len(), claims.len(), "one answer per claim");
+    Ok(rows
+        .into_iter()
+        .zip(claims)
+        .enumerate()
+        .map(|(index, ((ordinal, renewed, cancel_requested), claim))| {
+            assert_eq!(ordinal, index as i64 + 1, "answers in the claims' order");
+            match renewed {
+                Some(lease_expires_in_ms) => RenewOutcome::Renewed {
+                    lease_expires_in_ms,
+                },
+                None if cancel_requested => RenewOutcome::Refused(fence::cancel_requested()),
+                None => RenewOutcome::Refused(lease_lost(claim)),
+            }
+        })
+        .collect())
+}
+
+/// Renews many claims in one statement. Every named attempt of its named task is locked with
+/// its task in task order (`locked`; the order ingestion locks in, so a batch of renewals
+/// never deadlocks with a batch of results), and the fence is read from those locked, latest
+/// rows: the claimant's worker, number and token, the attempt live and unexpired by the
+/// database clock, the task's current attempt, the task leased or running without a cancel
+/// requested. The refusal's reason comes from the same statement: a left join of every claim
+/// to its lock and, for a claim naming no attempt of that task, to the task it names.
+const RENEW_MANY: &str = r#"
+WITH claim AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::text[])
+        WITH ORDINALITY AS c(attempt_id, task_id, worker_id, attempt_number, lease_token, ordinal)
+),
+locked AS MATERIALIZED (
+    SELECT c.ordinal, a.id AS attempt_id,
+           a.worker_id = c.worker_id AND a.attempt_number = c.attempt_number
+               AND a.lease_token = c.lease_token AND a.status IN ('leased', 'running')
+               AND a.lease_expires_at > now() AND t.current_attempt_id = a.id
+               AND t.state IN ('leased', 'running') AND t.cancel_requested_at IS NULL AS holds,
+           t.cancel_requested_at IS NOT NULL OR t.state IN ('cancelling', 'cancelled') AS cancel_requested
+    FROM claim c
+    JOIN worker_task_attempts a ON a.id = c.attempt_id AND a.task_id = c.task_id
+    JOIN worker_tasks t ON t.id = a.task_id
+    ORDER BY t.id, a.id
+    FOR NO KEY UPDATE OF a, t
+),
+renewed AS (
+    UPDATE worker_task_attempts a
+    SET lease_expires_at = now() + make_interval(secs => $6), last_renewed_at = now(),
+        status = 'running', updated_at = now()
+    FROM locked l
+    WHERE a.id = l.attempt_id AND l.holds
+    RETURNING l.ordinal, a.task_id, a.lease_expires_at
+),
+started AS (
+    UPDATE worker_tasks t SET state = 'running', updated_at = now()
+    FROM renewed r WHERE t.id = r.task_id AND t.state = 'leased'
+)
+SELECT c.ordinal,
+       (extract(epoch FROM r.lease_expires_at - now()) * 1000)::bigint AS lease_expires_in_ms,
+       coalesce(l.cancel_requested,
+                t.cancel_requested_at IS NOT NULL OR t.state IN ('cancelling', 'cancelled'),
+                false) AS cancel_requested
+FROM claim c
+LEFT JOIN renewed r ON r.ordinal = c.ordinal
+LEFT JOIN locked l ON l.ordinal = c.ordinal
+LEFT JOIN worker_tasks t ON t.id = c.task_id
+ORDER BY c.ordinal
+"#;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReleaseOutcome {
@@ -578,4 +687,82 @@ fn worker_disabled(worker_id: Uuid) -> v1::Error {
         ErrorCode::WorkerDisabled,
         format!("worker {worker_id} is disabled or revoked"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease_ref() -> v1::LeaseRef {
+        v1::LeaseRef {
+            task_id: Uuid::new_v4().to_string(),
+            attempt_id: Uuid::new_v4().to_string(),
+            attempt_number: 1,
+            lease_token: "token".into(),
+        }
+    }
+
+    fn code(result: Result<RenewClaims, v1::Error>) -> Option<ErrorCode> {
+        result.expect_err("refused").error_code()
+    }
+
+    #[test]
+    fn renew_claims_keep_the_request_order() {
+        let worker_id = Uuid::new_v4();
+        let refs: Vec<v1::LeaseRef> = (0..5).map(|_| lease_ref()).collect();
+        let claims = RenewClaims::from_wire(worker_id, Some(&refs[0]), &refs[1..]).unwrap();
+        let named: Vec<String> = claims
+            .claims()
+            .iter()
+            .map(|claim| claim.attempt_id.to_string())
+            .collect();
+        let sent: Vec<String> = refs.iter().map(|r| r.attempt_id.clone()).collect();
+        assert_eq!(named, sent);
+        assert!(
+            claims
+                .claims()
+                .iter()
+                .all(|claim| claim.worker_id == worker_id)
+        );
+    }
+
+    #[test]
+    fn renew_claims_are_checked_in_the_documented_order() {
+        let worker_id = Uuid::new_v4();
+        let good = lease_ref();
+        let bad = v1::LeaseRef {
+            task_id: "nope".into(),
+            ..lease_ref()
+        };
+        // `lease` is required, and checked first, even when more_leases are too many.
+        let too_many: Vec<v1::LeaseRef> = (0..RENEW_LEASES_MAX).map(|_| lease_ref()).collect();
+        assert_eq!(
+            code(RenewClaims::from_wire(worker_id, None, &too_many)),
+            Some(ErrorCode::InvalidField)
+        );
+        // 1 + RENEW_LEASES_MAX leases: too many, before any of more_leases is parsed.
+        let mut over = too_many.clone();
+        over[0] = bad.clone();
+        assert_eq!(
+            code(RenewClaims::from_wire(worker_id, Some(&good), &over)),
+            Some(ErrorCode::TooLarge)
+        );
+        // Exactly the maximum is fine.
+        assert!(
+            RenewClaims::from_wire(worker_id, Some(&good), &too_many[1..]).is_ok(),
+            "{RENEW_LEASES_MAX} leases in all are allowed"
+        );
+        let refused = RenewClaims::from_wire(worker_id, Some(&good), &[lease_ref(), bad])
+            .expect_err("a bad LeaseRef in more_leases");
+        assert_eq!(refused.error_code(), Some(ErrorCode::InvalidField));
+        assert!(
+            refused.message.starts_with("more_leases[1]: "),
+            "{refused:?}"
+        );
+        // The same attempt twice, wherever it is named.
+        let twice = RenewClaims::from_wire(worker_id, Some(&good), &[lease_ref(), good.clone()])
+            .expect_err("an attempt named twice");
+        assert_eq!(twice.error_code(), Some(ErrorCode::InvalidField));
+        assert!(twice.message.contains(&good.attempt_id), "{twice:?}");
+    }
 }

@@ -107,10 +107,7 @@ impl LockedAttempt {
             return Ok(None);
         }
         if self.is_presented_by(claim) && self.cancel_requested {
-            return Ok(Some(v1::Error::new(
-                ErrorCode::CancelRequested,
-                "the task was cancelled; stop working on it",
-            )));
+            return Ok(Some(cancel_requested()));
         }
         Ok(Some(lease_lost(claim)))
     }
@@ -124,6 +121,14 @@ pub(crate) fn lease_lost(claim: &LeaseClaim) -> v1::Error {
             "attempt {} (number {}) of task {} no longer holds the lease; stop and discard its work",
             claim.attempt_id, claim.attempt_number, claim.task_id
         ),
+    )
+}
+
+/// The refusal of a claim whose task is being cancelled: its worker must stop.
+pub(crate) fn cancel_requested() -> v1::Error {
+    v1::Error::new(
+        ErrorCode::CancelRequested,
+        "the task was cancelled; stop working on it",
     )
 }
 

@@ -1,5 +1,6 @@
 //! What every lease task of one worker shares: the bus, the worker's identity and settings,
-//! the session from hello, and the counters; plus the request/reply and release helpers.
+//! the session from hello, the counters and the leases being renewed; plus the request/reply
+//! and release helpers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use messages::{WorkerVerb, v1};
 
+use crate::renew::Renewals;
 use crate::stats::Counter;
 use crate::{Session, WorkerConfig, WorkerStats};
 
@@ -30,6 +32,8 @@ pub(crate) struct Context {
     pub config: WorkerConfig,
     pub session: Session,
     pub stats: Arc<WorkerStats>,
+    /// The session's leases, renewed together by `renew::run`.
+    pub renewals: Renewals,
 }
 
 impl Context {

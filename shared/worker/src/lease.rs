@@ -17,7 +17,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use messages::{ErrorCode, WorkerVerb, limits, v1};
 use prost::Message as _;
-use telemetry::cost::inherit;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
@@ -28,7 +27,7 @@ use crate::batch::{self, Batcher};
 use crate::config::Session;
 use crate::context::Context;
 use crate::plugin::{Plugin, PluginError, ResultItem, ResultSink, TaskInput};
-use crate::renew::{self, LeaseLoss};
+use crate::renew::{LeaseLoss, Renewal};
 use crate::retry;
 use crate::stats::Counter;
 
@@ -92,13 +91,10 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
     let expires_at = granted_at + Duration::from_millis(lease.lease_expires_in_ms.into());
     let deadline = (lease.execution_deadline_in_ms > 0)
         .then(|| granted_at + Duration::from_millis(lease.execution_deadline_in_ms));
-    let renew_done = CancellationToken::new();
-    let renewer = tokio::spawn(inherit(renew::renew_until_lost(
-        ctx.clone(),
-        lease_ref.clone(),
-        expires_at,
-        renew_done.clone(),
-    )));
+    // Renewed by the session's renewer with the worker's other leases, until it ends.
+    let renewal = ctx
+        .renewals
+        .hold(lease_ref.clone(), expires_at, ctx.session.renew_interval);
     let plugin_cancel = CancellationToken::new();
     let (sink, results) = ResultSink::channel(SINK_QUEUE_MAX);
     let input = TaskInput {
@@ -135,7 +131,7 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
         plugin_task,
         results,
         acks,
-        renewer,
+        renewal,
         batch_started_at: None,
         batches: Vec::new(),
         unacked: BTreeMap::new(),
@@ -146,8 +142,7 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
         final_pending: false,
     };
     let outcome = task.drive().await;
-    renew_done.cancel();
-    task.renewer.abort();
+    task.renewal.end();
     task.stop_plugin().await;
     if outcome == Outcome::Released {
         ctx.release(&lease_ref, RELEASE_REASON_SHUTDOWN).await;
@@ -232,7 +227,7 @@ struct LeaseTask {
     plugin_task: JoinHandle<Result<String, PluginError>>,
     results: mpsc::Receiver<ResultItem>,
     acks: mpsc::Receiver<v1::IngestAck>,
-    renewer: JoinHandle<Option<LeaseLoss>>,
+    renewal: Renewal,
     batcher: Batcher,
     /// When the first result of the batch being filled arrived.
     batch_started_at: Option<Instant>,
@@ -263,7 +258,7 @@ impl LeaseTask {
             let step = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => Step::End(Outcome::Released),
-                loss = &mut self.renewer => Step::End(Outcome::Lost(renewer_loss(loss))),
+                loss = self.renewal.lost() => Step::End(Outcome::Lost(loss)),
                 () = sleep_until(self.deadline), if deadline_armed && self.deadline.is_some() => {
                     tracing::warn!("execution deadline passed, stopping the plugin");
                     Step::Fail(PluginError::permanent("deadline_exceeded", "the task ran past its execution deadline"))
@@ -743,18 +738,6 @@ fn on_fail_ack(ack: v1::IngestAck) -> Step {
     }
     tracing::error!(code = %error.code, message = %error.message, "ingestion refused the failure");
     Step::End(Outcome::Abandoned)
-}
-
-fn renewer_loss(joined: Result<Option<LeaseLoss>, JoinError>) -> LeaseLoss {
-    match joined {
-        Ok(Some(loss)) => loss,
-        // The renewer only returns None once told the task is done, and never panics by
-        // design; without it the lease cannot be trusted either way.
-        Ok(None) | Err(_) => {
-            tracing::error!("lease renewer stopped unexpectedly");
-            LeaseLoss::Expired
-        }
-    }
 }
 
 /// Sleeps until `at`; forever when there is no `at` (the caller guards that arm).

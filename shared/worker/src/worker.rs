@@ -17,6 +17,7 @@ use uuid::Uuid;
 use crate::acks::AckRouter;
 use crate::context::{Context, RequestError};
 use crate::lease::{self, LeaseRun};
+use crate::renew::{self, Renewals};
 use crate::retry::{self, RETRY_DELAY_BASE, RETRY_DELAY_MAX};
 use crate::stats::Counter;
 use crate::{Plugin, Session, WorkerConfig, WorkerError, WorkerStats};
@@ -152,7 +153,12 @@ impl Worker {
             config: self.config.clone(),
             session,
             stats: self.stats.clone(),
+            renewals: Renewals::default(),
         });
+        // One renewer for every lease of the session; it outlives the lease tasks.
+        let renewer_stop = CancellationToken::new();
+        let renewer =
+            tokio::spawn(inherit(renew::run(ctx.clone(), renewer_stop.clone())).in_current_span());
         // Lease tasks stop on this, whether the caller shuts down or acquiring hit an error.
         let stop = shutdown.child_token();
         let mut leases = JoinSet::new();
@@ -168,7 +174,10 @@ impl Worker {
                 "leases still running after the shutdown grace, abandoning them to expiry"
             );
             leases.abort_all();
+            while leases.join_next().await.is_some() {}
         }
+        renewer_stop.cancel();
+        let _ = renewer.await;
         result
     }
 

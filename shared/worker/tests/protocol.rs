@@ -78,7 +78,7 @@ impl Plugin for TestPlugin {
 enum Event {
     Hello(v1::HelloRequest),
     Acquire(v1::AcquireRequest),
-    Renew,
+    Renew(v1::RenewRequest),
     Release(v1::ReleaseRequest),
     Batch {
         msg_id: String,
@@ -103,6 +103,11 @@ struct Script {
     /// Acquire requests left unanswered.
     acquires_unanswered: u32,
     renew_error: Option<ErrorCode>,
+    /// Attempts whose renewals are answered `lease_lost`.
+    renew_lost: HashSet<String>,
+    /// Answer batched renewals as a dispatch with `renewals` does; otherwise as an older
+    /// dispatch, which answers the request's `lease` alone.
+    renew_batched: bool,
     /// Sequence numbers whose first acknowledgement is not sent.
     result_acks_dropped: HashSet<u32>,
     /// Sequence numbers the first completion is told are missing.
@@ -365,12 +370,35 @@ async fn answer(
             (Event::Acquire(request), Some(reply.encode_to_vec()))
         }
         WorkerVerb::Renew => {
-            let error = script.lock().unwrap().renew_error;
-            let reply = v1::RenewReply {
-                error: error.map(|code| v1::Error::new(code, "refused by the test")),
-                lease_expires_in_ms: LEASE_TTL_MS,
+            let request = v1::RenewRequest::decode(payload).unwrap();
+            let script = script.lock().unwrap();
+            let answer = |lease: &v1::LeaseRef| {
+                let code = script.renew_error.or_else(|| {
+                    script
+                        .renew_lost
+                        .contains(&lease.attempt_id)
+                        .then_some(ErrorCode::LeaseLost)
+                });
+                v1::LeaseRenewal {
+                    attempt_id: lease.attempt_id.clone(),
+                    error: code.map(|code| v1::Error::new(code, "refused by the test")),
+                    lease_expires_in_ms: LEASE_TTL_MS,
+                }
             };
-            (Event::Renew, Some(reply.encode_to_vec()))
+            let first = answer(request.lease.as_ref().unwrap());
+            let renewals = if script.renew_batched && !request.more_leases.is_empty() {
+                std::iter::once(first.clone())
+                    .chain(request.more_leases.iter().map(answer))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let reply = v1::RenewReply {
+                error: first.error,
+                lease_expires_in_ms: first.lease_expires_in_ms,
+                renewals,
+            };
+            (Event::Renew(request), Some(reply.encode_to_vec()))
         }
         WorkerVerb::Release => {
             let request = v1::ReleaseRequest::decode(payload).unwrap();
@@ -694,8 +722,10 @@ async fn stops_without_a_word_when_the_lease_is_lost() {
         return;
     };
     let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
-    fake.expect("renew", |event| matches!(event, Event::Renew).then_some(()))
-        .await;
+    fake.expect("renew", |event| {
+        matches!(event, Event::Renew(_)).then_some(())
+    })
+    .await;
     counters(&stats, "the lost lease", |stats| {
         stats.lost == 1 && stats.leases_running == 0
     })
@@ -777,7 +807,7 @@ async fn releases_running_leases_on_shutdown_and_never_exceeds_capacity() {
     .await;
     // Both run and renew, and the worker asks for nothing more while it is full.
     fake.expect("a renew", |event| {
-        matches!(event, Event::Renew).then_some(())
+        matches!(event, Event::Renew(_)).then_some(())
     })
     .await;
     shutdown.cancel();
@@ -827,5 +857,127 @@ async fn a_refused_hello_stops_the_worker_with_advice() {
     let message = error.to_string();
     assert!(message.contains("unknown_worker"), "{message}");
     assert!(message.contains("palisade worker add"), "{message}");
+    fake.finish().await;
+}
+
+/// The attempts a renew request names, `lease` first.
+fn renewed_attempts(request: &v1::RenewRequest) -> Vec<String> {
+    request
+        .lease
+        .iter()
+        .chain(&request.more_leases)
+        .map(|lease| lease.attempt_id.clone())
+        .collect()
+}
+
+/// A worker running three leases that hang until cancelled, against a fake dispatch that
+/// answers batched renewals, or (`renew_batched = false`) predates them; `None` when the test
+/// is skipped. Returns the fake, the three attempt ids, and the worker's handles.
+async fn three_hanging_leases(
+    renew_batched: bool,
+) -> Option<(
+    Fake,
+    HashSet<String>,
+    Arc<WorkerStats>,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), WorkerError>>,
+)> {
+    let leases = [lease("hang", 0), lease("hang", 0), lease("hang", 0)];
+    let attempts: HashSet<String> = leases.iter().map(attempt_id).collect();
+    let script = Script {
+        leases: leases.into(),
+        renew_batched,
+        ..Default::default()
+    };
+    let fake = Fake::start(script).await?;
+    let (stats, shutdown, handle) = fake.start_worker(fake.config(3));
+    counters(&stats, "three running leases", |stats| {
+        stats.leases_running == 3
+    })
+    .await;
+    Some((fake, attempts, stats, shutdown, handle))
+}
+
+#[tokio::test]
+async fn renews_every_lease_in_one_request_per_tick_and_stops_only_the_lost_one() {
+    let Some((mut fake, attempts, stats, shutdown, handle)) = three_hanging_leases(true).await
+    else {
+        return;
+    };
+    let lost = attempts.iter().next().expect("three attempts").clone();
+    // Once the three are held, every request names all three, once each.
+    let renews = |event: &Event| match event {
+        Event::Renew(request) => Some(renewed_attempts(request)),
+        _ => None,
+    };
+    let named = fake
+        .expect("a renew of every lease", |event| {
+            renews(event).filter(|named| named.len() == 3)
+        })
+        .await;
+    assert_eq!(named.into_iter().collect::<HashSet<_>>(), attempts);
+    let named = fake.expect("the next renew", renews).await;
+    assert_eq!(named.len(), 3, "{named:?}");
+    assert_eq!(named.into_iter().collect::<HashSet<_>>(), attempts);
+
+    // One lease lost: its task stops without a word, the others keep renewing together.
+    fake.script.lock().unwrap().renew_lost.insert(lost.clone());
+    counters(&stats, "the lost lease", |stats| {
+        stats.lost == 1 && stats.leases_running == 2
+    })
+    .await;
+    let named = fake
+        .expect("a renew of the two leases left", |event| match event {
+            Event::Renew(request) if !renewed_attempts(request).contains(&lost) => {
+                Some(renewed_attempts(request))
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(named.len(), 2);
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    let spoke = fake.history().iter().any(|event| match event {
+        Event::Release(request) => request.lease.as_ref().unwrap().attempt_id == lost,
+        Event::Complete { .. } | Event::Fail { .. } => true,
+        _ => false,
+    });
+    assert!(!spoke, "nothing sent for the lost lease");
+    fake.finish().await;
+}
+
+#[tokio::test]
+async fn falls_back_to_one_renew_per_lease_with_an_older_dispatch() {
+    let Some((mut fake, attempts, stats, shutdown, handle)) = three_hanging_leases(false).await
+    else {
+        return;
+    };
+    // A batch the old dispatch answers for its first lease only, then one request per other lease.
+    let batch = fake
+        .expect("a batched renew", |event| match event {
+            Event::Renew(request) if renewed_attempts(request).len() == 3 => {
+                Some(renewed_attempts(request))
+            }
+            _ => None,
+        })
+        .await;
+    let mut singles = HashSet::new();
+    while singles.len() < 2 {
+        let named = fake
+            .expect("a single renew", |event| match event {
+                Event::Renew(request) => Some(renewed_attempts(request)),
+                _ => None,
+            })
+            .await;
+        assert_eq!(named.len(), 1, "after a batch, single renewals: {named:?}");
+        singles.insert(named[0].clone());
+    }
+    let expected: HashSet<String> = batch[1..].iter().cloned().collect();
+    assert_eq!(singles, expected);
+    assert_eq!(batch.into_iter().collect::<HashSet<_>>(), attempts);
+    counters(&stats, "three renewals", |stats| stats.renewals >= 3).await;
+    assert_eq!(stats.snapshot().lost, 0);
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
     fake.finish().await;
 }

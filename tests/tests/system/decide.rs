@@ -1,11 +1,12 @@
 //! The ingestion decision script (`store::ingest`) driven directly against PostgreSQL: what a
 //! batch costs in statements whatever its size, and each message of a mixed batch getting its
-//! own answer; and the reaper's recovery and deadline sweeps, whose cost does not grow with
-//! the rows they fail either.
+//! own answer; the reaper's recovery and deadline sweeps, whose cost does not grow with the
+//! rows they fail either; and a worker's renewals, one statement for any number of leases.
 
 use messages::{ErrorCode, EventKind, v1};
 use prost::Message as _;
 use store::LeaseClaim;
+use store::dispatch::{RenewClaims, RenewOutcome};
 use store::ingest::{self, CompleteParams, Message};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
 use telemetry::cost::{self, lanes};
@@ -542,5 +543,148 @@ async fn reaper_sweeps_cost_the_same_for_10_and_100_rows() {
         .await
         .expect("failed scans");
     assert_eq!((scan_failed, failed_scans), (55 + 110, 55 + 110));
+    system.finish().await;
+}
+
+/// The wire reference of `lease`, as a worker would present it.
+fn lease_ref(lease: &v1::Lease) -> v1::LeaseRef {
+    lease.lease.clone().expect("a lease reference")
+}
+
+/// Renews `refs` (the first as `lease`, the rest as `more_leases`) the way dispatch does, in
+/// the dispatch lane; returns each lease's answer and the statements it took.
+async fn renew_many(
+    system: &TestSystem,
+    worker: &ManualWorker,
+    refs: &[v1::LeaseRef],
+) -> (Vec<String>, u64) {
+    let claims = RenewClaims::from_wire(worker.id, refs.first(), &refs[1..]).expect("valid leases");
+    let (outcomes, statements) = dispatch_statements(cost::in_lane(
+        lanes::DISPATCH,
+        store::dispatch::renew_many(&system.pool, &claims, std::time::Duration::from_secs(30)),
+    ))
+    .await;
+    let answers = outcomes
+        .expect("renewed")
+        .into_iter()
+        .map(|outcome| match outcome {
+            RenewOutcome::Renewed {
+                lease_expires_in_ms,
+            } => {
+                assert!(
+                    (29_000..=30_000).contains(&lease_expires_in_ms),
+                    "{lease_expires_in_ms}"
+                );
+                "renewed".to_owned()
+            }
+            RenewOutcome::Refused(error) => error.code,
+        })
+        .collect();
+    (answers, statements)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_a_worker_s_leases_is_one_statement_with_an_answer_per_lease() {
+    let system = TestSystem::spawn().await;
+    let (small_worker, small) = leased(&system, 10).await;
+    let refs: Vec<v1::LeaseRef> = small.iter().map(lease_ref).collect();
+    let (answers, statements_10) = renew_many(&system, &small_worker, &refs).await;
+    assert!(
+        answers.iter().all(|answer| answer == "renewed"),
+        "{answers:?}"
+    );
+
+    // 100 leases of one worker; by index modulo 5: live, live, expired by the database clock,
+    // presented with a wrong token, their task cancelled.
+    let (worker, leases) = leased(&system, 100).await;
+    let mut refs: Vec<v1::LeaseRef> = leases.iter().map(lease_ref).collect();
+    let mut expected = Vec::new();
+    for (index, lease) in refs.iter_mut().enumerate() {
+        let task_id = Uuid::parse_str(&lease.task_id).expect("task id");
+        expected.push(match index % 5 {
+            2 => {
+                store::testing::expire_live_attempt(&system.pool, task_id)
+                    .await
+                    .expect("expired");
+                "lease_lost"
+            }
+            3 => {
+                lease.lease_token = "not-the-token".into();
+                "lease_lost"
+            }
+            4 => {
+                system.cancel_task(task_id).await;
+                "cancel_requested"
+            }
+            _ => "renewed",
+        });
+    }
+    // A cancelled task is answered cancel_requested whatever the rest of the reference says;
+    // a reference to no attempt of its task is lease_lost.
+    refs[9].lease_token = "forged".into();
+    refs[10].task_id = refs[11].task_id.clone();
+    expected[10] = "lease_lost";
+    let (answers, statements_100) = renew_many(&system, &worker, &refs).await;
+    assert_eq!(answers, expected);
+    println!("renewing 10 leases: {statements_10} statements; 100: {statements_100}");
+    assert_eq!(
+        (statements_10, statements_100),
+        (1, 1),
+        "a batch of renewals is one statement whatever its size"
+    );
+
+    // Only the renewed attempts and their tasks moved to running; nothing else was revived.
+    for (index, lease) in refs.iter().enumerate() {
+        let attempt_id =
+            Uuid::parse_str(&leases[index].lease.as_ref().unwrap().attempt_id).expect("attempt id");
+        let renewed = store::testing::attempt_renewed(&system.pool, attempt_id)
+            .await
+            .expect("attempt");
+        let status = store::testing::attempt_status(&system.pool, attempt_id)
+            .await
+            .expect("attempt");
+        let task_state: String = sqlx::query_scalar(
+            "SELECT t.state FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id \
+             WHERE a.id = $1",
+        )
+        .bind(attempt_id)
+        .fetch_one(&system.pool)
+        .await
+        .expect("task");
+        let expected_rows = match expected[index] {
+            "renewed" => (true, "running", "running"),
+            "cancel_requested" => (false, "cancelled", "cancelled"),
+            _ => (false, "leased", "leased"),
+        };
+        assert_eq!(
+            (renewed, status.as_str(), task_state.as_str()),
+            expected_rows,
+            "lease {index} ({}) answered {}",
+            lease.attempt_id,
+            expected[index]
+        );
+    }
+
+    // The single renew goes through the same statement and answers as it always did.
+    let single = claim(&worker, &leases[0]);
+    let (outcome, statements) = dispatch_statements(cost::in_lane(
+        lanes::DISPATCH,
+        store::dispatch::renew(&system.pool, &single, std::time::Duration::from_secs(30)),
+    ))
+    .await;
+    assert!(
+        matches!(outcome, Ok(RenewOutcome::Renewed { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(statements, 1);
+    let cancelled = claim(&worker, &leases[4]);
+    let outcome =
+        store::dispatch::renew(&system.pool, &cancelled, std::time::Duration::from_secs(30))
+            .await
+            .expect("answered");
+    assert!(
+        matches!(&outcome, RenewOutcome::Refused(error) if error.error_code() == Some(ErrorCode::CancelRequested)),
+        "{outcome:?}"
+    );
     system.finish().await;
 }

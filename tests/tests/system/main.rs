@@ -17,5 +17,6 @@ mod outbox;
 mod processes;
 mod recovery;
 mod redelivery;
+mod renew;
 mod schema;
 mod tracing;
