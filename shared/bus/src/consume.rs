@@ -70,11 +70,11 @@ impl ConsumerSpec {
         }
     }
 
+    /// The nak delay after delivery number `delivered`, not jittered: JetStream spreads
+    /// redeliveries by itself.
     fn retry_delay(&self, delivered: i64) -> Duration {
-        let exponent = (delivered.max(1) - 1).min(16) as u32;
-        self.retry_delay_base
-            .saturating_mul(1 << exponent)
-            .min(self.retry_delay_max)
+        messages::retry::RetryPolicy::new(self.retry_delay_base, self.retry_delay_max)
+            .delay_max(u32::try_from(delivered).unwrap_or(u32::MAX))
     }
 }
 

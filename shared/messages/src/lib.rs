@@ -6,6 +6,7 @@
 
 pub mod codes;
 pub mod limits;
+pub mod retry;
 pub mod subjects;
 pub mod validate;
 

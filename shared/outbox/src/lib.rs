@@ -236,8 +236,11 @@ impl Relay {
             if busy {
                 continue;
             }
+            // After failed passes (PostgreSQL or NATS down), back off up to 10 s; a hand-off
+            // or notify still wakes it at once.
             let pause = if failures > 0 {
-                self.config.idle_poll * failures.min(50)
+                messages::retry::RetryPolicy::new(self.config.idle_poll, Duration::from_secs(10))
+                    .delay_max(failures)
             } else {
                 self.config.idle_poll
             };

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use messages::retry::RetryPolicy;
 use messages::{ErrorCode, WorkerVerb, limits, v1};
 use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -28,7 +29,7 @@ use crate::config::Session;
 use crate::context::Context;
 use crate::plugin::{Plugin, PluginError, ResultItem, ResultSink, TaskInput};
 use crate::renew::{LeaseLoss, Renewal};
-use crate::retry;
+
 use crate::stats::Counter;
 
 /// Batches sent and not yet acknowledged before the plugin's sink stops taking results: bounds
@@ -536,11 +537,11 @@ impl LeaseTask {
 
     /// How long to wait for an acknowledgement after send number `sends` (0 for the first).
     fn resend_delay(&self, sends: u32) -> Duration {
-        retry::exponential(
+        RetryPolicy::new(
             self.ctx.config.ack_timeout,
-            sends + 1,
             crate::WorkerConfig::RESEND_DELAY_MAX,
         )
+        .delay_max(sends + 1)
     }
 
     fn next_resend_at(&self) -> Option<Instant> {

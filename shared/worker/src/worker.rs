@@ -18,7 +18,7 @@ use crate::acks::AckRouter;
 use crate::context::{Context, RequestError};
 use crate::lease::{self, LeaseRun};
 use crate::renew::{self, Renewals};
-use crate::retry::{self, RETRY_DELAY_BASE, RETRY_DELAY_MAX};
+use crate::retry;
 use crate::stats::Counter;
 use crate::{Plugin, Session, WorkerConfig, WorkerError, WorkerStats};
 
@@ -229,7 +229,7 @@ impl Worker {
                 }
             }
             failures += 1;
-            let delay = retry::jittered(RETRY_DELAY_BASE, failures, RETRY_DELAY_MAX);
+            let delay = retry::REQUESTS.jittered(failures);
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(None),
                 () = tokio::time::sleep(delay) => {}
@@ -278,7 +278,7 @@ impl Worker {
                 }
                 refusals += 1;
                 tracing::warn!(code = %error.code, message = %error.message, "acquire refused, retrying");
-                let delay = retry::jittered(RETRY_DELAY_BASE, refusals, RETRY_DELAY_MAX);
+                let delay = retry::REQUESTS.jittered(refusals);
                 tokio::select! {
                     () = stop.cancelled() => return Ok(()),
                     () = tokio::time::sleep(delay) => {}
@@ -334,7 +334,7 @@ impl Worker {
                     tracing::warn!(error = %telemetry::chain(&error), request_id = %request.request_id, failures, "acquire unanswered, retrying with the same request id");
                 }
             }
-            let delay = retry::jittered(RETRY_DELAY_BASE, failures, RETRY_DELAY_MAX);
+            let delay = retry::REQUESTS.jittered(failures);
             tokio::select! {
                 () = stop.cancelled() => return Ok(None),
                 () = tokio::time::sleep(delay) => {}
