@@ -13,7 +13,6 @@ use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::PgPool;
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
 /// Enrichment settings.
 #[derive(Debug, Clone)]
@@ -73,32 +72,61 @@ impl Service {
         }
     }
 
-    /// Claims and completes at most one job; true when it did.
-    pub async fn run_once(&self) -> Result<bool, store::StoreError> {
-        let Some(job) =
-            store::enrichment::claim(&self.pool, &self.owner, self.settings.lease_ttl).await?
-        else {
-            return Ok(false);
-        };
-        // Enrichment is triggered by a poll, not a message: it joins the scan's trace through
-        // the context stored at admission.
-        let span = tracing::info_span!(
-            parent: None,
-            "enrich",
-            otel.name = "enrich scan",
-            otel.kind = "internal",
-            palisade.service = "enrichment",
-            palisade.scan_id = %job.scan_id,
-        );
-        bus::trace::set_parent_from_traceparent(&span, job.trace_context.as_deref().unwrap_or(""));
-        self.enrich(job).instrument(span).await
-    }
+    /// Jobs claimed (and completed) together: one statement each for the claim, the CVE
+    /// look-up and the completion, whatever their number.
+    pub const BATCH: i64 = 64;
 
-    async fn enrich(&self, job: store::enrichment::ClaimedJob) -> Result<bool, store::StoreError> {
-        let cve_ids = store::enrichment::scan_cve_ids(&self.pool, job.scan_id).await?;
-        let checkpoint = serde_json::json!({ "cve_ids": cve_ids, "source": "none" });
-        if !store::enrichment::complete(&self.pool, &job, checkpoint).await? {
-            tracing::warn!(job_id = %job.id, "enrichment job was taken over; dropping this result");
+    /// Claims and completes up to [`Service::BATCH`] due jobs; true when there were any.
+    pub async fn run_once(&self) -> Result<bool, store::StoreError> {
+        let jobs = store::enrichment::claim(
+            &self.pool,
+            &self.owner,
+            self.settings.lease_ttl,
+            Self::BATCH,
+        )
+        .await?;
+        if jobs.is_empty() {
+            return Ok(false);
+        }
+        // Enrichment is triggered by a poll, not a message: each job joins its scan's trace
+        // through the context stored at admission, with a span that lasts until it completes.
+        let spans: Vec<tracing::Span> = jobs
+            .iter()
+            .map(|job| {
+                let span = tracing::info_span!(
+                    parent: None,
+                    "enrich",
+                    otel.name = "enrich scan",
+                    otel.kind = "internal",
+                    palisade.service = "enrichment",
+                    palisade.scan_id = %job.scan_id,
+                );
+                bus::trace::set_parent_from_traceparent(
+                    &span,
+                    job.trace_context.as_deref().unwrap_or(""),
+                );
+                span
+            })
+            .collect();
+        let scan_ids: Vec<uuid::Uuid> = jobs.iter().map(|job| job.scan_id).collect();
+        let mut cve_ids = store::enrichment::scan_cve_ids(&self.pool, &scan_ids).await?;
+        let results: Vec<(&store::enrichment::ClaimedJob, serde_json::Value)> = jobs
+            .iter()
+            .map(|job| {
+                let cve_ids = cve_ids.remove(&job.scan_id).unwrap_or_default();
+                (
+                    job,
+                    serde_json::json!({ "cve_ids": cve_ids, "source": "none" }),
+                )
+            })
+            .collect();
+        let completed = store::enrichment::complete(&self.pool, &results).await?;
+        for (job, span) in jobs.iter().zip(&spans) {
+            if !completed.contains(&job.id) {
+                span.in_scope(|| {
+                    tracing::warn!(job_id = %job.id, "enrichment job was taken over; dropping this result");
+                });
+            }
         }
         Ok(true)
     }

@@ -1,7 +1,9 @@
-//! Enrichment jobs (SPEC §4.4): one per completed scan, claimed under a fenced lease.
-//! This first step claims, renews nothing yet, and completes; CVE lookups arrive with the
+//! Enrichment jobs (SPEC §4.4): one per completed scan, claimed under a fenced lease, in
+//! batches: one statement claims many, one reads their scans' CVE ids, one completes them.
+//! This step claims, renews nothing yet, and completes; CVE lookups arrive with the
 //! enrichment issue.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -19,12 +21,14 @@ pub struct ClaimedJob {
     pub trace_context: Option<String>,
 }
 
-/// Claims the oldest due job (pending, or running with an expired lease), `SKIP LOCKED`.
+/// Claims up to `limit` of the oldest due jobs (pending, or running with an expired lease) in
+/// one statement, `SKIP LOCKED`, each with a fresh fencing token.
 pub async fn claim(
     pool: &PgPool,
     owner: &str,
     lease_ttl: Duration,
-) -> Result<Option<ClaimedJob>, StoreError> {
+    limit: i64,
+) -> Result<Vec<ClaimedJob>, StoreError> {
     Ok(sqlx::query_as::<_, ClaimedJob>(
         r#"
         WITH due AS (
@@ -32,7 +36,7 @@ pub async fn claim(
             WHERE (state = 'pending' AND available_at <= now())
                OR (state = 'running' AND lease_expires_at <= now())
             ORDER BY available_at, created_at
-            LIMIT 1
+            LIMIT $3
             FOR UPDATE SKIP LOCKED
         )
         UPDATE enrichment_jobs j
@@ -46,38 +50,59 @@ pub async fn claim(
     )
     .bind(owner)
     .bind(crate::seconds(lease_ttl))
-    .fetch_optional(pool)
-    .await?)
-}
-
-/// The CVE ids of a scan's findings.
-pub async fn scan_cve_ids(pool: &PgPool, scan_id: Uuid) -> Result<Vec<String>, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT DISTINCT unnest(cve_ids) FROM findings WHERE scan_id = $1 AND cardinality(cve_ids) > 0 ORDER BY 1",
-    )
-    .bind(scan_id)
+    .bind(limit)
     .fetch_all(pool)
     .await?)
 }
 
-/// Completes the job if `job` still holds its lease; false when a newer claim fenced it out.
-pub async fn complete(
+/// The CVE ids of each scan's findings, in one statement; a scan without any is absent.
+pub async fn scan_cve_ids(
     pool: &PgPool,
-    job: &ClaimedJob,
-    checkpoint: serde_json::Value,
-) -> Result<bool, StoreError> {
-    let updated = sqlx::query(
+    scan_ids: &[Uuid],
+) -> Result<HashMap<Uuid, Vec<String>>, StoreError> {
+    let rows: Vec<(Uuid, Vec<String>)> = sqlx::query_as(
         r#"
-        UPDATE enrichment_jobs
-        SET state = 'completed', checkpoint = $3, finished_at = now(), lease_owner = NULL,
-            lease_expires_at = NULL, updated_at = now()
-        WHERE id = $1 AND fencing_token = $2 AND state = 'running' AND lease_expires_at > now()
+        SELECT f.scan_id, array_agg(DISTINCT cve.id ORDER BY cve.id)
+        FROM findings f, unnest(f.cve_ids) AS cve(id)
+        WHERE f.scan_id = ANY($1) AND cardinality(f.cve_ids) > 0
+        GROUP BY f.scan_id
         "#,
     )
-    .bind(job.id)
-    .bind(job.fencing_token)
-    .bind(checkpoint)
-    .execute(pool)
+    .bind(scan_ids)
+    .fetch_all(pool)
     .await?;
-    Ok(updated.rows_affected() == 1)
+    Ok(rows.into_iter().collect())
+}
+
+/// Completes, in one statement, each job that still holds its lease, with its checkpoint;
+/// returns the ids completed (a job missing was fenced out by a newer claim).
+pub async fn complete(
+    pool: &PgPool,
+    jobs: &[(&ClaimedJob, serde_json::Value)],
+) -> Result<Vec<Uuid>, StoreError> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = jobs.iter().map(|(job, _)| job.id).collect();
+    let tokens: Vec<i64> = jobs.iter().map(|(job, _)| job.fencing_token).collect();
+    let checkpoints: Vec<serde_json::Value> = jobs
+        .iter()
+        .map(|(_, checkpoint)| checkpoint.clone())
+        .collect();
+    Ok(sqlx::query_scalar(
+        r#"
+        UPDATE enrichment_jobs j
+        SET state = 'completed', checkpoint = c.checkpoint, finished_at = now(), lease_owner = NULL,
+            lease_expires_at = NULL, updated_at = now()
+        FROM UNNEST($1::uuid[], $2::bigint[], $3::jsonb[]) AS c(id, fencing_token, checkpoint)
+        WHERE j.id = c.id AND j.fencing_token = c.fencing_token AND j.state = 'running'
+          AND j.lease_expires_at > now()
+        RETURNING j.id
+        "#,
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&checkpoints)
+    .fetch_all(pool)
+    .await?)
 }

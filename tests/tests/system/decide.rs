@@ -1,7 +1,8 @@
 //! The ingestion decision script (`store::ingest`) driven directly against PostgreSQL: what a
 //! batch costs in statements whatever its size, and each message of a mixed batch getting its
 //! own answer; the reaper's recovery and deadline sweeps, whose cost does not grow with the
-//! rows they fail either; and a worker's renewals, one statement for any number of leases.
+//! rows they fail either; a worker's renewals, one statement for any number of leases; and an
+//! enrichment pass, three statements for any number of jobs.
 
 use messages::{ErrorCode, EventKind, v1};
 use prost::Message as _;
@@ -687,4 +688,69 @@ async fn renewing_a_worker_s_leases_is_one_statement_with_an_answer_per_lease() 
         "{outcome:?}"
     );
     system.finish().await;
+}
+
+/// One enrichment pass over `jobs` due jobs (history scans set back to pending, the first
+/// with a CVE to find): the jobs completed and the statements the pass took.
+async fn enrichment_pass(jobs: usize) -> (i64, u64, Vec<String>) {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let worker_id = system.registered_worker(organization_id, 1).await;
+    store::history::seed(&system.pool, organization_id, worker_id, jobs, |_| {})
+        .await
+        .expect("history");
+    let first_scan: Uuid = sqlx::query_scalar(
+        "WITH due AS (UPDATE enrichment_jobs SET state = 'pending', finished_at = NULL RETURNING scan_id)
+         SELECT min(scan_id::text)::uuid FROM due",
+    )
+    .fetch_one(&system.pool)
+    .await
+    .expect("jobs due again");
+    sqlx::query("UPDATE findings SET cve_ids = '{CVE-2021-44228}' WHERE scan_id = $1")
+        .bind(first_scan)
+        .execute(&system.pool)
+        .await
+        .expect("a CVE to find");
+    let mut settings = system.settings.enrichment.clone();
+    settings.http_addr = None;
+    let enrichment = enrichment::Service::from_connections(
+        settings,
+        runtime::Connections {
+            pool: system.pool.clone(),
+            bus: system.bus.clone(),
+        },
+    );
+    let before = cost::snapshot();
+    let worked = cost::in_lane(lanes::ENRICHMENT, enrichment.run_once())
+        .await
+        .expect("an enrichment pass");
+    let statements = cost::spent(&before, &cost::snapshot())[lanes::ENRICHMENT].statements;
+    assert!(worked);
+    let completed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM enrichment_jobs WHERE state = 'completed'")
+            .fetch_one(&system.pool)
+            .await
+            .expect("count");
+    let found: Vec<String> = sqlx::query_scalar(
+        "SELECT jsonb_array_elements_text(checkpoint->'cve_ids') FROM enrichment_jobs WHERE scan_id = $1",
+    )
+    .bind(first_scan)
+    .fetch_all(&system.pool)
+    .await
+    .expect("checkpoint");
+    system.finish().await;
+    (completed, statements, found)
+}
+
+#[tokio::test]
+async fn enrichment_claims_and_completes_a_batch_in_three_statements_whatever_its_size() {
+    for jobs in [3, 50] {
+        let (completed, statements, found) = enrichment_pass(jobs).await;
+        assert_eq!(
+            completed, jobs as i64,
+            "every due job completed in one pass"
+        );
+        assert_eq!(statements, 3, "{jobs} jobs: claim, CVE look-up, completion");
+        assert_eq!(found, ["CVE-2021-44228"]);
+    }
 }
