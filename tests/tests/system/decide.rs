@@ -2,7 +2,8 @@
 //! batch costs in statements whatever its size, and each message of a mixed batch getting its
 //! own answer; the reaper's recovery and deadline sweeps, whose cost does not grow with the
 //! rows they fail either; a worker's renewals, one statement for any number of leases; and an
-//! enrichment pass, three statements for any number of jobs.
+//! enrichment pass, three statements for any number of jobs; an acquire, the same statements for
+//! one lease or fifty.
 
 use messages::{ErrorCode, EventKind, v1};
 use prost::Message as _;
@@ -753,4 +754,92 @@ async fn enrichment_claims_and_completes_a_batch_in_three_statements_whatever_it
         assert_eq!(statements, 3, "{jobs} jobs: claim, CVE look-up, completion");
         assert_eq!(found, ["CVE-2021-44228"]);
     }
+}
+
+/// `count` pending one-plugin tasks and a worker that may take them all, acquired directly
+/// with the store in the dispatch lane: the leases, their staged events and the statements.
+async fn acquire_directly(count: usize) -> (usize, usize, u64, usize) {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let worker = system
+        .manual_worker(organization_id, count as u32 + 1)
+        .await;
+    let hello = worker
+        .hello_with_capacity(&[PLUGIN], count as u32 + 1)
+        .await;
+    assert!(hello.error.is_none(), "{hello:?}");
+    for index in 0..count {
+        let request = system.request(
+            organization_id,
+            &format!("http://target-{index}.test"),
+            &[PLUGIN],
+        );
+        let reply = system.submit(&request).await;
+        assert!(reply.error.is_none(), "{reply:?}");
+    }
+    let params = store::dispatch::AcquireParams {
+        worker_id: worker.id,
+        request_id: Uuid::new_v4(),
+        max_tasks: count as i64,
+        lease_ttl: std::time::Duration::from_secs(30),
+    };
+    let mut staged = store::Staged::default();
+    let before = cost::snapshot();
+    let (outcome, _) = cost::in_lane(
+        lanes::DISPATCH,
+        store::dispatch::acquire(&system.pool, &mut staged, &system.subjects, &params),
+    )
+    .await
+    .expect("acquired");
+    let statements = cost::spent(&before, &cost::snapshot())[lanes::DISPATCH].statements;
+    let store::dispatch::AcquireOutcome::Leases(leases) = outcome else {
+        panic!("refused: {outcome:?}");
+    };
+    // The same request again (a lost reply) gets the same leases, and grants nothing new.
+    let (replayed, _) = store::dispatch::acquire(
+        &system.pool,
+        &mut store::Staged::default(),
+        &system.subjects,
+        &params,
+    )
+    .await
+    .expect("replayed");
+    let store::dispatch::AcquireOutcome::Leases(replayed) = replayed else {
+        panic!("replay refused: {replayed:?}");
+    };
+    let attempts = |leases: &[store::dispatch::GrantedLease]| {
+        let mut ids: Vec<Uuid> = leases.iter().map(|lease| lease.attempt_id).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(attempts(&replayed), attempts(&leases));
+    let tasks: std::collections::HashSet<Uuid> = leases.iter().map(|lease| lease.task_id).collect();
+    let granted = leases.len();
+    let distinct = tasks.len();
+    let events = staged.len();
+    system.finish().await;
+    (granted, distinct, statements, events)
+}
+
+#[tokio::test]
+async fn acquire_grants_one_or_fifty_leases_in_the_same_statements() {
+    let mut costs = Vec::new();
+    for count in [1, 50] {
+        let (granted, distinct, statements, events) = acquire_directly(count).await;
+        assert_eq!(granted, count);
+        assert_eq!(distinct, count, "each task leased once");
+        assert_eq!(
+            events, count,
+            "one task.leased per lease, staged for hand-off"
+        );
+        costs.push(statements);
+    }
+    assert_eq!(
+        costs[0], costs[1],
+        "statements do not grow with the grant: {costs:?}"
+    );
+    assert!(
+        costs[0] <= 4,
+        "worker read, grant, events, commit: {costs:?}"
+    );
 }
