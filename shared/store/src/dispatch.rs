@@ -524,11 +524,12 @@ pub async fn release(
         return Ok(ReleaseOutcome::Refused(lease_lost(claim)));
     }
     sqlx::query(
-        "UPDATE worker_task_attempts SET status = 'released', finished_at = now(), updated_at = now(),
+        "UPDATE worker_task_attempts SET status = $3, finished_at = now(), updated_at = now(),
          error_message = $2 WHERE id = $1",
     )
     .bind(claim.attempt_id)
     .bind(reason)
+    .bind(AttemptStatus::Released.as_str())
     .execute(&mut *tx)
     .await?;
     sqlx::query(
@@ -540,10 +541,14 @@ pub async fn release(
     .execute(&mut *tx)
     .await?;
     if let Some(scan_job_id) = locked.scan_job_id {
-        sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
-            .bind(scan_job_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE scan_jobs SET state = $2, updated_at = now() WHERE id = $1 AND state = $3",
+        )
+        .bind(scan_job_id)
+        .bind(ScanJobState::Pending.as_str())
+        .bind(ScanJobState::Running.as_str())
+        .execute(&mut *tx)
+        .await?;
     }
     let ready = v1::TaskReady {
         task_id: claim.task_id.to_string(),

@@ -8,6 +8,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::states::EnrichmentJobState;
 
 /// A claimed job: `fencing_token` must accompany every write.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -29,14 +30,14 @@ pub async fn claim(
         r#"
         WITH due AS (
             SELECT id FROM enrichment_jobs
-            WHERE (state = 'pending' AND available_at <= now())
-               OR (state = 'running' AND lease_expires_at <= now())
+            WHERE (state = $3 AND available_at <= now())
+               OR (state = $4 AND lease_expires_at <= now())
             ORDER BY available_at, created_at
             LIMIT 1
             FOR UPDATE SKIP LOCKED
         )
         UPDATE enrichment_jobs j
-        SET state = 'running', lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2),
+        SET state = $4, lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2),
             last_heartbeat_at = now(), fencing_token = j.fencing_token + 1, attempt_count = j.attempt_count + 1,
             updated_at = now()
         FROM due WHERE j.id = due.id
@@ -46,6 +47,8 @@ pub async fn claim(
     )
     .bind(owner)
     .bind(crate::seconds(lease_ttl))
+    .bind(EnrichmentJobState::Pending.as_str())
+    .bind(EnrichmentJobState::Running.as_str())
     .fetch_optional(pool)
     .await?)
 }
@@ -69,14 +72,16 @@ pub async fn complete(
     let updated = sqlx::query(
         r#"
         UPDATE enrichment_jobs
-        SET state = 'completed', checkpoint = $3, finished_at = now(), lease_owner = NULL,
+        SET state = $4, checkpoint = $3, finished_at = now(), lease_owner = NULL,
             lease_expires_at = NULL, updated_at = now()
-        WHERE id = $1 AND fencing_token = $2 AND state = 'running' AND lease_expires_at > now()
+        WHERE id = $1 AND fencing_token = $2 AND state = $5 AND lease_expires_at > now()
         "#,
     )
     .bind(job.id)
     .bind(job.fencing_token)
     .bind(checkpoint)
+    .bind(EnrichmentJobState::Completed.as_str())
+    .bind(EnrichmentJobState::Running.as_str())
     .execute(pool)
     .await?;
     Ok(updated.rows_affected() == 1)
