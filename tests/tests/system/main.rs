@@ -17,4 +17,5 @@ mod processes;
 mod recovery;
 mod redelivery;
 mod schema;
+mod scripts;
 mod tracing;
