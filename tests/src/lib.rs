@@ -860,19 +860,16 @@ impl TestSystem {
 
     /// Cancels the task `task_id` (and its scan) as dispatch's cancel does.
     pub async fn cancel_task(&self, task_id: Uuid) {
-        let outcome = store::cancellation::cancel(
+        let outcome = store::cancel::cancel(
             &self.pool,
             &self.subjects,
-            store::cancellation::CancelTarget::Task(task_id),
+            store::cancel::CancelTarget::Task(task_id),
             "cancelled by the test",
         )
         .await
         .expect("cancel decided");
         assert!(
-            matches!(
-                outcome,
-                store::cancellation::CancelOutcome::Cancelled { .. }
-            ),
+            matches!(outcome, store::cancel::CancelOutcome::Cancelled { .. }),
             "{outcome:?}"
         );
     }

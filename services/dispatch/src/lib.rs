@@ -22,7 +22,7 @@ use prost::Message as _;
 use runtime::{
     BatchLimits, CommonSettings, Connections, LeaseSettings, Plumbing, SettingsError, env,
 };
-use store::cancellation::{CancelOutcome, CancelTarget};
+use store::cancel::{CancelOutcome, CancelTarget};
 use store::dispatch::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewClaims,
     RenewOutcome,
@@ -290,17 +290,13 @@ impl Dispatch {
         };
         // A cancel racing a completion can lose a deadlock; the cancel is idempotent, retry it.
         let mut outcome =
-            store::cancellation::cancel(&self.pool, self.bus.subjects(), target, reason).await;
+            store::cancel::cancel(&self.pool, self.bus.subjects(), target, reason).await;
         for _ in 0..CANCEL_TRANSIENT_RETRIES_MAX {
             match &outcome {
                 Err(error) if error.is_transient() => {
-                    outcome = store::cancellation::cancel(
-                        &self.pool,
-                        self.bus.subjects(),
-                        target,
-                        reason,
-                    )
-                    .await;
+                    outcome =
+                        store::cancel::cancel(&self.pool, self.bus.subjects(), target, reason)
+                            .await;
                 }
                 _ => break,
             }
@@ -311,7 +307,7 @@ impl Dispatch {
                 v1::CancelReply {
                     error: None,
                     outcome: "cancelled".into(),
-                    state: "cancelled".into(),
+                    state: store::states::ScanState::Cancelled.as_str().into(),
                     scan_id: scan_id.to_string(),
                 }
             }

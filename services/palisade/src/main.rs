@@ -385,13 +385,13 @@ async fn main() -> anyhow::Result<()> {
         }) => {
             let pool = store::connect(&common.database).await?;
             let active = if let_finish {
-                store::revocation::ActiveLeases::LetFinish
+                store::revoke::ActiveLeases::LetFinish
             } else {
-                store::revocation::ActiveLeases::Cancel
+                store::revoke::ActiveLeases::Cancel
             };
             let outcome = match org {
                 Some(org) => {
-                    store::revocation::revoke_assignment(
+                    store::revoke::revoke_assignment(
                         &pool,
                         &common.subjects,
                         org,
@@ -402,24 +402,18 @@ async fn main() -> anyhow::Result<()> {
                     .await?
                 }
                 None => {
-                    store::revocation::revoke_worker(
-                        &pool,
-                        &common.subjects,
-                        worker,
-                        &reason,
-                        active,
-                    )
-                    .await?
+                    store::revoke::revoke_worker(&pool, &common.subjects, worker, &reason, active)
+                        .await?
                 }
             };
             match outcome {
-                store::revocation::RevokeOutcome::Revoked { leases_cancelled } => {
+                store::revoke::RevokeOutcome::Revoked { leases_cancelled } => {
                     println!(
                         "revoked; {leases_cancelled} active leases voided and their tasks re-offered"
                     );
                     Ok(())
                 }
-                store::revocation::RevokeOutcome::NotFound => {
+                store::revoke::RevokeOutcome::NotFound => {
                     anyhow::bail!(
                         "no such worker (or assignment): see `palisade worker add` / `worker assign`"
                     )
@@ -428,7 +422,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Worker(WorkerCommand::Enable { worker }) => {
             let pool = store::connect(&common.database).await?;
-            if !store::revocation::enable_worker(&pool, worker).await? {
+            if !store::revoke::enable_worker(&pool, worker).await? {
                 anyhow::bail!("no worker {worker}");
             }
             println!("worker {worker} enabled");

@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use bus::Bus;
 use outbox::Relay;
 use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
-use store::recovery::{Pruned, RecoveryOutcome};
+use store::recover::{Pruned, RecoveryOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
@@ -181,27 +181,27 @@ impl Service {
         let outcome = SweepOutcome {
             recovered: in_lane(
                 lanes::REAPER_RECOVERY,
-                store::recovery::recover_expired(&self.pool, subjects, self.settings.retry, batch),
+                store::recover::recover_expired(&self.pool, subjects, self.settings.retry, batch),
             )
             .await?,
             overdue: in_lane(
                 lanes::REAPER_DEADLINES,
-                store::recovery::fail_overdue(&self.pool, subjects, batch),
+                store::recover::fail_overdue(&self.pool, subjects, batch),
             )
             .await?,
             uploads_expired: in_lane(
                 lanes::REAPER_UPLOADS,
-                store::recovery::expire_uploads(&self.pool, batch),
+                store::recover::expire_uploads(&self.pool, batch),
             )
             .await?,
             pruned: in_lane(
                 lanes::REAPER_RETENTION,
-                store::recovery::prune(&self.pool, self.settings.retention, batch),
+                store::recover::prune(&self.pool, self.settings.retention, batch),
             )
             .await?,
             due_retries: in_lane(
                 lanes::REAPER_RETRIES,
-                store::recovery::due_retries(&self.pool),
+                store::recover::due_retries(&self.pool),
             )
             .await?,
         };

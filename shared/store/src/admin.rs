@@ -156,7 +156,8 @@ pub async fn findings(pool: &PgPool, scan_id: Uuid) -> Result<Vec<FindingView>, 
 /// (scans, completed scans) in the whole database: the demo's cross-check.
 pub async fn scan_counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
     Ok(
-        sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM scans")
+        sqlx::query_as("SELECT count(*), count(*) FILTER (WHERE state = $1) FROM scans")
+            .bind(crate::states::ScanState::Completed.as_str())
             .fetch_one(pool)
             .await?,
     )

@@ -61,9 +61,6 @@ pub enum AdmitOutcome {
     Refused(v1::Error),
 }
 
-/// The states in which a scan occupies its target (I6).
-const ACTIVE: [ScanState; 2] = [ScanState::Pending, ScanState::Running];
-
 /// The admission script over `requests`, for [`crate::decide_batch`].
 pub struct Admit<'a, 'r> {
     pub subjects: &'a Subjects,
@@ -331,7 +328,8 @@ async fn look_up(
         .filter(|(_, quota)| quota.is_some())
         .map(|(id, _)| *id)
         .collect();
-    let active: Vec<&str> = ACTIVE.iter().map(|state| state.as_str()).collect();
+    // The states in which a scan occupies its target (I6).
+    let active = ScanState::ACTIVE.map(ScanState::as_str);
     let found: Vec<Found> = sqlx::query_as(
         r#"
         WITH input AS (
@@ -360,7 +358,7 @@ async fn look_up(
     .bind(&keys)
     .bind(&targets)
     .bind(&counted)
-    .bind(&active)
+    .bind(active)
     .fetch_all(conn)
     .await?;
     if found.len() != requests.len() {

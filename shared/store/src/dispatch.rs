@@ -539,6 +539,15 @@ pub async fn renew_many(
         .bind(&attempt_numbers)
         .bind(&lease_tokens)
         .bind(crate::seconds(lease_ttl))
+        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+        .bind(TaskState::LEASED.map(TaskState::as_str))
+        .bind([
+            TaskState::Cancelling.as_str(),
+            TaskState::Cancelled.as_str(),
+        ])
+        .bind(AttemptStatus::Running.as_str())
+        .bind(TaskState::Running.as_str())
+        .bind(TaskState::Leased.as_str())
         .fetch_all(pool)
         .await?;
     assert_eq!(rows.len(), claims.len(), "one answer per claim");
@@ -574,10 +583,10 @@ WITH claim AS (
 locked AS MATERIALIZED (
     SELECT c.ordinal, a.id AS attempt_id,
            a.worker_id = c.worker_id AND a.attempt_number = c.attempt_number
-               AND a.lease_token = c.lease_token AND a.status IN ('leased', 'running')
+               AND a.lease_token = c.lease_token AND a.status = ANY($7)
                AND a.lease_expires_at > now() AND t.current_attempt_id = a.id
-               AND t.state IN ('leased', 'running') AND t.cancel_requested_at IS NULL AS holds,
-           t.cancel_requested_at IS NOT NULL OR t.state IN ('cancelling', 'cancelled') AS cancel_requested
+               AND t.state = ANY($8) AND t.cancel_requested_at IS NULL AS holds,
+           t.cancel_requested_at IS NOT NULL OR t.state = ANY($9) AS cancel_requested
     FROM claim c
     JOIN worker_task_attempts a ON a.id = c.attempt_id AND a.task_id = c.task_id
     JOIN worker_tasks t ON t.id = a.task_id
@@ -587,19 +596,19 @@ locked AS MATERIALIZED (
 renewed AS (
     UPDATE worker_task_attempts a
     SET lease_expires_at = now() + make_interval(secs => $6), last_renewed_at = now(),
-        status = 'running', updated_at = now()
+        status = $10, updated_at = now()
     FROM locked l
     WHERE a.id = l.attempt_id AND l.holds
     RETURNING l.ordinal, a.task_id, a.lease_expires_at
 ),
 started AS (
-    UPDATE worker_tasks t SET state = 'running', updated_at = now()
-    FROM renewed r WHERE t.id = r.task_id AND t.state = 'leased'
+    UPDATE worker_tasks t SET state = $11, updated_at = now()
+    FROM renewed r WHERE t.id = r.task_id AND t.state = $12
 )
 SELECT c.ordinal,
        (extract(epoch FROM r.lease_expires_at - now()) * 1000)::bigint AS lease_expires_in_ms,
        coalesce(l.cancel_requested,
-                t.cancel_requested_at IS NOT NULL OR t.state IN ('cancelling', 'cancelled'),
+                t.cancel_requested_at IS NOT NULL OR t.state = ANY($9),
                 false) AS cancel_requested
 FROM claim c
 LEFT JOIN renewed r ON r.ordinal = c.ordinal
@@ -633,11 +642,12 @@ pub async fn release(
         return Ok(ReleaseOutcome::Refused(lease_lost(claim)));
     }
     sqlx::query(
-        "UPDATE worker_task_attempts SET status = 'released', finished_at = now(), updated_at = now(),
+        "UPDATE worker_task_attempts SET status = $3, finished_at = now(), updated_at = now(),
          error_message = $2 WHERE id = $1",
     )
     .bind(claim.attempt_id)
     .bind(reason)
+    .bind(AttemptStatus::Released.as_str())
     .execute(&mut *tx)
     .await?;
     sqlx::query(
@@ -649,10 +659,14 @@ pub async fn release(
     .execute(&mut *tx)
     .await?;
     if let Some(scan_job_id) = locked.scan_job_id {
-        sqlx::query("UPDATE scan_jobs SET state = 'pending', updated_at = now() WHERE id = $1 AND state = 'running'")
-            .bind(scan_job_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE scan_jobs SET state = $2, updated_at = now() WHERE id = $1 AND state = $3",
+        )
+        .bind(scan_job_id)
+        .bind(ScanJobState::Pending.as_str())
+        .bind(ScanJobState::Running.as_str())
+        .execute(&mut *tx)
+        .await?;
     }
     let ready = v1::TaskReady {
         task_id: claim.task_id.to_string(),

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::states::EnrichmentJobState;
 
 /// A claimed job: `fencing_token` must accompany every write.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -33,14 +34,14 @@ pub async fn claim(
         r#"
         WITH due AS (
             SELECT id FROM enrichment_jobs
-            WHERE (state = 'pending' AND available_at <= now())
-               OR (state = 'running' AND lease_expires_at <= now())
+            WHERE (state = $4 AND available_at <= now())
+               OR (state = $5 AND lease_expires_at <= now())
             ORDER BY available_at, created_at
             LIMIT $3
             FOR UPDATE SKIP LOCKED
         )
         UPDATE enrichment_jobs j
-        SET state = 'running', lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2),
+        SET state = $5, lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2),
             last_heartbeat_at = now(), fencing_token = j.fencing_token + 1, attempt_count = j.attempt_count + 1,
             updated_at = now()
         FROM due WHERE j.id = due.id
@@ -51,6 +52,8 @@ pub async fn claim(
     .bind(owner)
     .bind(crate::seconds(lease_ttl))
     .bind(limit)
+    .bind(EnrichmentJobState::Pending.as_str())
+    .bind(EnrichmentJobState::Running.as_str())
     .fetch_all(pool)
     .await?)
 }
@@ -92,10 +95,10 @@ pub async fn complete(
     Ok(sqlx::query_scalar(
         r#"
         UPDATE enrichment_jobs j
-        SET state = 'completed', checkpoint = c.checkpoint, finished_at = now(), lease_owner = NULL,
+        SET state = $4, checkpoint = c.checkpoint, finished_at = now(), lease_owner = NULL,
             lease_expires_at = NULL, updated_at = now()
         FROM UNNEST($1::uuid[], $2::bigint[], $3::jsonb[]) AS c(id, fencing_token, checkpoint)
-        WHERE j.id = c.id AND j.fencing_token = c.fencing_token AND j.state = 'running'
+        WHERE j.id = c.id AND j.fencing_token = c.fencing_token AND j.state = $5
           AND j.lease_expires_at > now()
         RETURNING j.id
         "#,
@@ -103,6 +106,8 @@ pub async fn complete(
     .bind(&ids)
     .bind(&tokens)
     .bind(&checkpoints)
+    .bind(EnrichmentJobState::Completed.as_str())
+    .bind(EnrichmentJobState::Running.as_str())
     .fetch_all(pool)
     .await?)
 }

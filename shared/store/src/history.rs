@@ -9,6 +9,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::states::{
+    AttemptStatus, EnrichmentJobState, ResultBatchStatus, ScanJobState, ScanState, TaskState,
+};
 
 /// Scans written per statement: one statement's work stays a few seconds.
 pub const CHUNK_SCANS: usize = 50_000;
@@ -34,6 +37,12 @@ pub async fn seed(
             .bind(written as i64)
             .bind((written + chunk) as i64 - 1)
             .bind(worker_id)
+            .bind(ScanState::Completed.as_str())
+            .bind(ScanJobState::Completed.as_str())
+            .bind(TaskState::Completed.as_str())
+            .bind(AttemptStatus::Succeeded.as_str())
+            .bind(ResultBatchStatus::Persisted.as_str())
+            .bind(EnrichmentJobState::Completed.as_str())
             .execute(pool)
             .await?;
         written += chunk;
@@ -44,7 +53,8 @@ pub async fn seed(
 }
 
 /// One chunk of history: scans `$2..=$3` of organization `$1`, attempts held by worker `$4`,
-/// finished an hour or two ago (inside the retention window, so the reaper keeps them).
+/// finished an hour or two ago (inside the retention window, so the reaper keeps them); the
+/// final states `$5..=$10` are bound from `states` (scan, job, task, attempt, batch, enrichment).
 const SEED: &str = r#"
 WITH s AS (
     SELECT i, gen_random_uuid() AS scan_id, gen_random_uuid() AS target_id,
@@ -59,32 +69,32 @@ WITH s AS (
     INSERT INTO scans (id, organization_id, target_id, client_id, idempotency_key, request_fingerprint,
                        plugins, state, finding_count, created_at, started_at, finished_at, updated_at)
     SELECT scan_id, $1, target_id, 'history', 'history-' || i, repeat('0', 64), ARRAY['synthetic'],
-           'completed', 1, at, at, at, at
+           $5, 1, at, at, at, at
     FROM s
 ), jobs AS (
     INSERT INTO scan_jobs (id, scan_id, organization_id, position, plugin, state, evidence_published_at,
                            finding_count, created_at, started_at, finished_at, updated_at)
-    SELECT job_id, scan_id, $1, 0, 'synthetic', 'completed', at, 1, at, at, at, at FROM s
+    SELECT job_id, scan_id, $1, 0, 'synthetic', $6, at, 1, at, at, at, at FROM s
 ), tasks AS (
     INSERT INTO worker_tasks (id, organization_id, scan_id, scan_job_id, required_capabilities, payload,
                               state, attempt_count, last_attempt_number, current_attempt_id,
                               completed_at, available_at, created_at, updated_at)
     SELECT task_id, $1, scan_id, job_id, ARRAY['synthetic'],
            jsonb_build_object('plugin', 'synthetic', 'target', 'synthetic://history/' || i, 'position', 0),
-           'completed', 1, 1, attempt_id, at, at, at, at
+           $7, 1, 1, attempt_id, at, at, at, at
     FROM s
 ), attempts AS (
     INSERT INTO worker_task_attempts (id, task_id, worker_id, attempt_number, lease_token,
                                       acquire_request_id, status, lease_expires_at, started_at,
                                       finished_at, created_at, updated_at)
     SELECT attempt_id, task_id, $4, 1, replace(attempt_id::text, '-', ''), gen_random_uuid(),
-           'succeeded', at, at, at, at, at
+           $8, at, at, at, at, at
     FROM s
 ), batches AS (
     INSERT INTO worker_result_batches (id, task_id, attempt_id, sequence_number, idempotency_key,
                                        payload_sha256, status, finding_count, persisted_at, received_at)
     SELECT gen_random_uuid(), task_id, attempt_id, 0, attempt_id::text || ':0', repeat('0', 64),
-           'persisted', 1, at, at
+           $9, 1, at, at
     FROM s
 ), findings AS (
     INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
@@ -100,7 +110,7 @@ WITH s AS (
     SELECT scan_id, asset_id, job_id, attempt_id FROM s
 ), enrichment AS (
     INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, finished_at, created_at, updated_at)
-    SELECT gen_random_uuid(), scan_id, $1, 'completed', at, at, at FROM s
+    SELECT gen_random_uuid(), scan_id, $1, $10, at, at, at FROM s
 )
 INSERT INTO outbox (id, subject, payload, created_at, published_at)
 SELECT gen_random_uuid(), 'history.event', '\x00'::bytea, at, at

@@ -32,7 +32,7 @@ use crate::fence::{LeaseClaim, LockedAttempt, lease_lost};
 use crate::ingestion::{self, BatchParams, FailParams, IngestOutcome};
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob};
-use crate::states::{AttemptStatus, ScanJobState, TaskState};
+use crate::states::{AttemptStatus, ResultBatchStatus, ScanJobState, TaskState};
 
 /// One message of a batch, validated.
 #[derive(Debug, Clone)]
@@ -503,7 +503,7 @@ async fn write_batches(
         r#"
         INSERT INTO worker_result_batches (id, task_id, attempt_id, sequence_number, idempotency_key,
                                            payload_sha256, status, finding_count, asset_count, persisted_at)
-        SELECT u.id, u.task_id, u.attempt_id, u.sequence_number, u.key, u.checksum, 'persisted',
+        SELECT u.id, u.task_id, u.attempt_id, u.sequence_number, u.key, u.checksum, $9,
                u.finding_count, u.asset_count, now()
         FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::text[], $6::text[],
                     $7::int[], $8::int[])
@@ -518,6 +518,7 @@ async fn write_batches(
     .bind(&checksums)
     .bind(&finding_counts)
     .bind(&asset_counts)
+    .bind(ResultBatchStatus::Persisted.as_str())
     .execute(&mut *conn)
     .await?;
     let evidence: Vec<Evidence<'_, '_>> = accepted

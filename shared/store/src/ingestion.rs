@@ -17,7 +17,7 @@ use crate::fence::{self, LeaseClaim, LockedAttempt};
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob, FailedTask, Failure};
 use crate::retry::RetryPolicy;
-use crate::states::AttemptStatus;
+use crate::states::{AttemptStatus, ResultBatchStatus, ScanJobState, TaskState};
 
 /// What ingestion decided about one message.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,7 +74,7 @@ pub async fn accept_batch(
         r#"
         INSERT INTO worker_result_batches (id, task_id, attempt_id, sequence_number, idempotency_key,
                                            payload_sha256, status, finding_count, asset_count, persisted_at)
-        VALUES ($1, $2, $3, $4, $5, $6, 'persisted', $7, $8, now())
+        VALUES ($1, $2, $3, $4, $5, $6, $9, $7, $8, now())
         ON CONFLICT DO NOTHING
         RETURNING id
         "#,
@@ -87,6 +87,7 @@ pub async fn accept_batch(
     .bind(params.payload_sha256)
     .bind(params.findings.len() as i32)
     .bind(params.assets.len() as i32)
+    .bind(ResultBatchStatus::Persisted.as_str())
     .fetch_optional(&mut *conn)
     .await?;
     if inserted.is_none() {
@@ -107,14 +108,20 @@ pub async fn accept_batch(
     )
     .await?;
 
-    sqlx::query("UPDATE worker_task_attempts SET status = 'running', updated_at = now() WHERE id = $1 AND status = 'leased'")
+    sqlx::query("UPDATE worker_task_attempts SET status = $2, updated_at = now() WHERE id = $1 AND status = $3")
         .bind(claim.attempt_id)
+        .bind(AttemptStatus::Running.as_str())
+        .bind(AttemptStatus::Leased.as_str())
         .execute(&mut *conn)
         .await?;
-    sqlx::query("UPDATE worker_tasks SET state = 'running', updated_at = now() WHERE id = $1 AND state = 'leased'")
-        .bind(claim.task_id)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(
+        "UPDATE worker_tasks SET state = $2, updated_at = now() WHERE id = $1 AND state = $3",
+    )
+    .bind(claim.task_id)
+    .bind(TaskState::Running.as_str())
+    .bind(TaskState::Leased.as_str())
+    .execute(&mut *conn)
+    .await?;
     Ok(IngestOutcome::Accepted)
 }
 
@@ -240,20 +247,22 @@ pub async fn complete(
     .await?;
 
     sqlx::query(
-        "UPDATE worker_task_attempts SET status = 'succeeded', finished_at = now(), updated_at = now() WHERE id = $1",
+        "UPDATE worker_task_attempts SET status = $2, finished_at = now(), updated_at = now() WHERE id = $1",
     )
     .bind(claim.attempt_id)
+    .bind(AttemptStatus::Succeeded.as_str())
     .execute(&mut *conn)
     .await?;
     sqlx::query(
-        "UPDATE worker_tasks SET state = 'completed', completed_at = now(), updated_at = now() WHERE id = $1",
+        "UPDATE worker_tasks SET state = $2, completed_at = now(), updated_at = now() WHERE id = $1",
     )
     .bind(claim.task_id)
+    .bind(TaskState::Completed.as_str())
     .execute(&mut *conn)
     .await?;
     sqlx::query(
         r#"
-        UPDATE scan_jobs SET state = 'completed', evidence_published_at = now(), finished_at = now(),
+        UPDATE scan_jobs SET state = $5, evidence_published_at = now(), finished_at = now(),
                finding_count = $2, asset_count = $3, summary = $4, updated_at = now()
         WHERE id = $1
         "#,
@@ -262,6 +271,7 @@ pub async fn complete(
     .bind(finding_count as i32)
     .bind(asset_count as i32)
     .bind(summary)
+    .bind(ScanJobState::Completed.as_str())
     .execute(&mut *conn)
     .await?;
 
@@ -374,7 +384,7 @@ pub async fn fail(
     };
     sqlx::query(
         r#"
-        UPDATE worker_task_attempts SET status = 'failed', finished_at = now(), updated_at = now(),
+        UPDATE worker_task_attempts SET status = $4, finished_at = now(), updated_at = now(),
                error_code = $2, error_message = $3
         WHERE id = $1
         "#,
@@ -382,6 +392,7 @@ pub async fn fail(
     .bind(claim.attempt_id)
     .bind(params.error_code)
     .bind(params.error_message)
+    .bind(AttemptStatus::Failed.as_str())
     .execute(&mut *conn)
     .await?;
     let error = v1::Error {

@@ -9,7 +9,7 @@
 
 pub mod admin;
 pub mod admit;
-pub mod cancellation;
+pub mod cancel;
 pub mod dead_letters;
 pub mod dispatch;
 pub mod enrichment;
@@ -20,9 +20,9 @@ pub mod ingestion;
 pub mod observability;
 pub mod outbox;
 pub mod progress;
-pub mod recovery;
+pub mod recover;
 pub mod retry;
-pub mod revocation;
+pub mod revoke;
 pub mod states;
 #[cfg(feature = "testing")]
 pub mod testing;

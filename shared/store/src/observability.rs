@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::StoreError;
+use crate::states::{AttemptStatus, EnrichmentJobState, ScanState, TaskState};
 
 /// The database's view of the system at one instant.
 #[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
@@ -51,17 +52,17 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
         r#"
         WITH waiting AS (
             SELECT
-                count(*) FILTER (WHERE state = 'pending' AND available_at <= now()) AS due_pending,
-                count(*) FILTER (WHERE state = 'retry_wait' AND available_at <= now()) AS due_retry_wait,
-                count(*) FILTER (WHERE state = 'retry_wait') AS retry_wait,
+                count(*) FILTER (WHERE state = $2 AND available_at <= now()) AS due_pending,
+                count(*) FILTER (WHERE state = $3 AND available_at <= now()) AS due_retry_wait,
+                count(*) FILTER (WHERE state = $3) AS retry_wait,
                 min(available_at) FILTER (WHERE available_at <= now()) AS oldest_due
             FROM worker_tasks
-            WHERE state IN ('pending', 'retry_wait')
+            WHERE state IN ($2, $3)
         ),
         live AS (
             SELECT count(*) AS n, min(coalesce(last_renewed_at, started_at)) AS stalest
             FROM worker_task_attempts
-            WHERE status IN ('leased', 'running')
+            WHERE status = ANY($4)
         ),
         outbox_backlog AS (
             SELECT count(*) AS n, min(created_at) AS oldest
@@ -80,7 +81,7 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
             (
                 SELECT extract(epoch FROM now() - finished_at)::float8
                 FROM scans
-                WHERE state = 'completed' AND finished_at IS NOT NULL
+                WHERE state = $5 AND finished_at IS NOT NULL
                 ORDER BY finished_at DESC
                 LIMIT 1
             ) AS last_completed_scan_age_seconds,
@@ -88,7 +89,7 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
                 SELECT count(*) FROM workers
                 WHERE last_seen_at > now() - make_interval(secs => $1)
             ) AS workers_live,
-            (SELECT count(*) FROM enrichment_jobs WHERE state = 'pending') AS enrichment_pending,
+            (SELECT count(*) FROM enrichment_jobs WHERE state = $6) AS enrichment_pending,
             (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM worker_tasks_retries_seq) AS task_retries,
             (
                 SELECT CASE WHEN is_called THEN last_value ELSE 0 END
@@ -98,6 +99,11 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
         "#,
     )
     .bind(crate::seconds(worker_seen_within))
+    .bind(TaskState::Pending.as_str())
+    .bind(TaskState::RetryWait.as_str())
+    .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+    .bind(ScanState::Completed.as_str())
+    .bind(EnrichmentJobState::Pending.as_str())
     .fetch_one(pool)
     .await?;
     Ok(snapshot)

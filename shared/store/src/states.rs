@@ -1,6 +1,15 @@
 //! The state of every stateful row, one enum each. Each variant says which service moves rows
 //! into and out of it; `docs/state_machine.md` draws the transitions, and a test checks each enum
 //! against its table's `CHECK` constraint.
+//!
+//! SQL never spells a state: statements bind `as_str()` of these enums (`state = $n`, or
+//! `state = ANY($n)` with an array), so renaming a state is a compile error and a search for a
+//! variant finds every statement that moves rows into or out of it. A unit test
+//! (`sql_spells_no_state` below) fails when a quoted state name appears in the crate's source;
+//! the migrations (`CHECK` constraints, partial-index predicates, the one trigger) are the only
+//! SQL that names states. Bound states cost no plan quality: every statement is planned for its
+//! own arguments (`plan_cache_mode = force_custom_plan`, see `connect`), so a partial index whose
+//! predicate names states is used just as with literals.
 
 macro_rules! string_enum {
     ($(#[$meta:meta])* $name:ident, $table_constraint:literal { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
@@ -10,6 +19,8 @@ macro_rules! string_enum {
 
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+            /// `as_str()` of each of [`Self::ALL`], in the same order.
+            pub const NAMES: &'static [&'static str] = &[$($text,)+];
             /// `table.constraint` holding the allowed values in the schema.
             pub const CHECK_CONSTRAINT: &'static str = $table_constraint;
 
@@ -47,6 +58,9 @@ string_enum! {
 }
 
 impl ScanState {
+    /// Not ended yet: at most one such scan per (organization, target).
+    pub const ACTIVE: [ScanState; 2] = [ScanState::Pending, ScanState::Running];
+
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -94,11 +108,17 @@ string_enum! {
 }
 
 impl TaskState {
+    /// Where a task stays once it got there.
+    pub const TERMINAL: [TaskState; 3] = [
+        TaskState::Completed,
+        TaskState::FailedTerminal,
+        TaskState::Cancelled,
+    ];
+    /// A live attempt holds the task.
+    pub const LEASED: [TaskState; 2] = [TaskState::Leased, TaskState::Running];
+
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            TaskState::Cancelled | TaskState::Completed | TaskState::FailedTerminal
-        )
+        Self::TERMINAL.contains(&self)
     }
 }
 
@@ -125,8 +145,11 @@ string_enum! {
 }
 
 impl AttemptStatus {
+    /// Holding its task's lease: at most one per task.
+    pub const LIVE: [AttemptStatus; 2] = [AttemptStatus::Leased, AttemptStatus::Running];
+
     pub fn is_live(self) -> bool {
-        matches!(self, AttemptStatus::Leased | AttemptStatus::Running)
+        Self::LIVE.contains(&self)
     }
 }
 
@@ -141,5 +164,117 @@ string_enum! {
         Completed => "completed",
         /// Reserved: attempts spent (the enrichment issue). Terminal.
         Failed => "failed",
+    }
+}
+
+string_enum! {
+    /// One result batch a worker sent for an attempt.
+    ResultBatchStatus, "worker_result_batches.worker_result_batches_status_check" {
+        /// Reserved: received, not yet persisted.
+        Accepted => "accepted",
+        /// Ingestion inserts it here, with its evidence, in the transaction that accepts it.
+        Persisted => "persisted",
+        /// Reserved: a repeat of a batch already persisted (repeats are answered, not stored).
+        Duplicate => "duplicate",
+        /// Reserved: persisting failed.
+        Failed => "failed",
+    }
+}
+
+string_enum! {
+    /// One artifact upload session of an attempt.
+    UploadStatus, "worker_artifact_uploads.worker_artifact_uploads_status_check" {
+        /// Reserved for the artifact issue: the session was handed out.
+        Prepared => "prepared",
+        /// Reserved for the artifact issue: the object was uploaded.
+        Uploaded => "uploaded",
+        /// Reserved for the artifact issue: the upload belongs to the task's evidence.
+        Committed => "committed",
+        /// The reaper, when a `prepared` or `uploaded` session passes its expiry.
+        Expired => "expired",
+        /// Reserved for the artifact issue: the upload was refused.
+        Failed => "failed",
+    }
+}
+
+impl UploadStatus {
+    /// Not committed yet, so it can still expire.
+    pub const OPEN: [UploadStatus; 2] = [UploadStatus::Prepared, UploadStatus::Uploaded];
+}
+
+/// The text of every state of every enum above, sorted, each once: what SQL must never spell.
+pub fn all_names() -> Vec<&'static str> {
+    let mut names = [
+        ScanState::NAMES,
+        ScanJobState::NAMES,
+        TaskState::NAMES,
+        AttemptStatus::NAMES,
+        EnrichmentJobState::NAMES,
+        ResultBatchStatus::NAMES,
+        UploadStatus::NAMES,
+    ]
+    .concat();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    fn sources(folder: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(folder).expect("the crate's source folder is readable") {
+            let path = entry.expect("a readable folder entry").path();
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|extension| extension == "rs") {
+                found.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn state_names_are_those_of_the_enums() {
+        for (index, state) in TaskState::ALL.iter().enumerate() {
+            assert_eq!(TaskState::NAMES[index], state.as_str());
+        }
+        let names = all_names();
+        assert!(names.contains(&"retry_wait") && names.contains(&"expired"));
+        assert!(
+            names.windows(2).all(|pair| pair[0] < pair[1]),
+            "sorted, no repeats"
+        );
+    }
+
+    #[test]
+    fn sql_spells_no_state() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        files.sort();
+        assert!(files.len() > 10, "found the crate's modules: {files:?}");
+        let quoted: Vec<String> = all_names().iter().map(|name| format!("'{name}'")).collect();
+        let mut spelled = Vec::new();
+        for path in &files {
+            let file = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let text = std::fs::read_to_string(path).unwrap();
+            for (index, line) in text.lines().enumerate() {
+                for state in quoted.iter().filter(|state| line.contains(state.as_str())) {
+                    spelled.push(format!("src/{file}:{}: {state}", index + 1));
+                }
+            }
+        }
+        assert!(
+            spelled.is_empty(),
+            "SQL spells states; bind `as_str()` of their enums in states.rs instead:\n{}",
+            spelled.join("\n")
+        );
     }
 }

@@ -6,6 +6,12 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::states::{AttemptStatus, TaskState};
+
+/// The statuses of a live attempt, bound as one array.
+fn live() -> [&'static str; 2] {
+    AttemptStatus::LIVE.map(AttemptStatus::as_str)
+}
 
 /// Every table palisade writes, for "nothing was written" checks.
 pub const TABLES: [&str; 17] = [
@@ -43,9 +49,10 @@ pub async fn count_rows(pool: &PgPool, table: &str) -> Result<i64, StoreError> {
 pub async fn expire_live_attempt(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreError> {
     Ok(sqlx::query(
         "UPDATE worker_task_attempts SET lease_expires_at = now() - interval '1 millisecond'
-         WHERE task_id = $1 AND status IN ('leased', 'running')",
+         WHERE task_id = $1 AND status = ANY($2)",
     )
     .bind(task_id)
+    .bind(live())
     .execute(pool)
     .await?
     .rows_affected())
@@ -53,13 +60,14 @@ pub async fn expire_live_attempt(pool: &PgPool, task_id: Uuid) -> Result<u64, St
 
 /// Test and operator aid: a task waiting for a retry becomes due now.
 pub async fn make_task_due(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "UPDATE worker_tasks SET available_at = now() WHERE id = $1 AND state = 'retry_wait'",
+    Ok(
+        sqlx::query("UPDATE worker_tasks SET available_at = now() WHERE id = $1 AND state = $2")
+            .bind(task_id)
+            .bind(TaskState::RetryWait.as_str())
+            .execute(pool)
+            .await?
+            .rows_affected(),
     )
-    .bind(task_id)
-    .execute(pool)
-    .await?
-    .rows_affected())
 }
 
 /// Outbox rows per subject (tests: "exactly one scan.completed").
@@ -114,9 +122,10 @@ pub async fn lapse_outbox_hand_offs(pool: &PgPool) -> Result<u64, StoreError> {
 /// Live attempts a worker holds (tests and operators).
 pub async fn live_attempts_of_worker(pool: &PgPool, worker_id: Uuid) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM worker_task_attempts WHERE worker_id = $1 AND status IN ('leased', 'running')",
+        "SELECT count(*) FROM worker_task_attempts WHERE worker_id = $1 AND status = ANY($2)",
     )
     .bind(worker_id)
+    .bind(live())
     .fetch_one(pool)
     .await?)
 }
@@ -130,12 +139,13 @@ pub async fn task_retry_delay(
     let (state, millis): (String, Option<f64>) = sqlx::query_as(
         r#"
         SELECT t.state,
-               CASE WHEN t.state = 'retry_wait' THEN (extract(epoch FROM t.available_at - a.finished_at) * 1000)::float8 END
+               CASE WHEN t.state = $2 THEN (extract(epoch FROM t.available_at - a.finished_at) * 1000)::float8 END
         FROM worker_tasks t LEFT JOIN worker_task_attempts a ON a.id = t.current_attempt_id
         WHERE t.id = $1
         "#,
     )
     .bind(task_id)
+    .bind(TaskState::RetryWait.as_str())
     .fetch_one(pool)
     .await?;
     Ok((
@@ -168,10 +178,11 @@ pub async fn attempt_renewed(pool: &PgPool, attempt_id: Uuid) -> Result<bool, St
 pub async fn set_lease_expiry_in(pool: &PgPool, task_id: Uuid, ms: i64) -> Result<u64, StoreError> {
     Ok(sqlx::query(
         "UPDATE worker_task_attempts SET lease_expires_at = now() + make_interval(secs => $2::float8 / 1000)
-         WHERE task_id = $1 AND status IN ('leased', 'running')",
+         WHERE task_id = $1 AND status = ANY($3)",
     )
     .bind(task_id)
     .bind(ms as f64)
+    .bind(live())
     .execute(pool)
     .await?
     .rows_affected())
@@ -184,10 +195,13 @@ pub async fn hold_attempt_lock(
     task_id: Uuid,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT id FROM worker_task_attempts WHERE task_id = $1 AND status IN ('leased', 'running') FOR UPDATE")
-        .bind(task_id)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "SELECT id FROM worker_task_attempts WHERE task_id = $1 AND status = ANY($2) FOR UPDATE",
+    )
+    .bind(task_id)
+    .bind(live())
+    .execute(&mut *tx)
+    .await?;
     Ok(tx)
 }
 

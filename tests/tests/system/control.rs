@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use messages::ErrorCode;
-use store::cancellation::{CancelOutcome, CancelTarget};
-use store::revocation::{ActiveLeases, RevokeOutcome};
+use store::cancel::{CancelOutcome, CancelTarget};
+use store::revoke::{ActiveLeases, RevokeOutcome};
 use tests::{TestSystem, findings_payload};
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -172,12 +172,7 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
                     barrier.wait().await;
                 }
                 retry_transient(|| {
-                    store::cancellation::cancel(
-                        &pool,
-                        &subjects,
-                        CancelTarget::Scan(scan_id),
-                        "race",
-                    )
+                    store::cancel::cancel(&pool, &subjects, CancelTarget::Scan(scan_id), "race")
                 })
                 .await
             }
@@ -221,7 +216,7 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
 async fn revoking_a_worker_voids_its_lease_and_offers_the_task_to_another() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
-    let outcome = store::revocation::revoke_worker(
+    let outcome = store::revoke::revoke_worker(
         &system.pool,
         &system.subjects,
         scan.worker.id,
@@ -274,7 +269,7 @@ async fn revoking_a_worker_voids_its_lease_and_offers_the_task_to_another() {
 async fn a_routine_reassignment_lets_active_leases_finish() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha", "beta"]).await;
-    let outcome = store::revocation::revoke_assignment(
+    let outcome = store::revoke::revoke_assignment(
         &system.pool,
         &system.subjects,
         scan.organization_id,
@@ -343,7 +338,7 @@ async fn no_lease_is_granted_after_a_revocation_commits() {
             let worker_id = worker.id;
             async move {
                 barrier.wait().await;
-                store::revocation::revoke_worker(
+                store::revoke::revoke_worker(
                     &pool,
                     &subjects,
                     worker_id,

@@ -18,7 +18,7 @@ use uuid::Uuid;
 const PLUGIN: &str = "synthetic";
 
 /// `count` one-plugin scans of one organization, each leased once by one manual worker.
-async fn leased(system: &TestSystem, count: usize) -> (ManualWorker, Vec<v1::Lease>) {
+pub(crate) async fn leased(system: &TestSystem, count: usize) -> (ManualWorker, Vec<v1::Lease>) {
     let organization_id = system.organization().await;
     let worker = system
         .manual_worker(organization_id, count as u32 + 1)

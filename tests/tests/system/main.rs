@@ -19,4 +19,5 @@ mod recovery;
 mod redelivery;
 mod renew;
 mod schema;
+mod scripts;
 mod tracing;

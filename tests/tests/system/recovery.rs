@@ -363,7 +363,7 @@ async fn retention_prunes_old_transport_history_and_keeps_evidence() {
 
     // Nothing is old enough yet.
     let outcome = system.reaper().run_once().await.unwrap();
-    assert_eq!(outcome.pruned, store::recovery::Pruned::default());
+    assert_eq!(outcome.pruned, store::recover::Pruned::default());
 
     store::testing::age_history(&system.pool, Duration::from_secs(31 * 24 * 3600))
         .await

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeSet;
 
-use store::states::{AttemptStatus, EnrichmentJobState, ScanJobState, ScanState, TaskState};
+use store::states::{
+    AttemptStatus, EnrichmentJobState, ResultBatchStatus, ScanJobState, ScanState, TaskState,
+    UploadStatus,
+};
 use tests::TestSystem;
 
 fn quoted_values(definition: &str) -> BTreeSet<String> {
@@ -18,48 +21,27 @@ fn quoted_values(definition: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn state_enums_match_the_check_constraints() {
     let system = TestSystem::spawn().await;
-    let cases: [(&str, BTreeSet<String>); 5] = [
-        (
-            ScanState::CHECK_CONSTRAINT,
-            ScanState::ALL
-                .iter()
-                .map(|s| s.as_str().to_owned())
-                .collect(),
-        ),
-        (
-            ScanJobState::CHECK_CONSTRAINT,
-            ScanJobState::ALL
-                .iter()
-                .map(|s| s.as_str().to_owned())
-                .collect(),
-        ),
-        (
-            TaskState::CHECK_CONSTRAINT,
-            TaskState::ALL
-                .iter()
-                .map(|s| s.as_str().to_owned())
-                .collect(),
-        ),
-        (
-            AttemptStatus::CHECK_CONSTRAINT,
-            AttemptStatus::ALL
-                .iter()
-                .map(|s| s.as_str().to_owned())
-                .collect(),
-        ),
+    let cases: [(&str, &[&str]); 7] = [
+        (ScanState::CHECK_CONSTRAINT, ScanState::NAMES),
+        (ScanJobState::CHECK_CONSTRAINT, ScanJobState::NAMES),
+        (TaskState::CHECK_CONSTRAINT, TaskState::NAMES),
+        (AttemptStatus::CHECK_CONSTRAINT, AttemptStatus::NAMES),
         (
             EnrichmentJobState::CHECK_CONSTRAINT,
-            EnrichmentJobState::ALL
-                .iter()
-                .map(|s| s.as_str().to_owned())
-                .collect(),
+            EnrichmentJobState::NAMES,
         ),
+        (
+            ResultBatchStatus::CHECK_CONSTRAINT,
+            ResultBatchStatus::NAMES,
+        ),
+        (UploadStatus::CHECK_CONSTRAINT, UploadStatus::NAMES),
     ];
     for (constraint, expected) in cases {
         let (table, name) = constraint.split_once('.').unwrap();
         let definition = store::testing::check_constraint(&system.pool, table, name)
             .await
             .unwrap();
+        let expected: BTreeSet<String> = expected.iter().map(|name| (*name).to_owned()).collect();
         assert_eq!(
             quoted_values(&definition),
             expected,

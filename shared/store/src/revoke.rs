@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::outbox::{self, OutboxEvent};
+use crate::states::{AttemptStatus, ScanJobState, TaskState};
 
 /// What happens to the leases the worker holds when it is revoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,27 +117,31 @@ async fn void_leases(
         r#"
         WITH live AS (
             SELECT a.id, a.task_id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-            WHERE a.worker_id = $1 AND a.status IN ('leased', 'running')
+            WHERE a.worker_id = $1 AND a.status = ANY($3)
               AND ($2::uuid IS NULL OR t.organization_id = $2)
             ORDER BY a.id
             FOR UPDATE OF a
         ),
         voided AS (
             UPDATE worker_task_attempts a
-            SET status = 'cancelled', finished_at = now(), updated_at = now(),
+            SET status = $4, finished_at = now(), updated_at = now(),
                 error_code = 'worker_revoked', error_message = 'the worker or its assignment was revoked'
             FROM live WHERE a.id = live.id
             RETURNING a.id, a.task_id
         )
         UPDATE worker_tasks t
-        SET state = 'pending', attempt_count = t.attempt_count - 1, available_at = now(), updated_at = now()
+        SET state = $5, attempt_count = t.attempt_count - 1, available_at = now(), updated_at = now()
         FROM voided
-        WHERE t.id = voided.task_id AND t.current_attempt_id = voided.id AND t.state IN ('leased', 'running')
+        WHERE t.id = voided.task_id AND t.current_attempt_id = voided.id AND t.state = ANY($6)
         RETURNING t.id, t.scan_id, t.organization_id, coalesce(t.payload->>'plugin', '')
         "#,
     )
     .bind(worker_id)
     .bind(organization_id)
+    .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+    .bind(AttemptStatus::Cancelled.as_str())
+    .bind(TaskState::Pending.as_str())
+    .bind(TaskState::LEASED.map(TaskState::as_str))
     .fetch_all(&mut *conn)
     .await?;
     if voided.is_empty() {
@@ -145,11 +150,13 @@ async fn void_leases(
     let task_ids: Vec<Uuid> = voided.iter().map(|(task_id, ..)| *task_id).collect();
     sqlx::query(
         r#"
-        UPDATE scan_jobs SET state = 'pending', updated_at = now()
-        WHERE id IN (SELECT scan_job_id FROM worker_tasks WHERE id = ANY($1)) AND state = 'running'
+        UPDATE scan_jobs SET state = $2, updated_at = now()
+        WHERE id IN (SELECT scan_job_id FROM worker_tasks WHERE id = ANY($1)) AND state = $3
         "#,
     )
     .bind(&task_ids)
+    .bind(ScanJobState::Pending.as_str())
+    .bind(ScanJobState::Running.as_str())
     .execute(&mut *conn)
     .await?;
     let events: Vec<OutboxEvent> = voided

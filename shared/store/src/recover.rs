@@ -16,7 +16,7 @@ use crate::StoreError;
 use crate::outbox;
 use crate::progress::{self, FailedTask, Failure};
 use crate::retry::RetryPolicy;
-use crate::states::{AttemptStatus, TaskState};
+use crate::states::{AttemptStatus, TaskState, UploadStatus};
 
 /// What one recovery pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -152,8 +152,9 @@ const DEADLINE_EXCEEDED_MESSAGE: &str = "the execution deadline passed";
 /// How many `retry_wait` tasks are due now (index-served).
 pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM worker_tasks WHERE state = 'retry_wait' AND available_at <= now() LIMIT 1000) due",
+        "SELECT count(*) FROM (SELECT 1 FROM worker_tasks WHERE state = $1 AND available_at <= now() LIMIT 1000) due",
     )
+    .bind(TaskState::RetryWait.as_str())
     .fetch_one(pool)
     .await?)
 }
@@ -224,16 +225,18 @@ pub async fn fail_overdue(
 pub async fn expire_uploads(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
     Ok(sqlx::query(
         r#"
-        UPDATE worker_artifact_uploads SET status = 'expired'
+        UPDATE worker_artifact_uploads SET status = $2
         WHERE id IN (
             SELECT id FROM worker_artifact_uploads
-            WHERE status IN ('prepared', 'uploaded') AND expires_at <= now()
+            WHERE status = ANY($3) AND expires_at <= now()
             ORDER BY expires_at LIMIT $1
             FOR UPDATE SKIP LOCKED
         )
         "#,
     )
     .bind(limit)
+    .bind(UploadStatus::Expired.as_str())
+    .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
     .execute(pool)
     .await?
     .rows_affected())
@@ -281,7 +284,7 @@ pub async fn prune(
         DELETE FROM worker_result_batches WHERE id = ANY(ARRAY(
             SELECT b.id FROM worker_result_batches b JOIN worker_tasks t ON t.id = b.task_id
             WHERE b.received_at < now() - make_interval(secs => $1)
-              AND t.state IN ('completed', 'failed_terminal', 'cancelled')
+              AND t.state = ANY($3)
               AND t.completed_at < now() - make_interval(secs => $1)
             ORDER BY b.received_at LIMIT $2
         ))
@@ -289,6 +292,7 @@ pub async fn prune(
     )
     .bind(seconds)
     .bind(limit)
+    .bind(TaskState::TERMINAL.map(TaskState::as_str))
     .execute(pool)
     .await?
     .rows_affected();

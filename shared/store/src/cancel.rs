@@ -15,6 +15,10 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::outbox::{self, OutboxEvent};
+use crate::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
+
+/// The failure code of everything a cancel ends: tasks, scan jobs, the scan.
+const CANCELLED: &str = "cancelled";
 
 /// What to cancel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,10 +62,7 @@ pub async fn cancel(
             match task {
                 // A task that ended stays ended (terminal is terminal); its scan goes on.
                 Some((Some(scan_id), state))
-                    if matches!(
-                        state.as_str(),
-                        "completed" | "failed_terminal" | "cancelled"
-                    ) =>
+                    if TaskState::parse(&state).is_some_and(TaskState::is_terminal) =>
                 {
                     return Ok(CancelOutcome::AlreadyTerminal { scan_id, state });
                 }
@@ -88,12 +89,13 @@ async fn cancel_scan(
     sqlx::query(
         r#"
         SELECT a.id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-        WHERE t.scan_id = $1 AND a.status IN ('leased', 'running')
+        WHERE t.scan_id = $1 AND a.status = ANY($2)
         ORDER BY a.id
         FOR UPDATE OF a
         "#,
     )
     .bind(scan_id)
+    .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
     .execute(&mut *conn)
     .await?;
     sqlx::query("SELECT id FROM worker_tasks WHERE scan_id = $1 ORDER BY id FOR UPDATE")
@@ -109,7 +111,7 @@ async fn cancel_scan(
     let Some((state, organization_id, client_id, idempotency_key)) = scan else {
         return Ok(CancelOutcome::NotFound);
     };
-    if !matches!(state.as_str(), "pending" | "running") {
+    if !ScanState::parse(&state).is_some_and(|state| ScanState::ACTIVE.contains(&state)) {
         return Ok(CancelOutcome::AlreadyTerminal { scan_id, state });
     }
 
@@ -117,42 +119,53 @@ async fn cancel_scan(
     sqlx::query(
         r#"
         UPDATE worker_task_attempts a
-        SET status = 'cancelled', finished_at = now(), updated_at = now(),
+        SET status = $3, finished_at = now(), updated_at = now(),
             error_code = 'cancel_requested', error_message = $2
         FROM worker_tasks t
-        WHERE t.id = a.task_id AND t.scan_id = $1 AND a.status IN ('leased', 'running')
+        WHERE t.id = a.task_id AND t.scan_id = $1 AND a.status = ANY($4)
         "#,
     )
     .bind(scan_id)
     .bind(reason)
+    .bind(AttemptStatus::Cancelled.as_str())
+    .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
     .execute(&mut *conn)
     .await?;
     sqlx::query(
         r#"
         UPDATE worker_tasks
-        SET state = 'cancelled', cancel_requested_at = now(), completed_at = now(), updated_at = now(),
-            last_error_code = 'cancelled', last_error = $2
-        WHERE scan_id = $1 AND state NOT IN ('completed', 'failed_terminal', 'cancelled')
+        SET state = $3, cancel_requested_at = now(), completed_at = now(), updated_at = now(),
+            last_error_code = $4, last_error = $2
+        WHERE scan_id = $1 AND state <> ALL($5)
         "#,
     )
     .bind(scan_id)
     .bind(reason)
+    .bind(TaskState::Cancelled.as_str())
+    .bind(CANCELLED)
+    .bind(TaskState::TERMINAL.map(TaskState::as_str))
     .execute(&mut *conn)
     .await?;
     sqlx::query(
         r#"
-        UPDATE scan_jobs SET state = 'cancelled', finished_at = now(), updated_at = now(),
-               error_code = 'cancelled', error_message = $2
-        WHERE scan_id = $1 AND state IN ('pending', 'running')
+        UPDATE scan_jobs SET state = $3, finished_at = now(), updated_at = now(),
+               error_code = $4, error_message = $2
+        WHERE scan_id = $1 AND state = ANY($5)
         "#,
     )
     .bind(scan_id)
     .bind(reason)
+    .bind(ScanJobState::Cancelled.as_str())
+    .bind(CANCELLED)
+    .bind([
+        ScanJobState::Pending.as_str(),
+        ScanJobState::Running.as_str(),
+    ])
     .execute(&mut *conn)
     .await?;
     let cancelled_at_unix_ms: i64 = sqlx::query_scalar(
         r#"
-        UPDATE scans SET state = 'cancelled', failure_code = 'cancelled', failure_reason = $2,
+        UPDATE scans SET state = $3, failure_code = $4, failure_reason = $2,
                finished_at = now(), updated_at = now()
         WHERE id = $1
         RETURNING (extract(epoch FROM finished_at) * 1000)::bigint
@@ -160,6 +173,8 @@ async fn cancel_scan(
     )
     .bind(scan_id)
     .bind(reason)
+    .bind(ScanState::Cancelled.as_str())
+    .bind(CANCELLED)
     .fetch_one(&mut *conn)
     .await?;
     let event = v1::ScanCancelled {
