@@ -23,7 +23,7 @@ use runtime::{
     BatchLimits, CommonSettings, Connections, LeaseSettings, Plumbing, SettingsError, env,
 };
 use store::cancel::{CancelOutcome, CancelTarget};
-use store::dispatch::{
+use store::lease::{
     AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewClaims,
     RenewOutcome,
 };
@@ -417,7 +417,7 @@ impl Dispatch {
             capabilities: &request.capabilities,
             capacity: request.capacity as i32,
         };
-        match store::dispatch::hello(&self.pool, &params).await {
+        match store::lease::hello(&self.pool, &params).await {
             Ok(HelloOutcome::Accepted { organization_ids }) => Ok(v1::HelloReply {
                 error: None,
                 lease_ttl_ms: self.settings.lease.ttl.as_millis() as u32,
@@ -467,8 +467,7 @@ impl Dispatch {
         loop {
             let mut staged = Staged::new(self.settings.common.progress_events);
             let acquired =
-                store::dispatch::acquire(&self.pool, &mut staged, self.bus.subjects(), &params)
-                    .await;
+                store::lease::acquire(&self.pool, &mut staged, self.bus.subjects(), &params).await;
             let eligibility = match acquired {
                 Ok((AcquireOutcome::Leases(leases), _)) if !leases.is_empty() => {
                     self.relay.hand_off(staged);
@@ -508,7 +507,7 @@ impl Dispatch {
         let worker_id = worker_id(subject_worker, &request.worker_id)?;
         let claims =
             RenewClaims::from_wire(worker_id, request.lease.as_ref(), &request.more_leases)?;
-        let outcomes = store::dispatch::renew_many(&self.pool, &claims, self.settings.lease.ttl)
+        let outcomes = store::lease::renew_many(&self.pool, &claims, self.settings.lease.ttl)
             .await
             .map_err(|error| internal(&error))?;
         let mut renewals: Vec<v1::LeaseRenewal> = claims
@@ -557,7 +556,7 @@ impl Dispatch {
             .take(512)
             .collect();
         let mut staged = Staged::new(self.settings.common.progress_events);
-        let released = store::dispatch::release(
+        let released = store::lease::release(
             &self.pool,
             &mut staged,
             self.bus.subjects(),
@@ -579,7 +578,7 @@ impl Dispatch {
 /// The wire lease, with a `lease` span recording the grant in the scan's trace: a child of
 /// the scan's stored context, linked to the worker's acquire request (its cause, but in the
 /// worker's own trace, so parenting would lie). The worker's execution span is its child.
-fn traced_lease(lease: &store::dispatch::GrantedLease) -> v1::Lease {
+fn traced_lease(lease: &store::lease::GrantedLease) -> v1::Lease {
     let mut wire = lease.to_wire();
     let span = tracing::info_span!(
         parent: None,

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use store::dispatch::Eligibility;
+use store::lease::Eligibility;
 use tokio::sync::Notify;
 use uuid::Uuid;
 

@@ -320,13 +320,13 @@ async fn no_lease_is_granted_after_a_revocation_commits() {
             let worker_id = worker.id;
             async move {
                 barrier.wait().await;
-                let params = store::dispatch::AcquireParams {
+                let params = store::lease::AcquireParams {
                     worker_id,
                     request_id: Uuid::new_v4(),
                     max_tasks: 1,
                     lease_ttl: std::time::Duration::from_secs(30),
                 };
-                store::dispatch::acquire(&pool, &mut store::Staged::default(), &subjects, &params)
+                store::lease::acquire(&pool, &mut store::Staged::default(), &subjects, &params)
                     .await
                     .unwrap()
             }

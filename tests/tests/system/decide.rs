@@ -8,9 +8,9 @@
 use messages::{ErrorCode, EventKind, v1};
 use prost::Message as _;
 use store::LeaseClaim;
-use store::dispatch::{RenewClaims, RenewOutcome};
 use store::ingest::{self, CompleteParams, Message};
 use store::ingestion::{BatchParams, FailParams, IngestOutcome};
+use store::lease::{RenewClaims, RenewOutcome};
 use telemetry::cost::{self, lanes};
 use tests::{ManualWorker, TestSystem, findings_payload};
 use uuid::Uuid;
@@ -563,7 +563,7 @@ async fn renew_many(
     let claims = RenewClaims::from_wire(worker.id, refs.first(), &refs[1..]).expect("valid leases");
     let (outcomes, statements) = dispatch_statements(cost::in_lane(
         lanes::DISPATCH,
-        store::dispatch::renew_many(&system.pool, &claims, std::time::Duration::from_secs(30)),
+        store::lease::renew_many(&system.pool, &claims, std::time::Duration::from_secs(30)),
     ))
     .await;
     let answers = outcomes
@@ -671,7 +671,7 @@ async fn renewing_a_worker_s_leases_is_one_statement_with_an_answer_per_lease() 
     let single = claim(&worker, &leases[0]);
     let (outcome, statements) = dispatch_statements(cost::in_lane(
         lanes::DISPATCH,
-        store::dispatch::renew(&system.pool, &single, std::time::Duration::from_secs(30)),
+        store::lease::renew(&system.pool, &single, std::time::Duration::from_secs(30)),
     ))
     .await;
     assert!(
@@ -680,10 +680,9 @@ async fn renewing_a_worker_s_leases_is_one_statement_with_an_answer_per_lease() 
     );
     assert_eq!(statements, 1);
     let cancelled = claim(&worker, &leases[4]);
-    let outcome =
-        store::dispatch::renew(&system.pool, &cancelled, std::time::Duration::from_secs(30))
-            .await
-            .expect("answered");
+    let outcome = store::lease::renew(&system.pool, &cancelled, std::time::Duration::from_secs(30))
+        .await
+        .expect("answered");
     assert!(
         matches!(&outcome, RenewOutcome::Refused(error) if error.error_code() == Some(ErrorCode::CancelRequested)),
         "{outcome:?}"
@@ -777,7 +776,7 @@ async fn acquire_directly(count: usize) -> (usize, usize, u64, usize) {
         let reply = system.submit(&request).await;
         assert!(reply.error.is_none(), "{reply:?}");
     }
-    let params = store::dispatch::AcquireParams {
+    let params = store::lease::AcquireParams {
         worker_id: worker.id,
         request_id: Uuid::new_v4(),
         max_tasks: count as i64,
@@ -787,16 +786,16 @@ async fn acquire_directly(count: usize) -> (usize, usize, u64, usize) {
     let before = cost::snapshot();
     let (outcome, _) = cost::in_lane(
         lanes::DISPATCH,
-        store::dispatch::acquire(&system.pool, &mut staged, &system.subjects, &params),
+        store::lease::acquire(&system.pool, &mut staged, &system.subjects, &params),
     )
     .await
     .expect("acquired");
     let statements = cost::spent(&before, &cost::snapshot())[lanes::DISPATCH].statements;
-    let store::dispatch::AcquireOutcome::Leases(leases) = outcome else {
+    let store::lease::AcquireOutcome::Leases(leases) = outcome else {
         panic!("refused: {outcome:?}");
     };
     // The same request again (a lost reply) gets the same leases, and grants nothing new.
-    let (replayed, _) = store::dispatch::acquire(
+    let (replayed, _) = store::lease::acquire(
         &system.pool,
         &mut store::Staged::default(),
         &system.subjects,
@@ -804,10 +803,10 @@ async fn acquire_directly(count: usize) -> (usize, usize, u64, usize) {
     )
     .await
     .expect("replayed");
-    let store::dispatch::AcquireOutcome::Leases(replayed) = replayed else {
+    let store::lease::AcquireOutcome::Leases(replayed) = replayed else {
         panic!("replay refused: {replayed:?}");
     };
-    let attempts = |leases: &[store::dispatch::GrantedLease]| {
+    let attempts = |leases: &[store::lease::GrantedLease]| {
         let mut ids: Vec<Uuid> = leases.iter().map(|lease| lease.attempt_id).collect();
         ids.sort();
         ids

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use messages::ErrorCode;
-use store::dispatch::RenewOutcome;
 use store::ingestion::IngestOutcome;
+use store::lease::RenewOutcome;
 use tests::TestSystem;
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -214,7 +214,7 @@ async fn renew_and_stale_recovery_race_cleanly() {
         let pool = system.pool.clone();
         let (_scan, claim, renewal, sweep) =
             race_with_recovery(&system, &reaper, round, |claim| async move {
-                store::dispatch::renew(&pool, &claim, Duration::from_secs(30))
+                store::lease::renew(&pool, &claim, Duration::from_secs(30))
                     .await
                     .unwrap()
             })
@@ -326,13 +326,13 @@ async fn two_acquirers_never_lease_one_task_twice() {
             );
             async move {
                 barrier.wait().await;
-                let params = store::dispatch::AcquireParams {
+                let params = store::lease::AcquireParams {
                     worker_id,
                     request_id: Uuid::new_v4(),
                     max_tasks: 4,
                     lease_ttl: Duration::from_secs(30),
                 };
-                match store::dispatch::acquire(
+                match store::lease::acquire(
                     &pool,
                     &mut store::Staged::default(),
                     &subjects,
@@ -342,8 +342,8 @@ async fn two_acquirers_never_lease_one_task_twice() {
                 .unwrap()
                 .0
                 {
-                    store::dispatch::AcquireOutcome::Leases(leases) => leases.len(),
-                    store::dispatch::AcquireOutcome::Refused(error) => panic!("{error:?}"),
+                    store::lease::AcquireOutcome::Leases(leases) => leases.len(),
+                    store::lease::AcquireOutcome::Refused(error) => panic!("{error:?}"),
                 }
             }
         };
