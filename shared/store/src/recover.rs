@@ -259,7 +259,9 @@ pub struct Pruned {
 /// so the planner cannot join the chosen ids back to the whole table with a sequential scan.
 /// Result batches are chosen by their own arrival (`worker_result_batches_received_idx`),
 /// not by walking every task that ended before the cutoff (tasks are never pruned, so that
-/// walk would grow with all history).
+/// walk would grow with all history); each one's task is checked by primary key in a lateral
+/// subquery kept apart from the join (`OFFSET 0`), so the planner cannot hash-join the batches
+/// to a sequential scan of every task instead, which it prefers on small tables.
 pub async fn prune(
     pool: &PgPool,
     retention: std::time::Duration,
@@ -282,10 +284,14 @@ pub async fn prune(
     let batches = sqlx::query(
         r#"
         DELETE FROM worker_result_batches WHERE id = ANY(ARRAY(
-            SELECT b.id FROM worker_result_batches b JOIN worker_tasks t ON t.id = b.task_id
+            SELECT b.id FROM worker_result_batches b
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM worker_tasks t
+                WHERE t.id = b.task_id AND t.state = ANY($3)
+                  AND t.completed_at < now() - make_interval(secs => $1)
+                OFFSET 0
+            ) ended
             WHERE b.received_at < now() - make_interval(secs => $1)
-              AND t.state = ANY($3)
-              AND t.completed_at < now() - make_interval(secs => $1)
             ORDER BY b.received_at LIMIT $2
         ))
         "#,
