@@ -288,17 +288,8 @@ impl Admission {
         let requests: Vec<AdmitParams<'_>> = valid
             .iter()
             .zip(&trace_contexts)
-            .map(|((_, request), trace_context)| AdmitParams {
-                organization_id: request.organization_id,
-                target: &request.target,
-                plugins: &request.plugins,
-                priority: request.priority,
-                execution_deadline_seconds: request.execution_deadline_seconds,
-                client_id: &request.client_id,
-                idempotency_key: &request.idempotency_key,
-                fingerprint: &request.fingerprint,
-                max_attempts: self.max_attempts,
-                trace_context: trace_context.as_deref(),
+            .map(|((_, request), trace_context)| {
+                request.params(self.max_attempts, trace_context.as_deref())
             })
             .collect();
         let subjects = self.bus.subjects();

@@ -21,6 +21,28 @@ pub struct ValidScanRequest {
     pub fingerprint: String,
 }
 
+impl ValidScanRequest {
+    /// What the admission script decides for this request.
+    pub fn params<'a>(
+        &'a self,
+        max_attempts: i32,
+        trace_context: Option<&'a str>,
+    ) -> store::admit::AdmitParams<'a> {
+        store::admit::AdmitParams {
+            organization_id: self.organization_id,
+            target: &self.target,
+            plugins: &self.plugins,
+            priority: self.priority,
+            execution_deadline_seconds: self.execution_deadline_seconds,
+            client_id: &self.client_id,
+            idempotency_key: &self.idempotency_key,
+            fingerprint: &self.fingerprint,
+            max_attempts,
+            trace_context,
+        }
+    }
+}
+
 /// Decodes and validates; the error is what the sender gets back. `wire` is returned too so
 /// a refusal can name the client and key when the message decoded at all.
 pub fn parse(bytes: &[u8]) -> (Option<v1::ScanRequest>, Result<ValidScanRequest, v1::Error>) {

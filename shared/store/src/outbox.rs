@@ -131,11 +131,6 @@ impl Staged {
         self.events.truncate(mark);
     }
 
-    /// Adds what another transaction staged (several transactions answered together).
-    pub fn extend(&mut self, other: Staged) {
-        self.events.extend(other.events);
-    }
-
     /// The events as stored, headers included, in the order they were staged.
     pub fn into_events(self) -> Vec<OutboxEvent> {
         self.events

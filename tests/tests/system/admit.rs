@@ -25,18 +25,7 @@ impl Requests {
     pub(crate) fn params(&self) -> Vec<AdmitParams<'_>> {
         self.0
             .iter()
-            .map(|request| AdmitParams {
-                organization_id: request.organization_id,
-                target: &request.target,
-                plugins: &request.plugins,
-                priority: request.priority,
-                execution_deadline_seconds: request.execution_deadline_seconds,
-                client_id: &request.client_id,
-                idempotency_key: &request.idempotency_key,
-                fingerprint: &request.fingerprint,
-                max_attempts: 3,
-                trace_context: None,
-            })
+            .map(|request| request.params(3, None))
             .collect()
     }
 }

@@ -19,6 +19,21 @@ const PLUGIN: &str = "synthetic";
 
 /// `count` one-plugin scans of one organization, each leased once by one manual worker.
 pub(crate) async fn leased(system: &TestSystem, count: usize) -> (ManualWorker, Vec<v1::Lease>) {
+    let worker = pending(system, count).await;
+    let mut leases = Vec::with_capacity(count);
+    while leases.len() < count {
+        let reply = worker
+            .acquire(Uuid::new_v4(), (count - leases.len()) as u32, 5_000)
+            .await;
+        assert!(reply.error.is_none(), "{reply:?}");
+        leases.extend(reply.leases);
+    }
+    (worker, leases)
+}
+
+/// `count` admitted one-plugin scans of one organization, none leased yet, and a manual worker
+/// that may take them all.
+async fn pending(system: &TestSystem, count: usize) -> ManualWorker {
     let organization_id = system.organization().await;
     let worker = system
         .manual_worker(organization_id, count as u32 + 1)
@@ -37,15 +52,7 @@ pub(crate) async fn leased(system: &TestSystem, count: usize) -> (ManualWorker, 
         let reply = client.submit(&request).await.expect("admission answers");
         assert!(reply.error.is_none(), "{reply:?}");
     }
-    let mut leases = Vec::with_capacity(count);
-    while leases.len() < count {
-        let reply = worker
-            .acquire(Uuid::new_v4(), (count - leases.len()) as u32, 5_000)
-            .await;
-        assert!(reply.error.is_none(), "{reply:?}");
-        leases.extend(reply.leases);
-    }
-    (worker, leases)
+    worker
 }
 
 fn claim(worker: &ManualWorker, lease: &v1::Lease) -> LeaseClaim {
@@ -759,23 +766,7 @@ async fn enrichment_claims_and_completes_a_batch_in_three_statements_whatever_it
 /// with the store in the dispatch lane: the leases, their staged events and the statements.
 async fn acquire_directly(count: usize) -> (usize, usize, u64, usize) {
     let system = TestSystem::spawn().await;
-    let organization_id = system.organization().await;
-    let worker = system
-        .manual_worker(organization_id, count as u32 + 1)
-        .await;
-    let hello = worker
-        .hello_with_capacity(&[PLUGIN], count as u32 + 1)
-        .await;
-    assert!(hello.error.is_none(), "{hello:?}");
-    for index in 0..count {
-        let request = system.request(
-            organization_id,
-            &format!("http://target-{index}.test"),
-            &[PLUGIN],
-        );
-        let reply = system.submit(&request).await;
-        assert!(reply.error.is_none(), "{reply:?}");
-    }
+    let worker = pending(&system, count).await;
     let params = store::lease::AcquireParams {
         worker_id: worker.id,
         request_id: Uuid::new_v4(),
