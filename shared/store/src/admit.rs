@@ -30,6 +30,7 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, NewScanJob};
+use crate::sql;
 use crate::states::ScanState;
 
 /// A scan request that passed validation.
@@ -247,29 +248,13 @@ async fn lock(conn: &mut PgConnection, requests: &[AdmitParams<'_>]) -> Result<(
     let clients: Vec<&str> = requests.iter().map(|r| r.client_id).collect();
     let keys: Vec<&str> = requests.iter().map(|r| r.idempotency_key).collect();
     // Seed 0 is the target lock older admissions take; seed 1 keeps the key locks apart.
-    sqlx::query(
-        r#"
-        SELECT pg_advisory_xact_lock(k)
-        FROM (
-            SELECT DISTINCT k FROM (
-                SELECT hashtextextended(u.organization_id::text || '/' || u.target, 0) AS k
-                FROM UNNEST($1::uuid[], $2::text[]) AS u(organization_id, target)
-                UNION ALL
-                SELECT hashtextextended(u.organization_id::text || '/' || u.client_id || '/'
-                                        || u.idempotency_key, 1)
-                FROM UNNEST($1::uuid[], $3::text[], $4::text[])
-                     AS u(organization_id, client_id, idempotency_key)
-            ) keys
-            ORDER BY k
-        ) ordered
-        "#,
-    )
-    .bind(&organizations)
-    .bind(&targets)
-    .bind(&clients)
-    .bind(&keys)
-    .execute(conn)
-    .await?;
+    sqlx::query(sql::scans::LOCK_ADMISSION_KEYS)
+        .bind(&organizations)
+        .bind(&targets)
+        .bind(&clients)
+        .bind(&keys)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -281,23 +266,10 @@ async fn organizations(
     let mut ids: Vec<Uuid> = requests.iter().map(|r| r.organization_id).collect();
     ids.sort_unstable();
     ids.dedup();
-    let rows: Vec<(Uuid, Option<i32>)> = sqlx::query_as(
-        r#"
-        WITH counted AS MATERIALIZED (
-            -- Serialize an organization's admissions only when it has a quota to count.
-            SELECT id FROM organizations
-            WHERE id = ANY($1) AND hourly_scan_quota IS NOT NULL
-            ORDER BY id
-            FOR NO KEY UPDATE
-        )
-        SELECT o.id, o.hourly_scan_quota
-        FROM organizations o LEFT JOIN counted c ON c.id = o.id
-        WHERE o.id = ANY($1)
-        "#,
-    )
-    .bind(&ids)
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<(Uuid, Option<i32>)> = sqlx::query_as(sql::organizations::FOR_ADMISSION)
+        .bind(&ids)
+        .fetch_all(conn)
+        .await?;
     Ok(rows.into_iter().collect())
 }
 
@@ -330,37 +302,15 @@ async fn look_up(
         .collect();
     // The states in which a scan occupies its target (I6).
     let active = ScanState::ACTIVE.map(ScanState::as_str);
-    let found: Vec<Found> = sqlx::query_as(
-        r#"
-        WITH input AS (
-            SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[])
-                WITH ORDINALITY AS u(organization_id, client_id, idempotency_key, locator, position)
-        ), recent AS (
-            SELECT organization_id, count(*) AS admitted
-            FROM scans
-            WHERE organization_id = ANY($5) AND created_at > now() - interval '1 hour'
-            GROUP BY organization_id
-        )
-        SELECT k.id AS key_scan_id, k.request_fingerprint AS key_fingerprint, k.state AS key_state,
-               a.id AS active_scan_id, coalesce(r.admitted, 0) AS recent
-        FROM input u
-        LEFT JOIN scans k ON k.organization_id = u.organization_id AND k.client_id = u.client_id
-                         AND k.idempotency_key = u.idempotency_key
-        LEFT JOIN targets t ON t.organization_id = u.organization_id AND t.locator = u.locator
-        LEFT JOIN scans a ON a.organization_id = u.organization_id AND a.target_id = t.id
-                         AND a.state = ANY($6)
-        LEFT JOIN recent r ON r.organization_id = u.organization_id
-        ORDER BY u.position
-        "#,
-    )
-    .bind(&organizations)
-    .bind(&clients)
-    .bind(&keys)
-    .bind(&targets)
-    .bind(&counted)
-    .bind(active)
-    .fetch_all(conn)
-    .await?;
+    let found: Vec<Found> = sqlx::query_as(sql::scans::LOOK_UP_FOR_ADMISSION)
+        .bind(&organizations)
+        .bind(&clients)
+        .bind(&keys)
+        .bind(&targets)
+        .bind(&counted)
+        .bind(active)
+        .fetch_all(conn)
+        .await?;
     if found.len() != requests.len() {
         return Err(StoreError::Corrupt(format!(
             "{} rows read for {} scan requests",
@@ -414,48 +364,21 @@ async fn write(
         deadlines.push(request.execution_deadline_seconds);
         trace_contexts.push(request.trace_context);
     }
-    let inserted: Vec<(Uuid, i64)> = sqlx::query_as(
-        r#"
-        WITH input AS (
-            SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
-                                 $6::text[], $7::text[], $8::jsonb[], $9::int[], $10::int[],
-                                 $11::text[])
-                WITH ORDINALITY
-                AS u(scan_id, target_id, organization_id, locator, client_id, idempotency_key,
-                     fingerprint, plugins, priority, deadline, trace_context, position)
-        ), upserted AS (
-            INSERT INTO targets (id, organization_id, locator)
-            SELECT target_id, organization_id, locator FROM input ORDER BY position
-            ON CONFLICT (organization_id, locator) DO UPDATE SET locator = EXCLUDED.locator
-            RETURNING id, organization_id, locator
-        )
-        INSERT INTO scans (id, organization_id, target_id, client_id, idempotency_key,
-                           request_fingerprint, plugins, priority, execution_deadline_seconds,
-                           trace_context, state)
-        SELECT u.scan_id, u.organization_id, t.id, u.client_id, u.idempotency_key, u.fingerprint,
-               ARRAY(SELECT jsonb_array_elements_text(u.plugins)), u.priority, u.deadline,
-               u.trace_context, $12
-        FROM input u
-        JOIN upserted t ON t.organization_id = u.organization_id AND t.locator = u.locator
-        ORDER BY u.position
-        ON CONFLICT (organization_id, client_id, idempotency_key) DO NOTHING
-        RETURNING id, (extract(epoch FROM created_at) * 1000)::bigint
-        "#,
-    )
-    .bind(&scan_ids)
-    .bind(&target_ids)
-    .bind(&organizations)
-    .bind(&locators)
-    .bind(&clients)
-    .bind(&keys)
-    .bind(&fingerprints)
-    .bind(&plugins)
-    .bind(&priorities)
-    .bind(&deadlines)
-    .bind(&trace_contexts)
-    .bind(ScanState::Pending.as_str())
-    .fetch_all(&mut *conn)
-    .await?;
+    let inserted: Vec<(Uuid, i64)> = sqlx::query_as(sql::scans::ADMIT_MANY)
+        .bind(&scan_ids)
+        .bind(&target_ids)
+        .bind(&organizations)
+        .bind(&locators)
+        .bind(&clients)
+        .bind(&keys)
+        .bind(&fingerprints)
+        .bind(&plugins)
+        .bind(&priorities)
+        .bind(&deadlines)
+        .bind(&trace_contexts)
+        .bind(ScanState::Pending.as_str())
+        .fetch_all(&mut *conn)
+        .await?;
     let admitted_at: HashMap<Uuid, i64> = inserted.into_iter().collect();
     if admitted_at.len() != n {
         // The key locks exclude every admission that takes them: a replica that does not
@@ -549,17 +472,12 @@ async fn find_by_key(
     conn: &mut PgConnection,
     request: &AdmitParams<'_>,
 ) -> Result<Option<ExistingScan>, StoreError> {
-    Ok(sqlx::query_as::<_, ExistingScan>(
-        r#"
-        SELECT id, request_fingerprint, state FROM scans
-        WHERE organization_id = $1 AND client_id = $2 AND idempotency_key = $3
-        "#,
-    )
-    .bind(request.organization_id)
-    .bind(request.client_id)
-    .bind(request.idempotency_key)
-    .fetch_optional(conn)
-    .await?)
+    Ok(sqlx::query_as::<_, ExistingScan>(sql::scans::FIND_BY_KEY)
+        .bind(request.organization_id)
+        .bind(request.client_id)
+        .bind(request.idempotency_key)
+        .fetch_optional(conn)
+        .await?)
 }
 
 /// A repeated key: the original scan when the request is the same, else a conflict.

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::outbox::{self, OutboxEvent};
+use crate::sql;
 use crate::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
 
 /// The failure code of everything a cancel ends: tasks, scan jobs, the scan.
@@ -55,7 +56,7 @@ pub async fn cancel(
         CancelTarget::Scan(scan_id) => Some(scan_id),
         CancelTarget::Task(task_id) => {
             let task: Option<(Option<Uuid>, String)> =
-                sqlx::query_as("SELECT scan_id, state FROM worker_tasks WHERE id = $1")
+                sqlx::query_as(sql::worker_tasks::SCAN_OF_TASK)
                     .bind(task_id)
                     .fetch_optional(&mut *tx)
                     .await?;
@@ -86,28 +87,19 @@ async fn cancel_scan(
     reason: &str,
 ) -> Result<CancelOutcome, StoreError> {
     // attempt → task → scan, like ingestion's fence then scan lock.
-    sqlx::query(
-        r#"
-        SELECT a.id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-        WHERE t.scan_id = $1 AND a.status = ANY($2)
-        ORDER BY a.id
-        FOR UPDATE OF a
-        "#,
-    )
-    .bind(scan_id)
-    .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query("SELECT id FROM worker_tasks WHERE scan_id = $1 ORDER BY id FOR UPDATE")
+    sqlx::query(sql::worker_task_attempts::LOCK_LIVE_OF_SCAN)
+        .bind(scan_id)
+        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(sql::worker_tasks::LOCK_OF_SCAN)
         .bind(scan_id)
         .execute(&mut *conn)
         .await?;
-    let scan: Option<(String, Uuid, String, String)> = sqlx::query_as(
-        "SELECT state, organization_id, client_id, idempotency_key FROM scans WHERE id = $1 FOR UPDATE",
-    )
-    .bind(scan_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let scan: Option<(String, Uuid, String, String)> = sqlx::query_as(sql::scans::LOCK_FOR_CANCEL)
+        .bind(scan_id)
+        .fetch_optional(&mut *conn)
+        .await?;
     let Some((state, organization_id, client_id, idempotency_key)) = scan else {
         return Ok(CancelOutcome::NotFound);
     };
@@ -116,67 +108,39 @@ async fn cancel_scan(
     }
 
     // Attempts leased after the first lock (by an acquire we then waited for) are live too.
-    sqlx::query(
-        r#"
-        UPDATE worker_task_attempts a
-        SET status = $3, finished_at = now(), updated_at = now(),
-            error_code = 'cancel_requested', error_message = $2
-        FROM worker_tasks t
-        WHERE t.id = a.task_id AND t.scan_id = $1 AND a.status = ANY($4)
-        "#,
-    )
-    .bind(scan_id)
-    .bind(reason)
-    .bind(AttemptStatus::Cancelled.as_str())
-    .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        r#"
-        UPDATE worker_tasks
-        SET state = $3, cancel_requested_at = now(), completed_at = now(), updated_at = now(),
-            last_error_code = $4, last_error = $2
-        WHERE scan_id = $1 AND state <> ALL($5)
-        "#,
-    )
-    .bind(scan_id)
-    .bind(reason)
-    .bind(TaskState::Cancelled.as_str())
-    .bind(CANCELLED)
-    .bind(TaskState::TERMINAL.map(TaskState::as_str))
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        r#"
-        UPDATE scan_jobs SET state = $3, finished_at = now(), updated_at = now(),
-               error_code = $4, error_message = $2
-        WHERE scan_id = $1 AND state = ANY($5)
-        "#,
-    )
-    .bind(scan_id)
-    .bind(reason)
-    .bind(ScanJobState::Cancelled.as_str())
-    .bind(CANCELLED)
-    .bind([
-        ScanJobState::Pending.as_str(),
-        ScanJobState::Running.as_str(),
-    ])
-    .execute(&mut *conn)
-    .await?;
-    let cancelled_at_unix_ms: i64 = sqlx::query_scalar(
-        r#"
-        UPDATE scans SET state = $3, failure_code = $4, failure_reason = $2,
-               finished_at = now(), updated_at = now()
-        WHERE id = $1
-        RETURNING (extract(epoch FROM finished_at) * 1000)::bigint
-        "#,
-    )
-    .bind(scan_id)
-    .bind(reason)
-    .bind(ScanState::Cancelled.as_str())
-    .bind(CANCELLED)
-    .fetch_one(&mut *conn)
-    .await?;
+    sqlx::query(sql::worker_task_attempts::CANCEL_OF_SCAN)
+        .bind(scan_id)
+        .bind(reason)
+        .bind(AttemptStatus::Cancelled.as_str())
+        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(sql::worker_tasks::CANCEL_OF_SCAN)
+        .bind(scan_id)
+        .bind(reason)
+        .bind(TaskState::Cancelled.as_str())
+        .bind(CANCELLED)
+        .bind(TaskState::TERMINAL.map(TaskState::as_str))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(sql::scan_jobs::CANCEL_OF_SCAN)
+        .bind(scan_id)
+        .bind(reason)
+        .bind(ScanJobState::Cancelled.as_str())
+        .bind(CANCELLED)
+        .bind([
+            ScanJobState::Pending.as_str(),
+            ScanJobState::Running.as_str(),
+        ])
+        .execute(&mut *conn)
+        .await?;
+    let cancelled_at_unix_ms: i64 = sqlx::query_scalar(sql::scans::CANCEL)
+        .bind(scan_id)
+        .bind(reason)
+        .bind(ScanState::Cancelled.as_str())
+        .bind(CANCELLED)
+        .fetch_one(&mut *conn)
+        .await?;
     let event = v1::ScanCancelled {
         scan_id: scan_id.to_string(),
         organization_id: organization_id.to_string(),

@@ -4,6 +4,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::sql;
 
 /// One dead message.
 #[derive(Debug, Clone)]
@@ -18,21 +19,15 @@ pub struct DeadLetter<'a> {
 
 /// Records it once per (consumer, stream sequence).
 pub async fn record(pool: &PgPool, letter: &DeadLetter<'_>) -> Result<(), StoreError> {
-    sqlx::query(
-        r#"
-        INSERT INTO dead_letters (id, consumer, subject, stream_sequence, delivered, reason, payload)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
-        ON CONFLICT (consumer, stream_sequence) DO NOTHING
-        "#,
-    )
-    .bind(Uuid::now_v7())
-    .bind(letter.consumer)
-    .bind(letter.subject)
-    .bind(letter.stream_sequence as i64)
-    .bind(letter.delivered)
-    .bind(letter.reason)
-    .bind(letter.payload)
-    .execute(pool)
-    .await?;
+    sqlx::query(sql::dead_letters::RECORD)
+        .bind(Uuid::now_v7())
+        .bind(letter.consumer)
+        .bind(letter.subject)
+        .bind(letter.stream_sequence as i64)
+        .bind(letter.delivered)
+        .bind(letter.reason)
+        .bind(letter.payload)
+        .execute(pool)
+        .await?;
     Ok(())
 }

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::sql;
 use crate::states::EnrichmentJobState;
 
 /// A claimed job: `fencing_token` must accompany every write.
@@ -30,32 +31,16 @@ pub async fn claim(
     lease_ttl: Duration,
     limit: i64,
 ) -> Result<Vec<ClaimedJob>, StoreError> {
-    Ok(sqlx::query_as::<_, ClaimedJob>(
-        r#"
-        WITH due AS (
-            SELECT id FROM enrichment_jobs
-            WHERE (state = $4 AND available_at <= now())
-               OR (state = $5 AND lease_expires_at <= now())
-            ORDER BY available_at, created_at
-            LIMIT $3
-            FOR UPDATE SKIP LOCKED
-        )
-        UPDATE enrichment_jobs j
-        SET state = $5, lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2),
-            last_heartbeat_at = now(), fencing_token = j.fencing_token + 1, attempt_count = j.attempt_count + 1,
-            updated_at = now()
-        FROM due WHERE j.id = due.id
-        RETURNING j.id, j.scan_id, j.fencing_token,
-                  (SELECT s.trace_context FROM scans s WHERE s.id = j.scan_id) AS trace_context
-        "#,
+    Ok(
+        sqlx::query_as::<_, ClaimedJob>(sql::enrichment_jobs::CLAIM_MANY)
+            .bind(owner)
+            .bind(crate::seconds(lease_ttl))
+            .bind(limit)
+            .bind(EnrichmentJobState::Pending.as_str())
+            .bind(EnrichmentJobState::Running.as_str())
+            .fetch_all(pool)
+            .await?,
     )
-    .bind(owner)
-    .bind(crate::seconds(lease_ttl))
-    .bind(limit)
-    .bind(EnrichmentJobState::Pending.as_str())
-    .bind(EnrichmentJobState::Running.as_str())
-    .fetch_all(pool)
-    .await?)
 }
 
 /// The CVE ids of each scan's findings, in one statement; a scan without any is absent.
@@ -63,17 +48,10 @@ pub async fn scan_cve_ids(
     pool: &PgPool,
     scan_ids: &[Uuid],
 ) -> Result<HashMap<Uuid, Vec<String>>, StoreError> {
-    let rows: Vec<(Uuid, Vec<String>)> = sqlx::query_as(
-        r#"
-        SELECT f.scan_id, array_agg(DISTINCT cve.id ORDER BY cve.id)
-        FROM findings f, unnest(f.cve_ids) AS cve(id)
-        WHERE f.scan_id = ANY($1) AND cardinality(f.cve_ids) > 0
-        GROUP BY f.scan_id
-        "#,
-    )
-    .bind(scan_ids)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(Uuid, Vec<String>)> = sqlx::query_as(sql::findings::CVE_IDS_OF_SCANS)
+        .bind(scan_ids)
+        .fetch_all(pool)
+        .await?;
     Ok(rows.into_iter().collect())
 }
 
@@ -92,22 +70,12 @@ pub async fn complete(
         .iter()
         .map(|(_, checkpoint)| checkpoint.clone())
         .collect();
-    Ok(sqlx::query_scalar(
-        r#"
-        UPDATE enrichment_jobs j
-        SET state = $4, checkpoint = c.checkpoint, finished_at = now(), lease_owner = NULL,
-            lease_expires_at = NULL, updated_at = now()
-        FROM UNNEST($1::uuid[], $2::bigint[], $3::jsonb[]) AS c(id, fencing_token, checkpoint)
-        WHERE j.id = c.id AND j.fencing_token = c.fencing_token AND j.state = $5
-          AND j.lease_expires_at > now()
-        RETURNING j.id
-        "#,
-    )
-    .bind(&ids)
-    .bind(&tokens)
-    .bind(&checkpoints)
-    .bind(EnrichmentJobState::Completed.as_str())
-    .bind(EnrichmentJobState::Running.as_str())
-    .fetch_all(pool)
-    .await?)
+    Ok(sqlx::query_scalar(sql::enrichment_jobs::COMPLETE_MANY)
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&checkpoints)
+        .bind(EnrichmentJobState::Completed.as_str())
+        .bind(EnrichmentJobState::Running.as_str())
+        .fetch_all(pool)
+        .await?)
 }

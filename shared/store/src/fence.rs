@@ -7,6 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::sql;
 use crate::states::{AttemptStatus, TaskState};
 
 /// What a worker presents with every mutating message.
@@ -138,24 +139,11 @@ pub(crate) async fn lock(
     conn: &mut PgConnection,
     claim: &LeaseClaim,
 ) -> Result<Option<LockedAttempt>, StoreError> {
-    let locked = sqlx::query_as::<_, LockedAttempt>(
-        r#"
-        SELECT a.attempt_number, a.lease_token, a.status AS attempt_status, a.worker_id,
-               a.lease_expires_at > now() AS lease_live,
-               t.state AS task_state, t.current_attempt_id, t.organization_id, t.scan_id,
-               t.scan_job_id, t.attempt_count, t.max_attempts,
-               t.cancel_requested_at IS NOT NULL AS cancel_requested,
-               coalesce(t.payload->>'plugin', '') AS plugin
-        FROM worker_task_attempts a
-        JOIN worker_tasks t ON t.id = a.task_id
-        WHERE a.id = $1 AND a.task_id = $2
-        FOR UPDATE OF a, t
-        "#,
-    )
-    .bind(claim.attempt_id)
-    .bind(claim.task_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let locked = sqlx::query_as::<_, LockedAttempt>(sql::worker_task_attempts::LOCK_FENCE)
+        .bind(claim.attempt_id)
+        .bind(claim.task_id)
+        .fetch_optional(&mut *conn)
+        .await?;
     Ok(locked)
 }
 

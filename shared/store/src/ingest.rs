@@ -32,6 +32,7 @@ use crate::fence::{LeaseClaim, LockedAttempt, lease_lost};
 use crate::ingestion::{self, BatchParams, FailParams, IngestOutcome};
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob};
+use crate::sql;
 use crate::states::{AttemptStatus, ResultBatchStatus, ScanJobState, TaskState};
 
 /// One message of a batch, validated.
@@ -398,27 +399,10 @@ async fn lock(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let rows: Vec<LockedRow> = sqlx::query_as(
-        r#"
-        SELECT a.id AS attempt_id, a.task_id AS attempt_task_id,
-               a.attempt_number, a.lease_token, a.status AS attempt_status, a.worker_id,
-               a.lease_expires_at > now() AS lease_live,
-               t.state AS task_state, t.current_attempt_id, t.organization_id, t.scan_id,
-               t.scan_job_id, t.attempt_count, t.max_attempts,
-               t.cancel_requested_at IS NOT NULL AS cancel_requested,
-               coalesce(t.payload->>'plugin', '') AS plugin,
-               j.position, j.evidence_published_at IS NOT NULL AS evidence_published
-        FROM worker_task_attempts a
-        JOIN worker_tasks t ON t.id = a.task_id
-        LEFT JOIN scan_jobs j ON j.id = t.scan_job_id
-        WHERE a.id = ANY($1)
-        ORDER BY t.id, a.id
-        FOR UPDATE OF a, t
-        "#,
-    )
-    .bind(&attempt_ids)
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<LockedRow> = sqlx::query_as(sql::worker_task_attempts::LOCK_FOR_INGEST)
+        .bind(&attempt_ids)
+        .fetch_all(conn)
+        .await?;
     Ok(rows.into_iter().map(|row| (row.attempt_id, row)).collect())
 }
 
@@ -452,24 +436,13 @@ async fn colliding_batches(
         .iter()
         .map(|params| params.sequence_number)
         .collect();
-    Ok(sqlx::query_as(
-        r#"
-        SELECT b.task_id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
-        FROM UNNEST($1::uuid[], $2::text[]) AS u(task_id, key)
-        JOIN worker_result_batches b ON b.task_id = u.task_id AND b.idempotency_key = u.key
-        UNION
-        SELECT b.task_id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
-        FROM UNNEST($3::uuid[], $4::int[]) AS u(attempt_id, sequence_number)
-        JOIN worker_result_batches b
-          ON b.attempt_id = u.attempt_id AND b.sequence_number = u.sequence_number
-        "#,
-    )
-    .bind(&task_ids)
-    .bind(&keys)
-    .bind(&attempt_ids)
-    .bind(&sequences)
-    .fetch_all(conn)
-    .await?)
+    Ok(sqlx::query_as(sql::worker_result_batches::COLLIDING)
+        .bind(&task_ids)
+        .bind(&keys)
+        .bind(&attempt_ids)
+        .bind(&sequences)
+        .fetch_all(conn)
+        .await?)
 }
 
 /// Writes the accepted batches with their assets and findings: one statement each.
@@ -499,28 +472,18 @@ async fn write_batches(
         finding_counts.push(params.findings.len() as i32);
         asset_counts.push(params.assets.len() as i32);
     }
-    sqlx::query(
-        r#"
-        INSERT INTO worker_result_batches (id, task_id, attempt_id, sequence_number, idempotency_key,
-                                           payload_sha256, status, finding_count, asset_count, persisted_at)
-        SELECT u.id, u.task_id, u.attempt_id, u.sequence_number, u.key, u.checksum, $9,
-               u.finding_count, u.asset_count, now()
-        FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::text[], $6::text[],
-                    $7::int[], $8::int[])
-             AS u(id, task_id, attempt_id, sequence_number, key, checksum, finding_count, asset_count)
-        "#,
-    )
-    .bind(&ids)
-    .bind(&task_ids)
-    .bind(&attempt_ids)
-    .bind(&sequences)
-    .bind(&keys)
-    .bind(&checksums)
-    .bind(&finding_counts)
-    .bind(&asset_counts)
-    .bind(ResultBatchStatus::Persisted.as_str())
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query(sql::worker_result_batches::INSERT_MANY)
+        .bind(&ids)
+        .bind(&task_ids)
+        .bind(&attempt_ids)
+        .bind(&sequences)
+        .bind(&keys)
+        .bind(&checksums)
+        .bind(&finding_counts)
+        .bind(&asset_counts)
+        .bind(ResultBatchStatus::Persisted.as_str())
+        .execute(&mut *conn)
+        .await?;
     let evidence: Vec<Evidence<'_, '_>> = accepted
         .iter()
         .map(|(params, row, job)| Evidence {
@@ -589,35 +552,19 @@ async fn write_assets(
     let link_values: Vec<&str> = links.keys().map(|link| link.3).collect();
     let link_jobs: Vec<Uuid> = links.values().map(|link| link.0).collect();
     let link_attempts: Vec<Uuid> = links.values().map(|link| link.1).collect();
-    sqlx::query(
-        r#"
-        WITH upserted AS (
-            INSERT INTO assets (id, organization_id, kind, value)
-            SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[])
-            ON CONFLICT (organization_id, kind, value) DO UPDATE SET last_seen_at = now()
-            RETURNING id, organization_id, kind, value
-        )
-        INSERT INTO scan_assets (scan_id, asset_id, scan_job_id, attempt_id)
-        SELECT l.scan_id, a.id, l.scan_job_id, l.attempt_id
-        FROM UNNEST($5::uuid[], $6::uuid[], $7::text[], $8::text[], $9::uuid[], $10::uuid[])
-             AS l(scan_id, organization_id, kind, value, scan_job_id, attempt_id)
-        JOIN upserted a ON a.organization_id = l.organization_id AND a.kind = l.kind AND a.value = l.value
-        ON CONFLICT (scan_id, asset_id) DO UPDATE SET attempt_id = EXCLUDED.attempt_id
-            WHERE scan_assets.scan_job_id = EXCLUDED.scan_job_id
-        "#,
-    )
-    .bind(&asset_ids)
-    .bind(&organizations)
-    .bind(&kinds)
-    .bind(&values)
-    .bind(&link_scans)
-    .bind(&link_organizations)
-    .bind(&link_kinds)
-    .bind(&link_values)
-    .bind(&link_jobs)
-    .bind(&link_attempts)
-    .execute(conn)
-    .await?;
+    sqlx::query(sql::assets::UPSERT_MANY)
+        .bind(&asset_ids)
+        .bind(&organizations)
+        .bind(&kinds)
+        .bind(&values)
+        .bind(&link_scans)
+        .bind(&link_organizations)
+        .bind(&link_kinds)
+        .bind(&link_values)
+        .bind(&link_jobs)
+        .bind(&link_attempts)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -675,41 +622,24 @@ async fn write_findings(
         evidence.push(redact(&finding.evidence));
         cves.push(finding.cve_ids.join(","));
     }
-    sqlx::query(
-        r#"
-        INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
-                              rule_id, resource, discriminator, severity, title, description, evidence, cve_ids)
-        SELECT u.id, u.organization_id, u.scan_id, u.scan_job_id, u.attempt_id, u.key, u.plugin,
-               u.rule_id, u.resource, u.discriminator, u.severity, u.title, u.description, u.evidence,
-               coalesce(string_to_array(nullif(u.cves, ''), ','), '{}')::text[]
-        FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::uuid[], $6::text[], $7::text[],
-                    $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[],
-                    $14::text[], $15::text[])
-             AS u(id, organization_id, scan_id, scan_job_id, attempt_id, key, plugin, rule_id, resource,
-                  discriminator, severity, title, description, evidence, cves)
-        ON CONFLICT (scan_id, finding_key) DO UPDATE
-        SET attempt_id = EXCLUDED.attempt_id, severity = EXCLUDED.severity, title = EXCLUDED.title,
-            description = EXCLUDED.description, evidence = EXCLUDED.evidence,
-            cve_ids = coalesce(EXCLUDED.cve_ids, '{}'), updated_at = now()
-        "#,
-    )
-    .bind(&ids)
-    .bind(&organizations)
-    .bind(&scans)
-    .bind(&jobs)
-    .bind(&attempts)
-    .bind(&keys)
-    .bind(&plugins)
-    .bind(&rule_ids)
-    .bind(&resources)
-    .bind(&discriminators)
-    .bind(&severities)
-    .bind(&titles)
-    .bind(&descriptions)
-    .bind(&evidence)
-    .bind(&cves)
-    .execute(conn)
-    .await?;
+    sqlx::query(sql::findings::INSERT_MANY)
+        .bind(&ids)
+        .bind(&organizations)
+        .bind(&scans)
+        .bind(&jobs)
+        .bind(&attempts)
+        .bind(&keys)
+        .bind(&plugins)
+        .bind(&rule_ids)
+        .bind(&resources)
+        .bind(&discriminators)
+        .bind(&severities)
+        .bind(&titles)
+        .bind(&descriptions)
+        .bind(&evidence)
+        .bind(&cves)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -729,20 +659,12 @@ async fn count_batches(
         .iter()
         .map(|(_, params, _, _)| params.batch_count)
         .collect();
-    let rows: Vec<(Uuid, i64, i64)> = sqlx::query_as(
-        r#"
-        SELECT u.attempt_id,
-               count(b.id) FILTER (WHERE b.sequence_number < u.batch_count),
-               count(b.id) FILTER (WHERE b.sequence_number >= u.batch_count)
-        FROM UNNEST($1::uuid[], $2::int[]) AS u(attempt_id, batch_count)
-        LEFT JOIN worker_result_batches b ON b.attempt_id = u.attempt_id
-        GROUP BY u.attempt_id
-        "#,
-    )
-    .bind(&attempt_ids)
-    .bind(&batch_counts)
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<(Uuid, i64, i64)> =
+        sqlx::query_as(sql::worker_result_batches::COUNT_FOR_COMPLETIONS)
+            .bind(&attempt_ids)
+            .bind(&batch_counts)
+            .fetch_all(conn)
+            .await?;
     Ok(rows
         .into_iter()
         .map(|(attempt_id, below, beyond)| (attempt_id, (below, beyond)))
@@ -805,20 +727,11 @@ async fn finish_attempts(
             .iter()
             .map(|(params, _, _)| params.claim.attempt_id)
             .collect();
-        sqlx::query(
-            r#"
-            WITH gone_findings AS (
-                DELETE FROM findings f USING UNNEST($1::uuid[], $2::uuid[]) AS u(scan_job_id, attempt_id)
-                WHERE f.scan_job_id = u.scan_job_id AND f.attempt_id <> u.attempt_id
-            )
-            DELETE FROM scan_assets s USING UNNEST($1::uuid[], $2::uuid[]) AS u(scan_job_id, attempt_id)
-            WHERE s.scan_job_id = u.scan_job_id AND s.attempt_id <> u.attempt_id
-            "#,
-        )
-        .bind(&jobs)
-        .bind(&attempts)
-        .execute(&mut *conn)
-        .await?;
+        sqlx::query(sql::findings::DELETE_SUPERSEDED_MANY)
+            .bind(&jobs)
+            .bind(&attempts)
+            .execute(&mut *conn)
+            .await?;
     }
 
     // Per attempt and task: done (completed) wins over running.
@@ -841,47 +754,21 @@ async fn finish_attempts(
         .iter()
         .map(|(params, _, _)| params.summary)
         .collect();
-    let rows: Vec<(Uuid, i32, i32)> = sqlx::query_as(
-        r#"
-        WITH attempts AS (
-            UPDATE worker_task_attempts a
-            SET status = CASE WHEN u.done THEN $6 ELSE $7 END,
-                finished_at = CASE WHEN u.done THEN now() ELSE a.finished_at END,
-                updated_at = now()
-            FROM UNNEST($1::uuid[], $3::bool[]) AS u(id, done)
-            WHERE a.id = u.id AND (u.done OR a.status = $8)
-        ), tasks AS (
-            UPDATE worker_tasks t
-            SET state = CASE WHEN u.done THEN $9 ELSE $10 END,
-                completed_at = CASE WHEN u.done THEN now() ELSE t.completed_at END,
-                updated_at = now()
-            FROM UNNEST($2::uuid[], $3::bool[]) AS u(id, done)
-            WHERE t.id = u.id AND (u.done OR t.state = $11)
-        )
-        UPDATE scan_jobs j
-        SET state = $12, evidence_published_at = now(), finished_at = now(),
-            finding_count = (SELECT count(*) FROM findings f WHERE f.scan_job_id = j.id),
-            asset_count = (SELECT count(*) FROM scan_assets s WHERE s.scan_job_id = j.id),
-            summary = u.summary, updated_at = now()
-        FROM UNNEST($4::uuid[], $5::text[]) AS u(id, summary)
-        WHERE j.id = u.id
-        RETURNING j.id, j.finding_count, j.asset_count
-        "#,
-    )
-    .bind(&attempt_ids)
-    .bind(&task_ids)
-    .bind(&finished)
-    .bind(&job_ids)
-    .bind(&summaries)
-    .bind(AttemptStatus::Succeeded.as_str())
-    .bind(AttemptStatus::Running.as_str())
-    .bind(AttemptStatus::Leased.as_str())
-    .bind(TaskState::Completed.as_str())
-    .bind(TaskState::Running.as_str())
-    .bind(TaskState::Leased.as_str())
-    .bind(ScanJobState::Completed.as_str())
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<(Uuid, i32, i32)> = sqlx::query_as(sql::worker_task_attempts::FINISH_MANY)
+        .bind(&attempt_ids)
+        .bind(&task_ids)
+        .bind(&finished)
+        .bind(&job_ids)
+        .bind(&summaries)
+        .bind(AttemptStatus::Succeeded.as_str())
+        .bind(AttemptStatus::Running.as_str())
+        .bind(AttemptStatus::Leased.as_str())
+        .bind(TaskState::Completed.as_str())
+        .bind(TaskState::Running.as_str())
+        .bind(TaskState::Leased.as_str())
+        .bind(ScanJobState::Completed.as_str())
+        .fetch_all(conn)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|(id, findings, assets)| (id, (findings, assets)))

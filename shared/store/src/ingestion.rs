@@ -17,6 +17,7 @@ use crate::fence::{self, LeaseClaim, LockedAttempt};
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob, FailedTask, Failure};
 use crate::retry::RetryPolicy;
+use crate::sql;
 use crate::states::{AttemptStatus, ResultBatchStatus, ScanJobState, TaskState};
 
 /// What ingestion decided about one message.
@@ -48,13 +49,11 @@ pub async fn accept_batch(
 ) -> Result<IngestOutcome, StoreError> {
     let claim = params.claim;
     // A replay is answered from the batch row alone, even after the task has ended.
-    let existing: Option<String> = sqlx::query_scalar(
-        "SELECT payload_sha256 FROM worker_result_batches WHERE task_id = $1 AND idempotency_key = $2",
-    )
-    .bind(claim.task_id)
-    .bind(params.idempotency_key)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let existing: Option<String> = sqlx::query_scalar(sql::worker_result_batches::CHECKSUM_BY_KEY)
+        .bind(claim.task_id)
+        .bind(params.idempotency_key)
+        .fetch_optional(&mut *conn)
+        .await?;
     if let Some(checksum) = existing {
         return Ok(same_checksum_or_conflict(&checksum, params));
     }
@@ -70,26 +69,18 @@ pub async fn accept_batch(
         )));
     };
 
-    let inserted: Option<Uuid> = sqlx::query_scalar(
-        r#"
-        INSERT INTO worker_result_batches (id, task_id, attempt_id, sequence_number, idempotency_key,
-                                           payload_sha256, status, finding_count, asset_count, persisted_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $9, $7, $8, now())
-        ON CONFLICT DO NOTHING
-        RETURNING id
-        "#,
-    )
-    .bind(Uuid::now_v7())
-    .bind(claim.task_id)
-    .bind(claim.attempt_id)
-    .bind(params.sequence_number)
-    .bind(params.idempotency_key)
-    .bind(params.payload_sha256)
-    .bind(params.findings.len() as i32)
-    .bind(params.assets.len() as i32)
-    .bind(ResultBatchStatus::Persisted.as_str())
-    .fetch_optional(&mut *conn)
-    .await?;
+    let inserted: Option<Uuid> = sqlx::query_scalar(sql::worker_result_batches::INSERT)
+        .bind(Uuid::now_v7())
+        .bind(claim.task_id)
+        .bind(claim.attempt_id)
+        .bind(params.sequence_number)
+        .bind(params.idempotency_key)
+        .bind(params.payload_sha256)
+        .bind(params.findings.len() as i32)
+        .bind(params.assets.len() as i32)
+        .bind(ResultBatchStatus::Persisted.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
     if inserted.is_none() {
         // We hold the task lock, so no concurrent insert of this key: the sequence number
         // was already used by this attempt under another key.
@@ -108,20 +99,18 @@ pub async fn accept_batch(
     )
     .await?;
 
-    sqlx::query("UPDATE worker_task_attempts SET status = $2, updated_at = now() WHERE id = $1 AND status = $3")
+    sqlx::query(sql::worker_task_attempts::START)
         .bind(claim.attempt_id)
         .bind(AttemptStatus::Running.as_str())
         .bind(AttemptStatus::Leased.as_str())
         .execute(&mut *conn)
         .await?;
-    sqlx::query(
-        "UPDATE worker_tasks SET state = $2, updated_at = now() WHERE id = $1 AND state = $3",
-    )
-    .bind(claim.task_id)
-    .bind(TaskState::Running.as_str())
-    .bind(TaskState::Leased.as_str())
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query(sql::worker_tasks::START)
+        .bind(claim.task_id)
+        .bind(TaskState::Running.as_str())
+        .bind(TaskState::Leased.as_str())
+        .execute(&mut *conn)
+        .await?;
     Ok(IngestOutcome::Accepted)
 }
 
@@ -192,25 +181,21 @@ pub async fn complete(
         )));
     };
 
-    let below: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1 AND sequence_number < $2",
-    )
-    .bind(claim.attempt_id)
-    .bind(batch_count)
-    .fetch_one(&mut *conn)
-    .await?;
+    let below: i64 = sqlx::query_scalar(sql::worker_result_batches::COUNT_BELOW)
+        .bind(claim.attempt_id)
+        .bind(batch_count)
+        .fetch_one(&mut *conn)
+        .await?;
     if below < i64::from(batch_count) {
         return Ok(IngestOutcome::Refused(
             missing_batches(conn, claim.attempt_id, batch_count).await?,
         ));
     }
-    let beyond: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1 AND sequence_number >= $2",
-    )
-    .bind(claim.attempt_id)
-    .bind(batch_count)
-    .fetch_one(&mut *conn)
-    .await?;
+    let beyond: i64 = sqlx::query_scalar(sql::worker_result_batches::COUNT_FROM)
+        .bind(claim.attempt_id)
+        .bind(batch_count)
+        .fetch_one(&mut *conn)
+        .await?;
     if beyond > 0 {
         return Ok(IngestOutcome::Refused(beyond_batch_count(
             beyond,
@@ -218,62 +203,49 @@ pub async fn complete(
         )));
     }
 
-    let (already_published, position): (bool, i32) = sqlx::query_as(
-        "SELECT evidence_published_at IS NOT NULL, position FROM scan_jobs WHERE id = $1 FOR UPDATE",
-    )
-    .bind(scan_job_id)
-    .fetch_one(&mut *conn)
-    .await?;
+    let (already_published, position): (bool, i32) =
+        sqlx::query_as(sql::scan_jobs::LOCK_FOR_COMPLETION)
+            .bind(scan_job_id)
+            .fetch_one(&mut *conn)
+            .await?;
     if already_published {
         return Ok(IngestOutcome::Refused(evidence_conflict(scan_job_id)));
     }
 
     // What superseded attempts of this job left behind is not this job's evidence.
-    sqlx::query("DELETE FROM findings WHERE scan_job_id = $1 AND attempt_id <> $2")
+    sqlx::query(sql::findings::DELETE_SUPERSEDED)
         .bind(scan_job_id)
         .bind(claim.attempt_id)
         .execute(&mut *conn)
         .await?;
-    sqlx::query("DELETE FROM scan_assets WHERE scan_job_id = $1 AND attempt_id <> $2")
+    sqlx::query(sql::scan_assets::DELETE_SUPERSEDED)
         .bind(scan_job_id)
         .bind(claim.attempt_id)
         .execute(&mut *conn)
         .await?;
-    let (finding_count, asset_count): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM findings WHERE scan_job_id = $1), (SELECT count(*) FROM scan_assets WHERE scan_job_id = $1)",
-    )
-    .bind(scan_job_id)
-    .fetch_one(&mut *conn)
-    .await?;
+    let (finding_count, asset_count): (i64, i64) = sqlx::query_as(sql::findings::COUNT_FOR_JOB)
+        .bind(scan_job_id)
+        .fetch_one(&mut *conn)
+        .await?;
 
-    sqlx::query(
-        "UPDATE worker_task_attempts SET status = $2, finished_at = now(), updated_at = now() WHERE id = $1",
-    )
-    .bind(claim.attempt_id)
-    .bind(AttemptStatus::Succeeded.as_str())
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "UPDATE worker_tasks SET state = $2, completed_at = now(), updated_at = now() WHERE id = $1",
-    )
-    .bind(claim.task_id)
-    .bind(TaskState::Completed.as_str())
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        r#"
-        UPDATE scan_jobs SET state = $5, evidence_published_at = now(), finished_at = now(),
-               finding_count = $2, asset_count = $3, summary = $4, updated_at = now()
-        WHERE id = $1
-        "#,
-    )
-    .bind(scan_job_id)
-    .bind(finding_count as i32)
-    .bind(asset_count as i32)
-    .bind(summary)
-    .bind(ScanJobState::Completed.as_str())
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query(sql::worker_task_attempts::COMPLETE)
+        .bind(claim.attempt_id)
+        .bind(AttemptStatus::Succeeded.as_str())
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(sql::worker_tasks::COMPLETE)
+        .bind(claim.task_id)
+        .bind(TaskState::Completed.as_str())
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(sql::scan_jobs::PUBLISH_EVIDENCE)
+        .bind(scan_job_id)
+        .bind(finding_count as i32)
+        .bind(asset_count as i32)
+        .bind(summary)
+        .bind(ScanJobState::Completed.as_str())
+        .execute(&mut *conn)
+        .await?;
 
     let mut events = vec![OutboxEvent::new(
         subjects,
@@ -312,17 +284,11 @@ pub(crate) async fn missing_batches(
     attempt_id: Uuid,
     batch_count: i32,
 ) -> Result<v1::Error, StoreError> {
-    let missing: Vec<i32> = sqlx::query_scalar(
-        r#"
-        SELECT s FROM generate_series(0, $2 - 1) AS s
-        WHERE NOT EXISTS (SELECT 1 FROM worker_result_batches b WHERE b.attempt_id = $1 AND b.sequence_number = s)
-        ORDER BY s LIMIT 1000
-        "#,
-    )
-    .bind(attempt_id)
-    .bind(batch_count)
-    .fetch_all(conn)
-    .await?;
+    let missing: Vec<i32> = sqlx::query_scalar(sql::worker_result_batches::MISSING)
+        .bind(attempt_id)
+        .bind(batch_count)
+        .fetch_all(conn)
+        .await?;
     let mut error = v1::Error::new(
         ErrorCode::BatchMissing,
         format!(
@@ -382,19 +348,13 @@ pub async fn fail(
         Ok(locked) => locked,
         Err(refusal) => return Ok(IngestOutcome::Refused(refusal)),
     };
-    sqlx::query(
-        r#"
-        UPDATE worker_task_attempts SET status = $4, finished_at = now(), updated_at = now(),
-               error_code = $2, error_message = $3
-        WHERE id = $1
-        "#,
-    )
-    .bind(claim.attempt_id)
-    .bind(params.error_code)
-    .bind(params.error_message)
-    .bind(AttemptStatus::Failed.as_str())
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query(sql::worker_task_attempts::FAIL)
+        .bind(claim.attempt_id)
+        .bind(params.error_code)
+        .bind(params.error_message)
+        .bind(AttemptStatus::Failed.as_str())
+        .execute(&mut *conn)
+        .await?;
     let error = v1::Error {
         code: params.error_code.to_owned(),
         message: params.error_message.to_owned(),

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::fence::{self, LeaseClaim, lease_lost};
 use crate::outbox::{self, OutboxEvent, Staged};
+use crate::sql;
 use crate::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
 
 /// Discovered assets handed to one lease, at most: bounds the reply size.
@@ -39,22 +40,14 @@ pub enum HelloOutcome {
 /// workers. Registration itself is an administrative act (`palisade worker add`).
 pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let worker: Option<(bool, bool)> = sqlx::query_as(
-        r#"
-        UPDATE workers
-        SET capabilities = $2, max_concurrent_tasks = $3, software_version = $4,
-            protocol_version = $5, last_seen_at = now(), updated_at = now()
-        WHERE id = $1
-        RETURNING enabled, revoked_at IS NOT NULL
-        "#,
-    )
-    .bind(params.worker_id)
-    .bind(params.capabilities)
-    .bind(params.capacity)
-    .bind(params.software_version)
-    .bind(params.protocol_version)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let worker: Option<(bool, bool)> = sqlx::query_as(sql::workers::HELLO)
+        .bind(params.worker_id)
+        .bind(params.capabilities)
+        .bind(params.capacity)
+        .bind(params.software_version)
+        .bind(params.protocol_version)
+        .fetch_optional(&mut *tx)
+        .await?;
     let outcome = match worker {
         None => HelloOutcome::Refused(unknown_worker(params.worker_id)),
         Some((enabled, revoked)) if !enabled || revoked => {
@@ -141,19 +134,6 @@ pub enum AcquireOutcome {
 }
 
 /// The columns of a `GrantedLease`, over attempt `a` and task `t`.
-macro_rules! lease_columns {
-    () => {
-        r#"
-    a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,
-    t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin,
-    coalesce(t.payload->>'target', '') AS target,
-    coalesce((t.payload->>'position')::int, 0) AS position,
-    greatest(0, (extract(epoch FROM a.lease_expires_at - now()) * 1000)::bigint) AS lease_expires_in_ms,
-    t.execution_deadline_seconds,
-    (SELECT s.trace_context FROM scans s WHERE s.id = t.scan_id) AS trace_context
-"#
-    };
-}
 
 /// What a worker may be leased: for the dispatcher's queue of waiting acquires, so that a
 /// `task.ready` wakes a waiter that can take the task.
@@ -198,26 +178,12 @@ pub async fn acquire(
     // FOR SHARE: a revocation (an UPDATE of this row) waits for us, and we wait for it, so no
     // lease is granted after a revocation commits. The assignments are read here to answer
     // `worker_not_assigned`, and locked by the grant itself.
-    let worker = sqlx::query_as::<_, AcquiringWorker>(
-        r#"
-        SELECT w.enabled, w.revoked_at IS NOT NULL AS revoked, w.capabilities,
-               w.max_concurrent_tasks AS capacity,
-               (SELECT count(*) FROM worker_task_attempts a
-                WHERE a.worker_id = w.id AND a.status = ANY($3) AND a.lease_expires_at > now()) AS live,
-               EXISTS (SELECT 1 FROM worker_task_attempts a
-                       WHERE a.worker_id = w.id AND a.acquire_request_id = $2) AS replayed,
-               ARRAY(SELECT o.organization_id FROM organization_workers o
-                     WHERE o.worker_id = w.id AND o.enabled AND o.revoked_at IS NULL
-                     ORDER BY o.organization_id) AS organization_ids
-        FROM workers w WHERE w.id = $1
-        FOR SHARE OF w
-        "#,
-    )
-    .bind(params.worker_id)
-    .bind(params.request_id)
-    .bind(LIVE_ATTEMPT_STATUSES)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let worker = sqlx::query_as::<_, AcquiringWorker>(sql::workers::FOR_ACQUIRE)
+        .bind(params.worker_id)
+        .bind(params.request_id)
+        .bind(LIVE_ATTEMPT_STATUSES)
+        .fetch_optional(&mut *tx)
+        .await?;
     let Some(worker) = worker else {
         return Ok((
             AcquireOutcome::Refused(unknown_worker(params.worker_id)),
@@ -235,16 +201,12 @@ pub async fn acquire(
         ));
     }
     if worker.replayed {
-        let replayed = sqlx::query_as::<_, GrantedLease>(concat!(
-            "SELECT ",
-            lease_columns!(),
-            " FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-             WHERE a.worker_id = $1 AND a.acquire_request_id = $2 ORDER BY a.created_at"
-        ))
-        .bind(params.worker_id)
-        .bind(params.request_id)
-        .fetch_all(&mut *tx)
-        .await?;
+        let replayed =
+            sqlx::query_as::<_, GrantedLease>(sql::worker_task_attempts::REPLAYED_LEASES)
+                .bind(params.worker_id)
+                .bind(params.request_id)
+                .fetch_all(&mut *tx)
+                .await?;
         let leases = with_assets(&mut tx, replayed).await?;
         tx.commit().await?;
         return Ok((AcquireOutcome::Leases(leases), eligibility));
@@ -282,73 +244,21 @@ pub async fn acquire(
     // One statement: lock the assignments (FOR SHARE, as the worker row above), pick due
     // tasks (SKIP LOCKED), lease them, create their attempts, mark the worker seen, and move
     // their scan jobs and scans to running.
-    let granted = sqlx::query_as::<_, GrantedLease>(concat!(
-        r#"
-        WITH assigned AS (
-            SELECT organization_id FROM organization_workers
-            WHERE worker_id = $1 AND enabled AND revoked_at IS NULL
-            ORDER BY organization_id
-            FOR SHARE
-        ),
-        picked AS (
-            SELECT t.id FROM worker_tasks t
-            WHERE t.state = ANY($6)
-              AND t.available_at <= now()
-              AND t.cancel_requested_at IS NULL
-              AND t.organization_id IN (SELECT organization_id FROM assigned)
-              AND t.required_capabilities <@ $2
-            ORDER BY t.priority DESC, t.available_at, t.created_at
-            LIMIT $3
-            FOR UPDATE SKIP LOCKED
-        ),
-        leased AS (
-            UPDATE worker_tasks t
-            SET state = $7, attempt_count = t.attempt_count + 1,
-                last_attempt_number = t.last_attempt_number + 1,
-                current_attempt_id = gen_random_uuid(), updated_at = now()
-            FROM picked WHERE t.id = picked.id
-            RETURNING t.*
-        ),
-        a AS (
-            INSERT INTO worker_task_attempts
-                (id, task_id, worker_id, attempt_number, lease_token, acquire_request_id, status, lease_expires_at)
-            SELECT l.current_attempt_id, l.id, $1, l.last_attempt_number,
-                   replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''),
-                   $4, $8, now() + make_interval(secs => $5)
-            FROM leased l
-            RETURNING *
-        ),
-        seen AS (
-            UPDATE workers SET last_seen_at = now() WHERE id = $1
-        ),
-        started_jobs AS (
-            UPDATE scan_jobs j SET state = $9, started_at = coalesce(j.started_at, now()), updated_at = now()
-            FROM leased WHERE j.id = leased.scan_job_id AND j.state = $10
-        ),
-        started_scans AS (
-            UPDATE scans s SET state = $11, started_at = coalesce(s.started_at, now()), updated_at = now()
-            WHERE s.id IN (SELECT scan_id FROM leased) AND s.state = $12
-        )
-        SELECT "#,
-        lease_columns!(),
-        r#" FROM a JOIN leased t ON t.id = a.task_id
-        ORDER BY t.priority DESC, t.created_at
-        "#
-    ))
-    .bind(params.worker_id)
-    .bind(&eligibility.capabilities)
-    .bind(free)
-    .bind(params.request_id)
-    .bind(crate::seconds(params.lease_ttl))
-    .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
-    .bind(TaskState::Leased.as_str())
-    .bind(AttemptStatus::Leased.as_str())
-    .bind(ScanJobState::Running.as_str())
-    .bind(ScanJobState::Pending.as_str())
-    .bind(ScanState::Running.as_str())
-    .bind(ScanState::Pending.as_str())
-    .fetch_all(&mut *tx)
-    .await?;
+    let granted = sqlx::query_as::<_, GrantedLease>(sql::worker_tasks::GRANT)
+        .bind(params.worker_id)
+        .bind(&eligibility.capabilities)
+        .bind(free)
+        .bind(params.request_id)
+        .bind(crate::seconds(params.lease_ttl))
+        .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
+        .bind(TaskState::Leased.as_str())
+        .bind(AttemptStatus::Leased.as_str())
+        .bind(ScanJobState::Running.as_str())
+        .bind(ScanJobState::Pending.as_str())
+        .bind(ScanState::Running.as_str())
+        .bind(ScanState::Pending.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
 
     if granted.is_empty() {
         tx.commit().await?;
@@ -398,19 +308,11 @@ async fn with_assets(
     if needs_assets.is_empty() {
         return Ok(leases);
     }
-    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(
-        r#"
-        SELECT s.scan_id, s.kind, s.value FROM unnest($1::uuid[]) AS wanted(scan_id)
-        CROSS JOIN LATERAL (
-            SELECT sa.scan_id, a.kind, a.value FROM scan_assets sa JOIN assets a ON a.id = sa.asset_id
-            WHERE sa.scan_id = wanted.scan_id ORDER BY a.kind, a.value LIMIT $2
-        ) s
-        "#,
-    )
-    .bind(&needs_assets)
-    .bind(LEASE_ASSETS_MAX)
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(sql::scan_assets::FOR_LEASES)
+        .bind(&needs_assets)
+        .bind(LEASE_ASSETS_MAX)
+        .fetch_all(conn)
+        .await?;
     for lease in &mut leases {
         lease.discovered_assets = rows
             .iter()
@@ -427,11 +329,9 @@ async fn assigned_organizations(
     lock: bool,
 ) -> Result<Vec<Uuid>, StoreError> {
     let sql = if lock {
-        "SELECT organization_id FROM organization_workers
-         WHERE worker_id = $1 AND enabled AND revoked_at IS NULL FOR SHARE"
+        sql::organization_workers::ASSIGNED_FOR_SHARE
     } else {
-        "SELECT organization_id FROM organization_workers
-         WHERE worker_id = $1 AND enabled AND revoked_at IS NULL"
+        sql::organization_workers::ASSIGNED
     };
     Ok(sqlx::query_scalar(sql)
         .bind(worker_id)
@@ -532,7 +432,7 @@ pub async fn renew_many(
         .iter()
         .map(|claim| claim.lease_token.as_str())
         .collect();
-    let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(RENEW_MANY)
+    let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(sql::worker_task_attempts::RENEW_MANY)
         .bind(column(|claim| claim.attempt_id))
         .bind(column(|claim| claim.task_id))
         .bind(column(|claim| claim.worker_id))
@@ -568,55 +468,6 @@ pub async fn renew_many(
         .collect())
 }
 
-/// Renews many claims in one statement. Every named attempt of its named task is locked with
-/// its task in task order (`locked`; the order ingestion locks in, so a batch of renewals
-/// never deadlocks with a batch of results), and the fence is read from those locked, latest
-/// rows: the claimant's worker, number and token, the attempt live and unexpired by the
-/// database clock, the task's current attempt, the task leased or running without a cancel
-/// requested. The refusal's reason comes from the same statement: a left join of every claim
-/// to its lock and, for a claim naming no attempt of that task, to the task it names.
-const RENEW_MANY: &str = r#"
-WITH claim AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::text[])
-        WITH ORDINALITY AS c(attempt_id, task_id, worker_id, attempt_number, lease_token, ordinal)
-),
-locked AS MATERIALIZED (
-    SELECT c.ordinal, a.id AS attempt_id,
-           a.worker_id = c.worker_id AND a.attempt_number = c.attempt_number
-               AND a.lease_token = c.lease_token AND a.status = ANY($7)
-               AND a.lease_expires_at > now() AND t.current_attempt_id = a.id
-               AND t.state = ANY($8) AND t.cancel_requested_at IS NULL AS holds,
-           t.cancel_requested_at IS NOT NULL OR t.state = ANY($9) AS cancel_requested
-    FROM claim c
-    JOIN worker_task_attempts a ON a.id = c.attempt_id AND a.task_id = c.task_id
-    JOIN worker_tasks t ON t.id = a.task_id
-    ORDER BY t.id, a.id
-    FOR NO KEY UPDATE OF a, t
-),
-renewed AS (
-    UPDATE worker_task_attempts a
-    SET lease_expires_at = now() + make_interval(secs => $6), last_renewed_at = now(),
-        status = $10, updated_at = now()
-    FROM locked l
-    WHERE a.id = l.attempt_id AND l.holds
-    RETURNING l.ordinal, a.task_id, a.lease_expires_at
-),
-started AS (
-    UPDATE worker_tasks t SET state = $11, updated_at = now()
-    FROM renewed r WHERE t.id = r.task_id AND t.state = $12
-)
-SELECT c.ordinal,
-       (extract(epoch FROM r.lease_expires_at - now()) * 1000)::bigint AS lease_expires_in_ms,
-       coalesce(l.cancel_requested,
-                t.cancel_requested_at IS NOT NULL OR t.state = ANY($9),
-                false) AS cancel_requested
-FROM claim c
-LEFT JOIN renewed r ON r.ordinal = c.ordinal
-LEFT JOIN locked l ON l.ordinal = c.ordinal
-LEFT JOIN worker_tasks t ON t.id = c.task_id
-ORDER BY c.ordinal
-"#;
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReleaseOutcome {
     Released,
@@ -641,32 +492,24 @@ pub async fn release(
     if !locked.holds_lease(claim)? {
         return Ok(ReleaseOutcome::Refused(lease_lost(claim)));
     }
-    sqlx::query(
-        "UPDATE worker_task_attempts SET status = $3, finished_at = now(), updated_at = now(),
-         error_message = $2 WHERE id = $1",
-    )
-    .bind(claim.attempt_id)
-    .bind(reason)
-    .bind(AttemptStatus::Released.as_str())
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "UPDATE worker_tasks SET state = $2, attempt_count = attempt_count - 1, available_at = now(),
-         updated_at = now() WHERE id = $1",
-    )
-    .bind(claim.task_id)
-    .bind(TaskState::Pending.as_str())
-    .execute(&mut *tx)
-    .await?;
-    if let Some(scan_job_id) = locked.scan_job_id {
-        sqlx::query(
-            "UPDATE scan_jobs SET state = $2, updated_at = now() WHERE id = $1 AND state = $3",
-        )
-        .bind(scan_job_id)
-        .bind(ScanJobState::Pending.as_str())
-        .bind(ScanJobState::Running.as_str())
+    sqlx::query(sql::worker_task_attempts::RELEASE)
+        .bind(claim.attempt_id)
+        .bind(reason)
+        .bind(AttemptStatus::Released.as_str())
         .execute(&mut *tx)
         .await?;
+    sqlx::query(sql::worker_tasks::RELEASE)
+        .bind(claim.task_id)
+        .bind(TaskState::Pending.as_str())
+        .execute(&mut *tx)
+        .await?;
+    if let Some(scan_job_id) = locked.scan_job_id {
+        sqlx::query(sql::scan_jobs::RELEASE)
+            .bind(scan_job_id)
+            .bind(ScanJobState::Pending.as_str())
+            .bind(ScanJobState::Running.as_str())
+            .execute(&mut *tx)
+            .await?;
     }
     let ready = v1::TaskReady {
         task_id: claim.task_id.to_string(),

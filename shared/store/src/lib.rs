@@ -1,4 +1,5 @@
-//! palisade's PostgreSQL layer: the migrations and every SQL statement palisade runs.
+//! palisade's PostgreSQL layer: the migrations and every SQL statement palisade runs (one file
+//! each under `sql/<table>/`; `src/sql.rs` says how they become constants).
 //!
 //! Services never write SQL; they call repository functions here, each taking the connection
 //! or transaction it runs in, so a service decides the transaction boundary (one per message,
@@ -28,6 +29,7 @@ pub mod states;
 pub mod testing;
 
 mod fence;
+mod sql;
 
 use std::time::Duration;
 
@@ -37,6 +39,7 @@ use thiserror::Error;
 pub use fence::LeaseClaim;
 pub use outbox::{OutboxEvent, ProgressEvents, Staged};
 pub use retry::RetryPolicy;
+pub use sql::{STATEMENTS, Statement};
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 /// The embedded migrations under `migrations/`.
@@ -173,16 +176,15 @@ pub fn expected_migration_version() -> i64 {
 
 /// The newest migration version applied to the database, if any.
 pub async fn applied_migration_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
-    let version: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-            .fetch_one(pool)
-            .await?;
+    let version: Option<i64> = sqlx::query_scalar(sql::database::SCHEMA_VERSION)
+        .fetch_one(pool)
+        .await?;
     Ok(version)
 }
 
 /// One round trip to the database (`SELECT 1`), for `/readyz`.
 pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
-    sqlx::query("SELECT 1").execute(pool).await?;
+    sqlx::query(sql::database::PING).execute(pool).await?;
     Ok(())
 }
 

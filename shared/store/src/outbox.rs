@@ -16,6 +16,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::sql;
 
 /// One event to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -188,28 +189,15 @@ async fn insert(
         .collect();
     let trace_scan_ids: Vec<Option<Uuid>> =
         events.iter().map(|event| event.trace_scan_id).collect();
-    let mut stored: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(
-        r#"
-        INSERT INTO outbox (id, subject, payload, headers, claimed_until)
-        SELECT e.id, e.subject, e.payload,
-               CASE WHEN e.headers = '{}'::jsonb AND s.trace_context IS NOT NULL
-                    THEN jsonb_build_object('traceparent', s.trace_context)
-                    ELSE e.headers END,
-               now() + make_interval(secs => $6)
-        FROM UNNEST($1::uuid[], $2::text[], $3::bytea[], $4::jsonb[], $5::uuid[])
-             AS e(id, subject, payload, headers, trace_scan_id)
-        LEFT JOIN scans s ON s.id = e.trace_scan_id
-        RETURNING id, headers
-        "#,
-    )
-    .bind(&ids)
-    .bind(&subjects)
-    .bind(&payloads)
-    .bind(&headers)
-    .bind(&trace_scan_ids)
-    .bind(claimed_for.map(crate::seconds))
-    .fetch_all(conn)
-    .await?;
+    let mut stored: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(sql::outbox::INSERT_MANY)
+        .bind(&ids)
+        .bind(&subjects)
+        .bind(&payloads)
+        .bind(&headers)
+        .bind(&trace_scan_ids)
+        .bind(claimed_for.map(crate::seconds))
+        .fetch_all(conn)
+        .await?;
     // RETURNING follows no order; give the rows back in the order of `events`.
     let position: std::collections::HashMap<Uuid, usize> = ids
         .iter()
@@ -227,26 +215,11 @@ pub async fn claim(
     limit: i64,
     claim_for: Duration,
 ) -> Result<Vec<OutboxEvent>, StoreError> {
-    let rows: Vec<(Uuid, String, Vec<u8>, serde_json::Value)> = sqlx::query_as(
-        r#"
-        WITH claimable AS (
-            SELECT id FROM outbox
-            WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
-            ORDER BY created_at
-            LIMIT $1
-            FOR UPDATE SKIP LOCKED
-        )
-        UPDATE outbox o
-        SET claimed_until = now() + make_interval(secs => $2), publish_attempts = publish_attempts + 1
-        FROM claimable
-        WHERE o.id = claimable.id
-        RETURNING o.id, o.subject, o.payload, o.headers
-        "#,
-    )
-    .bind(limit)
-    .bind(crate::seconds(claim_for))
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(Uuid, String, Vec<u8>, serde_json::Value)> = sqlx::query_as(sql::outbox::CLAIM)
+        .bind(limit)
+        .bind(crate::seconds(claim_for))
+        .fetch_all(pool)
+        .await?;
     let mut events: Vec<OutboxEvent> = rows
         .into_iter()
         .map(|(id, subject, payload, headers)| OutboxEvent {
@@ -269,7 +242,7 @@ pub async fn mark_published(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreErro
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query("UPDATE outbox SET published_at = now(), claimed_until = NULL WHERE id = ANY($1)")
+    sqlx::query(sql::outbox::MARK_PUBLISHED)
         .bind(ids)
         .execute(pool)
         .await?;
@@ -281,21 +254,15 @@ pub async fn unclaim(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL",
-    )
-    .bind(ids)
-    .execute(pool)
-    .await?;
+    sqlx::query(sql::outbox::UNCLAIM)
+        .bind(ids)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
 /// Rows not yet published and the age of the oldest, for lag metrics and tests.
 pub async fn backlog(pool: &PgPool) -> Result<(i64, Option<f64>), StoreError> {
-    let row: (i64, Option<f64>) = sqlx::query_as(
-        "SELECT count(*), extract(epoch FROM now() - min(created_at))::float8 FROM outbox WHERE published_at IS NULL",
-    )
-    .fetch_one(pool)
-    .await?;
+    let row: (i64, Option<f64>) = sqlx::query_as(sql::outbox::BACKLOG).fetch_one(pool).await?;
     Ok(row)
 }

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::outbox::OutboxEvent;
 use crate::retry::RetryPolicy;
+use crate::sql;
 use crate::states::{EnrichmentJobState, ScanJobState, ScanState, TaskState};
 
 /// A scan job (and its task), due now.
@@ -59,36 +60,19 @@ pub async fn create_jobs(
         .map(|job| job.execution_deadline_seconds)
         .collect();
     let max_attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts).collect();
-    sqlx::query(
-        r#"
-        WITH input AS (
-            SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::int[], $6::text[],
-                                 $7::jsonb[], $8::int[], $9::int[], $10::int[])
-                AS u(job_id, task_id, scan_id, organization_id, position, plugin, payload, priority,
-                     deadline, max_attempts)
-        ), jobs AS (
-            INSERT INTO scan_jobs (id, scan_id, organization_id, position, plugin)
-            SELECT job_id, scan_id, organization_id, position, plugin FROM input
-        )
-        INSERT INTO worker_tasks (id, organization_id, scan_id, scan_job_id, required_capabilities,
-                                  payload, priority, execution_deadline_seconds, max_attempts)
-        SELECT task_id, organization_id, scan_id, job_id, ARRAY[plugin], payload, priority, deadline,
-               max_attempts
-        FROM input
-        "#,
-    )
-    .bind(&job_ids)
-    .bind(&task_ids)
-    .bind(&scan_ids)
-    .bind(&organizations)
-    .bind(&positions)
-    .bind(&plugins)
-    .bind(&payloads)
-    .bind(&priorities)
-    .bind(&deadlines)
-    .bind(&max_attempts)
-    .execute(conn)
-    .await?;
+    sqlx::query(sql::scan_jobs::CREATE_MANY)
+        .bind(&job_ids)
+        .bind(&task_ids)
+        .bind(&scan_ids)
+        .bind(&organizations)
+        .bind(&positions)
+        .bind(&plugins)
+        .bind(&payloads)
+        .bind(&priorities)
+        .bind(&deadlines)
+        .bind(&max_attempts)
+        .execute(conn)
+        .await?;
     Ok(task_ids)
 }
 
@@ -131,23 +115,14 @@ pub async fn advance(
     let mut scan_ids: Vec<Uuid> = completed.iter().map(|job| job.scan_id).collect();
     scan_ids.sort_unstable();
     scan_ids.dedup();
-    let scans: HashMap<Uuid, LockedScan> = sqlx::query_as::<_, LockedScan>(
-        r#"
-        SELECT s.id, s.plugins, s.state, s.client_id, s.idempotency_key, s.priority,
-               s.execution_deadline_seconds, t.locator AS target,
-               (extract(epoch FROM s.created_at) * 1000)::bigint AS admitted_at_unix_ms
-        FROM scans s JOIN targets t ON t.id = s.target_id
-        WHERE s.id = ANY($1)
-        ORDER BY s.id
-        FOR NO KEY UPDATE OF s
-        "#,
-    )
-    .bind(&scan_ids)
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .map(|scan| (scan.id, scan))
-    .collect();
+    let scans: HashMap<Uuid, LockedScan> =
+        sqlx::query_as::<_, LockedScan>(sql::scans::LOCK_FOR_ADVANCE)
+            .bind(&scan_ids)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|scan| (scan.id, scan))
+            .collect();
 
     let mut next = Vec::new();
     let mut finished = Vec::new();
@@ -238,48 +213,14 @@ async fn complete_scans(
     }
     let scan_ids: Vec<Uuid> = scans.iter().map(|(scan_id, _)| *scan_id).collect();
     let job_ids: Vec<Uuid> = scans.iter().map(|_| Uuid::now_v7()).collect();
-    Ok(sqlx::query_as(
-        r#"
-        WITH input AS (
-            SELECT * FROM UNNEST($1::uuid[], $2::uuid[]) AS u(scan_id, job_id)
-        ), done AS (
-            UPDATE scans s SET state = $3, finished_at = now(), updated_at = now(),
-                   finding_count = (SELECT count(*) FROM findings f WHERE f.scan_id = s.id)
-            FROM input
-            WHERE s.id = input.scan_id
-            RETURNING s.id, s.organization_id, s.finding_count,
-                      (extract(epoch FROM s.finished_at) * 1000)::bigint AS completed_at_unix_ms
-        ), created AS (
-            -- A scan without CVE findings has nothing to enrich: its job is born completed,
-            -- so enrichment never spends a claim on it.
-            INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, checkpoint, finished_at)
-            SELECT input.job_id, done.id, done.organization_id,
-                   CASE WHEN cves.any THEN $4 ELSE $5 END,
-                   CASE WHEN cves.any THEN '{}'::jsonb
-                        ELSE jsonb_build_object('cve_ids', '[]'::jsonb, 'source', 'none') END,
-                   CASE WHEN cves.any THEN NULL ELSE now() END
-            FROM done JOIN input ON input.scan_id = done.id
-            CROSS JOIN LATERAL (
-                SELECT EXISTS (SELECT 1 FROM findings f
-                               WHERE f.scan_id = done.id AND cardinality(f.cve_ids) > 0) AS any
-            ) cves
-            ON CONFLICT (scan_id) DO NOTHING
-            RETURNING id, scan_id
-        )
-        SELECT done.id AS scan_id, done.organization_id, done.finding_count, done.completed_at_unix_ms,
-               coalesce(created.id, existing.id) AS enrichment_job_id
-        FROM done
-        LEFT JOIN created ON created.scan_id = done.id
-        LEFT JOIN enrichment_jobs existing ON existing.scan_id = done.id
-        "#,
-    )
-    .bind(&scan_ids)
-    .bind(&job_ids)
-    .bind(ScanState::Completed.as_str())
-    .bind(EnrichmentJobState::Pending.as_str())
-    .bind(EnrichmentJobState::Completed.as_str())
-    .fetch_all(conn)
-    .await?)
+    Ok(sqlx::query_as(sql::scans::COMPLETE_MANY)
+        .bind(&scan_ids)
+        .bind(&job_ids)
+        .bind(ScanState::Completed.as_str())
+        .bind(EnrichmentJobState::Pending.as_str())
+        .bind(EnrichmentJobState::Completed.as_str())
+        .fetch_all(conn)
+        .await?)
 }
 
 /// A task whose current attempt just ended badly (failed, expired, overdue). The caller has
@@ -381,69 +322,28 @@ pub async fn fail_tasks(
             }
         })
         .collect();
-    let rows: Vec<FailedRow> = sqlx::query_as(
-        r#"
-        WITH input AS (
-            SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bool[], $5::float8[], $6::text[])
-                WITH ORDINALITY AS u(task_id, scan_job_id, scan_id, retry, delay, reason, ord)
-        ), tasks AS (
-            UPDATE worker_tasks t
-            SET state = CASE WHEN u.retry THEN $7 ELSE $8 END,
-                available_at = CASE WHEN u.retry THEN now() + make_interval(secs => u.delay)
-                                    ELSE t.available_at END,
-                completed_at = CASE WHEN u.retry THEN t.completed_at ELSE now() END,
-                last_error_code = $9, last_error = $10, updated_at = now()
-            FROM input u
-            WHERE t.id = u.task_id AND t.state IN ($11, $12)
-            RETURNING u.ord, u.scan_job_id, u.scan_id, u.retry, u.reason
-        ), jobs AS (
-            UPDATE scan_jobs j
-            SET state = CASE WHEN tasks.retry THEN $13 ELSE $14 END,
-                error_code = CASE WHEN tasks.retry THEN j.error_code ELSE $9 END,
-                error_message = CASE WHEN tasks.retry THEN j.error_message ELSE $15 END,
-                finished_at = CASE WHEN tasks.retry THEN j.finished_at ELSE now() END,
-                updated_at = now()
-            FROM tasks
-            WHERE j.id = tasks.scan_job_id
-              AND CASE WHEN tasks.retry THEN j.state = $16 ELSE j.state IN ($13, $16) END
-        ), scans_failed AS (
-            -- One reason per scan: its first terminal task's.
-            UPDATE scans s
-            SET state = $17, failure_code = $9, failure_reason = f.reason, finished_at = now(),
-                updated_at = now()
-            FROM (SELECT DISTINCT ON (scan_id) scan_id, reason, ord FROM tasks
-                  WHERE NOT retry AND scan_id IS NOT NULL ORDER BY scan_id, ord) f
-            WHERE s.id = f.scan_id AND s.state IN ($18, $19)
-            RETURNING f.ord, s.client_id, s.idempotency_key,
-                      (extract(epoch FROM s.finished_at) * 1000)::bigint AS failed_at_unix_ms
-        )
-        SELECT tasks.ord, tasks.retry, scans_failed.client_id, scans_failed.idempotency_key,
-               scans_failed.failed_at_unix_ms
-        FROM tasks LEFT JOIN scans_failed ON scans_failed.ord = tasks.ord
-        ORDER BY tasks.ord
-        "#,
-    )
-    .bind(&task_ids)
-    .bind(&job_ids)
-    .bind(&scan_ids)
-    .bind(&retries)
-    .bind(&delays)
-    .bind(&reasons)
-    .bind(TaskState::RetryWait.as_str())
-    .bind(TaskState::FailedTerminal.as_str())
-    .bind(&failure.error.code)
-    .bind(failure.task_message)
-    .bind(TaskState::Leased.as_str())
-    .bind(TaskState::Running.as_str())
-    .bind(ScanJobState::Pending.as_str())
-    .bind(ScanJobState::Failed.as_str())
-    .bind(&failure.error.message)
-    .bind(ScanJobState::Running.as_str())
-    .bind(ScanState::Failed.as_str())
-    .bind(ScanState::Pending.as_str())
-    .bind(ScanState::Running.as_str())
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<FailedRow> = sqlx::query_as(sql::worker_tasks::FAIL_MANY)
+        .bind(&task_ids)
+        .bind(&job_ids)
+        .bind(&scan_ids)
+        .bind(&retries)
+        .bind(&delays)
+        .bind(&reasons)
+        .bind(TaskState::RetryWait.as_str())
+        .bind(TaskState::FailedTerminal.as_str())
+        .bind(&failure.error.code)
+        .bind(failure.task_message)
+        .bind(TaskState::Leased.as_str())
+        .bind(TaskState::Running.as_str())
+        .bind(ScanJobState::Pending.as_str())
+        .bind(ScanJobState::Failed.as_str())
+        .bind(&failure.error.message)
+        .bind(ScanJobState::Running.as_str())
+        .bind(ScanState::Failed.as_str())
+        .bind(ScanState::Pending.as_str())
+        .bind(ScanState::Running.as_str())
+        .fetch_all(conn)
+        .await?;
 
     let mut outcome = FailedTasks::default();
     for row in rows {

@@ -16,6 +16,7 @@ use crate::StoreError;
 use crate::outbox;
 use crate::progress::{self, FailedTask, Failure};
 use crate::retry::RetryPolicy;
+use crate::sql;
 use crate::states::{AttemptStatus, TaskState, UploadStatus};
 
 /// What one recovery pass did.
@@ -94,36 +95,17 @@ pub async fn recover_expired(
     limit: i64,
 ) -> Result<RecoveryOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let claimed = sqlx::query_as::<_, Claimed>(
-        r#"
-        WITH stale AS (
-            SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
-                   coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,
-                   (t.current_attempt_id = a.id AND t.state IN ($5, $6)) AS task_live
-            FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-            WHERE a.status IN ($2, $3) AND a.lease_expires_at <= now()
-            ORDER BY a.lease_expires_at
-            LIMIT $1
-            FOR UPDATE OF a, t SKIP LOCKED
-        ), expired AS (
-            UPDATE worker_task_attempts a
-            SET status = $4, finished_at = now(), updated_at = now(), error_code = $7,
-                error_message = $8
-            FROM stale WHERE a.id = stale.attempt_id
-        )
-        SELECT * FROM stale
-        "#,
-    )
-    .bind(limit)
-    .bind(AttemptStatus::Leased.as_str())
-    .bind(AttemptStatus::Running.as_str())
-    .bind(AttemptStatus::Expired.as_str())
-    .bind(TaskState::Leased.as_str())
-    .bind(TaskState::Running.as_str())
-    .bind(LEASE_EXPIRED)
-    .bind(LEASE_EXPIRED_MESSAGE)
-    .fetch_all(&mut *tx)
-    .await?;
+    let claimed = sqlx::query_as::<_, Claimed>(sql::worker_task_attempts::RECOVER_EXPIRED)
+        .bind(limit)
+        .bind(AttemptStatus::Leased.as_str())
+        .bind(AttemptStatus::Running.as_str())
+        .bind(AttemptStatus::Expired.as_str())
+        .bind(TaskState::Leased.as_str())
+        .bind(TaskState::Running.as_str())
+        .bind(LEASE_EXPIRED)
+        .bind(LEASE_EXPIRED_MESSAGE)
+        .fetch_all(&mut *tx)
+        .await?;
     if claimed.is_empty() {
         tx.commit().await?;
         return Ok(RecoveryOutcome::default());
@@ -151,12 +133,10 @@ const DEADLINE_EXCEEDED_MESSAGE: &str = "the execution deadline passed";
 
 /// How many `retry_wait` tasks are due now (index-served).
 pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM worker_tasks WHERE state = $1 AND available_at <= now() LIMIT 1000) due",
-    )
-    .bind(TaskState::RetryWait.as_str())
-    .fetch_one(pool)
-    .await?)
+    Ok(sqlx::query_scalar(sql::worker_tasks::COUNT_DUE_RETRIES)
+        .bind(TaskState::RetryWait.as_str())
+        .fetch_one(pool)
+        .await?)
 }
 
 /// Fails live attempts that passed their task's execution deadline, even if they renew:
@@ -171,37 +151,17 @@ pub async fn fail_overdue(
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
     let mut tx = pool.begin().await?;
-    let claimed = sqlx::query_as::<_, Claimed>(
-        r#"
-        WITH overdue AS (
-            SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
-                   coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,
-                   (t.current_attempt_id = a.id AND t.state IN ($5, $6)) AS task_live
-            FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-            WHERE a.status IN ($2, $3) AND t.execution_deadline_seconds IS NOT NULL
-              AND a.started_at + make_interval(secs => t.execution_deadline_seconds) <= now()
-            ORDER BY a.started_at
-            LIMIT $1
-            FOR UPDATE OF a, t SKIP LOCKED
-        ), failed AS (
-            UPDATE worker_task_attempts a
-            SET status = $4, finished_at = now(), updated_at = now(), error_code = $7,
-                error_message = $8
-            FROM overdue WHERE a.id = overdue.attempt_id
-        )
-        SELECT * FROM overdue
-        "#,
-    )
-    .bind(limit)
-    .bind(AttemptStatus::Leased.as_str())
-    .bind(AttemptStatus::Running.as_str())
-    .bind(AttemptStatus::Failed.as_str())
-    .bind(TaskState::Leased.as_str())
-    .bind(TaskState::Running.as_str())
-    .bind(DEADLINE_EXCEEDED)
-    .bind(DEADLINE_EXCEEDED_MESSAGE)
-    .fetch_all(&mut *tx)
-    .await?;
+    let claimed = sqlx::query_as::<_, Claimed>(sql::worker_task_attempts::FAIL_OVERDUE)
+        .bind(limit)
+        .bind(AttemptStatus::Leased.as_str())
+        .bind(AttemptStatus::Running.as_str())
+        .bind(AttemptStatus::Failed.as_str())
+        .bind(TaskState::Leased.as_str())
+        .bind(TaskState::Running.as_str())
+        .bind(DEADLINE_EXCEEDED)
+        .bind(DEADLINE_EXCEEDED_MESSAGE)
+        .fetch_all(&mut *tx)
+        .await?;
     if claimed.is_empty() {
         tx.commit().await?;
         return Ok(Vec::new());
@@ -223,23 +183,13 @@ pub async fn fail_overdue(
 
 /// Upload sessions past their expiry (never committed) become `expired`, in one statement.
 pub async fn expire_uploads(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        r#"
-        UPDATE worker_artifact_uploads SET status = $2
-        WHERE id IN (
-            SELECT id FROM worker_artifact_uploads
-            WHERE status = ANY($3) AND expires_at <= now()
-            ORDER BY expires_at LIMIT $1
-            FOR UPDATE SKIP LOCKED
-        )
-        "#,
-    )
-    .bind(limit)
-    .bind(UploadStatus::Expired.as_str())
-    .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
-    .execute(pool)
-    .await?
-    .rows_affected())
+    Ok(sqlx::query(sql::worker_artifact_uploads::EXPIRE)
+        .bind(limit)
+        .bind(UploadStatus::Expired.as_str())
+        .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
+        .execute(pool)
+        .await?
+        .rows_affected())
 }
 
 /// What one retention pass removed.
@@ -268,53 +218,25 @@ pub async fn prune(
     limit: i64,
 ) -> Result<Pruned, StoreError> {
     let seconds = crate::seconds(retention);
-    let outbox = sqlx::query(
-        r#"
-        DELETE FROM outbox WHERE id = ANY(ARRAY(
-            SELECT id FROM outbox WHERE published_at < now() - make_interval(secs => $1)
-            ORDER BY published_at LIMIT $2
-        ))
-        "#,
-    )
-    .bind(seconds)
-    .bind(limit)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    let batches = sqlx::query(
-        r#"
-        DELETE FROM worker_result_batches WHERE id = ANY(ARRAY(
-            SELECT b.id FROM worker_result_batches b
-            CROSS JOIN LATERAL (
-                SELECT 1 FROM worker_tasks t
-                WHERE t.id = b.task_id AND t.state = ANY($3)
-                  AND t.completed_at < now() - make_interval(secs => $1)
-                OFFSET 0
-            ) ended
-            WHERE b.received_at < now() - make_interval(secs => $1)
-            ORDER BY b.received_at LIMIT $2
-        ))
-        "#,
-    )
-    .bind(seconds)
-    .bind(limit)
-    .bind(TaskState::TERMINAL.map(TaskState::as_str))
-    .execute(pool)
-    .await?
-    .rows_affected();
-    let dead_letters = sqlx::query(
-        r#"
-        DELETE FROM dead_letters WHERE id = ANY(ARRAY(
-            SELECT id FROM dead_letters WHERE created_at < now() - make_interval(secs => $1)
-            ORDER BY created_at LIMIT $2
-        ))
-        "#,
-    )
-    .bind(seconds)
-    .bind(limit)
-    .execute(pool)
-    .await?
-    .rows_affected();
+    let outbox = sqlx::query(sql::outbox::PRUNE)
+        .bind(seconds)
+        .bind(limit)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    let batches = sqlx::query(sql::worker_result_batches::PRUNE)
+        .bind(seconds)
+        .bind(limit)
+        .bind(TaskState::TERMINAL.map(TaskState::as_str))
+        .execute(pool)
+        .await?
+        .rows_affected();
+    let dead_letters = sqlx::query(sql::dead_letters::PRUNE)
+        .bind(seconds)
+        .bind(limit)
+        .execute(pool)
+        .await?
+        .rows_affected();
     Ok(Pruned {
         outbox,
         batches,

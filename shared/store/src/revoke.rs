@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::outbox::{self, OutboxEvent};
+use crate::sql;
 use crate::states::{AttemptStatus, ScanJobState, TaskState};
 
 /// What happens to the leases the worker holds when it is revoked.
@@ -37,17 +38,11 @@ pub async fn revoke_worker(
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let found: Option<Uuid> = sqlx::query_scalar(
-        r#"
-        UPDATE workers SET enabled = false, revoked_at = coalesce(revoked_at, now()),
-               revocation_reason = $2, updated_at = now()
-        WHERE id = $1 RETURNING id
-        "#,
-    )
-    .bind(worker_id)
-    .bind(reason)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let found: Option<Uuid> = sqlx::query_scalar(sql::workers::REVOKE)
+        .bind(worker_id)
+        .bind(reason)
+        .fetch_optional(&mut *tx)
+        .await?;
     if found.is_none() {
         return Ok(RevokeOutcome::NotFound);
     }
@@ -69,18 +64,12 @@ pub async fn revoke_assignment(
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let found: Option<Uuid> = sqlx::query_scalar(
-        r#"
-        UPDATE organization_workers SET enabled = false, revoked_at = coalesce(revoked_at, now()),
-               revocation_reason = $3, updated_at = now()
-        WHERE organization_id = $1 AND worker_id = $2 RETURNING worker_id
-        "#,
-    )
-    .bind(organization_id)
-    .bind(worker_id)
-    .bind(reason)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let found: Option<Uuid> = sqlx::query_scalar(sql::organization_workers::REVOKE)
+        .bind(organization_id)
+        .bind(worker_id)
+        .bind(reason)
+        .fetch_optional(&mut *tx)
+        .await?;
     if found.is_none() {
         return Ok(RevokeOutcome::NotFound);
     }
@@ -96,12 +85,10 @@ pub async fn revoke_assignment(
 
 /// Re-enables a revoked worker (its assignments are managed separately).
 pub async fn enable_worker(pool: &PgPool, worker_id: Uuid) -> Result<bool, StoreError> {
-    let updated = sqlx::query(
-        "UPDATE workers SET enabled = true, revoked_at = NULL, revocation_reason = '', updated_at = now() WHERE id = $1",
-    )
-    .bind(worker_id)
-    .execute(pool)
-    .await?;
+    let updated = sqlx::query(sql::workers::ENABLE)
+        .bind(worker_id)
+        .execute(pool)
+        .await?;
     Ok(updated.rows_affected() == 1)
 }
 
@@ -113,52 +100,26 @@ async fn void_leases(
     worker_id: Uuid,
     organization_id: Option<Uuid>,
 ) -> Result<usize, StoreError> {
-    let voided: Vec<(Uuid, Option<Uuid>, Uuid, String)> = sqlx::query_as(
-        r#"
-        WITH live AS (
-            SELECT a.id, a.task_id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
-            WHERE a.worker_id = $1 AND a.status = ANY($3)
-              AND ($2::uuid IS NULL OR t.organization_id = $2)
-            ORDER BY a.id
-            FOR UPDATE OF a
-        ),
-        voided AS (
-            UPDATE worker_task_attempts a
-            SET status = $4, finished_at = now(), updated_at = now(),
-                error_code = 'worker_revoked', error_message = 'the worker or its assignment was revoked'
-            FROM live WHERE a.id = live.id
-            RETURNING a.id, a.task_id
-        )
-        UPDATE worker_tasks t
-        SET state = $5, attempt_count = t.attempt_count - 1, available_at = now(), updated_at = now()
-        FROM voided
-        WHERE t.id = voided.task_id AND t.current_attempt_id = voided.id AND t.state = ANY($6)
-        RETURNING t.id, t.scan_id, t.organization_id, coalesce(t.payload->>'plugin', '')
-        "#,
-    )
-    .bind(worker_id)
-    .bind(organization_id)
-    .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-    .bind(AttemptStatus::Cancelled.as_str())
-    .bind(TaskState::Pending.as_str())
-    .bind(TaskState::LEASED.map(TaskState::as_str))
-    .fetch_all(&mut *conn)
-    .await?;
+    let voided: Vec<(Uuid, Option<Uuid>, Uuid, String)> =
+        sqlx::query_as(sql::worker_task_attempts::VOID_LEASES)
+            .bind(worker_id)
+            .bind(organization_id)
+            .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+            .bind(AttemptStatus::Cancelled.as_str())
+            .bind(TaskState::Pending.as_str())
+            .bind(TaskState::LEASED.map(TaskState::as_str))
+            .fetch_all(&mut *conn)
+            .await?;
     if voided.is_empty() {
         return Ok(0);
     }
     let task_ids: Vec<Uuid> = voided.iter().map(|(task_id, ..)| *task_id).collect();
-    sqlx::query(
-        r#"
-        UPDATE scan_jobs SET state = $2, updated_at = now()
-        WHERE id IN (SELECT scan_job_id FROM worker_tasks WHERE id = ANY($1)) AND state = $3
-        "#,
-    )
-    .bind(&task_ids)
-    .bind(ScanJobState::Pending.as_str())
-    .bind(ScanJobState::Running.as_str())
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query(sql::scan_jobs::VOID_LEASES)
+        .bind(&task_ids)
+        .bind(ScanJobState::Pending.as_str())
+        .bind(ScanJobState::Running.as_str())
+        .execute(&mut *conn)
+        .await?;
     let events: Vec<OutboxEvent> = voided
         .iter()
         .map(|(task_id, scan_id, organization_id, plugin)| {

@@ -90,3 +90,74 @@ async fn every_migration_can_run_again_over_its_own_result() {
         .expect("re-running the migrator is a no-op");
     system.finish().await;
 }
+
+/// Every statement file under `shared/store/sql/` is planned by PostgreSQL against the
+/// migrated schema, so a statement naming a table or column that does not exist, or with a
+/// type error, fails here rather than in a service. Its leading comment names each of its
+/// parameters `$1…$n`, exactly as many as PostgreSQL finds. The two statements a granted lease
+/// is decoded from return the same columns.
+#[tokio::test]
+async fn every_statement_is_planned_against_the_migrated_schema() {
+    use sqlx::Executor as _;
+    use sqlx::{Column as _, TypeInfo as _};
+
+    let system = TestSystem::spawn().await;
+    let mut conn = system.pool.acquire().await.unwrap();
+    assert!(store::STATEMENTS.len() > 80, "found the statement files");
+    let mut problems = Vec::new();
+    let mut columns = std::collections::BTreeMap::new();
+    for statement in store::STATEMENTS {
+        let described = match (&mut *conn)
+            .describe(sqlx::SqlSafeStr::into_sql_str(statement.text))
+            .await
+        {
+            Ok(described) => described,
+            Err(error) => {
+                problems.push(format!("{}: {error}", statement.name));
+                continue;
+            }
+        };
+        let parameters = match described.parameters() {
+            Some(sqlx::Either::Left(types)) => types.len(),
+            Some(sqlx::Either::Right(count)) => count,
+            None => 0,
+        };
+        let documented: Vec<String> = statement
+            .text
+            .lines()
+            .map_while(|line| line.strip_prefix("--"))
+            .filter_map(|line| line.trim_start().strip_prefix('$'))
+            .filter_map(|line| line.split_once(':').map(|(number, _)| number.to_owned()))
+            .collect();
+        let expected: Vec<String> = (1..=parameters).map(|n| n.to_string()).collect();
+        if documented != expected {
+            problems.push(format!(
+                "{}: PostgreSQL finds {parameters} parameters; its leading comment documents {:?} \
+                 (write one `-- $n: what it is` line for each, in order)",
+                statement.name, documented
+            ));
+        }
+        let returned: Vec<(String, String)> = described
+            .columns()
+            .iter()
+            .map(|column| {
+                (
+                    column.name().to_owned(),
+                    column.type_info().name().to_owned(),
+                )
+            })
+            .collect();
+        columns.insert(statement.name, returned);
+    }
+    assert!(
+        problems.is_empty(),
+        "statements the schema refuses or documents wrongly:\n{}",
+        problems.join("\n")
+    );
+    assert_eq!(
+        columns["worker_tasks/grant"], columns["worker_task_attempts/replayed_leases"],
+        "a granted lease and a replayed one decode into the same `GrantedLease`"
+    );
+    drop(conn); // `finish` closes the pool, which waits for every connection to come back
+    system.finish().await;
+}

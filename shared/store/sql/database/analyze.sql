@@ -1,0 +1,2 @@
+-- Refreshes the planner's statistics after seeding history.
+ANALYZE

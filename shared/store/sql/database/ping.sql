@@ -1,0 +1,2 @@
+-- Whether the database answers.
+SELECT 1

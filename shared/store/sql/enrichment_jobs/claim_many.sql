@@ -1,0 +1,22 @@
+-- Enrichment: claims due jobs (pending and due, or running with a lapsed lease), each with a new
+-- fencing token.
+-- $1: owner
+-- $2: crate::seconds(lease_ttl)
+-- $3: limit
+-- $4: EnrichmentJobState::Pending.as_str()
+-- $5: EnrichmentJobState::Running.as_str()
+WITH due AS (
+    SELECT id FROM enrichment_jobs
+    WHERE (state = $4 AND available_at <= now())
+       OR (state = $5 AND lease_expires_at <= now())
+    ORDER BY available_at, created_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE enrichment_jobs j
+SET state = $5, lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2),
+    last_heartbeat_at = now(), fencing_token = j.fencing_token + 1, attempt_count = j.attempt_count + 1,
+    updated_at = now()
+FROM due WHERE j.id = due.id
+RETURNING j.id, j.scan_id, j.fencing_token,
+          (SELECT s.trace_context FROM scans s WHERE s.id = j.scan_id) AS trace_context

@@ -1,0 +1,14 @@
+-- Enrichment: completes the jobs whose fencing token is still theirs and whose lease has not
+-- lapsed.
+-- $1: ids
+-- $2: tokens
+-- $3: checkpoints
+-- $4: EnrichmentJobState::Completed.as_str()
+-- $5: EnrichmentJobState::Running.as_str()
+UPDATE enrichment_jobs j
+SET state = $4, checkpoint = c.checkpoint, finished_at = now(), lease_owner = NULL,
+    lease_expires_at = NULL, updated_at = now()
+FROM UNNEST($1::uuid[], $2::bigint[], $3::jsonb[]) AS c(id, fencing_token, checkpoint)
+WHERE j.id = c.id AND j.fencing_token = c.fencing_token AND j.state = $5
+  AND j.lease_expires_at > now()
+RETURNING j.id

@@ -1,0 +1,10 @@
+-- Ingestion: deletes the findings and asset links an earlier attempt of each completing scan job
+-- left.
+-- $1: jobs
+-- $2: attempts
+WITH gone_findings AS (
+    DELETE FROM findings f USING UNNEST($1::uuid[], $2::uuid[]) AS u(scan_job_id, attempt_id)
+    WHERE f.scan_job_id = u.scan_job_id AND f.attempt_id <> u.attempt_id
+)
+DELETE FROM scan_assets s USING UNNEST($1::uuid[], $2::uuid[]) AS u(scan_job_id, attempt_id)
+WHERE s.scan_job_id = u.scan_job_id AND s.attempt_id <> u.attempt_id

@@ -1,0 +1,9 @@
+-- Cancel: ends the scan.
+-- $1: scan_id
+-- $2: reason
+-- $3: ScanState::Cancelled.as_str()
+-- $4: CANCELLED
+UPDATE scans SET state = $3, failure_code = $4, failure_reason = $2,
+       finished_at = now(), updated_at = now()
+WHERE id = $1
+RETURNING (extract(epoch FROM finished_at) * 1000)::bigint

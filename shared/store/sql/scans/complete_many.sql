@@ -1,0 +1,38 @@
+-- Progress: completes scans whose last plugin completed, counting their findings, and creates
+-- each one's enrichment job (born completed when no finding names a CVE).
+-- $1: scan_ids
+-- $2: job_ids
+-- $3: ScanState::Completed.as_str()
+-- $4: EnrichmentJobState::Pending.as_str()
+-- $5: EnrichmentJobState::Completed.as_str()
+WITH input AS (
+    SELECT * FROM UNNEST($1::uuid[], $2::uuid[]) AS u(scan_id, job_id)
+), done AS (
+    UPDATE scans s SET state = $3, finished_at = now(), updated_at = now(),
+           finding_count = (SELECT count(*) FROM findings f WHERE f.scan_id = s.id)
+    FROM input
+    WHERE s.id = input.scan_id
+    RETURNING s.id, s.organization_id, s.finding_count,
+              (extract(epoch FROM s.finished_at) * 1000)::bigint AS completed_at_unix_ms
+), created AS (
+    -- A scan without CVE findings has nothing to enrich: its job is born completed,
+    -- so enrichment never spends a claim on it.
+    INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, checkpoint, finished_at)
+    SELECT input.job_id, done.id, done.organization_id,
+           CASE WHEN cves.any THEN $4 ELSE $5 END,
+           CASE WHEN cves.any THEN '{}'::jsonb
+                ELSE jsonb_build_object('cve_ids', '[]'::jsonb, 'source', 'none') END,
+           CASE WHEN cves.any THEN NULL ELSE now() END
+    FROM done JOIN input ON input.scan_id = done.id
+    CROSS JOIN LATERAL (
+        SELECT EXISTS (SELECT 1 FROM findings f
+                       WHERE f.scan_id = done.id AND cardinality(f.cve_ids) > 0) AS any
+    ) cves
+    ON CONFLICT (scan_id) DO NOTHING
+    RETURNING id, scan_id
+)
+SELECT done.id AS scan_id, done.organization_id, done.finding_count, done.completed_at_unix_ms,
+       coalesce(created.id, existing.id) AS enrichment_job_id
+FROM done
+LEFT JOIN created ON created.scan_id = done.id
+LEFT JOIN enrichment_jobs existing ON existing.scan_id = done.id

@@ -1,0 +1,27 @@
+-- Admission: for each request, the scan its idempotency key already names, the active scan on its
+-- target, and its organization's admissions in the last hour.
+-- $1: organizations
+-- $2: clients
+-- $3: keys
+-- $4: targets
+-- $5: counted
+-- $6: active
+WITH input AS (
+    SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[])
+        WITH ORDINALITY AS u(organization_id, client_id, idempotency_key, locator, position)
+), recent AS (
+    SELECT organization_id, count(*) AS admitted
+    FROM scans
+    WHERE organization_id = ANY($5) AND created_at > now() - interval '1 hour'
+    GROUP BY organization_id
+)
+SELECT k.id AS key_scan_id, k.request_fingerprint AS key_fingerprint, k.state AS key_state,
+       a.id AS active_scan_id, coalesce(r.admitted, 0) AS recent
+FROM input u
+LEFT JOIN scans k ON k.organization_id = u.organization_id AND k.client_id = u.client_id
+                 AND k.idempotency_key = u.idempotency_key
+LEFT JOIN targets t ON t.organization_id = u.organization_id AND t.locator = u.locator
+LEFT JOIN scans a ON a.organization_id = u.organization_id AND a.target_id = t.id
+                 AND a.state = ANY($6)
+LEFT JOIN recent r ON r.organization_id = u.organization_id
+ORDER BY u.position

@@ -1,0 +1,72 @@
+-- Acquire: one statement locks the worker's assignments (FOR SHARE, like the worker row before
+-- it), picks due tasks it may take (SKIP LOCKED), leases them, creates their attempts, marks the
+-- worker seen, and moves their scan jobs and scans to running.
+-- Its columns are `lease::GrantedLease`'s, the same as
+-- `worker_task_attempts/replayed_leases.sql`'s.
+-- $1: params.worker_id
+-- $2: eligibility.capabilities
+-- $3: free
+-- $4: params.request_id
+-- $5: crate::seconds(params.lease_ttl)
+-- $6: [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()]
+-- $7: TaskState::Leased.as_str()
+-- $8: AttemptStatus::Leased.as_str()
+-- $9: ScanJobState::Running.as_str()
+-- $10: ScanJobState::Pending.as_str()
+-- $11: ScanState::Running.as_str()
+-- $12: ScanState::Pending.as_str()
+WITH assigned AS (
+    SELECT organization_id FROM organization_workers
+    WHERE worker_id = $1 AND enabled AND revoked_at IS NULL
+    ORDER BY organization_id
+    FOR SHARE
+),
+picked AS (
+    SELECT t.id FROM worker_tasks t
+    WHERE t.state = ANY($6)
+      AND t.available_at <= now()
+      AND t.cancel_requested_at IS NULL
+      AND t.organization_id IN (SELECT organization_id FROM assigned)
+      AND t.required_capabilities <@ $2
+    ORDER BY t.priority DESC, t.available_at, t.created_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+),
+leased AS (
+    UPDATE worker_tasks t
+    SET state = $7, attempt_count = t.attempt_count + 1,
+        last_attempt_number = t.last_attempt_number + 1,
+        current_attempt_id = gen_random_uuid(), updated_at = now()
+    FROM picked WHERE t.id = picked.id
+    RETURNING t.*
+),
+a AS (
+    INSERT INTO worker_task_attempts
+        (id, task_id, worker_id, attempt_number, lease_token, acquire_request_id, status, lease_expires_at)
+    SELECT l.current_attempt_id, l.id, $1, l.last_attempt_number,
+           replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''),
+           $4, $8, now() + make_interval(secs => $5)
+    FROM leased l
+    RETURNING *
+),
+seen AS (
+    UPDATE workers SET last_seen_at = now() WHERE id = $1
+),
+started_jobs AS (
+    UPDATE scan_jobs j SET state = $9, started_at = coalesce(j.started_at, now()), updated_at = now()
+    FROM leased WHERE j.id = leased.scan_job_id AND j.state = $10
+),
+started_scans AS (
+    UPDATE scans s SET state = $11, started_at = coalesce(s.started_at, now()), updated_at = now()
+    WHERE s.id IN (SELECT scan_id FROM leased) AND s.state = $12
+)
+SELECT
+    a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,
+    t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin,
+    coalesce(t.payload->>'target', '') AS target,
+    coalesce((t.payload->>'position')::int, 0) AS position,
+    greatest(0, (extract(epoch FROM a.lease_expires_at - now()) * 1000)::bigint) AS lease_expires_in_ms,
+    t.execution_deadline_seconds,
+    (SELECT s.trace_context FROM scans s WHERE s.id = t.scan_id) AS trace_context
+FROM a JOIN leased t ON t.id = a.task_id
+ORDER BY t.priority DESC, t.created_at

@@ -1,0 +1,55 @@
+-- Everything `/metrics` samples in one statement: due and waiting tasks and the oldest's age,
+-- live leases and the stalest renewal, the outbox backlog, the newest completion's age and the
+-- enrichment backlog.
+-- $1: crate::seconds(worker_seen_within)
+-- $2: TaskState::Pending.as_str()
+-- $3: TaskState::RetryWait.as_str()
+-- $4: AttemptStatus::LIVE.map(AttemptStatus::as_str)
+-- $5: ScanState::Completed.as_str()
+-- $6: EnrichmentJobState::Pending.as_str()
+WITH waiting AS (
+    SELECT
+        count(*) FILTER (WHERE state = $2 AND available_at <= now()) AS due_pending,
+        count(*) FILTER (WHERE state = $3 AND available_at <= now()) AS due_retry_wait,
+        count(*) FILTER (WHERE state = $3) AS retry_wait,
+        min(available_at) FILTER (WHERE available_at <= now()) AS oldest_due
+    FROM worker_tasks
+    WHERE state IN ($2, $3)
+),
+live AS (
+    SELECT count(*) AS n, min(coalesce(last_renewed_at, started_at)) AS stalest
+    FROM worker_task_attempts
+    WHERE status = ANY($4)
+),
+outbox_backlog AS (
+    SELECT count(*) AS n, min(created_at) AS oldest
+    FROM outbox
+    WHERE published_at IS NULL
+)
+SELECT
+    waiting.due_pending AS tasks_due_pending,
+    waiting.due_retry_wait AS tasks_due_retry_wait,
+    waiting.retry_wait AS tasks_retry_wait,
+    coalesce(extract(epoch FROM now() - waiting.oldest_due)::float8, 0) AS oldest_due_task_age_seconds,
+    live.n AS live_attempts,
+    greatest(coalesce(extract(epoch FROM now() - live.stalest)::float8, 0), 0) AS stalest_lease_age_seconds,
+    outbox_backlog.n AS outbox_unpublished,
+    coalesce(extract(epoch FROM now() - outbox_backlog.oldest)::float8, 0) AS outbox_oldest_age_seconds,
+    (
+        SELECT extract(epoch FROM now() - finished_at)::float8
+        FROM scans
+        WHERE state = $5 AND finished_at IS NOT NULL
+        ORDER BY finished_at DESC
+        LIMIT 1
+    ) AS last_completed_scan_age_seconds,
+    (
+        SELECT count(*) FROM workers
+        WHERE last_seen_at > now() - make_interval(secs => $1)
+    ) AS workers_live,
+    (SELECT count(*) FROM enrichment_jobs WHERE state = $6) AS enrichment_pending,
+    (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM worker_tasks_retries_seq) AS task_retries,
+    (
+        SELECT CASE WHEN is_called THEN last_value ELSE 0 END
+        FROM worker_tasks_failed_terminal_seq
+    ) AS tasks_failed_terminal
+FROM waiting, live, outbox_backlog
