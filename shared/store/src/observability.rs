@@ -27,7 +27,7 @@ pub struct Snapshot {
     /// Seconds since the stalest live lease was renewed (or started, if never renewed);
     /// 0 when no attempt is live. Grows while a killed worker's lease awaits the reaper.
     pub stalest_lease_age_seconds: f64,
-    /// Outbox rows not yet published (`outbox_unpublished_idx`).
+    /// Outbox rows not yet published (`outbox_claimable_idx` holds them all).
     pub outbox_unpublished: i64,
     /// Seconds since the oldest unpublished outbox row was written; 0 when none.
     pub outbox_oldest_age_seconds: f64,

@@ -57,12 +57,14 @@ const WORKLOAD_TIME_MAX: Duration = Duration::from_secs(60);
 
 /// One table's counters since the reset, and its size as the seeding's `ANALYZE` saw it.
 #[derive(Debug, sqlx::FromRow)]
-struct TableReads {
-    relname: String,
-    seq_scan: i64,
-    seq_tup_read: i64,
-    idx_scan: i64,
-    rows: f32,
+pub(crate) struct TableReads {
+    pub(crate) relname: String,
+    pub(crate) seq_scan: i64,
+    pub(crate) seq_tup_read: i64,
+    pub(crate) idx_scan: i64,
+    /// Rows fetched from the table through its indexes.
+    pub(crate) idx_tup_fetch: i64,
+    pub(crate) rows: f32,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,7 +297,7 @@ async fn wait_enriched(system: &TestSystem, scan_ids: &[String]) {
 /// The counters of every table, read on a connection of its own once no other backend is
 /// connected to the test's database (a backend flushes its counters before it leaves
 /// `pg_stat_activity`).
-async fn table_reads(system: &TestSystem) -> Vec<TableReads> {
+pub(crate) async fn table_reads(system: &TestSystem) -> Vec<TableReads> {
     let mut settings = store::DatabaseSettings::new(system.database_url().to_owned());
     settings.max_connections = 1;
     let pool = store::connect(&settings)
@@ -322,7 +324,8 @@ async fn table_reads(system: &TestSystem) -> Vec<TableReads> {
     // one, each read sees the latest.
     let reads = sqlx::query_as::<_, TableReads>(
         "SELECT s.relname::text AS relname, s.seq_scan, s.seq_tup_read,
-                coalesce(s.idx_scan, 0) AS idx_scan, c.reltuples AS rows
+                coalesce(s.idx_scan, 0) AS idx_scan, coalesce(s.idx_tup_fetch, 0) AS idx_tup_fetch,
+                c.reltuples AS rows
          FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
          ORDER BY s.relname",
     )

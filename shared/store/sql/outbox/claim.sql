@@ -1,10 +1,11 @@
--- The relay's poll: claims the oldest unpublished rows nobody holds.
+-- The relay's poll: claims the rows nobody holds, in the order they became claimable (written
+-- and never claimed: `created_at`; claim lapsed: `claimed_until`), from `outbox_claimable_idx`.
 -- $1: limit
 -- $2: crate::seconds(claim_for)
 WITH claimable AS (
     SELECT id FROM outbox
-    WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
-    ORDER BY created_at
+    WHERE published_at IS NULL AND coalesce(claimed_until, created_at) <= now()
+    ORDER BY coalesce(claimed_until, created_at)
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )

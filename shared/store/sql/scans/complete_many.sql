@@ -6,28 +6,31 @@
 -- $4: EnrichmentJobState::Pending.as_str()
 -- $5: EnrichmentJobState::Completed.as_str()
 WITH input AS (
-    SELECT * FROM UNNEST($1::uuid[], $2::uuid[]) AS u(scan_id, job_id)
+    -- Each scan's findings are read once: their count, and whether any names a CVE.
+    SELECT u.scan_id, u.job_id, f.findings, f.cves
+    FROM UNNEST($1::uuid[], $2::uuid[]) AS u(scan_id, job_id)
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS findings, coalesce(bool_or(cardinality(cve_ids) > 0), false) AS cves
+        FROM findings WHERE findings.scan_id = u.scan_id
+    ) f
 ), done AS (
     UPDATE scans s SET state = $3, finished_at = now(), updated_at = now(),
-           finding_count = (SELECT count(*) FROM findings f WHERE f.scan_id = s.id)
+           finding_count = input.findings
     FROM input
     WHERE s.id = input.scan_id
     RETURNING s.id, s.organization_id, s.finding_count,
-              (extract(epoch FROM s.finished_at) * 1000)::bigint AS completed_at_unix_ms
+              (extract(epoch FROM s.finished_at) * 1000)::bigint AS completed_at_unix_ms,
+              input.job_id, input.cves
 ), created AS (
     -- A scan without CVE findings has nothing to enrich: its job is born completed,
     -- so enrichment never spends a claim on it.
     INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, checkpoint, finished_at)
-    SELECT input.job_id, done.id, done.organization_id,
-           CASE WHEN cves.any THEN $4 ELSE $5 END,
-           CASE WHEN cves.any THEN '{}'::jsonb
+    SELECT job_id, id, organization_id,
+           CASE WHEN cves THEN $4 ELSE $5 END,
+           CASE WHEN cves THEN '{}'::jsonb
                 ELSE jsonb_build_object('cve_ids', '[]'::jsonb, 'source', 'none') END,
-           CASE WHEN cves.any THEN NULL ELSE now() END
-    FROM done JOIN input ON input.scan_id = done.id
-    CROSS JOIN LATERAL (
-        SELECT EXISTS (SELECT 1 FROM findings f
-                       WHERE f.scan_id = done.id AND cardinality(f.cve_ids) > 0) AS any
-    ) cves
+           CASE WHEN cves THEN NULL ELSE now() END
+    FROM done
     ON CONFLICT (scan_id) DO NOTHING
     RETURNING id, scan_id
 )

@@ -22,15 +22,25 @@ WITH assigned AS (
     FOR SHARE
 ),
 picked AS (
-    SELECT t.id FROM worker_tasks t
-    WHERE t.state = ANY($6)
-      AND t.available_at <= now()
-      AND t.cancel_requested_at IS NULL
-      AND t.organization_id IN (SELECT organization_id FROM assigned)
-      AND t.required_capabilities <@ $2
-    ORDER BY t.priority DESC, t.available_at, t.created_at
+    -- Each organization's first due tasks in priority order, read in that order from
+    -- `worker_tasks_due_by_org_idx` and locked as they are read, then the first of all of
+    -- them: an acquire reads about as many tasks as it grants, whatever the backlog. With
+    -- several organizations, a task locked here but not granted is skipped by other acquires
+    -- until this transaction ends.
+    SELECT due.id FROM assigned
+    CROSS JOIN LATERAL (
+        SELECT t.id, t.priority, t.available_at, t.created_at FROM worker_tasks t
+        WHERE t.organization_id = assigned.organization_id
+          AND t.state = ANY($6)
+          AND t.available_at <= now()
+          AND t.cancel_requested_at IS NULL
+          AND t.required_capabilities <@ $2
+        ORDER BY t.priority DESC, t.available_at, t.created_at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) due
+    ORDER BY due.priority DESC, due.available_at, due.created_at
     LIMIT $3
-    FOR UPDATE SKIP LOCKED
 ),
 leased AS (
     UPDATE worker_tasks t
