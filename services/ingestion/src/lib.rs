@@ -15,7 +15,7 @@ use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
 use runtime::{BatchLimits, CommonSettings, Connections, Plumbing, SettingsError, env};
-use store::ingestion::IngestOutcome;
+use store::ingest::IngestOutcome;
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;

@@ -6,7 +6,7 @@ use messages::{ErrorCode, WorkerVerb, v1};
 use prost::Message as _;
 use runtime::BatchLimits;
 use store::ingest;
-use store::ingestion::{BatchParams, FailParams};
+use store::ingest::{BatchParams, FailParams};
 use store::{LeaseClaim, RetryPolicy};
 use uuid::Uuid;
 

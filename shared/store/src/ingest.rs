@@ -13,10 +13,12 @@
 //!
 //! Everything else (failures, and a second message for an attempt that already completed or
 //! failed in this batch) is decided afterwards one by one, each in a savepoint, by the
-//! functions of [`ingestion`], which see what the set-wise part wrote. When a set-wise
+//! functions of [`one_by_one`], which see what the set-wise part wrote. When a set-wise
 //! statement fails for a reason that retrying cannot fix (a row the schema refuses), the
 //! caller decides the batch again with [`decide_each`], so one bad message cannot fail its
 //! neighbours.
+
+pub mod one_by_one;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -29,11 +31,11 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::evidence::{finding_key, redact};
 use crate::fence::{LeaseClaim, LockedAttempt, lease_lost};
-use crate::ingestion::{self, BatchParams, FailParams, IngestOutcome};
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob};
 use crate::sql;
 use crate::states::{AttemptStatus, ResultBatchStatus, ScanJobState, TaskState};
+pub use one_by_one::{BatchParams, FailParams, IngestOutcome};
 
 /// One message of a batch, validated.
 #[derive(Debug, Clone)]
@@ -144,9 +146,9 @@ async fn decide_one(
     let mark = staged.mark();
     let mut savepoint = crate::savepoint(tx).await?;
     let outcome = match message {
-        Message::Result(params) => ingestion::accept_batch(&mut savepoint, params).await,
+        Message::Result(params) => one_by_one::accept_batch(&mut savepoint, params).await,
         Message::Complete(params) => {
-            ingestion::complete(
+            one_by_one::complete(
                 &mut savepoint,
                 staged,
                 subjects,
@@ -156,7 +158,7 @@ async fn decide_one(
             )
             .await
         }
-        Message::Fail(params) => ingestion::fail(&mut savepoint, staged, subjects, params).await,
+        Message::Fail(params) => one_by_one::fail(&mut savepoint, staged, subjects, params).await,
     };
     match outcome {
         Ok(IngestOutcome::Accepted) => savepoint.commit().await?,
@@ -266,7 +268,7 @@ async fn decide_set_wise(
                 if let Some(checksum) = keys.get(&(claim.task_id, params.idempotency_key)) {
                     decided.push((
                         index,
-                        Some(ingestion::same_checksum_or_conflict(checksum, params)),
+                        Some(one_by_one::same_checksum_or_conflict(checksum, params)),
                     ));
                     continue;
                 }
@@ -280,7 +282,7 @@ async fn decide_set_wise(
                 if !sequences.insert((claim.attempt_id, params.sequence_number)) {
                     decided.push((
                         index,
-                        Some(IngestOutcome::Refused(ingestion::sequence_taken(params))),
+                        Some(IngestOutcome::Refused(one_by_one::sequence_taken(params))),
                     ));
                     continue;
                 }
@@ -671,7 +673,7 @@ async fn count_batches(
         .collect())
 }
 
-/// Why a fenced completion is refused, in the order of [`ingestion::complete`]: batches
+/// Why a fenced completion is refused, in the order of [`one_by_one::complete`]: batches
 /// missing, then batches beyond its count, then evidence already published.
 async fn completion_verdict(
     conn: &mut PgConnection,
@@ -687,17 +689,17 @@ async fn completion_verdict(
     if below < i64::from(params.batch_count) {
         // Rare: name the missing numbers (one statement for this message only).
         return Ok(Some(
-            ingestion::missing_batches(conn, params.claim.attempt_id, params.batch_count).await?,
+            one_by_one::missing_batches(conn, params.claim.attempt_id, params.batch_count).await?,
         ));
     }
     if beyond > 0 {
-        return Ok(Some(ingestion::beyond_batch_count(
+        return Ok(Some(one_by_one::beyond_batch_count(
             beyond,
             params.batch_count,
         )));
     }
     if row.evidence_published == Some(true) {
-        return Ok(Some(ingestion::evidence_conflict(job.scan_job_id)));
+        return Ok(Some(one_by_one::evidence_conflict(job.scan_job_id)));
     }
     Ok(None)
 }

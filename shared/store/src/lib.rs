@@ -16,7 +16,6 @@ pub mod enrichment;
 pub mod evidence;
 pub mod history;
 pub mod ingest;
-pub mod ingestion;
 pub mod lease;
 pub mod observability;
 pub mod outbox;

@@ -148,7 +148,7 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
                 }
                 retry_transient(|| async {
                     let mut tx = pool.begin().await?;
-                    let outcome = store::ingestion::complete(
+                    let outcome = store::ingest::one_by_one::complete(
                         &mut tx,
                         &mut store::Staged::default(),
                         &subjects,
@@ -191,13 +191,13 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
         let state = system.scan_state(&scan.scan_id).await;
         match (&completed, &cancelled) {
             (
-                store::ingestion::IngestOutcome::Accepted,
+                store::ingest::IngestOutcome::Accepted,
                 CancelOutcome::AlreadyTerminal { state: s, .. },
             ) => {
                 assert_eq!((state.as_str(), s.as_str()), ("completed", "completed"));
                 completion_won += 1;
             }
-            (store::ingestion::IngestOutcome::Refused(error), CancelOutcome::Cancelled { .. }) => {
+            (store::ingest::IngestOutcome::Refused(error), CancelOutcome::Cancelled { .. }) => {
                 assert_eq!(error.error_code(), Some(ErrorCode::CancelRequested));
                 assert_eq!(state, "cancelled");
                 cancel_won += 1;

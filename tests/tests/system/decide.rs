@@ -9,7 +9,7 @@ use messages::{ErrorCode, EventKind, v1};
 use prost::Message as _;
 use store::LeaseClaim;
 use store::ingest::{self, CompleteParams, Message};
-use store::ingestion::{BatchParams, FailParams, IngestOutcome};
+use store::ingest::{BatchParams, FailParams, IngestOutcome};
 use store::lease::{RenewClaims, RenewOutcome};
 use telemetry::cost::{self, lanes};
 use tests::{ManualWorker, TestSystem, findings_payload};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use messages::ErrorCode;
-use store::ingestion::IngestOutcome;
+use store::ingest::IngestOutcome;
 use store::lease::RenewOutcome;
 use tests::TestSystem;
 use tokio::sync::Barrier;
@@ -258,7 +258,7 @@ async fn completion_and_stale_recovery_race_cleanly() {
         let (scan, claim, completion, sweep) =
             race_with_recovery(&system, &reaper, round, |claim| async move {
                 let mut tx = pool.begin().await.unwrap();
-                let outcome = store::ingestion::complete(
+                let outcome = store::ingest::one_by_one::complete(
                     &mut tx,
                     &mut store::Staged::default(),
                     &subjects,

@@ -1,5 +1,6 @@
-//! Ingestion (SPEC §4.3): fenced, idempotent acceptance of result batches, completions and
-//! failures; advancing a scan to its next plugin or to its end.
+//! Ingestion one message at a time (SPEC §4.3): fenced, idempotent acceptance of result
+//! batches, completions and failures, for what the set-wise script leaves to it (failures, a
+//! repeat after an attempt's completion) and for `decide_each`.
 //!
 //! Every function runs inside the caller's transaction and returns a decision. A `Refused`
 //! outcome has written nothing, and callers roll back their savepoint on it anyway, so that a
