@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt as _;
@@ -138,6 +139,12 @@ pub trait BatchHandler: Send + Sync + 'static {
     }
 }
 
+/// How often the server says a pull request of ours is still open while it has nothing to
+/// deliver; two missed in a row and the pull is opened again.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long one pull request lasts on the server before the client sends another.
+const PULL_EXPIRES: Duration = Duration::from_secs(10);
+
 /// Creates the consumer if needed and runs it until `shutdown`.
 pub async fn run<H: BatchHandler>(
     bus: &Bus,
@@ -172,15 +179,18 @@ pub async fn run<H: BatchHandler>(
         .create_consumer(config)
         .await
         .map_err(|error| consume_error(error.to_string()))?;
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(spec.batch_size)
-        .heartbeat(Duration::from_secs(5))
-        .expires(Duration::from_secs(30))
-        .messages()
-        .await
-        .map_err(|error| consume_error(error.to_string()))?
-        .ready_chunks(spec.batch_size);
+    let open = || async {
+        consumer
+            .stream()
+            .max_messages_per_batch(spec.batch_size)
+            .heartbeat(PULL_HEARTBEAT)
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await
+            .map(|messages| messages.ready_chunks(spec.batch_size))
+            .map_err(|error| consume_error(error.to_string()))
+    };
+    let mut messages = open().await?;
     crate::metrics::register_consumer(&spec.durable_name);
 
     let spec = &spec;
@@ -205,6 +215,7 @@ pub async fn run<H: BatchHandler>(
             return Err(consume_error("message stream ended".into()));
         };
         let mut batch = Vec::with_capacity(chunk.len());
+        let mut missed_heartbeat = false;
         for message in chunk {
             match message {
                 Ok(message) => {
@@ -230,10 +241,21 @@ pub async fn run<H: BatchHandler>(
                         span,
                     });
                 }
+                Err(error) if error.kind() == MessagesErrorKind::MissingHeartbeat => {
+                    // The server holds no pull request of ours any more, yet the client still
+                    // counts one as open and would not ask again before it expired (seen as
+                    // admission pausing for the whole expiry in the middle of a burn-down).
+                    // Nothing is buffered when no heartbeat arrived: pull afresh.
+                    tracing::warn!(consumer = %spec.durable_name, "pull consumer missed the server's heartbeats; pulling again");
+                    missed_heartbeat = true;
+                }
                 Err(error) => {
                     tracing::warn!(consumer = %spec.durable_name, error = %telemetry::chain(&error), "pull consumer hiccup, continuing");
                 }
             }
+        }
+        if missed_heartbeat {
+            messages = open().await?;
         }
         if batch.is_empty() {
             continue;

@@ -121,17 +121,12 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, StoreError> 
         url: redact_url(&settings.url),
         source,
     })?;
-    // Every statement is planned for its own arguments: a generic plan made while a table was
-    // empty (a fresh install, a test) would otherwise be kept once the table is large. The hot
-    // statements run once per fetched batch, so planning each costs little.
+    // (Every statement is planned for its own arguments by running unnamed: see `sql.rs`.)
     // Random reads are priced as what they are here, cached or on SSD: with PostgreSQL's default
     // (4, for spinning disks) the set-wise statements read whole tables of a few thousand rows
     // and hash them rather than look up the batch's rows by index (`palisade bench`: 400 rows
     // read sequentially per scan, 70 at 1.1, and a faster burn-down).
-    let options = options.options([
-        ("plan_cache_mode", "force_custom_plan"),
-        ("random_page_cost", "1.1"),
-    ]);
+    let options = options.options([("random_page_cost", "1.1")]);
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
@@ -182,7 +177,7 @@ pub fn expected_migration_version() -> i64 {
 
 /// The newest migration version applied to the database, if any.
 pub async fn applied_migration_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
-    let version: Option<i64> = sqlx::query_scalar(sql::database::SCHEMA_VERSION)
+    let version: Option<i64> = sql::query_scalar(sql::database::SCHEMA_VERSION)
         .fetch_one(pool)
         .await?;
     Ok(version)
@@ -190,7 +185,7 @@ pub async fn applied_migration_version(pool: &PgPool) -> Result<Option<i64>, Sto
 
 /// One round trip to the database (`SELECT 1`), for `/readyz`.
 pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
-    sqlx::query(sql::database::PING).execute(pool).await?;
+    sql::query(sql::database::PING).execute(pool).await?;
     Ok(())
 }
 

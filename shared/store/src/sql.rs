@@ -4,9 +4,23 @@
 //!
 //! A statement lives under the table it decides about; one that writes several tables lives
 //! under the one its decision is named for (`worker_tasks/grant` also creates attempts).
-//! `tests/system/statements.rs` prepares every one of them against the migrated schema, so a
+//! `tests/system/schema.rs` prepares every one of them against the migrated schema, so a
 //! statement naming a column or table that does not exist, or with a type error, fails a test
 //! before it fails a service.
+//!
+//! They run through [`query`], [`query_as`] and [`query_scalar`], never `sqlx::query*`
+//! directly: each execution is PostgreSQL's unnamed statement, planned for its own arguments,
+//! so no plan made while a table was empty (a fresh installation, a test) is kept once the
+//! table is large. Planning per execution is what a custom plan costs anyway, and the hot
+//! statements run once per fetched batch. This is per statement, not per connection
+//! (`plan_cache_mode = force_custom_plan` was): the foreign-key checks PostgreSQL runs inside
+//! every insert keep their cached plans (primary-key look-ups whatever the table holds), which
+//! that setting made it plan again for every row, about a fifth of PostgreSQL's time in a
+//! burn-down. A unit test below fails when a `sqlx::query` call appears elsewhere in the crate.
+
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{FromRow, Postgres};
 
 /// One statement file: `name` is `<table>/<file stem>`.
 #[derive(Debug, Clone, Copy)]
@@ -16,3 +30,72 @@ pub struct Statement {
 }
 
 include!(concat!(env!("OUT_DIR"), "/sql.rs"));
+
+/// `sqlx::query`, as an unnamed statement planned for its arguments.
+pub(crate) fn query<'q>(text: &'static str) -> Query<'q, Postgres, PgArguments> {
+    sqlx::query(text).persistent(false)
+}
+
+/// `sqlx::query_as`, as an unnamed statement planned for its arguments.
+pub(crate) fn query_as<'q, O>(text: &'static str) -> QueryAs<'q, Postgres, O, PgArguments>
+where
+    O: for<'r> FromRow<'r, PgRow>,
+{
+    sqlx::query_as(text).persistent(false)
+}
+
+/// `sqlx::query_scalar`, as an unnamed statement planned for its arguments.
+pub(crate) fn query_scalar<'q, O>(text: &'static str) -> QueryScalar<'q, Postgres, O, PgArguments>
+where
+    (O,): for<'r> FromRow<'r, PgRow>,
+{
+    sqlx::query_scalar(text).persistent(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    fn sources(folder: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(folder).expect("the crate's source folder is readable") {
+            let path = entry.expect("a readable folder entry").path();
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|extension| extension == "rs") {
+                found.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn statements_run_only_through_this_module() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        assert!(files.len() > 10, "found the crate's modules: {files:?}");
+        let mut direct = Vec::new();
+        for path in &files {
+            let file = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            // The test aids (behind the `testing` feature) and this module are exempt.
+            if file == "testing.rs" || file == "sql.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(path).unwrap();
+            for (index, line) in text.lines().enumerate() {
+                if line.contains(concat!("sqlx::", "query")) {
+                    direct.push(format!("src/{file}:{}", index + 1));
+                }
+            }
+        }
+        assert!(
+            direct.is_empty(),
+            "statements run with sqlx::query* directly (a prepared statement whose generic plan \
+             PostgreSQL may keep); use sql::query / query_as / query_scalar:\n{}",
+            direct.join("\n")
+        );
+    }
+}
