@@ -14,7 +14,7 @@ pub async fn create_organization(
     name: &str,
     hourly_scan_quota: Option<i32>,
 ) -> Result<(), StoreError> {
-    sqlx::query(sql::organizations::CREATE)
+    sql::query(sql::organizations::CREATE)
         .bind(id)
         .bind(name)
         .bind(hourly_scan_quota)
@@ -30,7 +30,7 @@ pub async fn register_worker(
     name: &str,
     capacity: i32,
 ) -> Result<(), StoreError> {
-    sqlx::query(sql::workers::REGISTER)
+    sql::query(sql::workers::REGISTER)
         .bind(id)
         .bind(name)
         .bind(capacity)
@@ -45,7 +45,7 @@ pub async fn assign_worker(
     organization_id: Uuid,
     worker_id: Uuid,
 ) -> Result<(), StoreError> {
-    sqlx::query(sql::organization_workers::ASSIGN)
+    sql::query(sql::organization_workers::ASSIGN)
         .bind(organization_id)
         .bind(worker_id)
         .execute(pool)
@@ -85,19 +85,17 @@ pub struct ScanJobView {
 }
 
 pub async fn scan(pool: &PgPool, scan_id: Uuid) -> Result<Option<ScanView>, StoreError> {
-    Ok(sqlx::query_as::<_, ScanView>(sql::scans::SHOW)
+    Ok(sql::query_as::<ScanView>(sql::scans::SHOW)
         .bind(scan_id)
         .fetch_optional(pool)
         .await?)
 }
 
 pub async fn scan_jobs(pool: &PgPool, scan_id: Uuid) -> Result<Vec<ScanJobView>, StoreError> {
-    Ok(
-        sqlx::query_as::<_, ScanJobView>(sql::scan_jobs::SHOW_FOR_SCAN)
-            .bind(scan_id)
-            .fetch_all(pool)
-            .await?,
-    )
+    Ok(sql::query_as::<ScanJobView>(sql::scan_jobs::SHOW_FOR_SCAN)
+        .bind(scan_id)
+        .fetch_all(pool)
+        .await?)
 }
 
 /// A finding as stored.
@@ -115,17 +113,15 @@ pub struct FindingView {
 }
 
 pub async fn findings(pool: &PgPool, scan_id: Uuid) -> Result<Vec<FindingView>, StoreError> {
-    Ok(
-        sqlx::query_as::<_, FindingView>(sql::findings::SHOW_FOR_SCAN)
-            .bind(scan_id)
-            .fetch_all(pool)
-            .await?,
-    )
+    Ok(sql::query_as::<FindingView>(sql::findings::SHOW_FOR_SCAN)
+        .bind(scan_id)
+        .fetch_all(pool)
+        .await?)
 }
 
 /// (scans, completed scans) in the whole database: the demo's cross-check.
 pub async fn scan_counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
-    Ok(sqlx::query_as(sql::scans::COUNTS)
+    Ok(sql::query_as(sql::scans::COUNTS)
         .bind(crate::states::ScanState::Completed.as_str())
         .fetch_one(pool)
         .await?)

@@ -248,7 +248,7 @@ async fn lock(conn: &mut PgConnection, requests: &[AdmitParams<'_>]) -> Result<(
     let clients: Vec<&str> = requests.iter().map(|r| r.client_id).collect();
     let keys: Vec<&str> = requests.iter().map(|r| r.idempotency_key).collect();
     // Seed 0 is the target lock older admissions take; seed 1 keeps the key locks apart.
-    sqlx::query(sql::scans::LOCK_ADMISSION_KEYS)
+    sql::query(sql::scans::LOCK_ADMISSION_KEYS)
         .bind(&organizations)
         .bind(&targets)
         .bind(&clients)
@@ -266,7 +266,7 @@ async fn organizations(
     let mut ids: Vec<Uuid> = requests.iter().map(|r| r.organization_id).collect();
     ids.sort_unstable();
     ids.dedup();
-    let rows: Vec<(Uuid, Option<i32>)> = sqlx::query_as(sql::organizations::FOR_ADMISSION)
+    let rows: Vec<(Uuid, Option<i32>)> = sql::query_as(sql::organizations::FOR_ADMISSION)
         .bind(&ids)
         .fetch_all(conn)
         .await?;
@@ -302,7 +302,7 @@ async fn look_up(
         .collect();
     // The states in which a scan occupies its target (I6).
     let active = ScanState::ACTIVE.map(ScanState::as_str);
-    let found: Vec<Found> = sqlx::query_as(sql::scans::LOOK_UP_FOR_ADMISSION)
+    let found: Vec<Found> = sql::query_as(sql::scans::LOOK_UP_FOR_ADMISSION)
         .bind(&organizations)
         .bind(&clients)
         .bind(&keys)
@@ -364,7 +364,7 @@ async fn write(
         deadlines.push(request.execution_deadline_seconds);
         trace_contexts.push(request.trace_context);
     }
-    let inserted: Vec<(Uuid, i64)> = sqlx::query_as(sql::scans::ADMIT_MANY)
+    let inserted: Vec<(Uuid, i64)> = sql::query_as(sql::scans::ADMIT_MANY)
         .bind(&scan_ids)
         .bind(&target_ids)
         .bind(&organizations)
@@ -472,7 +472,7 @@ async fn find_by_key(
     conn: &mut PgConnection,
     request: &AdmitParams<'_>,
 ) -> Result<Option<ExistingScan>, StoreError> {
-    Ok(sqlx::query_as::<_, ExistingScan>(sql::scans::FIND_BY_KEY)
+    Ok(sql::query_as::<ExistingScan>(sql::scans::FIND_BY_KEY)
         .bind(request.organization_id)
         .bind(request.client_id)
         .bind(request.idempotency_key)

@@ -56,7 +56,7 @@ pub async fn cancel(
         CancelTarget::Scan(scan_id) => Some(scan_id),
         CancelTarget::Task(task_id) => {
             let task: Option<(Option<Uuid>, String)> =
-                sqlx::query_as(sql::worker_tasks::SCAN_OF_TASK)
+                sql::query_as(sql::worker_tasks::SCAN_OF_TASK)
                     .bind(task_id)
                     .fetch_optional(&mut *tx)
                     .await?;
@@ -87,16 +87,16 @@ async fn cancel_scan(
     reason: &str,
 ) -> Result<CancelOutcome, StoreError> {
     // attempt → task → scan, like ingestion's fence then scan lock.
-    sqlx::query(sql::worker_task_attempts::LOCK_LIVE_OF_SCAN)
+    sql::query(sql::worker_task_attempts::LOCK_LIVE_OF_SCAN)
         .bind(scan_id)
         .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
         .execute(&mut *conn)
         .await?;
-    sqlx::query(sql::worker_tasks::LOCK_OF_SCAN)
+    sql::query(sql::worker_tasks::LOCK_OF_SCAN)
         .bind(scan_id)
         .execute(&mut *conn)
         .await?;
-    let scan: Option<(String, Uuid, String, String)> = sqlx::query_as(sql::scans::LOCK_FOR_CANCEL)
+    let scan: Option<(String, Uuid, String, String)> = sql::query_as(sql::scans::LOCK_FOR_CANCEL)
         .bind(scan_id)
         .fetch_optional(&mut *conn)
         .await?;
@@ -108,14 +108,14 @@ async fn cancel_scan(
     }
 
     // Attempts leased after the first lock (by an acquire we then waited for) are live too.
-    sqlx::query(sql::worker_task_attempts::CANCEL_OF_SCAN)
+    sql::query(sql::worker_task_attempts::CANCEL_OF_SCAN)
         .bind(scan_id)
         .bind(reason)
         .bind(AttemptStatus::Cancelled.as_str())
         .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
         .execute(&mut *conn)
         .await?;
-    sqlx::query(sql::worker_tasks::CANCEL_OF_SCAN)
+    sql::query(sql::worker_tasks::CANCEL_OF_SCAN)
         .bind(scan_id)
         .bind(reason)
         .bind(TaskState::Cancelled.as_str())
@@ -123,7 +123,7 @@ async fn cancel_scan(
         .bind(TaskState::TERMINAL.map(TaskState::as_str))
         .execute(&mut *conn)
         .await?;
-    sqlx::query(sql::scan_jobs::CANCEL_OF_SCAN)
+    sql::query(sql::scan_jobs::CANCEL_OF_SCAN)
         .bind(scan_id)
         .bind(reason)
         .bind(ScanJobState::Cancelled.as_str())
@@ -134,7 +134,7 @@ async fn cancel_scan(
         ])
         .execute(&mut *conn)
         .await?;
-    let cancelled_at_unix_ms: i64 = sqlx::query_scalar(sql::scans::CANCEL)
+    let cancelled_at_unix_ms: i64 = sql::query_scalar(sql::scans::CANCEL)
         .bind(scan_id)
         .bind(reason)
         .bind(ScanState::Cancelled.as_str())

@@ -19,7 +19,7 @@ pub struct DeadLetter<'a> {
 
 /// Records it once per (consumer, stream sequence).
 pub async fn record(pool: &PgPool, letter: &DeadLetter<'_>) -> Result<(), StoreError> {
-    sqlx::query(sql::dead_letters::RECORD)
+    sql::query(sql::dead_letters::RECORD)
         .bind(Uuid::now_v7())
         .bind(letter.consumer)
         .bind(letter.subject)

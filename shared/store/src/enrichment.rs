@@ -32,7 +32,7 @@ pub async fn claim(
     limit: i64,
 ) -> Result<Vec<ClaimedJob>, StoreError> {
     Ok(
-        sqlx::query_as::<_, ClaimedJob>(sql::enrichment_jobs::CLAIM_MANY)
+        sql::query_as::<ClaimedJob>(sql::enrichment_jobs::CLAIM_MANY)
             .bind(owner)
             .bind(crate::seconds(lease_ttl))
             .bind(limit)
@@ -48,7 +48,7 @@ pub async fn scan_cve_ids(
     pool: &PgPool,
     scan_ids: &[Uuid],
 ) -> Result<HashMap<Uuid, Vec<String>>, StoreError> {
-    let rows: Vec<(Uuid, Vec<String>)> = sqlx::query_as(sql::findings::CVE_IDS_OF_SCANS)
+    let rows: Vec<(Uuid, Vec<String>)> = sql::query_as(sql::findings::CVE_IDS_OF_SCANS)
         .bind(scan_ids)
         .fetch_all(pool)
         .await?;
@@ -70,7 +70,7 @@ pub async fn complete(
         .iter()
         .map(|(_, checkpoint)| checkpoint.clone())
         .collect();
-    Ok(sqlx::query_scalar(sql::enrichment_jobs::COMPLETE_MANY)
+    Ok(sql::query_scalar(sql::enrichment_jobs::COMPLETE_MANY)
         .bind(&ids)
         .bind(&tokens)
         .bind(&checkpoints)

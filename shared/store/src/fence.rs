@@ -139,7 +139,7 @@ pub(crate) async fn lock(
     conn: &mut PgConnection,
     claim: &LeaseClaim,
 ) -> Result<Option<LockedAttempt>, StoreError> {
-    let locked = sqlx::query_as::<_, LockedAttempt>(sql::worker_task_attempts::LOCK_FENCE)
+    let locked = sql::query_as::<LockedAttempt>(sql::worker_task_attempts::LOCK_FENCE)
         .bind(claim.attempt_id)
         .bind(claim.task_id)
         .fetch_optional(&mut *conn)

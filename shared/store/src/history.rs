@@ -33,7 +33,7 @@ pub async fn seed(
     let mut written = 0;
     while written < scans {
         let chunk = CHUNK_SCANS.min(scans - written);
-        sqlx::query(sql::scans::SEED_HISTORY)
+        sql::query(sql::scans::SEED_HISTORY)
             .bind(organization_id)
             .bind(written as i64)
             .bind((written + chunk) as i64 - 1)
@@ -49,6 +49,6 @@ pub async fn seed(
         written += chunk;
         progress(written);
     }
-    sqlx::query(sql::database::ANALYZE).execute(pool).await?;
+    sql::query(sql::database::ANALYZE).execute(pool).await?;
     Ok(())
 }

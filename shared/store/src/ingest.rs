@@ -401,7 +401,7 @@ async fn lock(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let rows: Vec<LockedRow> = sqlx::query_as(sql::worker_task_attempts::LOCK_FOR_INGEST)
+    let rows: Vec<LockedRow> = sql::query_as(sql::worker_task_attempts::LOCK_FOR_INGEST)
         .bind(&attempt_ids)
         .fetch_all(conn)
         .await?;
@@ -438,7 +438,7 @@ async fn colliding_batches(
         .iter()
         .map(|params| params.sequence_number)
         .collect();
-    Ok(sqlx::query_as(sql::worker_result_batches::COLLIDING)
+    Ok(sql::query_as(sql::worker_result_batches::COLLIDING)
         .bind(&task_ids)
         .bind(&keys)
         .bind(&attempt_ids)
@@ -474,7 +474,7 @@ async fn write_batches(
         finding_counts.push(params.findings.len() as i32);
         asset_counts.push(params.assets.len() as i32);
     }
-    sqlx::query(sql::worker_result_batches::INSERT_MANY)
+    sql::query(sql::worker_result_batches::INSERT_MANY)
         .bind(&ids)
         .bind(&task_ids)
         .bind(&attempt_ids)
@@ -554,7 +554,7 @@ async fn write_assets(
     let link_values: Vec<&str> = links.keys().map(|link| link.3).collect();
     let link_jobs: Vec<Uuid> = links.values().map(|link| link.0).collect();
     let link_attempts: Vec<Uuid> = links.values().map(|link| link.1).collect();
-    sqlx::query(sql::assets::UPSERT_MANY)
+    sql::query(sql::assets::UPSERT_MANY)
         .bind(&asset_ids)
         .bind(&organizations)
         .bind(&kinds)
@@ -624,7 +624,7 @@ async fn write_findings(
         evidence.push(redact(&finding.evidence));
         cves.push(finding.cve_ids.join(","));
     }
-    sqlx::query(sql::findings::INSERT_MANY)
+    sql::query(sql::findings::INSERT_MANY)
         .bind(&ids)
         .bind(&organizations)
         .bind(&scans)
@@ -662,7 +662,7 @@ async fn count_batches(
         .map(|(_, params, _, _)| params.batch_count)
         .collect();
     let rows: Vec<(Uuid, i64, i64)> =
-        sqlx::query_as(sql::worker_result_batches::COUNT_FOR_COMPLETIONS)
+        sql::query_as(sql::worker_result_batches::COUNT_FOR_COMPLETIONS)
             .bind(&attempt_ids)
             .bind(&batch_counts)
             .fetch_all(conn)
@@ -729,7 +729,7 @@ async fn finish_attempts(
             .iter()
             .map(|(params, _, _)| params.claim.attempt_id)
             .collect();
-        sqlx::query(sql::findings::DELETE_SUPERSEDED_MANY)
+        sql::query(sql::findings::DELETE_SUPERSEDED_MANY)
             .bind(&jobs)
             .bind(&attempts)
             .execute(&mut *conn)
@@ -756,7 +756,7 @@ async fn finish_attempts(
         .iter()
         .map(|(params, _, _)| params.summary)
         .collect();
-    let rows: Vec<(Uuid, i32, i32)> = sqlx::query_as(sql::worker_task_attempts::FINISH_MANY)
+    let rows: Vec<(Uuid, i32, i32)> = sql::query_as(sql::worker_task_attempts::FINISH_MANY)
         .bind(&attempt_ids)
         .bind(&task_ids)
         .bind(&finished)

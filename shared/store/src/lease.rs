@@ -40,7 +40,7 @@ pub enum HelloOutcome {
 /// workers. Registration itself is an administrative act (`palisade worker add`).
 pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let worker: Option<(bool, bool)> = sqlx::query_as(sql::workers::HELLO)
+    let worker: Option<(bool, bool)> = sql::query_as(sql::workers::HELLO)
         .bind(params.worker_id)
         .bind(params.capabilities)
         .bind(params.capacity)
@@ -178,7 +178,7 @@ pub async fn acquire(
     // FOR SHARE: a revocation (an UPDATE of this row) waits for us, and we wait for it, so no
     // lease is granted after a revocation commits. The assignments are read here to answer
     // `worker_not_assigned`, and locked by the grant itself.
-    let worker = sqlx::query_as::<_, AcquiringWorker>(sql::workers::FOR_ACQUIRE)
+    let worker = sql::query_as::<AcquiringWorker>(sql::workers::FOR_ACQUIRE)
         .bind(params.worker_id)
         .bind(params.request_id)
         .bind(LIVE_ATTEMPT_STATUSES)
@@ -201,12 +201,11 @@ pub async fn acquire(
         ));
     }
     if worker.replayed {
-        let replayed =
-            sqlx::query_as::<_, GrantedLease>(sql::worker_task_attempts::REPLAYED_LEASES)
-                .bind(params.worker_id)
-                .bind(params.request_id)
-                .fetch_all(&mut *tx)
-                .await?;
+        let replayed = sql::query_as::<GrantedLease>(sql::worker_task_attempts::REPLAYED_LEASES)
+            .bind(params.worker_id)
+            .bind(params.request_id)
+            .fetch_all(&mut *tx)
+            .await?;
         let leases = with_assets(&mut tx, replayed).await?;
         tx.commit().await?;
         return Ok((AcquireOutcome::Leases(leases), eligibility));
@@ -244,7 +243,7 @@ pub async fn acquire(
     // One statement: lock the assignments (FOR SHARE, as the worker row above), pick due
     // tasks (SKIP LOCKED), lease them, create their attempts, mark the worker seen, and move
     // their scan jobs and scans to running.
-    let granted = sqlx::query_as::<_, GrantedLease>(sql::worker_tasks::GRANT)
+    let granted = sql::query_as::<GrantedLease>(sql::worker_tasks::GRANT)
         .bind(params.worker_id)
         .bind(&eligibility.capabilities)
         .bind(free)
@@ -308,7 +307,7 @@ async fn with_assets(
     if needs_assets.is_empty() {
         return Ok(leases);
     }
-    let rows: Vec<(Uuid, String, String)> = sqlx::query_as(sql::scan_assets::FOR_LEASES)
+    let rows: Vec<(Uuid, String, String)> = sql::query_as(sql::scan_assets::FOR_LEASES)
         .bind(&needs_assets)
         .bind(LEASE_ASSETS_MAX)
         .fetch_all(conn)
@@ -333,7 +332,7 @@ async fn assigned_organizations(
     } else {
         sql::organization_workers::ASSIGNED
     };
-    Ok(sqlx::query_scalar(sql)
+    Ok(sql::query_scalar(sql)
         .bind(worker_id)
         .fetch_all(conn)
         .await?)
@@ -432,7 +431,7 @@ pub async fn renew_many(
         .iter()
         .map(|claim| claim.lease_token.as_str())
         .collect();
-    let rows: Vec<(i64, Option<i64>, bool)> = sqlx::query_as(sql::worker_task_attempts::RENEW_MANY)
+    let rows: Vec<(i64, Option<i64>, bool)> = sql::query_as(sql::worker_task_attempts::RENEW_MANY)
         .bind(column(|claim| claim.attempt_id))
         .bind(column(|claim| claim.task_id))
         .bind(column(|claim| claim.worker_id))
@@ -492,19 +491,19 @@ pub async fn release(
     if !locked.holds_lease(claim)? {
         return Ok(ReleaseOutcome::Refused(lease_lost(claim)));
     }
-    sqlx::query(sql::worker_task_attempts::RELEASE)
+    sql::query(sql::worker_task_attempts::RELEASE)
         .bind(claim.attempt_id)
         .bind(reason)
         .bind(AttemptStatus::Released.as_str())
         .execute(&mut *tx)
         .await?;
-    sqlx::query(sql::worker_tasks::RELEASE)
+    sql::query(sql::worker_tasks::RELEASE)
         .bind(claim.task_id)
         .bind(TaskState::Pending.as_str())
         .execute(&mut *tx)
         .await?;
     if let Some(scan_job_id) = locked.scan_job_id {
-        sqlx::query(sql::scan_jobs::RELEASE)
+        sql::query(sql::scan_jobs::RELEASE)
             .bind(scan_job_id)
             .bind(ScanJobState::Pending.as_str())
             .bind(ScanJobState::Running.as_str())

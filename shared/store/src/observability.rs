@@ -49,7 +49,7 @@ pub struct Snapshot {
 /// Reads every aggregate in one statement. `worker_seen_within` is how recent a worker's
 /// `last_seen_at` must be for it to count as live (two lease TTLs).
 pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Snapshot, StoreError> {
-    let snapshot = sqlx::query_as::<_, Snapshot>(sql::worker_tasks::QUEUE_SNAPSHOT)
+    let snapshot = sql::query_as::<Snapshot>(sql::worker_tasks::QUEUE_SNAPSHOT)
         .bind(crate::seconds(worker_seen_within))
         .bind(TaskState::Pending.as_str())
         .bind(TaskState::RetryWait.as_str())

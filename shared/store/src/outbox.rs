@@ -189,7 +189,7 @@ async fn insert(
         .collect();
     let trace_scan_ids: Vec<Option<Uuid>> =
         events.iter().map(|event| event.trace_scan_id).collect();
-    let mut stored: Vec<(Uuid, serde_json::Value)> = sqlx::query_as(sql::outbox::INSERT_MANY)
+    let mut stored: Vec<(Uuid, serde_json::Value)> = sql::query_as(sql::outbox::INSERT_MANY)
         .bind(&ids)
         .bind(&subjects)
         .bind(&payloads)
@@ -215,7 +215,7 @@ pub async fn claim(
     limit: i64,
     claim_for: Duration,
 ) -> Result<Vec<OutboxEvent>, StoreError> {
-    let rows: Vec<(Uuid, String, Vec<u8>, serde_json::Value)> = sqlx::query_as(sql::outbox::CLAIM)
+    let rows: Vec<(Uuid, String, Vec<u8>, serde_json::Value)> = sql::query_as(sql::outbox::CLAIM)
         .bind(limit)
         .bind(crate::seconds(claim_for))
         .fetch_all(pool)
@@ -242,7 +242,7 @@ pub async fn mark_published(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreErro
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(sql::outbox::MARK_PUBLISHED)
+    sql::query(sql::outbox::MARK_PUBLISHED)
         .bind(ids)
         .execute(pool)
         .await?;
@@ -254,7 +254,7 @@ pub async fn unclaim(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(sql::outbox::UNCLAIM)
+    sql::query(sql::outbox::UNCLAIM)
         .bind(ids)
         .execute(pool)
         .await?;
@@ -263,6 +263,6 @@ pub async fn unclaim(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
 
 /// Rows not yet published and the age of the oldest, for lag metrics and tests.
 pub async fn backlog(pool: &PgPool) -> Result<(i64, Option<f64>), StoreError> {
-    let row: (i64, Option<f64>) = sqlx::query_as(sql::outbox::BACKLOG).fetch_one(pool).await?;
+    let row: (i64, Option<f64>) = sql::query_as(sql::outbox::BACKLOG).fetch_one(pool).await?;
     Ok(row)
 }

@@ -60,7 +60,7 @@ pub async fn create_jobs(
         .map(|job| job.execution_deadline_seconds)
         .collect();
     let max_attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts).collect();
-    sqlx::query(sql::scan_jobs::CREATE_MANY)
+    sql::query(sql::scan_jobs::CREATE_MANY)
         .bind(&job_ids)
         .bind(&task_ids)
         .bind(&scan_ids)
@@ -116,7 +116,7 @@ pub async fn advance(
     scan_ids.sort_unstable();
     scan_ids.dedup();
     let scans: HashMap<Uuid, LockedScan> =
-        sqlx::query_as::<_, LockedScan>(sql::scans::LOCK_FOR_ADVANCE)
+        sql::query_as::<LockedScan>(sql::scans::LOCK_FOR_ADVANCE)
             .bind(&scan_ids)
             .fetch_all(&mut *conn)
             .await?
@@ -213,7 +213,7 @@ async fn complete_scans(
     }
     let scan_ids: Vec<Uuid> = scans.iter().map(|(scan_id, _)| *scan_id).collect();
     let job_ids: Vec<Uuid> = scans.iter().map(|_| Uuid::now_v7()).collect();
-    Ok(sqlx::query_as(sql::scans::COMPLETE_MANY)
+    Ok(sql::query_as(sql::scans::COMPLETE_MANY)
         .bind(&scan_ids)
         .bind(&job_ids)
         .bind(ScanState::Completed.as_str())
@@ -322,7 +322,7 @@ pub async fn fail_tasks(
             }
         })
         .collect();
-    let rows: Vec<FailedRow> = sqlx::query_as(sql::worker_tasks::FAIL_MANY)
+    let rows: Vec<FailedRow> = sql::query_as(sql::worker_tasks::FAIL_MANY)
         .bind(&task_ids)
         .bind(&job_ids)
         .bind(&scan_ids)

@@ -95,7 +95,7 @@ pub async fn recover_expired(
     limit: i64,
 ) -> Result<RecoveryOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let claimed = sqlx::query_as::<_, Claimed>(sql::worker_task_attempts::RECOVER_EXPIRED)
+    let claimed = sql::query_as::<Claimed>(sql::worker_task_attempts::RECOVER_EXPIRED)
         .bind(limit)
         .bind(AttemptStatus::Leased.as_str())
         .bind(AttemptStatus::Running.as_str())
@@ -133,7 +133,7 @@ const DEADLINE_EXCEEDED_MESSAGE: &str = "the execution deadline passed";
 
 /// How many `retry_wait` tasks are due now (index-served).
 pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(sql::worker_tasks::COUNT_DUE_RETRIES)
+    Ok(sql::query_scalar(sql::worker_tasks::COUNT_DUE_RETRIES)
         .bind(TaskState::RetryWait.as_str())
         .fetch_one(pool)
         .await?)
@@ -151,7 +151,7 @@ pub async fn fail_overdue(
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
     let mut tx = pool.begin().await?;
-    let claimed = sqlx::query_as::<_, Claimed>(sql::worker_task_attempts::FAIL_OVERDUE)
+    let claimed = sql::query_as::<Claimed>(sql::worker_task_attempts::FAIL_OVERDUE)
         .bind(limit)
         .bind(AttemptStatus::Leased.as_str())
         .bind(AttemptStatus::Running.as_str())
@@ -183,7 +183,7 @@ pub async fn fail_overdue(
 
 /// Upload sessions past their expiry (never committed) become `expired`, in one statement.
 pub async fn expire_uploads(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
-    Ok(sqlx::query(sql::worker_artifact_uploads::EXPIRE)
+    Ok(sql::query(sql::worker_artifact_uploads::EXPIRE)
         .bind(limit)
         .bind(UploadStatus::Expired.as_str())
         .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
@@ -218,20 +218,20 @@ pub async fn prune(
     limit: i64,
 ) -> Result<Pruned, StoreError> {
     let seconds = crate::seconds(retention);
-    let outbox = sqlx::query(sql::outbox::PRUNE)
+    let outbox = sql::query(sql::outbox::PRUNE)
         .bind(seconds)
         .bind(limit)
         .execute(pool)
         .await?
         .rows_affected();
-    let batches = sqlx::query(sql::worker_result_batches::PRUNE)
+    let batches = sql::query(sql::worker_result_batches::PRUNE)
         .bind(seconds)
         .bind(limit)
         .bind(TaskState::TERMINAL.map(TaskState::as_str))
         .execute(pool)
         .await?
         .rows_affected();
-    let dead_letters = sqlx::query(sql::dead_letters::PRUNE)
+    let dead_letters = sql::query(sql::dead_letters::PRUNE)
         .bind(seconds)
         .bind(limit)
         .execute(pool)

@@ -38,7 +38,7 @@ pub async fn revoke_worker(
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let found: Option<Uuid> = sqlx::query_scalar(sql::workers::REVOKE)
+    let found: Option<Uuid> = sql::query_scalar(sql::workers::REVOKE)
         .bind(worker_id)
         .bind(reason)
         .fetch_optional(&mut *tx)
@@ -64,7 +64,7 @@ pub async fn revoke_assignment(
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let found: Option<Uuid> = sqlx::query_scalar(sql::organization_workers::REVOKE)
+    let found: Option<Uuid> = sql::query_scalar(sql::organization_workers::REVOKE)
         .bind(organization_id)
         .bind(worker_id)
         .bind(reason)
@@ -85,7 +85,7 @@ pub async fn revoke_assignment(
 
 /// Re-enables a revoked worker (its assignments are managed separately).
 pub async fn enable_worker(pool: &PgPool, worker_id: Uuid) -> Result<bool, StoreError> {
-    let updated = sqlx::query(sql::workers::ENABLE)
+    let updated = sql::query(sql::workers::ENABLE)
         .bind(worker_id)
         .execute(pool)
         .await?;
@@ -101,7 +101,7 @@ async fn void_leases(
     organization_id: Option<Uuid>,
 ) -> Result<usize, StoreError> {
     let voided: Vec<(Uuid, Option<Uuid>, Uuid, String)> =
-        sqlx::query_as(sql::worker_task_attempts::VOID_LEASES)
+        sql::query_as(sql::worker_task_attempts::VOID_LEASES)
             .bind(worker_id)
             .bind(organization_id)
             .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
@@ -114,7 +114,7 @@ async fn void_leases(
         return Ok(0);
     }
     let task_ids: Vec<Uuid> = voided.iter().map(|(task_id, ..)| *task_id).collect();
-    sqlx::query(sql::scan_jobs::VOID_LEASES)
+    sql::query(sql::scan_jobs::VOID_LEASES)
         .bind(&task_ids)
         .bind(ScanJobState::Pending.as_str())
         .bind(ScanJobState::Running.as_str())

@@ -8,7 +8,7 @@
 //! (`sql_spells_no_state` below) fails when a quoted state name appears in the crate's source;
 //! the migrations (`CHECK` constraints, partial-index predicates, the one trigger) are the only
 //! SQL that names states. Bound states cost no plan quality: every statement is planned for its
-//! own arguments (`plan_cache_mode = force_custom_plan`, see `connect`), so a partial index whose
+//! own arguments (each runs as the unnamed statement, see `sql.rs`), so a partial index whose
 //! predicate names states is used just as with literals.
 
 macro_rules! string_enum {

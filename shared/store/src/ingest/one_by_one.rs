@@ -50,7 +50,7 @@ pub async fn accept_batch(
 ) -> Result<IngestOutcome, StoreError> {
     let claim = params.claim;
     // A replay is answered from the batch row alone, even after the task has ended.
-    let existing: Option<String> = sqlx::query_scalar(sql::worker_result_batches::CHECKSUM_BY_KEY)
+    let existing: Option<String> = sql::query_scalar(sql::worker_result_batches::CHECKSUM_BY_KEY)
         .bind(claim.task_id)
         .bind(params.idempotency_key)
         .fetch_optional(&mut *conn)
@@ -70,7 +70,7 @@ pub async fn accept_batch(
         )));
     };
 
-    let inserted: Option<Uuid> = sqlx::query_scalar(sql::worker_result_batches::INSERT)
+    let inserted: Option<Uuid> = sql::query_scalar(sql::worker_result_batches::INSERT)
         .bind(Uuid::now_v7())
         .bind(claim.task_id)
         .bind(claim.attempt_id)
@@ -100,13 +100,13 @@ pub async fn accept_batch(
     )
     .await?;
 
-    sqlx::query(sql::worker_task_attempts::START)
+    sql::query(sql::worker_task_attempts::START)
         .bind(claim.attempt_id)
         .bind(AttemptStatus::Running.as_str())
         .bind(AttemptStatus::Leased.as_str())
         .execute(&mut *conn)
         .await?;
-    sqlx::query(sql::worker_tasks::START)
+    sql::query(sql::worker_tasks::START)
         .bind(claim.task_id)
         .bind(TaskState::Running.as_str())
         .bind(TaskState::Leased.as_str())
@@ -182,7 +182,7 @@ pub async fn complete(
         )));
     };
 
-    let below: i64 = sqlx::query_scalar(sql::worker_result_batches::COUNT_BELOW)
+    let below: i64 = sql::query_scalar(sql::worker_result_batches::COUNT_BELOW)
         .bind(claim.attempt_id)
         .bind(batch_count)
         .fetch_one(&mut *conn)
@@ -192,7 +192,7 @@ pub async fn complete(
             missing_batches(conn, claim.attempt_id, batch_count).await?,
         ));
     }
-    let beyond: i64 = sqlx::query_scalar(sql::worker_result_batches::COUNT_FROM)
+    let beyond: i64 = sql::query_scalar(sql::worker_result_batches::COUNT_FROM)
         .bind(claim.attempt_id)
         .bind(batch_count)
         .fetch_one(&mut *conn)
@@ -205,7 +205,7 @@ pub async fn complete(
     }
 
     let (already_published, position): (bool, i32) =
-        sqlx::query_as(sql::scan_jobs::LOCK_FOR_COMPLETION)
+        sql::query_as(sql::scan_jobs::LOCK_FOR_COMPLETION)
             .bind(scan_job_id)
             .fetch_one(&mut *conn)
             .await?;
@@ -214,32 +214,32 @@ pub async fn complete(
     }
 
     // What superseded attempts of this job left behind is not this job's evidence.
-    sqlx::query(sql::findings::DELETE_SUPERSEDED)
+    sql::query(sql::findings::DELETE_SUPERSEDED)
         .bind(scan_job_id)
         .bind(claim.attempt_id)
         .execute(&mut *conn)
         .await?;
-    sqlx::query(sql::scan_assets::DELETE_SUPERSEDED)
+    sql::query(sql::scan_assets::DELETE_SUPERSEDED)
         .bind(scan_job_id)
         .bind(claim.attempt_id)
         .execute(&mut *conn)
         .await?;
-    let (finding_count, asset_count): (i64, i64) = sqlx::query_as(sql::findings::COUNT_FOR_JOB)
+    let (finding_count, asset_count): (i64, i64) = sql::query_as(sql::findings::COUNT_FOR_JOB)
         .bind(scan_job_id)
         .fetch_one(&mut *conn)
         .await?;
 
-    sqlx::query(sql::worker_task_attempts::COMPLETE)
+    sql::query(sql::worker_task_attempts::COMPLETE)
         .bind(claim.attempt_id)
         .bind(AttemptStatus::Succeeded.as_str())
         .execute(&mut *conn)
         .await?;
-    sqlx::query(sql::worker_tasks::COMPLETE)
+    sql::query(sql::worker_tasks::COMPLETE)
         .bind(claim.task_id)
         .bind(TaskState::Completed.as_str())
         .execute(&mut *conn)
         .await?;
-    sqlx::query(sql::scan_jobs::PUBLISH_EVIDENCE)
+    sql::query(sql::scan_jobs::PUBLISH_EVIDENCE)
         .bind(scan_job_id)
         .bind(finding_count as i32)
         .bind(asset_count as i32)
@@ -285,7 +285,7 @@ pub(crate) async fn missing_batches(
     attempt_id: Uuid,
     batch_count: i32,
 ) -> Result<v1::Error, StoreError> {
-    let missing: Vec<i32> = sqlx::query_scalar(sql::worker_result_batches::MISSING)
+    let missing: Vec<i32> = sql::query_scalar(sql::worker_result_batches::MISSING)
         .bind(attempt_id)
         .bind(batch_count)
         .fetch_all(conn)
@@ -349,7 +349,7 @@ pub async fn fail(
         Ok(locked) => locked,
         Err(refusal) => return Ok(IngestOutcome::Refused(refusal)),
     };
-    sqlx::query(sql::worker_task_attempts::FAIL)
+    sql::query(sql::worker_task_attempts::FAIL)
         .bind(claim.attempt_id)
         .bind(params.error_code)
         .bind(params.error_message)
