@@ -184,8 +184,14 @@ enum Verdict {
         wire: Option<Box<v1::ScanRequest>>,
         error: v1::Error,
     },
-    /// Something transient failed; the error with its causes.
-    Failed(String),
+    /// Something failed that retrying may fix, the error with its causes; `unavailable` when
+    /// nothing is wrong with the request (PostgreSQL unreachable, the pool exhausted, a
+    /// deadlock: `StoreError::is_transient`), so the bus holds it rather than spend its
+    /// deliveries.
+    Failed {
+        reason: String,
+        unavailable: bool,
+    },
 }
 
 struct Admission {
@@ -258,7 +264,10 @@ impl Admission {
                 // the request/reply path's.
                 let reason = format!("admission transaction failed: {}", telemetry::chain(&error));
                 for (index, _) in &valid {
-                    verdicts[*index] = Some(Verdict::Failed(reason.clone()));
+                    verdicts[*index] = Some(Verdict::Failed {
+                        reason: reason.clone(),
+                        unavailable: error.is_transient(),
+                    });
                 }
             }
         }
@@ -314,7 +323,10 @@ impl Admission {
                 }
                 Ok(AdmitOutcome::Refused(error)) => Verdict::Refused { wire: None, error },
                 // Logged once, where the verdict is handled.
-                Err(error) => Verdict::Failed(telemetry::chain(&error).to_string()),
+                Err(error) => Verdict::Failed {
+                    reason: telemetry::chain(&error).to_string(),
+                    unavailable: error.is_transient(),
+                },
             })
             .collect();
         Ok(verdicts)
@@ -345,7 +357,7 @@ impl Admission {
                 error: Some(error),
                 ..Default::default()
             },
-            Verdict::Failed(error) => {
+            Verdict::Failed { reason: error, .. } => {
                 tracing::warn!(%error, "scan request could not be decided; the client may retry");
                 v1::ScanRequestReply {
                     error: Some(v1::Error::new(
@@ -376,7 +388,11 @@ impl BatchHandler for Admission {
                 Verdict::Admitted { .. } | Verdict::Duplicate { .. } => {
                     decisions.push(Decision::Ack)
                 }
-                Verdict::Failed(reason) => decisions.push(Decision::Retry { reason }),
+                Verdict::Failed {
+                    reason,
+                    unavailable: true,
+                } => decisions.push(Decision::Hold { reason }),
+                Verdict::Failed { reason, .. } => decisions.push(Decision::Retry { reason }),
                 Verdict::Refused { wire, error } => {
                     let wire = wire
                         .map(|wire| *wire)
@@ -419,7 +435,8 @@ impl BatchHandler for Admission {
                 .zip(self.bus.publish_durable_all(messages).await)
             {
                 if let Err(error) = result {
-                    decisions[index] = Decision::Retry {
+                    // NATS, not the request, failed: the refusal is decided again later.
+                    decisions[index] = Decision::Hold {
                         reason: format!("could not publish the rejection: {error}"),
                     };
                 }
@@ -428,7 +445,7 @@ impl BatchHandler for Admission {
         decisions
     }
 
-    async fn dead_letter(&self, delivery: &Delivery, reason: &str) {
-        runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await;
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), String> {
+        runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await
     }
 }

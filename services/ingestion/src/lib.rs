@@ -145,7 +145,13 @@ enum Verdict {
     Accepted,
     Duplicate,
     Refused(v1::Error),
-    Failed(String),
+    /// Something failed that retrying may fix, the error with its causes; `unavailable` when
+    /// nothing is wrong with the message (`StoreError::is_transient`), so the bus holds it
+    /// rather than spend its deliveries.
+    Failed {
+        reason: String,
+        unavailable: bool,
+    },
 }
 
 struct Ingestion {
@@ -221,14 +227,17 @@ impl Ingestion {
                         Ok(IngestOutcome::Duplicate) => Verdict::Duplicate,
                         Ok(IngestOutcome::Refused(error)) => Verdict::Refused(error),
                         // Logged once, by the bus, with the redelivery it causes.
-                        Err(error) => Verdict::Failed(telemetry::chain(&error).to_string()),
+                        Err(error) => Verdict::Failed {
+                            reason: telemetry::chain(&error).to_string(),
+                            unavailable: error.is_transient(),
+                        },
                     })
                     .collect();
                 // The completion answers for its batch, unless deciding the batch failed: then
                 // the whole message is decided again.
                 let own = verdicts.pop().expect("every message has its own decision");
                 match verdicts.pop() {
-                    Some(failed @ Verdict::Failed(_)) => failed,
+                    Some(failed @ Verdict::Failed { .. }) => failed,
                     _ => own,
                 }
             })
@@ -242,7 +251,7 @@ impl Ingestion {
         let error = match verdict {
             Verdict::Refused(error) => Some(error.clone()),
             Verdict::Accepted | Verdict::Duplicate => None,
-            Verdict::Failed(_) => return,
+            Verdict::Failed { .. } => return,
         };
         let ack = v1::IngestAck {
             kind: address.kind.to_owned(),
@@ -299,7 +308,10 @@ impl BatchHandler for Ingestion {
                 // Logged once per message, by the bus, with the redelivery it causes.
                 let reason = format!("ingestion transaction failed: {}", telemetry::chain(&error));
                 for (index, _) in &valid {
-                    verdicts[*index] = Some(Verdict::Failed(reason.clone()));
+                    verdicts[*index] = Some(Verdict::Failed {
+                        reason: reason.clone(),
+                        unavailable: error.is_transient(),
+                    });
                 }
             }
         }
@@ -316,13 +328,17 @@ impl BatchHandler for Ingestion {
                     bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
                     Decision::Reject { reason: error.code }
                 }
-                Verdict::Failed(reason) => Decision::Retry { reason },
+                Verdict::Failed {
+                    reason,
+                    unavailable: true,
+                } => Decision::Hold { reason },
+                Verdict::Failed { reason, .. } => Decision::Retry { reason },
             });
         }
         decisions
     }
 
-    async fn dead_letter(&self, delivery: &Delivery, reason: &str) {
-        runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await;
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), String> {
+        runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await
     }
 }

@@ -116,9 +116,20 @@ impl Delivery {
 /// What to do with one delivery once the handler is done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// Decided, and the decision committed.
     Ack,
+    /// Could not be decided for a reason that may be the message's own (a bug, a row the
+    /// schema refuses): redelivered later, spending one of its `max_deliver` deliveries, and
+    /// recorded dead after the last.
     Retry { reason: String },
+    /// Refused for its own reasons, and the refusal recorded (an event, a reply): terminated.
     Reject { reason: String },
+    /// Could not be decided because something outside the message is unavailable (PostgreSQL
+    /// unreachable, the pool exhausted, a deadlock): nothing is wrong with it, so it must not
+    /// spend its deliveries. The consumer holds it, keeping it its own with in-progress
+    /// acknowledgements, fetches nothing new while it holds any, and decides it again after a
+    /// backoff, for as long as that takes.
+    Hold { reason: String },
 }
 
 /// A service's message handler.
@@ -126,8 +137,14 @@ pub trait BatchHandler: Send + Sync + 'static {
     /// Handles a batch; returns one decision per delivery, in order.
     fn handle(&self, batch: &[Delivery]) -> impl Future<Output = Vec<Decision>> + Send;
 
-    /// Records a message that failed `max_deliver` times for reasons of its own.
-    fn dead_letter(&self, delivery: &Delivery, reason: &str) -> impl Future<Output = ()> + Send {
+    /// Records a message that failed `max_deliver` times for reasons of its own. It is
+    /// terminated only once this returns `Ok`; an `Err` (the record could not be written) holds
+    /// it like [`Decision::Hold`].
+    fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send {
         tracing::error!(
             subject = delivery.subject(),
             stream_sequence = delivery.stream_sequence,
@@ -135,7 +152,7 @@ pub trait BatchHandler: Send + Sync + 'static {
             reason,
             "message dead after its last delivery"
         );
-        async {}
+        async { Ok(()) }
     }
 }
 
@@ -194,9 +211,12 @@ pub async fn run<H: BatchHandler>(
     crate::metrics::register_consumer(&spec.durable_name);
 
     let spec = &spec;
+    let holding = Holding::new(&spec.durable_name);
+    let holding = &holding;
+    let shutdown = &shutdown;
     let mut in_flight = futures::stream::FuturesUnordered::new();
     loop {
-        let room = in_flight.len() < spec.batches_in_flight.max(1);
+        let room = in_flight.len() < spec.batches_in_flight.max(1) && !holding.any();
         let chunk = tokio::select! {
             () = shutdown.cancelled() => {
                 // Batches being decided finish and are acknowledged; nothing new is fetched.
@@ -262,57 +282,154 @@ pub async fn run<H: BatchHandler>(
         }
         let handler = handler.clone();
         in_flight.push(telemetry::cost::inherit(async move {
-            decide_and_acknowledge(spec, handler.as_ref(), batch).await
+            decide_and_acknowledge(spec, handler.as_ref(), batch, holding, shutdown).await
         }));
     }
 }
 
-/// Decides one batch, then acknowledges each delivery as decided.
+/// How long a consumer waits before deciding held messages again.
+const HOLD_RETRY: messages::retry::RetryPolicy =
+    messages::retry::RetryPolicy::new(Duration::from_millis(250), Duration::from_secs(5));
+
+/// The messages a consumer holds undecided (see [`Decision::Hold`]), shared by its batches in
+/// flight; mirrored on `/metrics` as `palisade_consumer_held_messages`.
+struct Holding {
+    consumer: String,
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl Holding {
+    fn new(consumer: &str) -> Self {
+        Self {
+            consumer: consumer.to_owned(),
+            held: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.held.load(Ordering::SeqCst) > 0
+    }
+
+    fn add(&self, count: usize) {
+        self.held.fetch_add(count, Ordering::SeqCst);
+        crate::metrics::add_held(&self.consumer, count as i64);
+    }
+
+    fn release(&self, count: usize) {
+        self.held.fetch_sub(count, Ordering::SeqCst);
+        crate::metrics::add_held(&self.consumer, -(count as i64));
+    }
+}
+
+/// Decides one batch and acknowledges each delivery as decided; deliveries held
+/// ([`Decision::Hold`], or a dead letter that could not be recorded) are decided again after a
+/// backoff, kept from redelivery meanwhile by in-progress acknowledgements, until they are
+/// decided or the consumer shuts down (then they are redelivered after the ack wait).
 async fn decide_and_acknowledge<H: BatchHandler>(
     spec: &ConsumerSpec,
     handler: &H,
-    batch: Vec<Delivery>,
+    mut batch: Vec<Delivery>,
+    holding: &Holding,
+    shutdown: &CancellationToken,
 ) -> Result<(), BusError> {
     telemetry::cost::count_messages(telemetry::cost::Direction::Received, batch.len() as u64);
-    let handle_started = std::time::Instant::now();
-    let decisions = handler.handle(&batch).await;
-    crate::metrics::observe_handler_seconds(
-        &spec.durable_name,
-        handle_started.elapsed().as_secs_f64(),
-    );
-    assert_eq!(
-        decisions.len(),
-        batch.len(),
-        "a handler returns one decision per delivery"
-    );
-    if let Some(crash) = &spec.crash_after_commit
-        && crash.load(Ordering::SeqCst)
-    {
-        return Err(BusError::Consume {
-            consumer: spec.durable_name.clone(),
-            message: "injected crash after commit, before ack".into(),
-        });
+    let mut held_rounds = 0u32;
+    let mut held_count = 0;
+    loop {
+        let handle_started = std::time::Instant::now();
+        let decisions = handler.handle(&batch).await;
+        crate::metrics::observe_handler_seconds(
+            &spec.durable_name,
+            handle_started.elapsed().as_secs_f64(),
+        );
+        assert_eq!(
+            decisions.len(),
+            batch.len(),
+            "a handler returns one decision per delivery"
+        );
+        if let Some(crash) = &spec.crash_after_commit
+            && crash.load(Ordering::SeqCst)
+        {
+            return Err(BusError::Consume {
+                consumer: spec.durable_name.clone(),
+                message: "injected crash after commit, before ack".into(),
+            });
+        }
+        let mut held = Vec::new();
+        let mut held_reason = None;
+        for (delivery, decision) in batch.into_iter().zip(decisions) {
+            if let Some(reason) = acknowledge(spec, handler, &delivery, decision).await {
+                held_reason = Some(reason);
+                held.push(delivery);
+            }
+        }
+        // The holding count follows the deliveries still held.
+        holding.add(held.len());
+        holding.release(held_count);
+        held_count = held.len();
+        let Some(reason) = held_reason else {
+            if held_rounds > 0 {
+                tracing::info!(consumer = %spec.durable_name, rounds = held_rounds, "held messages decided; fetching again");
+            }
+            return Ok(());
+        };
+        held_rounds += 1;
+        if held_rounds == 1 {
+            tracing::warn!(consumer = %spec.durable_name, held = held.len(), reason, "messages held undecided, nothing fetched until they are decided");
+        }
+        batch = held;
+        if !keep_held(spec, &batch, HOLD_RETRY.jittered(held_rounds), shutdown).await {
+            holding.release(held_count);
+            return Ok(());
+        }
     }
-    for (delivery, decision) in batch.iter().zip(decisions) {
-        acknowledge(spec, handler, delivery, decision).await;
-    }
-    Ok(())
 }
 
+/// Waits `delay` while telling the server every third of the ack wait that the held
+/// deliveries are still being worked on; false when the consumer is shutting down first.
+async fn keep_held(
+    spec: &ConsumerSpec,
+    held: &[Delivery],
+    delay: Duration,
+    shutdown: &CancellationToken,
+) -> bool {
+    let beat = (spec.ack_wait / 3).max(Duration::from_millis(100));
+    let until = tokio::time::Instant::now() + delay;
+    loop {
+        for delivery in held {
+            if let Err(error) = delivery.message.ack_with(AckKind::Progress).await {
+                tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "in-progress acknowledgement failed");
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return true;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep((until - now).min(beat)) => {}
+        }
+    }
+}
+
+/// Acknowledges one delivery as decided; returns why, when it is held instead.
 async fn acknowledge<H: BatchHandler>(
     spec: &ConsumerSpec,
     handler: &H,
     delivery: &Delivery,
     decision: Decision,
-) {
+) -> Option<String> {
     let (kind, counted_as) = match decision {
+        Decision::Hold { reason } => return Some(reason),
         Decision::Ack => (AckKind::Ack, decisions::ACK),
         Decision::Reject { reason } => {
             tracing::debug!(subject = delivery.subject(), reason, "message rejected");
             (AckKind::Term, decisions::REJECT)
         }
         Decision::Retry { reason } if delivery.delivered >= spec.max_deliver => {
-            handler.dead_letter(delivery, &reason).await;
+            if let Err(error) = handler.dead_letter(delivery, &reason).await {
+                return Some(format!("its dead letter could not be recorded: {error}"));
+            }
             (AckKind::Term, decisions::DEAD)
         }
         Decision::Retry { reason } => {
@@ -334,6 +451,7 @@ async fn acknowledge<H: BatchHandler>(
         // The message will be redelivered after ack_wait; handlers are idempotent.
         tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "acknowledgement failed");
     }
+    None
 }
 
 #[cfg(test)]

@@ -91,6 +91,7 @@ pub struct BusMetrics {
     pub leader: Family<LeaseLabels, Gauge>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_seconds: Family<ServerLabels, Histogram, fn() -> Histogram>,
+    pub held: Family<ConsumerLabels, Gauge>,
 }
 
 struct Metrics {
@@ -108,7 +109,14 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         leader: Family::default(),
         requests: Family::default(),
         request_seconds: Family::new_with_constructor(handler_seconds_histogram),
+        held: Family::default(),
     };
+    registry.register(
+        "consumer_held_messages",
+        "Messages a durable consumer holds undecided because something outside them is \
+         unavailable (PostgreSQL down, pool exhausted); while any are held it fetches nothing",
+        bus.held.clone(),
+    );
     registry.register(
         "messages",
         "Deliveries acknowledged by a durable consumer, by decision (ack, retry, reject, dead)",
@@ -204,6 +212,7 @@ pub fn register_consumer(consumer: &str) {
     }
     let _ = metrics.redeliveries.get_or_create(&labels);
     let _ = metrics.handler_seconds.get_or_create(&labels);
+    let _ = metrics.held.get_or_create(&labels);
 }
 
 /// Counts one acknowledgement decision.
@@ -227,6 +236,16 @@ pub fn record_decision(consumer: &str, decision: &'static str, redelivered: bool
 }
 
 /// Records how long one batch took in `consumer`'s handler.
+/// Adds `change` (negative to release) to the messages `consumer` holds undecided.
+pub fn add_held(consumer: &str, change: i64) {
+    bus_metrics()
+        .held
+        .get_or_create(&ConsumerLabels {
+            consumer: consumer.to_owned(),
+        })
+        .inc_by(change);
+}
+
 pub fn observe_handler_seconds(consumer: &str, seconds: f64) {
     bus_metrics()
         .handler_seconds

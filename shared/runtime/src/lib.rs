@@ -258,13 +258,14 @@ impl Default for BatchLimits {
 }
 
 /// Records a message that exhausted its deliveries in `dead_letters` (once per consumer and
-/// stream sequence), so an operator can see it and its reason; never loses it silently.
+/// stream sequence), so an operator can see it and its reason; never loses it silently: an
+/// `Err` (the record was not written) keeps the message held by the bus, not terminated.
 pub async fn record_dead_letter(
     pool: &PgPool,
     consumer: &str,
     delivery: &bus::Delivery,
     reason: &str,
-) {
+) -> Result<(), String> {
     let letter = store::dead_letters::DeadLetter {
         consumer,
         subject: delivery.subject(),
@@ -273,15 +274,22 @@ pub async fn record_dead_letter(
         reason,
         payload: delivery.payload(),
     };
-    tracing::error!(
-        consumer,
-        subject = delivery.subject(),
-        stream_sequence = delivery.stream_sequence,
-        reason,
-        "message dead after its last delivery"
-    );
-    if let Err(error) = store::dead_letters::record(pool, &letter).await {
-        tracing::error!(error = %telemetry::chain(&error), consumer, "could not record a dead message");
+    match store::dead_letters::record(pool, &letter).await {
+        Ok(()) => {
+            tracing::error!(
+                consumer,
+                subject = delivery.subject(),
+                stream_sequence = delivery.stream_sequence,
+                reason,
+                "message dead after its last delivery; recorded in dead_letters"
+            );
+            Ok(())
+        }
+        // The message is held, not terminated, until its record is written.
+        Err(error) => Err(format!(
+            "could not record a dead message: {}",
+            telemetry::chain(&error)
+        )),
     }
 }
 

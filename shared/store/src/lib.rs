@@ -83,12 +83,16 @@ impl StoreError {
 fn is_transient_sqlx(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-        sqlx::Error::Database(db) => matches!(
-            db.code().as_deref(),
-            // serialization_failure, deadlock_detected, lock_not_available, admin shutdown,
-            // cannot_connect_now, too_many_connections
-            Some("40001" | "40P01" | "55P03" | "57P01" | "57P03" | "53300")
-        ),
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // connection exceptions (class 08), serialization_failure, deadlock_detected,
+            // lock_not_available, query_canceled (a statement timeout), admin_shutdown,
+            // crash_shutdown, cannot_connect_now, too_many_connections
+            code.starts_with("08")
+                || matches!(
+                    code.as_ref(),
+                    "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "53300"
+                )
+        }),
         _ => false,
     }
 }

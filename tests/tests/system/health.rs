@@ -248,7 +248,7 @@ impl NatsServer {
 }
 
 /// A PostgreSQL cluster of this test's own, in a temporary directory.
-struct PostgresServer {
+pub(crate) struct PostgresServer {
     port: u16,
     bin_dir: PathBuf,
     /// `(uid, gid)` of the `postgres` user when this test runs as root.
@@ -258,7 +258,7 @@ struct PostgresServer {
 }
 
 impl PostgresServer {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let bin_dir = postgres_bin_dir();
         let run_as = postgres_user_when_root();
         let dir = tempfile::tempdir().expect("temporary directory");
@@ -293,7 +293,7 @@ impl PostgresServer {
         self.dir.path().join("data")
     }
 
-    fn url(&self, database: &str) -> String {
+    pub(crate) fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
@@ -306,7 +306,7 @@ impl PostgresServer {
         command
     }
 
-    async fn restart(&mut self) {
+    pub(crate) async fn restart(&mut self) {
         assert!(self.child.is_none(), "postgres already running");
         let child = self
             .command("postgres")
@@ -328,7 +328,7 @@ impl PostgresServer {
     }
 
     /// Fast shutdown (SIGINT): clients are disconnected, as when PostgreSQL is stopped.
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         let mut child = self.child.take().expect("postgres running");
         signal(&child, "INT");
         tokio::time::timeout(WAIT_MAX, child.wait())

@@ -13,6 +13,7 @@ mod health;
 mod ingestion;
 mod leader;
 mod metrics;
+mod outage;
 mod outbox;
 mod processes;
 mod recovery;
