@@ -1,139 +1,257 @@
-//! Nothing lost while PostgreSQL is down, however long (issue 9): requests that JetStream
-//! confirmed while PostgreSQL was unreachable for longer than the whole redelivery budget
-//! (`max_deliver × ack wait`) are each admitted exactly once when it is back, and nothing is
-//! dead-lettered. Meanwhile the admission consumer holds them (in-progress acknowledgements,
-//! so their delivery count does not grow) and says so on `/metrics`.
+//! Nothing lost while PostgreSQL is down, however long (issue 9): messages JetStream confirmed
+//! while PostgreSQL was unreachable for longer than the whole redelivery budget
+//! (`max_deliver × ack wait`) are each decided exactly once when it is back, and nothing is
+//! dead-lettered: scan requests (admission) and a worker's result batch and completion
+//! (ingestion). Meanwhile the consumer holds them (in-progress acknowledgements, so their
+//! delivery count does not grow) and says so on `/metrics`.
 //!
 //! Against a PostgreSQL of this test's own (`crate::health::PostgresServer`), which it stops
 //! and starts; NATS is the machine's, under a prefix of this test's own.
 
 use std::time::Duration;
 
-use messages::Subjects;
+use messages::{Subjects, WorkerVerb, v1};
 use palisade::system::{System, SystemSettings};
+use prost::Message as _;
 use runtime::CommonSettings;
-use tests::WAIT_MAX;
+use tests::{ManualWorker, WAIT_MAX, findings_payload};
 use uuid::Uuid;
 
 use crate::health::PostgresServer;
 
-const REQUESTS: usize = 5;
 const ACK_WAIT: Duration = Duration::from_secs(1);
 const MAX_DELIVER: i64 = 3;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_confirmed_during_an_outage_longer_than_the_redelivery_budget_are_admitted_once() {
-    let mut postgres = PostgresServer::start().await;
-    let id = Uuid::new_v4().simple().to_string();
-    let subjects = Subjects::new(&format!("o{}", &id[..12])).expect("valid prefix");
-    let mut common = CommonSettings::from_env().expect("valid environment");
-    common.database = store::DatabaseSettings::new(postgres.url("palisade"));
-    common.database.max_connections = 8;
-    common.database.acquire_timeout = Duration::from_secs(1);
-    common.subjects = subjects.clone();
-    let nats_url = common.nats_url.clone();
-    let mut settings = SystemSettings::from_common(common).expect("valid settings");
-    settings.admission.consumer.ack_wait = ACK_WAIT;
-    settings.admission.consumer.max_deliver = MAX_DELIVER;
-    let system = System::start(settings).await.expect("palisade starts");
+/// A running palisade on a PostgreSQL of its own, with short redelivery budgets.
+struct Outage {
+    postgres: PostgresServer,
+    system: System,
+    subjects: Subjects,
+    bus: bus::Bus,
+    client: client::Client,
+    organization_id: Uuid,
+}
 
-    let organization_id = Uuid::new_v4();
-    {
-        let pool = store::connect(&store::DatabaseSettings::new(postgres.url("palisade")))
-            .await
-            .expect("PostgreSQL reachable");
+impl Outage {
+    async fn start() -> Self {
+        let postgres = PostgresServer::start().await;
+        let id = Uuid::new_v4().simple().to_string();
+        let subjects = Subjects::new(&format!("o{}", &id[..12])).expect("valid prefix");
+        let mut common = CommonSettings::from_env().expect("valid environment");
+        common.database = store::DatabaseSettings::new(postgres.url("palisade"));
+        common.database.max_connections = 8;
+        common.database.acquire_timeout = Duration::from_secs(1);
+        common.subjects = subjects.clone();
+        let nats_url = common.nats_url.clone();
+        let mut settings = SystemSettings::from_common(common).expect("valid settings");
+        // `/metrics` is read in this process (`bus::metrics`); no port to share.
+        settings.http_addr = None;
+        for consumer in [
+            &mut settings.admission.consumer,
+            &mut settings.ingestion.consumer,
+        ] {
+            consumer.ack_wait = ACK_WAIT;
+            consumer.max_deliver = MAX_DELIVER;
+        }
+        let system = System::start(settings).await.expect("palisade starts");
+        let organization_id = Uuid::new_v4();
+        let pool = Self::pool(&postgres).await;
         store::admin::create_organization(&pool, organization_id, "outage", None)
             .await
             .expect("organization created");
         pool.close().await;
+        let bus = bus::Bus::connect(&nats_url, subjects.clone(), "outage-test")
+            .await
+            .expect("NATS reachable");
+        let client = client::Client::new(bus.clone(), "outage-client");
+        Self {
+            postgres,
+            system,
+            subjects,
+            bus,
+            client,
+            organization_id,
+        }
     }
-    let bus = bus::Bus::connect(&nats_url, subjects.clone(), "outage-test")
-        .await
-        .expect("NATS reachable");
-    let client = client::Client::new(bus.clone(), "outage-client");
 
-    postgres.stop().await;
-    let mut keys = Vec::new();
-    for index in 0..REQUESTS {
-        let key = Uuid::new_v4().to_string();
-        let request = client.request(
-            &organization_id.to_string(),
+    async fn pool(postgres: &PostgresServer) -> sqlx::PgPool {
+        store::connect(&store::DatabaseSettings::new(postgres.url("palisade")))
+            .await
+            .expect("PostgreSQL reachable")
+    }
+
+    fn request(&self, index: usize) -> v1::ScanRequest {
+        self.client.request(
+            &self.organization_id.to_string(),
             &format!("http://outage-{index}.test"),
             &["synthetic"],
-            &key,
-        );
-        client
-            .publish(&request)
-            .await
-            .expect("JetStream confirms the request");
-        keys.push(key);
+            &Uuid::new_v4().to_string(),
+        )
     }
-    // Longer than the whole redelivery budget, with margin for the first delivery.
-    let budget = ACK_WAIT * MAX_DELIVER as u32;
-    tokio::time::sleep(budget * 2 + Duration::from_secs(1)).await;
-    let held = held_messages(&bus::metrics::encode_text(), "admission");
-    assert!(
-        held >= 1.0,
-        "admission holds the requests while PostgreSQL is down, and says so: {held}"
-    );
-    postgres.restart().await;
 
-    let pool = store::connect(&store::DatabaseSettings::new(postgres.url("palisade")))
-        .await
-        .expect("PostgreSQL back");
-    let deadline = tokio::time::Instant::now() + WAIT_MAX;
-    loop {
-        let admitted: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM scans WHERE idempotency_key = ANY($1)")
-                .bind(&keys)
+    /// PostgreSQL down for twice the whole redelivery budget, with `consumer` seen holding.
+    async fn outage(&mut self, during: impl AsyncFnOnce(&Self), consumer: &str) {
+        self.postgres.stop().await;
+        during(self).await;
+        tokio::time::sleep(ACK_WAIT * MAX_DELIVER as u32 * 2 + Duration::from_secs(1)).await;
+        let held = held_messages(consumer);
+        assert!(
+            held >= 1.0,
+            "{consumer} holds what it could not decide while PostgreSQL is down, and says so: {held}"
+        );
+        self.postgres.restart().await;
+    }
+
+    /// Waits until `query` (one count) answers `expected`.
+    async fn wait_count(&self, what: &str, query: &str, expected: i64) {
+        let pool = Self::pool(&self.postgres).await;
+        let deadline = tokio::time::Instant::now() + WAIT_MAX;
+        loop {
+            let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(query))
                 .fetch_one(&pool)
                 .await
-                .expect("scans counted");
-        if admitted == REQUESTS as i64 {
-            break;
+                .expect("counted");
+            if count == expected {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: {count}, expected {expected}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{admitted} of {REQUESTS} confirmed requests admitted after the outage"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        pool.close().await;
     }
-    let per_key: Vec<i64> = sqlx::query_scalar(
-        "SELECT count(*) FROM scans WHERE idempotency_key = ANY($1) GROUP BY idempotency_key",
-    )
-    .bind(&keys)
-    .fetch_all(&pool)
-    .await
-    .expect("scans per key");
-    assert_eq!(per_key, vec![1; REQUESTS], "one scan per confirmed request");
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
-        .fetch_one(&pool)
-        .await
-        .expect("dead letters counted");
-    assert_eq!(dead, 0, "nothing was dead-lettered for an outage");
-    let released = tokio::time::Instant::now() + WAIT_MAX;
-    while held_messages(&bus::metrics::encode_text(), "admission") > 0.0 {
-        assert!(
-            tokio::time::Instant::now() < released,
-            "admission still holds messages after deciding them"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    pool.close().await;
-    system.stop().await;
-    for stream in [
-        subjects.requests_stream(),
-        subjects.events_stream(),
-        subjects.results_stream(),
-    ] {
-        let _ = bus.jetstream().delete_stream(stream).await;
+
+    async fn finish(self, consumer: &str) {
+        self.wait_count("dead letters", "SELECT count(*) FROM dead_letters", 0)
+            .await;
+        let released = tokio::time::Instant::now() + WAIT_MAX;
+        while held_messages(consumer) > 0.0 {
+            assert!(
+                tokio::time::Instant::now() < released,
+                "{consumer} still holds messages after deciding them"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.system.stop().await;
+        for stream in [
+            self.subjects.requests_stream(),
+            self.subjects.events_stream(),
+            self.subjects.results_stream(),
+        ] {
+            let _ = self.bus.jetstream().delete_stream(stream).await;
+        }
     }
 }
 
-/// `palisade_consumer_held_messages{consumer="<consumer>"}` in a `/metrics` text.
-fn held_messages(metrics: &str, consumer: &str) -> f64 {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_confirmed_during_an_outage_longer_than_the_redelivery_budget_are_admitted_once() {
+    const REQUESTS: usize = 5;
+    let mut outage = Outage::start().await;
+    let requests: Vec<v1::ScanRequest> = (0..REQUESTS).map(|index| outage.request(index)).collect();
+    outage
+        .outage(
+            async |outage: &Outage| {
+                for request in &requests {
+                    outage
+                        .client
+                        .publish(request)
+                        .await
+                        .expect("JetStream confirms the request");
+                }
+            },
+            "admission",
+        )
+        .await;
+    let keys: Vec<String> = requests
+        .iter()
+        .map(|request| format!("'{}'", request.idempotency_key))
+        .collect();
+    outage
+        .wait_count(
+            "scans of the confirmed requests",
+            &format!(
+                "SELECT count(*) FROM scans WHERE idempotency_key IN ({})",
+                keys.join(",")
+            ),
+            REQUESTS as i64,
+        )
+        .await;
+    outage
+        .wait_count(
+            "keys with more than one scan",
+            "SELECT count(*) FROM (SELECT 1 FROM scans GROUP BY organization_id, client_id, \
+             idempotency_key HAVING count(*) > 1) twice",
+            0,
+        )
+        .await;
+    outage.finish("admission").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_and_completion_confirmed_during_an_outage_are_accepted_once() {
+    let mut outage = Outage::start().await;
+    let worker_id = Uuid::new_v4();
+    {
+        let pool = Outage::pool(&outage.postgres).await;
+        store::admin::register_worker(&pool, worker_id, "outage-worker", 4)
+            .await
+            .expect("worker registered");
+        store::admin::assign_worker(&pool, outage.organization_id, worker_id)
+            .await
+            .expect("worker assigned");
+        pool.close().await;
+    }
+    let worker = ManualWorker::connect(outage.bus.clone(), worker_id).await;
+    let hello = worker.hello(&["synthetic"]).await;
+    assert!(hello.error.is_none(), "{hello:?}");
+    outage
+        .client
+        .publish(&outage.request(0))
+        .await
+        .expect("request confirmed");
+    let lease = worker.acquire_one().await;
+
+    let batch = worker.batch(&lease, 0, &findings_payload(3));
+    let completion = worker.completion(&lease, 1);
+    outage
+        .outage(
+            async |_: &Outage| {
+                worker
+                    .publish_raw(WorkerVerb::Result, batch.encode_to_vec())
+                    .await;
+                worker
+                    .publish_raw(WorkerVerb::Complete, completion.encode_to_vec())
+                    .await;
+            },
+            "ingestion",
+        )
+        .await;
+    outage
+        .wait_count(
+            "completed scans",
+            "SELECT count(*) FROM scans WHERE state = 'completed'",
+            1,
+        )
+        .await;
+    outage
+        .wait_count("findings", "SELECT count(*) FROM findings", 3)
+        .await;
+    outage
+        .wait_count(
+            "result batches",
+            "SELECT count(*) FROM worker_result_batches",
+            1,
+        )
+        .await;
+    outage.finish("ingestion").await;
+}
+
+/// `palisade_consumer_held_messages{consumer="<consumer>"}` in this process's `/metrics` text.
+fn held_messages(consumer: &str) -> f64 {
     let series = format!("palisade_consumer_held_messages{{consumer=\"{consumer}\"}} ");
-    metrics
+    bus::metrics::encode_text()
         .lines()
         .find_map(|line| line.strip_prefix(series.as_str()))
         .and_then(|value| value.trim().parse().ok())
