@@ -2,7 +2,7 @@
 
 use messages::limits::{
     EXECUTION_DEADLINE_SECONDS_MAX, IDENTIFIER_BYTES_MAX, PRIORITY_ABS_MAX, PROFILE_PLUGINS_MAX,
-    TARGET_BYTES_MAX,
+    SCAN_REQUEST_BYTES_MAX, TARGET_BYTES_MAX,
 };
 use messages::{ErrorCode, v1};
 use prost::Message as _;
@@ -47,6 +47,18 @@ impl ValidScanRequest {
 /// a refusal can name the client and key when the message decoded at all.
 pub fn parse(bytes: &[u8]) -> (Option<v1::ScanRequest>, Result<ValidScanRequest, v1::Error>) {
     match v1::ScanRequest::decode(bytes) {
+        // Counted on the bytes, so fields this version does not know count too.
+        Ok(wire) if bytes.len() > SCAN_REQUEST_BYTES_MAX => {
+            let error = v1::Error::new(
+                ErrorCode::TooLarge,
+                format!(
+                    "scan request is {} bytes, at most {SCAN_REQUEST_BYTES_MAX} are allowed \
+                     (fields unknown to palisade count too)",
+                    bytes.len()
+                ),
+            );
+            (Some(wire), Err(error))
+        }
         Ok(wire) => {
             let valid = validate(&wire);
             (Some(wire), valid)

@@ -4,6 +4,10 @@
 
 /// A request's target string, in bytes: long URLs fit, a pasted document does not.
 pub const TARGET_BYTES_MAX: usize = 512;
+/// A scan request as encoded, unknown fields included: the largest valid request (a 512-byte
+/// target, 16 plugin names and two identifiers of 128 bytes) is under 3,000 bytes, so this
+/// refuses only padding. A new field that could push a valid request past it raises it.
+pub const SCAN_REQUEST_BYTES_MAX: usize = 4_096;
 /// Client ids, idempotency keys and plugin names, in bytes.
 pub const IDENTIFIER_BYTES_MAX: usize = 128;
 /// Plugins in one profile: a scan is a short pipeline, not a program.

@@ -22,8 +22,16 @@ async fn malformed_and_invalid_scan_requests_are_rejected_as_events_and_terminat
     missing_fields.plugins.clear();
     let mut bad_version = system.request(org, "http://a.test", &["alpha"]);
     bad_version.schema_version = 9;
+    // A valid request padded to 900 KB with a field palisade does not know.
+    let mut padded = system
+        .request(org, "http://a.test", &["alpha"])
+        .encode_to_vec();
+    prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut padded);
+    prost::encoding::encode_varint(900_000, &mut padded);
+    padded.resize(padded.len() + 900_000, b'x');
     let cases: Vec<(Vec<u8>, ErrorCode)> = vec![
         (vec![0xff, 0x01, 0x02], ErrorCode::MalformedMessage),
+        (padded, ErrorCode::TooLarge),
         (missing_fields.encode_to_vec(), ErrorCode::InvalidField),
         (
             bad_version.encode_to_vec(),
