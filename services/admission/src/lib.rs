@@ -35,7 +35,7 @@ pub struct Settings {
     /// Attempt budget of every task (`PALISADE_MAX_ATTEMPTS`, default 3).
     pub max_attempts: i32,
     /// The durable consumer (`PALISADE_ADMISSION_BATCH_SIZE` 128, `PALISADE_ADMISSION_ACK_WAIT_MS`
-    /// 30000, `PALISADE_ADMISSION_MAX_DELIVER` 10, `PALISADE_ADMISSION_BATCHES_IN_FLIGHT` 4).
+    /// 5000, `PALISADE_ADMISSION_MAX_DELIVER` 10, `PALISADE_ADMISSION_BATCHES_IN_FLIGHT` 4).
     pub consumer: ConsumerTuning,
     /// When set, profiles may only name these plugins; others get `unknown_plugin`
     /// (`PALISADE_KNOWN_PLUGINS`, comma-separated; unset accepts any plugin name).

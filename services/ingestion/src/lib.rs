@@ -35,7 +35,7 @@ pub struct Settings {
     /// `PALISADE_RETRY_CAP_MS` 300000).
     pub retry: RetryPolicy,
     /// The durable consumer (`PALISADE_INGESTION_BATCH_SIZE` 128, `PALISADE_INGESTION_ACK_WAIT_MS`
-    /// 30000, `PALISADE_INGESTION_MAX_DELIVER` 10, `PALISADE_INGESTION_BATCHES_IN_FLIGHT` 4).
+    /// 5000, `PALISADE_INGESTION_MAX_DELIVER` 10, `PALISADE_INGESTION_BATCHES_IN_FLIGHT` 4).
     pub consumer: ConsumerTuning,
     /// Test fault injection: crash after commit, before ack.
     pub crash_after_commit: Option<Arc<AtomicBool>>,

@@ -49,7 +49,9 @@ pub struct ConsumerSpec {
 }
 
 impl ConsumerSpec {
-    pub const ACK_WAIT_DEFAULT: Duration = Duration::from_secs(30);
+    /// Short, so a crashed consumer's messages are redelivered within seconds: a live one
+    /// keeps what it is deciding with in-progress acknowledgements every third of it.
+    pub const ACK_WAIT_DEFAULT: Duration = Duration::from_secs(5);
     pub const MAX_DELIVER_DEFAULT: i64 = 10;
     pub const MAX_ACK_PENDING_DEFAULT: i64 = 20_000;
     pub const BATCH_SIZE_DEFAULT: usize = 128;
@@ -337,7 +339,7 @@ async fn decide_and_acknowledge<H: BatchHandler>(
     let mut held_count = 0;
     loop {
         let handle_started = std::time::Instant::now();
-        let decisions = handler.handle(&batch).await;
+        let decisions = deciding(spec, &batch, handler.handle(&batch)).await;
         crate::metrics::observe_handler_seconds(
             &spec.durable_name,
             handle_started.elapsed().as_secs_f64(),
@@ -385,6 +387,37 @@ async fn decide_and_acknowledge<H: BatchHandler>(
     }
 }
 
+/// Runs `decide`, telling the server every third of the ack wait that `batch` is still being
+/// worked on, so a decision slower than the ack wait is not redelivered to another consumer.
+async fn deciding<T>(
+    spec: &ConsumerSpec,
+    batch: &[Delivery],
+    decide: impl Future<Output = T>,
+) -> T {
+    let beat = in_progress_interval(spec);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+    tokio::pin!(decide);
+    loop {
+        tokio::select! {
+            decided = &mut decide => return decided,
+            _ = ticks.tick() => in_progress(batch).await,
+        }
+    }
+}
+
+fn in_progress_interval(spec: &ConsumerSpec) -> Duration {
+    (spec.ack_wait / 3).max(Duration::from_millis(100))
+}
+
+async fn in_progress(deliveries: &[Delivery]) {
+    for delivery in deliveries {
+        telemetry::cost::count_messages(telemetry::cost::Direction::Sent, 1);
+        if let Err(error) = delivery.message.ack_with(AckKind::Progress).await {
+            tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "in-progress acknowledgement failed");
+        }
+    }
+}
+
 /// Waits `delay` while telling the server every third of the ack wait that the held
 /// deliveries are still being worked on; false when the consumer is shutting down first.
 async fn keep_held(
@@ -393,14 +426,10 @@ async fn keep_held(
     delay: Duration,
     shutdown: &CancellationToken,
 ) -> bool {
-    let beat = (spec.ack_wait / 3).max(Duration::from_millis(100));
+    let beat = in_progress_interval(spec);
     let until = tokio::time::Instant::now() + delay;
     loop {
-        for delivery in held {
-            if let Err(error) = delivery.message.ack_with(AckKind::Progress).await {
-                tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "in-progress acknowledgement failed");
-            }
-        }
+        in_progress(held).await;
         let now = tokio::time::Instant::now();
         if now >= until {
             return true;

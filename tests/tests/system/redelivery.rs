@@ -171,3 +171,44 @@ async fn every_message_delivered_twice_ends_as_if_delivered_once() {
     let _: Option<v1::Error> = None;
     system.finish().await;
 }
+
+/// A decision slower than the ack wait is not redelivered: the consumer tells JetStream it is
+/// still working on the batch (in-progress acknowledgements every third of the ack wait). The
+/// organization's row is held locked for three ack waits, so admission's transaction waits on
+/// it; the request is then admitted once and never delivered twice.
+#[tokio::test]
+async fn a_decision_slower_than_the_ack_wait_is_not_redelivered() {
+    const ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+    let system = TestSystem::spawn_with(|settings| {
+        settings.admission.consumer.ack_wait = ACK_WAIT;
+    })
+    .await;
+    let org = system.organization().await;
+    let mut lock = system.pool.begin().await.expect("transaction");
+    sqlx::query("SELECT id FROM organizations WHERE id = $1 FOR UPDATE")
+        .bind(org)
+        .execute(&mut *lock)
+        .await
+        .expect("organization locked");
+    let request = system.request(org, "http://slow.test", &["alpha"]);
+    system.publish_request_bytes(request.encode_to_vec()).await;
+    tokio::time::sleep(ACK_WAIT * 3).await;
+    lock.commit().await.expect("lock released");
+
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.requests_stream(),
+        admission::CONSUMER_NAME,
+    )
+    .await;
+    assert_eq!(system.table_counts().await["scans"], 1);
+    let redeliveries = bus::metrics::encode_text()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("palisade_redeliveries_total{consumer=\"admission\"} ")
+                .map(|value| value.trim().parse::<f64>().expect("a number"))
+        })
+        .expect("admission's redeliveries are counted");
+    assert_eq!(redeliveries, 0.0, "the slow decision was never redelivered");
+    system.finish().await;
+}
