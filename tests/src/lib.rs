@@ -322,6 +322,22 @@ impl TestSystem {
         }
     }
 
+    /// Stops a running component, as scaling its deployment to zero would, and waits for it.
+    pub async fn stop(&self, component: Component) {
+        let (stop, handle) = self
+            .running
+            .lock()
+            .expect("not poisoned")
+            .remove(&component)
+            .expect("component was started");
+        stop.cancel();
+        tokio::time::timeout(WAIT_MAX, handle)
+            .await
+            .unwrap_or_else(|_| panic!("{component:?} did not stop within {WAIT_MAX:?}"))
+            .expect("component did not panic")
+            .expect("component stopped cleanly");
+    }
+
     /// Waits for a component to end by itself (an injected crash) and returns how it ended.
     pub async fn wait_stopped(&self, component: Component) -> anyhow::Result<()> {
         let (_, handle) = self

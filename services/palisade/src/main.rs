@@ -354,7 +354,17 @@ async fn main() -> anyhow::Result<()> {
             let mut request = client.request(&org.to_string(), &target, &plugin_names, &key);
             request.priority = priority;
             request.execution_deadline_seconds = deadline_secs;
-            let reply = client.submit(&request).await?;
+            let reply = match client.submit_or_queue(&request).await? {
+                client::Submitted::Answered(reply) => reply,
+                client::Submitted::Queued { reason } => {
+                    println!(
+                        "queued {key}: admission did not answer ({reason}); the request is on the \
+                         durable stream and will be decided once admission can; run the same \
+                         command with `--key {key}` to see its scan (a replay answers with it)"
+                    );
+                    return Ok(());
+                }
+            };
             match reply.error {
                 Some(error) => anyhow::bail!("refused: {} ({})", error.message, error.code),
                 None => {

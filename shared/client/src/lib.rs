@@ -1,6 +1,7 @@
 //! The client for services that submit scans: synchronous submission over request/reply
 //! (retried with the same idempotency key, so a lost reply never creates a second scan),
-//! durable fire-and-forget submission over JetStream, and a subscription to scan outcomes.
+//! durable fire-and-forget submission over JetStream, the one falling back to the other
+//! (`submit_or_queue`), and a subscription to scan outcomes.
 
 use std::time::Duration;
 
@@ -14,12 +15,33 @@ use thiserror::Error;
 /// Attempts of a synchronous submission before giving up.
 pub const SUBMIT_ATTEMPTS_MAX: u32 = 5;
 
+/// Backoff between a synchronous submission's attempts: from 100 ms, doubling, at most 2 s
+/// apart, full jitter (the one policy, `messages::retry::RetryPolicy`).
+const SUBMIT_RETRY: messages::retry::RetryPolicy =
+    messages::retry::RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(2));
+
+/// What became of a request sent with [`Client::submit_or_queue`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Submitted {
+    /// Admission answered: admitted, a replay of an earlier request, or refused.
+    Answered(v1::ScanRequestReply),
+    /// Admission did not answer (not running, or unable to decide: its database is down), so
+    /// the request was published to the durable stream and JetStream confirmed it. Admission
+    /// decides it once it can; its outcome arrives as an event (see [`Client::outcomes`]).
+    Queued {
+        /// Why the synchronous path gave up.
+        reason: String,
+    },
+}
+
 #[derive(Debug, Error)]
 pub enum ClientError {
     #[error(transparent)]
     Bus(#[from] bus::BusError),
     #[error(
-        "admission did not answer after {attempts} attempts: {last}; is palisade-admission running?"
+        "admission did not answer after {attempts} attempts: {last}; is palisade-admission \
+         running? A request published to the durable stream instead (`submit_or_queue`, or \
+         `publish`) is decided once admission can, and its outcome arrives as an event"
     )]
     NoAnswer { attempts: u32, last: String },
     #[error("palisade answered with bytes that are not the expected reply: {0}")]
@@ -101,12 +123,34 @@ impl Client {
                 }
                 Err(error) => last = error.to_string(),
             }
-            tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+            if attempt < SUBMIT_ATTEMPTS_MAX {
+                tokio::time::sleep(SUBMIT_RETRY.jittered(attempt)).await;
+            }
         }
         Err(ClientError::NoAnswer {
             attempts: SUBMIT_ATTEMPTS_MAX,
             last,
         })
+    }
+
+    /// [`Client::submit`], falling back to the durable path: when admission does not answer
+    /// after every attempt, the same request (same idempotency key, so it can never make a
+    /// second scan) is published to the durable stream, and the answer is
+    /// [`Submitted::Queued`] once JetStream confirmed it. Fails only when neither path took
+    /// the request.
+    pub async fn submit_or_queue(
+        &self,
+        request: &v1::ScanRequest,
+    ) -> Result<Submitted, ClientError> {
+        match self.submit(request).await {
+            Ok(reply) => Ok(Submitted::Answered(reply)),
+            Err(ClientError::NoAnswer { last, .. }) => {
+                tracing::warn!(reason = %last, idempotency_key = %request.idempotency_key, "admission did not answer; publishing the request to the durable stream");
+                self.publish(request).await?;
+                Ok(Submitted::Queued { reason: last })
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Publishes to the durable request stream and waits for the PubAck: the request is then

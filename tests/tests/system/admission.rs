@@ -206,3 +206,40 @@ async fn durable_requests_are_admitted_once_even_when_published_twice() {
     assert_eq!(system.table_counts().await["worker_tasks"], 1);
     system.finish().await;
 }
+
+/// A synchronous submission nobody answers falls back to the durable path: with admission
+/// stopped, `submit_or_queue` publishes the request to the stream and says so; once admission
+/// runs again the request is admitted once, and a submission of the same request answers with
+/// that scan.
+#[tokio::test]
+async fn an_unanswered_submission_falls_back_to_the_durable_stream() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let request = system.request(org, "http://fallback.test", &["alpha"]);
+    system.stop(tests::Component::Admission).await;
+
+    let submitted = system
+        .client()
+        .submit_or_queue(&request)
+        .await
+        .expect("one of the two paths took the request");
+    let client::Submitted::Queued { reason } = submitted else {
+        panic!("nobody could have answered: {submitted:?}");
+    };
+    assert!(!reason.is_empty());
+    assert_eq!(system.table_counts().await["scans"], 0);
+
+    system.start(tests::Component::Admission);
+    let replay = system.submit(&request).await;
+    assert!(replay.error.is_none(), "{replay:?}");
+    system
+        .wait_for("the queued request to be admitted", || async {
+            (system.table_counts().await["scans"] == 1).then_some(())
+        })
+        .await;
+    let again = system.submit(&request).await;
+    assert!(again.deduplicated, "{again:?}");
+    assert_eq!(again.scan_id, replay.scan_id);
+    assert_eq!(system.table_counts().await["scans"], 1, "one scan");
+    system.finish().await;
+}
