@@ -60,7 +60,7 @@ pub struct TestSystem {
 
 /// Statement counting (as in every palisade process) and, with `TEST_LOG` set, logs filtered
 /// by `RUST_LOG`. A test that installed its own subscriber first (`telemetry::init`) keeps it.
-fn init_test_logging() {
+pub fn init_test_logging() {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;

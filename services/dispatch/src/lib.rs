@@ -159,22 +159,45 @@ impl Service {
             }
         }));
 
-        let mut servers = tokio::task::JoinSet::new();
-        for verb in [
+        // Every subscription is in place before dispatch says it serves: a worker that hears
+        // `dispatch.ready` asks again at once and must find someone to answer.
+        let verbs = [
             WorkerVerb::Hello,
             WorkerVerb::Acquire,
             WorkerVerb::Renew,
             WorkerVerb::Release,
-        ] {
+        ];
+        let mut subscriptions = Vec::with_capacity(verbs.len());
+        for verb in verbs {
+            subscriptions.push(
+                bus::serve::subscribe(&self.bus, subjects.worker_wildcard(verb), QUEUE_GROUP)
+                    .await
+                    .context("failed to serve the worker verbs")?,
+            );
+        }
+        let cancels = bus::serve::subscribe(&self.bus, subjects.cancel(), QUEUE_GROUP)
+            .await
+            .context("failed to serve cancellations")?;
+        self.bus.flush().await.context("failed to reach NATS")?;
+        if let Err(error) = self
+            .bus
+            .publish_core(subjects.dispatch_ready(), bytes::Bytes::new())
+            .await
+        {
+            // Only a hint: workers also retry on their own timeouts.
+            tracing::warn!(error = %telemetry::chain(&error), "could not announce dispatch.ready");
+        }
+
+        let mut servers = tokio::task::JoinSet::new();
+        for (verb, subscription) in verbs.into_iter().zip(subscriptions) {
             let dispatch = self.dispatch.clone();
             let bus = self.bus.clone();
-            let subject = subjects.worker_wildcard(verb);
             let stop = stop.clone();
             servers.spawn(inherit(async move {
-                bus::serve::serve(
+                bus::serve::serve_subscribed(
                     &bus,
                     server_name(verb),
-                    subject,
+                    subscription,
                     QUEUE_GROUP,
                     move |message| {
                         let dispatch = dispatch.clone();
@@ -190,10 +213,10 @@ impl Service {
             let bus = self.bus.clone();
             let stop = stop.clone();
             servers.spawn(inherit(async move {
-                bus::serve::serve(
+                bus::serve::serve_subscribed(
                     &bus,
                     "dispatch.cancel",
-                    subjects.cancel(),
+                    cancels,
                     QUEUE_GROUP,
                     move |message| {
                         let dispatch = dispatch.clone();

@@ -158,11 +158,31 @@ pub trait BatchHandler: Send + Sync + 'static {
     }
 }
 
+/// How long one pull request lasts on the server before the client sends another: less than
+/// the ack wait, so that once a consumer closes its pull (while it holds messages it cannot
+/// decide) no request of its outlives an ack wait, and JetStream cannot redeliver into it.
+fn pull_expires(spec: &ConsumerSpec) -> Duration {
+    (spec.ack_wait / 2).clamp(Duration::from_millis(500), Duration::from_secs(10))
+}
+
 /// How often the server says a pull request of ours is still open while it has nothing to
 /// deliver; two missed in a row and the pull is opened again.
-const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
-/// How long one pull request lasts on the server before the client sends another.
-const PULL_EXPIRES: Duration = Duration::from_secs(10);
+fn pull_heartbeat(spec: &ConsumerSpec) -> Duration {
+    (pull_expires(spec) / 2).min(Duration::from_secs(1))
+}
+
+/// A consumer's open pull, read in chunks of up to its batch size.
+type Pull = futures::stream::ReadyChunks<pull::Stream>;
+
+/// The next chunk of an open pull; never, when the pull is closed.
+async fn next_chunk(
+    pull: &mut Option<Pull>,
+) -> Option<Vec<Result<jetstream::Message, pull::MessagesError>>> {
+    match pull {
+        Some(pull) => pull.next().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Creates the consumer if needed and runs it until `shutdown`.
 pub async fn run<H: BatchHandler>(
@@ -202,14 +222,14 @@ pub async fn run<H: BatchHandler>(
         consumer
             .stream()
             .max_messages_per_batch(spec.batch_size)
-            .heartbeat(PULL_HEARTBEAT)
-            .expires(PULL_EXPIRES)
+            .heartbeat(pull_heartbeat(&spec))
+            .expires(pull_expires(&spec))
             .messages()
             .await
             .map(|messages| messages.ready_chunks(spec.batch_size))
             .map_err(|error| consume_error(error.to_string()))
     };
-    let mut messages = open().await?;
+    let mut messages = Some(open().await?);
     crate::metrics::register_consumer(&spec.durable_name);
 
     let spec = &spec;
@@ -218,7 +238,17 @@ pub async fn run<H: BatchHandler>(
     let shutdown = &shutdown;
     let mut in_flight = futures::stream::FuturesUnordered::new();
     loop {
-        let room = in_flight.len() < spec.batches_in_flight.max(1) && !holding.any();
+        // While messages are held, no pull is open: what the server delivered but nobody
+        // decides would spend its deliveries, redelivered into the pull every ack wait.
+        if holding.any() {
+            if messages.take().is_some() {
+                tracing::info!(consumer = %spec.durable_name, "pull closed while messages are held");
+            }
+        } else if messages.is_none() {
+            messages = Some(open().await?);
+        }
+        let room = in_flight.len() < spec.batches_in_flight.max(1);
+        let changed = holding.changed.notified();
         let chunk = tokio::select! {
             () = shutdown.cancelled() => {
                 // Batches being decided finish and are acknowledged; nothing new is fetched.
@@ -231,7 +261,8 @@ pub async fn run<H: BatchHandler>(
                 finished?;
                 continue;
             }
-            chunk = messages.next(), if room => chunk,
+            () = changed => continue,
+            chunk = next_chunk(&mut messages), if room => chunk,
         };
         let Some(chunk) = chunk else {
             return Err(consume_error("message stream ended".into()));
@@ -277,7 +308,7 @@ pub async fn run<H: BatchHandler>(
             }
         }
         if missed_heartbeat {
-            messages = open().await?;
+            messages = Some(open().await?);
         }
         if batch.is_empty() {
             continue;
@@ -298,6 +329,9 @@ const HOLD_RETRY: messages::retry::RetryPolicy =
 struct Holding {
     consumer: String,
     held: std::sync::atomic::AtomicUsize,
+    /// Woken when messages start or stop being held, so the consumer closes or reopens its
+    /// pull at once.
+    changed: tokio::sync::Notify,
 }
 
 impl Holding {
@@ -305,6 +339,7 @@ impl Holding {
         Self {
             consumer: consumer.to_owned(),
             held: std::sync::atomic::AtomicUsize::new(0),
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -313,12 +348,16 @@ impl Holding {
     }
 
     fn add(&self, count: usize) {
-        self.held.fetch_add(count, Ordering::SeqCst);
+        if count > 0 && self.held.fetch_add(count, Ordering::SeqCst) == 0 {
+            self.changed.notify_waiters();
+        }
         crate::metrics::add_held(&self.consumer, count as i64);
     }
 
     fn release(&self, count: usize) {
-        self.held.fetch_sub(count, Ordering::SeqCst);
+        if count > 0 && self.held.fetch_sub(count, Ordering::SeqCst) == count {
+            self.changed.notify_waiters();
+        }
         crate::metrics::add_held(&self.consumer, -(count as i64));
     }
 }

@@ -32,14 +32,39 @@ where
     F: Fn(async_nats::Message) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Option<Bytes>> + Send + 'static,
 {
-    let mut subscription = bus
-        .client()
+    let subscription = subscribe(bus, subject, queue_group).await?;
+    serve_subscribed(bus, server, subscription, queue_group, handler, shutdown).await
+}
+
+/// The subscription [`serve_subscribed`] answers on: taken first by a server that must know
+/// it is in place before it says it serves (dispatch's `dispatch.ready`).
+pub async fn subscribe(
+    bus: &Bus,
+    subject: String,
+    queue_group: &str,
+) -> Result<async_nats::Subscriber, BusError> {
+    bus.client()
         .queue_subscribe(subject.clone(), queue_group.to_owned())
         .await
         .map_err(|error| BusError::Subscribe {
-            subject: subject.clone(),
+            subject,
             message: error.to_string(),
-        })?;
+        })
+}
+
+/// [`serve`] on a subscription already taken with [`subscribe`].
+pub async fn serve_subscribed<F, Fut>(
+    bus: &Bus,
+    server: &'static str,
+    mut subscription: async_nats::Subscriber,
+    queue_group: &str,
+    handler: F,
+    shutdown: CancellationToken,
+) -> Result<(), BusError>
+where
+    F: Fn(async_nats::Message) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Option<Bytes>> + Send + 'static,
+{
     crate::metrics::register_server(server);
     let permits = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
     let handler = Arc::new(handler);

@@ -135,6 +135,14 @@ impl Subjects {
         format!("{}.v1.dispatch.wakeup", self.prefix)
     }
 
+    /// Core NATS only (no stream captures it): a dispatch replica publishes it once it serves
+    /// the worker verbs. A worker whose acquire (or hello) is still unanswered asks again at
+    /// once, with the same request id: its dispatch may have died holding the long-poll.
+    /// Never a decision.
+    pub fn dispatch_ready(&self) -> String {
+        format!("{}.v1.dispatch.ready", self.prefix)
+    }
+
     pub fn events_wildcard(&self) -> String {
         format!("{}.v1.event.>", self.prefix)
     }
