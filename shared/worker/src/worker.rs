@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use messages::{ErrorCode, WorkerVerb, limits, v1};
 use telemetry::cost::{in_lane, inherit, lanes};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -115,11 +116,35 @@ impl Worker {
                     subject: ack_subject,
                     message: error.to_string(),
                 })?;
+            // A dispatch that starts says so: an acquire or hello still unanswered then (its
+            // dispatch may have died holding it) is sent again at once.
+            let ready_subject = self.bus.subjects().dispatch_ready();
+            let mut ready_hints = self
+                .bus
+                .client()
+                .subscribe(ready_subject.clone())
+                .await
+                .map_err(|error| bus::BusError::Subscribe {
+                    subject: ready_subject,
+                    message: error.to_string(),
+                })?;
             self.bus.flush().await?;
+            let dispatch_ready = Arc::new(Notify::new());
+            let ready_task = tokio::spawn({
+                let dispatch_ready = dispatch_ready.clone();
+                async move {
+                    while ready_hints.next().await.is_some() {
+                        dispatch_ready.notify_waiters();
+                    }
+                }
+            });
             let router = Arc::new(AckRouter::default());
             let router_task = tokio::spawn(inherit(router.clone().run(subscription)));
-            let result = self.serve(worker_id, &router, &shutdown).await;
+            let result = self
+                .serve(worker_id, &router, &dispatch_ready, &shutdown)
+                .await;
             router_task.abort();
+            ready_task.abort();
             let stats = self.stats.snapshot();
             tracing::info!(?stats, "worker stopped");
             result
@@ -133,9 +158,10 @@ impl Worker {
         &self,
         worker_id: String,
         router: &Arc<AckRouter>,
+        dispatch_ready: &Notify,
         shutdown: &CancellationToken,
     ) -> Result<(), WorkerError> {
-        let Some(session) = self.hello(&worker_id, shutdown).await? else {
+        let Some(session) = self.hello(&worker_id, dispatch_ready, shutdown).await? else {
             return Ok(());
         };
         tracing::info!(
@@ -162,7 +188,9 @@ impl Worker {
         // Lease tasks stop on this, whether the caller shuts down or acquiring hit an error.
         let stop = shutdown.child_token();
         let mut leases = JoinSet::new();
-        let result = self.acquire_loop(&ctx, router, &stop, &mut leases).await;
+        let result = self
+            .acquire_loop(&ctx, router, dispatch_ready, &stop, &mut leases)
+            .await;
         stop.cancel();
         let drained = tokio::time::timeout(self.config.shutdown_grace, async {
             while leases.join_next().await.is_some() {}
@@ -185,6 +213,7 @@ impl Worker {
     async fn hello(
         &self,
         worker_id: &str,
+        dispatch_ready: &Notify,
         shutdown: &CancellationToken,
     ) -> Result<Option<Session>, WorkerError> {
         let request = v1::HelloRequest {
@@ -201,6 +230,7 @@ impl Worker {
             let payload = bytes::Bytes::from(prost::Message::encode_to_vec(&request));
             let reply = tokio::select! {
                 () = shutdown.cancelled() => return Ok(None),
+                () = dispatch_ready.notified() => continue,
                 reply = self.bus.request(subject.clone(), payload, self.config.request_timeout) => reply,
             };
             match reply.map(|message| prost::Message::decode(message.payload)) {
@@ -232,6 +262,7 @@ impl Worker {
             let delay = retry::REQUESTS.jittered(failures);
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(None),
+                () = dispatch_ready.notified() => {}
                 () = tokio::time::sleep(delay) => {}
             }
         }
@@ -243,6 +274,7 @@ impl Worker {
         &self,
         ctx: &Arc<Context>,
         router: &Arc<AckRouter>,
+        dispatch_ready: &Notify,
         stop: &CancellationToken,
         leases: &mut JoinSet<()>,
     ) -> Result<(), WorkerError> {
@@ -269,7 +301,9 @@ impl Worker {
                 max_tasks: held.len() as u32,
                 wait_ms: self.config.acquire_wait.as_millis() as u32,
             };
-            let Some((reply, granted_at)) = self.acquire(ctx, &request, stop).await? else {
+            let Some((reply, granted_at)) =
+                self.acquire(ctx, &request, dispatch_ready, stop).await?
+            else {
                 return Ok(());
             };
             if let Some(error) = reply.error {
@@ -307,6 +341,7 @@ impl Worker {
         &self,
         ctx: &Context,
         request: &v1::AcquireRequest,
+        dispatch_ready: &Notify,
         stop: &CancellationToken,
     ) -> Result<Option<(v1::AcquireReply, Instant)>, WorkerError> {
         // Dispatch computes `lease_expires_in_ms` when it answers (a replayed request id gets
@@ -317,10 +352,16 @@ impl Worker {
         let mut failures = 0;
         loop {
             // Not raced against `stop`: a reply on its way may carry leases, and they are
-            // released below rather than left to expire.
-            let reply = ctx
-                .request::<v1::AcquireReply>(WorkerVerb::Acquire, request, timeout)
-                .await;
+            // released below rather than left to expire. Raced against a dispatch starting:
+            // the long-poll may have died with its dispatch, and the same request id sent
+            // again gets whatever that one granted.
+            let reply = tokio::select! {
+                reply = ctx.request::<v1::AcquireReply>(WorkerVerb::Acquire, request, timeout) => reply,
+                () = dispatch_ready.notified() => {
+                    tracing::info!(request_id = %request.request_id, "a dispatch started; asking again with the same request id");
+                    continue;
+                }
+            };
             match reply {
                 Ok(reply) => return Ok(Some((reply, Instant::now()))),
                 Err(RequestError::Decode(source)) => {
@@ -337,6 +378,7 @@ impl Worker {
             let delay = retry::REQUESTS.jittered(failures);
             tokio::select! {
                 () = stop.cancelled() => return Ok(None),
+                () = dispatch_ready.notified() => {}
                 () = tokio::time::sleep(delay) => {}
             }
         }

@@ -102,6 +102,9 @@ struct Script {
     leases: VecDeque<v1::Lease>,
     /// Acquire requests left unanswered.
     acquires_unanswered: u32,
+    /// After leaving an acquire unanswered, announce `dispatch.ready`, as a dispatch that
+    /// restarted does.
+    ready_after_unanswered: bool,
     renew_error: Option<ErrorCode>,
     /// Attempts whose renewals are answered `lease_lost`.
     renew_lost: HashSet<String>,
@@ -221,6 +224,7 @@ impl Fake {
             let script = self.script.clone();
             let events = events.clone();
             let stop = self.stop.clone();
+            let ready_subject = self.bus.subjects().dispatch_ready();
             tokio::spawn(async move {
                 loop {
                     let message = tokio::select! {
@@ -229,8 +233,18 @@ impl Fake {
                     };
                     let (event, reply) = answer(verb, &message.payload, &script).await;
                     events.send(event).await.unwrap();
-                    if let (Some(reply), Some(reply_to)) = (reply, message.reply) {
-                        client.publish(reply_to, reply.into()).await.unwrap();
+                    match (reply, message.reply) {
+                        (Some(reply), Some(reply_to)) => {
+                            client.publish(reply_to, reply.into()).await.unwrap();
+                        }
+                        (None, _) if script.lock().unwrap().ready_after_unanswered => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            client
+                                .publish(ready_subject.clone(), bytes::Bytes::new())
+                                .await
+                                .unwrap();
+                        }
+                        _ => {}
                     }
                 }
             });
@@ -708,6 +722,48 @@ async fn retries_an_unanswered_acquire_with_the_same_request_id() {
         "a new request after a reply"
     );
     assert!(Uuid::parse_str(&requests[0].request_id).is_ok());
+    fake.finish().await;
+}
+
+/// An acquire whose dispatch died holding it is sent again as soon as a dispatch announces
+/// itself on `dispatch.ready`, with the same request id, not after the request timeout (10 s
+/// here).
+#[tokio::test]
+async fn asks_again_at_once_when_a_dispatch_starts() {
+    let script = Script {
+        leases: [lease("emit:1", 0)].into(),
+        acquires_unanswered: 1,
+        ready_after_unanswered: true,
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    let mut config = fake.config(3);
+    config.request_timeout = Duration::from_secs(10);
+    let started = tokio::time::Instant::now();
+    let (stats, shutdown, handle) = fake.start_worker(config);
+    fake.expect("completion", complete_of).await;
+    counters(&stats, "completion", |stats| stats.completed == 1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the lost acquire was sent again when dispatch announced itself, not after its timeout: {:?}",
+        started.elapsed()
+    );
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    let requests: Vec<_> = fake
+        .history()
+        .iter()
+        .filter_map(|event| match event {
+            Event::Acquire(request) => Some(request.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        requests[0].request_id, requests[1].request_id,
+        "asked again as the same request"
+    );
     fake.finish().await;
 }
 
