@@ -32,6 +32,10 @@ pub struct Settings {
     pub retry: RetryPolicy,
     /// Transport history older than this is pruned (`PALISADE_RETENTION_HOURS`, default 720).
     pub retention: Duration,
+    /// A task never leased fails with `no_worker` (and its scan with it, freeing the target)
+    /// after waiting this long while no live worker of its organization offers its plugin
+    /// (`PALISADE_PENDING_DEADLINE_MS`, default 600000: ten minutes).
+    pub pending_deadline: Duration,
     /// Longest a sweep may take before it is abandoned until the next interval.
     pub sweep_time_max: Duration,
     /// The leader lease the sweeps run under (`PALISADE_REAPER_LEASE_TTL_MS`, default 15000;
@@ -77,6 +81,10 @@ impl Settings {
             retention: Duration::from_secs(
                 3_600 * env::parse("PALISADE_RETENTION_HOURS", 720_u64)?,
             ),
+            pending_deadline: Duration::from_millis(env::parse(
+                "PALISADE_PENDING_DEADLINE_MS",
+                600_000_u64,
+            )?),
             sweep_time_max: Duration::from_secs(30),
             lease: {
                 let ttl_ms = env::parse("PALISADE_REAPER_LEASE_TTL_MS", 15_000_u64)?;
@@ -189,6 +197,17 @@ impl Service {
                 store::recover::fail_overdue(&self.pool, subjects, batch),
             )
             .await?,
+            stranded: in_lane(
+                lanes::REAPER_STRANDED,
+                store::recover::fail_stranded(
+                    &self.pool,
+                    subjects,
+                    self.settings.pending_deadline,
+                    self.settings.common.metrics.worker_seen_within,
+                    batch,
+                ),
+            )
+            .await?,
             uploads_expired: in_lane(
                 lanes::REAPER_UPLOADS,
                 store::recover::expire_uploads(&self.pool, batch),
@@ -210,6 +229,7 @@ impl Service {
                 retried = outcome.recovered.retried.len(),
                 budget_spent = outcome.recovered.failed.len(),
                 overdue = outcome.overdue.len(),
+                stranded = outcome.stranded.len(),
                 uploads_expired = outcome.uploads_expired,
                 pruned_outbox = outcome.pruned.outbox,
                 pruned_batches = outcome.pruned.batches,
@@ -314,6 +334,8 @@ pub struct SweepOutcome {
     pub recovered: RecoveryOutcome,
     /// Tasks failed because an attempt ran past the execution deadline.
     pub overdue: Vec<uuid::Uuid>,
+    /// Tasks failed because no live worker offered their plugin before the pending deadline.
+    pub stranded: Vec<uuid::Uuid>,
     pub uploads_expired: u64,
     pub pruned: Pruned,
     /// `retry_wait` tasks due now (a wake-up was published for them).
@@ -325,6 +347,7 @@ impl SweepOutcome {
     pub fn acted(&self) -> bool {
         !self.recovered.is_empty()
             || !self.overdue.is_empty()
+            || !self.stranded.is_empty()
             || self.uploads_expired > 0
             || self.pruned != Pruned::default()
     }

@@ -229,7 +229,8 @@ async fn complete_scans(
 #[derive(Debug, Clone)]
 pub struct FailedTask<'a> {
     pub task_id: Uuid,
-    pub attempt_id: Uuid,
+    /// The attempt that ended; `None` for a task that was never leased (a stranded one).
+    pub attempt_id: Option<Uuid>,
     pub organization_id: Uuid,
     pub scan_id: Option<Uuid>,
     pub scan_job_id: Option<Uuid>,
@@ -251,6 +252,10 @@ pub struct Failure<'a> {
     pub retryable: bool,
     /// What the plugin did, for people: a failed scan's reason is `plugin <name> <this>`.
     pub scan_reason: &'a str,
+    /// The states the tasks are failed from; a task found in another state (it moved on) is
+    /// left alone. `TaskState::LEASED` for an attempt that ended, `[Pending]` for a task that
+    /// was never leased.
+    pub from: &'a [TaskState],
 }
 
 /// What [`fail_tasks`] decided.
@@ -333,8 +338,13 @@ pub async fn fail_tasks(
         .bind(TaskState::FailedTerminal.as_str())
         .bind(&failure.error.code)
         .bind(failure.task_message)
-        .bind(TaskState::Leased.as_str())
-        .bind(TaskState::Running.as_str())
+        .bind(
+            failure
+                .from
+                .iter()
+                .map(|state| state.as_str())
+                .collect::<Vec<_>>(),
+        )
         .bind(ScanJobState::Pending.as_str())
         .bind(ScanJobState::Failed.as_str())
         .bind(&failure.error.message)
@@ -360,7 +370,7 @@ pub async fn fail_tasks(
             EventKind::TaskFailed,
             v1::TaskFailed {
                 task_id: task.task_id.to_string(),
-                attempt_id: task.attempt_id.to_string(),
+                attempt_id: task.attempt_id.map(|id| id.to_string()).unwrap_or_default(),
                 scan_id: task.scan_id.map(|id| id.to_string()).unwrap_or_default(),
                 plugin: task.plugin.to_owned(),
                 error: Some(failure.error.clone()),

@@ -1,12 +1,12 @@
 //! The reaper's sweeps (SPEC §4.5). Stale-attempt recovery: expired leases go back to the
 //! queue or fail terminally when the budget is spent. Execution deadlines: overdue attempts
-//! fail terminally. Each is one transaction of a fixed number of statements whatever the
-//! number of rows: one claims and ends the attempts (`FOR UPDATE SKIP LOCKED` on attempt and
-//! task, guarded on status and time, so it never waits on a busy row and never touches an
-//! attempt that completed, renewed or was superseded meanwhile), [`progress::fail_tasks`]
-//! fails their tasks, scan jobs and scans set-wise, and one statement inserts the events.
-//! Upload expiry and each retention table are one statement.
-
+//! fail terminally. Stranded tasks (never leased, no live worker offers their plugin by the
+//! pending deadline) fail terminally. Each is one transaction of a fixed number of statements
+//! whatever the number of rows: one claims the tasks (`FOR UPDATE SKIP LOCKED`, guarded on
+//! status and time, so it never waits on a busy row and never touches an attempt that
+//! completed, renewed or was superseded meanwhile) and ends their attempts,
+//! [`progress::fail_tasks`] fails the tasks, scan jobs and scans set-wise, and one statement
+//! inserts the events. Upload expiry and each retention table are one statement.
 use messages::Subjects;
 use messages::v1;
 use sqlx::PgPool;
@@ -37,7 +37,8 @@ impl RecoveryOutcome {
 /// An attempt a sweep claimed and ended, with its task (both locked).
 #[derive(sqlx::FromRow)]
 struct Claimed {
-    attempt_id: Uuid,
+    /// `None` for a task that was never leased (the stranded sweep).
+    attempt_id: Option<Uuid>,
     task_id: Uuid,
     organization_id: Uuid,
     scan_id: Option<Uuid>,
@@ -45,8 +46,9 @@ struct Claimed {
     plugin: String,
     attempt_count: i32,
     max_attempts: i32,
-    /// The task is `leased` or `running` with this attempt current: its task fails now.
-    /// Otherwise only the attempt ended (its task moved on without it).
+    /// The task fails now: it is `leased` or `running` with this attempt current, or it is a
+    /// stranded task that was never leased. Otherwise only the attempt ended (its task moved
+    /// on without it).
     task_live: bool,
 }
 
@@ -122,6 +124,7 @@ pub async fn recover_expired(
         task_message: LEASE_EXPIRED_MESSAGE,
         retryable: true,
         scan_reason: "spent its attempt budget: every lease expired",
+        from: &TaskState::LEASED,
     };
     fail_claimed(tx, subjects, retry, &failure, &claimed).await
 }
@@ -166,18 +169,82 @@ pub async fn fail_overdue(
         tx.commit().await?;
         return Ok(Vec::new());
     }
+    fail_terminally(
+        tx,
+        subjects,
+        (DEADLINE_EXCEEDED, DEADLINE_EXCEEDED_MESSAGE),
+        "ran past its execution deadline",
+        &TaskState::LEASED,
+        &claimed,
+    )
+    .await
+}
+
+/// A task never leased, failed because no live worker could take it before its pending
+/// deadline: its scan fails with this code and the scan's target is free again.
+pub const NO_WORKER: &str = "no_worker";
+const NO_WORKER_MESSAGE: &str =
+    "no live worker of the organization offers this plugin; register or start one that does";
+
+/// Fails up to `limit` tasks that have been `pending` longer than `pending_deadline` while no
+/// live worker (seen within `worker_live_within`, or holding a live lease) of their
+/// organization offers their plugin (SPEC I4: nothing stranded), in one transaction of a fixed
+/// number of statements: one claims them (`SKIP LOCKED`), [`progress::fail_tasks`] fails them
+/// terminally with their scan jobs and scans (code [`NO_WORKER`]), one inserts the events.
+pub async fn fail_stranded(
+    pool: &PgPool,
+    subjects: &Subjects,
+    pending_deadline: std::time::Duration,
+    worker_live_within: std::time::Duration,
+    limit: i64,
+) -> Result<Vec<Uuid>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let stranded = sql::query_as::<Claimed>(sql::worker_tasks::CLAIM_STRANDED)
+        .bind(limit)
+        .bind(TaskState::Pending.as_str())
+        .bind(crate::seconds(pending_deadline))
+        .bind(crate::seconds(worker_live_within))
+        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+        .fetch_all(&mut *tx)
+        .await?;
+    if stranded.is_empty() {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
+    fail_terminally(
+        tx,
+        subjects,
+        (NO_WORKER, NO_WORKER_MESSAGE),
+        "was offered by no live worker before the pending deadline",
+        &[TaskState::Pending],
+        &stranded,
+    )
+    .await
+}
+
+/// Fails claimed tasks terminally, not retried whatever their budget, with one code for all:
+/// the end of [`fail_overdue`] and [`fail_stranded`].
+async fn fail_terminally(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    subjects: &Subjects,
+    (code, message): (&str, &str),
+    scan_reason: &str,
+    from: &[TaskState],
+    claimed: &[Claimed],
+) -> Result<Vec<Uuid>, StoreError> {
     let error = v1::Error {
-        code: DEADLINE_EXCEEDED.into(),
-        message: DEADLINE_EXCEEDED_MESSAGE.into(),
+        code: code.into(),
+        message: message.into(),
         ..Default::default()
     };
     let failure = Failure {
         error: &error,
-        task_message: DEADLINE_EXCEEDED_MESSAGE,
+        task_message: message,
         retryable: false,
-        scan_reason: "ran past its execution deadline",
+        scan_reason,
+        from,
     };
-    let outcome = fail_claimed(tx, subjects, RetryPolicy::default(), &failure, &claimed).await?;
+    let outcome = fail_claimed(tx, subjects, RetryPolicy::default(), &failure, claimed).await?;
     Ok(outcome.failed)
 }
 

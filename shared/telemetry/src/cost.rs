@@ -41,6 +41,8 @@ pub mod lanes {
     pub const REAPER_RECOVERY: &str = "reaper.recovery";
     /// Attempts past their execution deadline.
     pub const REAPER_DEADLINES: &str = "reaper.deadlines";
+    /// Tasks no live worker offers, failed after the pending deadline.
+    pub const REAPER_STRANDED: &str = "reaper.stranded";
     /// Upload expiry.
     pub const REAPER_UPLOADS: &str = "reaper.uploads";
     /// Retention pruning.
@@ -58,13 +60,14 @@ pub mod lanes {
     /// Work outside any lane.
     pub const OTHER: &str = "other";
 
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 15] = [
         ADMISSION,
         DISPATCH,
         INGESTION,
         ENRICHMENT,
         REAPER_RECOVERY,
         REAPER_DEADLINES,
+        REAPER_STRANDED,
         REAPER_UPLOADS,
         REAPER_RETENTION,
         REAPER_RETRIES,

@@ -388,3 +388,56 @@ async fn retention_prunes_old_transport_history_and_keeps_evidence() {
     }
     system.finish().await;
 }
+
+/// Nothing stranded (SPEC I4): a scan whose plugin no live worker of its organization offers
+/// fails with `no_worker` once its task has waited past the pending deadline, and its target
+/// is free for a new scan; a scan whose plugin a live worker offers waits on, however long.
+#[tokio::test]
+async fn a_scan_no_live_worker_can_take_fails_after_the_pending_deadline() {
+    const DEADLINE: Duration = Duration::from_millis(500);
+    let system = TestSystem::spawn_with(|settings| {
+        settings.reaper.pending_deadline = DEADLINE;
+    })
+    .await;
+    let org = system.organization().await;
+    let worker = system.manual_worker(org, 1).await;
+    assert!(worker.hello(&["alpha"]).await.error.is_none());
+    let stranded = system
+        .submit(&system.request(org, "http://stranded.test", &["nobody"]))
+        .await;
+    // The worker never acquires, so neither scan is leased.
+    let waiting = system
+        .submit(&system.request(org, "http://waiting.test", &["alpha"]))
+        .await;
+    assert!(stranded.error.is_none() && waiting.error.is_none());
+
+    let early = system.reaper().run_once().await.expect("sweep");
+    assert!(
+        early.stranded.is_empty(),
+        "not before the deadline: {early:?}"
+    );
+    tokio::time::sleep(DEADLINE * 2).await;
+    let outcome = system.reaper().run_once().await.expect("sweep");
+    assert_eq!(outcome.stranded.len(), 1, "{outcome:?}");
+
+    assert_eq!(system.scan_state(&stranded.scan_id).await, "failed");
+    let (code, reason): (Option<String>, Option<String>) =
+        sqlx::query_as("SELECT failure_code, failure_reason FROM scans WHERE id = $1::uuid")
+            .bind(&stranded.scan_id)
+            .fetch_one(&system.pool)
+            .await
+            .expect("scan read");
+    assert_eq!(code.as_deref(), Some(store::recover::NO_WORKER));
+    assert!(reason.unwrap_or_default().contains("nobody"));
+    assert_eq!(
+        system.scan_state(&waiting.scan_id).await,
+        "pending",
+        "a live worker offers alpha: the scan waits"
+    );
+    let again = system
+        .submit(&system.request(org, "http://stranded.test", &["nobody"]))
+        .await;
+    assert!(again.error.is_none(), "the target is free again: {again:?}");
+    assert_ne!(again.scan_id, stranded.scan_id);
+    system.finish().await;
+}

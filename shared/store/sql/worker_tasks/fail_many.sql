@@ -9,15 +9,15 @@
 -- $8: TaskState::FailedTerminal.as_str()
 -- $9: failure.error.code
 -- $10: failure.task_message
--- $11: TaskState::Leased.as_str()
--- $12: TaskState::Running.as_str()
--- $13: ScanJobState::Pending.as_str()
--- $14: ScanJobState::Failed.as_str()
--- $15: failure.error.message
--- $16: ScanJobState::Running.as_str()
--- $17: ScanState::Failed.as_str()
--- $18: ScanState::Pending.as_str()
--- $19: ScanState::Running.as_str()
+-- $11: failure.from, the states the tasks are failed from (live attempts: leased or running;
+--      never leased: pending)
+-- $12: ScanJobState::Pending.as_str()
+-- $13: ScanJobState::Failed.as_str()
+-- $14: failure.error.message
+-- $15: ScanJobState::Running.as_str()
+-- $16: ScanState::Failed.as_str()
+-- $17: ScanState::Pending.as_str()
+-- $18: ScanState::Running.as_str()
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bool[], $5::float8[], $6::text[])
         WITH ORDINALITY AS u(task_id, scan_job_id, scan_id, retry, delay, reason, ord)
@@ -29,26 +29,26 @@ WITH input AS (
         completed_at = CASE WHEN u.retry THEN t.completed_at ELSE now() END,
         last_error_code = $9, last_error = $10, updated_at = now()
     FROM input u
-    WHERE t.id = u.task_id AND t.state IN ($11, $12)
+    WHERE t.id = u.task_id AND t.state = ANY($11)
     RETURNING u.ord, u.scan_job_id, u.scan_id, u.retry, u.reason
 ), jobs AS (
     UPDATE scan_jobs j
-    SET state = CASE WHEN tasks.retry THEN $13 ELSE $14 END,
+    SET state = CASE WHEN tasks.retry THEN $12 ELSE $13 END,
         error_code = CASE WHEN tasks.retry THEN j.error_code ELSE $9 END,
-        error_message = CASE WHEN tasks.retry THEN j.error_message ELSE $15 END,
+        error_message = CASE WHEN tasks.retry THEN j.error_message ELSE $14 END,
         finished_at = CASE WHEN tasks.retry THEN j.finished_at ELSE now() END,
         updated_at = now()
     FROM tasks
     WHERE j.id = tasks.scan_job_id
-      AND CASE WHEN tasks.retry THEN j.state = $16 ELSE j.state IN ($13, $16) END
+      AND CASE WHEN tasks.retry THEN j.state = $15 ELSE j.state IN ($12, $15) END
 ), scans_failed AS (
     -- One reason per scan: its first terminal task's.
     UPDATE scans s
-    SET state = $17, failure_code = $9, failure_reason = f.reason, finished_at = now(),
+    SET state = $16, failure_code = $9, failure_reason = f.reason, finished_at = now(),
         updated_at = now()
     FROM (SELECT DISTINCT ON (scan_id) scan_id, reason, ord FROM tasks
           WHERE NOT retry AND scan_id IS NOT NULL ORDER BY scan_id, ord) f
-    WHERE s.id = f.scan_id AND s.state IN ($18, $19)
+    WHERE s.id = f.scan_id AND s.state IN ($17, $18)
     RETURNING f.ord, s.client_id, s.idempotency_key,
               (extract(epoch FROM s.finished_at) * 1000)::bigint AS failed_at_unix_ms
 )

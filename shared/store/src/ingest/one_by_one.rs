@@ -370,10 +370,11 @@ pub async fn fail(
             task_message: &error.message,
             retryable: params.retryable,
             scan_reason: &format!("failed: {}", error.message),
+            from: &TaskState::LEASED,
         },
         &[FailedTask {
             task_id: claim.task_id,
-            attempt_id: claim.attempt_id,
+            attempt_id: Some(claim.attempt_id),
             organization_id: locked.organization_id,
             scan_id: locked.scan_id,
             scan_job_id: locked.scan_job_id,
