@@ -7,6 +7,7 @@
 //! completed, renewed or was superseded meanwhile) and ends their attempts,
 //! [`progress::fail_tasks`] fails the tasks, scan jobs and scans set-wise, and one statement
 //! inserts the events. Upload expiry and each retention table are one statement.
+
 use messages::Subjects;
 use messages::v1;
 use sqlx::PgPool;
