@@ -185,9 +185,8 @@ enum Verdict {
         error: v1::Error,
     },
     /// Something failed that retrying may fix, the error with its causes; `unavailable` when
-    /// nothing is wrong with the request (PostgreSQL unreachable, the pool exhausted, a
-    /// deadlock: `StoreError::is_transient`), so the bus holds it rather than spend its
-    /// deliveries.
+    /// nothing is wrong with the request (PostgreSQL unreachable or the pool exhausted:
+    /// `StoreError::is_unavailable`), so the bus holds it rather than spend its deliveries.
     Failed {
         reason: String,
         unavailable: bool,
@@ -266,7 +265,7 @@ impl Admission {
                 for (index, _) in &valid {
                     verdicts[*index] = Some(Verdict::Failed {
                         reason: reason.clone(),
-                        unavailable: error.is_transient(),
+                        unavailable: error.is_unavailable(),
                     });
                 }
             }
@@ -325,7 +324,7 @@ impl Admission {
                 // Logged once, where the verdict is handled.
                 Err(error) => Verdict::Failed {
                     reason: telemetry::chain(&error).to_string(),
-                    unavailable: error.is_transient(),
+                    unavailable: error.is_unavailable(),
                 },
             })
             .collect();

@@ -146,7 +146,7 @@ enum Verdict {
     Duplicate,
     Refused(v1::Error),
     /// Something failed that retrying may fix, the error with its causes; `unavailable` when
-    /// nothing is wrong with the message (`StoreError::is_transient`), so the bus holds it
+    /// nothing is wrong with the message (`StoreError::is_unavailable`), so the bus holds it
     /// rather than spend its deliveries.
     Failed {
         reason: String,
@@ -229,7 +229,7 @@ impl Ingestion {
                         // Logged once, by the bus, with the redelivery it causes.
                         Err(error) => Verdict::Failed {
                             reason: telemetry::chain(&error).to_string(),
-                            unavailable: error.is_transient(),
+                            unavailable: error.is_unavailable(),
                         },
                     })
                     .collect();
@@ -310,7 +310,7 @@ impl BatchHandler for Ingestion {
                 for (index, _) in &valid {
                     verdicts[*index] = Some(Verdict::Failed {
                         reason: reason.clone(),
-                        unavailable: error.is_transient(),
+                        unavailable: error.is_unavailable(),
                     });
                 }
             }

@@ -127,10 +127,10 @@ pub enum Decision {
     /// Refused for its own reasons, and the refusal recorded (an event, a reply): terminated.
     Reject { reason: String },
     /// Could not be decided because something outside the message is unavailable (PostgreSQL
-    /// unreachable, the pool exhausted, a deadlock): nothing is wrong with it, so it must not
-    /// spend its deliveries. The consumer holds it, keeping it its own with in-progress
-    /// acknowledgements, fetches nothing new while it holds any, and decides it again after a
-    /// backoff, for as long as that takes.
+    /// unreachable, the pool exhausted, NATS refusing a publish): nothing is wrong with it,
+    /// so it must not spend its deliveries. The consumer holds it, keeping it its own with
+    /// in-progress acknowledgements, fetches nothing new while it holds any, and decides it
+    /// again after a backoff, for as long as that takes.
     Hold { reason: String },
 }
 

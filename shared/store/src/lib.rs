@@ -72,28 +72,35 @@ impl StoreError {
     /// True when running the same work again may succeed: lost connections, deadlocks,
     /// serialization failures, pool timeouts. False for bugs and constraint violations.
     pub fn is_transient(&self) -> bool {
+        self.is_unavailable()
+            || matches!(self, StoreError::Database(sqlx::Error::Database(db))
+            // serialization_failure, deadlock_detected, lock_not_available,
+            // query_canceled (a statement timeout)
+            if db.code().is_some_and(|code| {
+                matches!(code.as_ref(), "40001" | "40P01" | "55P03" | "57014")
+            }))
+    }
+
+    /// True when PostgreSQL itself could not be reached or used: no connection (refused,
+    /// lost, the pool exhausted or closed), or the server shutting down, starting or full.
+    /// Nothing about the work is at fault, so consumers hold it for as long as this lasts
+    /// (`bus::Decision::Hold`) rather than spend its deliveries. Contention (a deadlock, a
+    /// statement timeout) is transient but not this: it may be the work's own doing, so it is
+    /// retried within the message's budget.
+    pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::Connect { .. } => true,
-            StoreError::Database(error) => is_transient_sqlx(error),
-            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::Raced(_) => false,
+            StoreError::Database(
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed,
+            ) => true,
+            StoreError::Database(sqlx::Error::Database(db)) => db.code().is_some_and(|code| {
+                // connection exceptions (class 08), admin_shutdown, crash_shutdown,
+                // cannot_connect_now, too_many_connections
+                code.starts_with("08")
+                    || matches!(code.as_ref(), "57P01" | "57P02" | "57P03" | "53300")
+            }),
+            _ => false,
         }
-    }
-}
-
-fn is_transient_sqlx(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // connection exceptions (class 08), serialization_failure, deadlock_detected,
-            // lock_not_available, query_canceled (a statement timeout), admin_shutdown,
-            // crash_shutdown, cannot_connect_now, too_many_connections
-            code.starts_with("08")
-                || matches!(
-                    code.as_ref(),
-                    "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "53300"
-                )
-        }),
-        _ => false,
     }
 }
 
@@ -313,5 +320,20 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+    }
+
+    #[test]
+    fn unavailable_is_about_postgres_not_the_work() {
+        let refused = StoreError::Database(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        let pool = StoreError::Database(sqlx::Error::PoolTimedOut);
+        for error in [&refused, &pool] {
+            assert!(error.is_unavailable() && error.is_transient(), "{error}");
+        }
+        let bug = StoreError::Corrupt("a row".into());
+        assert!(!bug.is_unavailable() && !bug.is_transient());
+        let raced = StoreError::Raced("a key".into());
+        assert!(!raced.is_unavailable() && !raced.is_transient());
     }
 }
