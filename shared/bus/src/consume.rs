@@ -238,6 +238,10 @@ pub async fn run<H: BatchHandler>(
     let shutdown = &shutdown;
     let mut in_flight = futures::stream::FuturesUnordered::new();
     loop {
+        // Registered before the check below, so a hold that starts after it still wakes us.
+        let changed = holding.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
         // While messages are held, no pull is open: what the server delivered but nobody
         // decides would spend its deliveries, redelivered into the pull every ack wait.
         if holding.any() {
@@ -248,7 +252,6 @@ pub async fn run<H: BatchHandler>(
             messages = Some(open().await?);
         }
         let room = in_flight.len() < spec.batches_in_flight.max(1);
-        let changed = holding.changed.notified();
         let chunk = tokio::select! {
             () = shutdown.cancelled() => {
                 // Batches being decided finish and are acknowledged; nothing new is fetched.
@@ -261,7 +264,7 @@ pub async fn run<H: BatchHandler>(
                 finished?;
                 continue;
             }
-            () = changed => continue,
+            () = &mut changed => continue,
             chunk = next_chunk(&mut messages), if room => chunk,
         };
         let Some(chunk) = chunk else {
