@@ -327,8 +327,23 @@ pub async fn run<H: BatchHandler>(
 const HOLD_RETRY: messages::retry::RetryPolicy =
     messages::retry::RetryPolicy::new(Duration::from_millis(250), Duration::from_secs(5));
 
+/// Messages held undecided by every consumer of this process, by consumer (the ones holding
+/// none are left out): what `/readyz` reports as its `consumers` check.
+pub fn held_messages() -> Vec<(String, usize)> {
+    HELD.lock()
+        .expect("not poisoned")
+        .iter()
+        .filter(|(_, held)| **held > 0)
+        .map(|(consumer, held)| (consumer.clone(), *held))
+        .collect()
+}
+
+static HELD: std::sync::LazyLock<std::sync::Mutex<std::collections::BTreeMap<String, usize>>> =
+    std::sync::LazyLock::new(Default::default);
+
 /// The messages a consumer holds undecided (see [`Decision::Hold`]), shared by its batches in
-/// flight; mirrored on `/metrics` as `palisade_consumer_held_messages`.
+/// flight; mirrored on `/metrics` as `palisade_consumer_held_messages` and in
+/// [`held_messages`].
 struct Holding {
     consumer: String,
     held: std::sync::atomic::AtomicUsize,
@@ -354,14 +369,22 @@ impl Holding {
         if count > 0 && self.held.fetch_add(count, Ordering::SeqCst) == 0 {
             self.changed.notify_waiters();
         }
-        crate::metrics::add_held(&self.consumer, count as i64);
+        self.publish(count as i64);
     }
 
     fn release(&self, count: usize) {
         if count > 0 && self.held.fetch_sub(count, Ordering::SeqCst) == count {
             self.changed.notify_waiters();
         }
-        crate::metrics::add_held(&self.consumer, -(count as i64));
+        self.publish(-(count as i64));
+    }
+
+    /// Mirrors a change on `/metrics` and in [`held_messages`].
+    fn publish(&self, change: i64) {
+        crate::metrics::add_held(&self.consumer, change);
+        let mut held = HELD.lock().expect("not poisoned");
+        let entry = held.entry(self.consumer.clone()).or_default();
+        *entry = entry.saturating_add_signed(change as isize);
     }
 }
 

@@ -46,6 +46,8 @@ pub mod checks {
     pub const NATS: &str = "nats";
     pub const STREAMS: &str = "streams";
     pub const MIGRATIONS: &str = "migrations";
+    /// No durable consumer of this process holds messages it cannot decide.
+    pub const CONSUMERS: &str = "consumers";
 }
 
 #[derive(Debug, Error)]
@@ -272,6 +274,10 @@ impl Readiness {
             (checks::NATS, nats),
             (checks::STREAMS, streams),
             (checks::MIGRATIONS, migrations),
+            (
+                checks::CONSUMERS,
+                check_consumers(&bus::consume::held_messages()),
+            ),
         ]
         .into_iter()
         .map(|(name, result)| match result {
@@ -380,9 +386,37 @@ impl Readiness {
     }
 }
 
+/// Failing while a durable consumer holds messages it could not decide (PostgreSQL or NATS
+/// unavailable): it fetches nothing until they are decided.
+fn check_consumers(held: &[(String, usize)]) -> Result<(), String> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let holding: Vec<String> = held
+        .iter()
+        .map(|(consumer, count)| format!("{consumer} holds {count}"))
+        .collect();
+    Err(format!(
+        "consumers hold messages they cannot decide yet ({}); they fetch nothing until \
+         PostgreSQL and NATS answer again, then decide them",
+        holding.join(", ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consumers_fail_readiness_only_while_holding() {
+        assert_eq!(check_consumers(&[]), Ok(()));
+        let message = check_consumers(&[("admission".into(), 5), ("ingestion".into(), 1)])
+            .expect_err("holding is not ready");
+        assert!(
+            message.contains("admission holds 5") && message.contains("ingestion holds 1"),
+            "{message}"
+        );
+    }
 
     #[test]
     fn http_addr_defaults_turns_off_and_names_the_variable() {

@@ -100,6 +100,13 @@ impl Outage {
             held >= 1.0,
             "{consumer} holds what it could not decide while PostgreSQL is down, and says so: {held}"
         );
+        assert!(
+            bus::consume::held_messages()
+                .iter()
+                .any(|(holder, count)| holder == consumer && *count >= 1),
+            "and /readyz's consumers check sees it: {:?}",
+            bus::consume::held_messages()
+        );
         self.postgres.restart().await;
     }
 
