@@ -379,8 +379,12 @@ impl Holding {
         self.publish(-(count as i64));
     }
 
-    /// Mirrors a change on `/metrics` and in [`held_messages`].
+    /// Mirrors a change on `/metrics` and in [`held_messages`]; a batch decided at once
+    /// changes nothing and costs nothing here.
     fn publish(&self, change: i64) {
+        if change == 0 {
+            return;
+        }
         crate::metrics::add_held(&self.consumer, change);
         let mut held = HELD.lock().expect("not poisoned");
         let entry = held.entry(self.consumer.clone()).or_default();

@@ -308,6 +308,28 @@ pub async fn drop_database(url: &str) -> Result<(), StoreError> {
         })
 }
 
+/// Every file under `folder` whose extension is one of `extensions`, for the tests that read
+/// the crate's own sources (`states`, `sql`).
+#[cfg(test)]
+pub(crate) fn source_files(
+    folder: &std::path::Path,
+    extensions: &[&str],
+) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(folder).expect("the crate's source folder is readable") {
+        let path = entry.expect("a readable folder entry").path();
+        if path.is_dir() {
+            found.extend(source_files(&path, extensions));
+        } else if path
+            .extension()
+            .is_some_and(|extension| extensions.iter().any(|wanted| extension == *wanted))
+        {
+            found.push(path);
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

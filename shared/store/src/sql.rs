@@ -57,24 +57,12 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
-
-    fn sources(folder: &Path, found: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(folder).expect("the crate's source folder is readable") {
-            let path = entry.expect("a readable folder entry").path();
-            if path.is_dir() {
-                sources(&path, found);
-            } else if path.extension().is_some_and(|extension| extension == "rs") {
-                found.push(path);
-            }
-        }
-    }
+    use std::path::Path;
 
     #[test]
     fn statements_run_only_through_this_module() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        sources(&root, &mut files);
+        let files = crate::source_files(&root, &["rs"]);
         assert!(files.len() > 10, "found the crate's modules: {files:?}");
         let mut direct = Vec::new();
         for path in &files {

@@ -221,23 +221,9 @@ pub fn all_names() -> Vec<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     use super::*;
-
-    fn sources(folder: &Path, found: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(folder).expect("the crate's source folder is readable") {
-            let path = entry.expect("a readable folder entry").path();
-            if path.is_dir() {
-                sources(&path, found);
-            } else if path
-                .extension()
-                .is_some_and(|extension| extension == "rs" || extension == "sql")
-            {
-                found.push(path);
-            }
-        }
-    }
 
     #[test]
     fn state_names_are_those_of_the_enums() {
@@ -255,9 +241,8 @@ mod tests {
     #[test]
     fn sql_spells_no_state() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut files = Vec::new();
-        sources(&root.join("src"), &mut files);
-        sources(&root.join("sql"), &mut files);
+        let mut files = crate::source_files(&root.join("src"), &["rs"]);
+        files.extend(crate::source_files(&root.join("sql"), &["sql"]));
         files.sort();
         assert!(
             files.len() > 90,

@@ -238,7 +238,6 @@ impl Fake {
                             client.publish(reply_to, reply.into()).await.unwrap();
                         }
                         (None, _) if script.lock().unwrap().ready_after_unanswered => {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
                             client
                                 .publish(ready_subject.clone(), bytes::Bytes::new())
                                 .await
@@ -319,6 +318,17 @@ impl Fake {
             self.history.push(event);
         }
         &self.history
+    }
+
+    /// Every acquire request received so far, in order.
+    fn acquires(&mut self) -> Vec<v1::AcquireRequest> {
+        self.history()
+            .iter()
+            .filter_map(|event| match event {
+                Event::Acquire(request) => Some(request.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     fn batches(&mut self) -> Vec<(String, v1::ResultBatch)> {
@@ -703,14 +713,7 @@ async fn retries_an_unanswered_acquire_with_the_same_request_id() {
     shutdown.cancel();
     handle.await.unwrap().unwrap();
 
-    let requests: Vec<_> = fake
-        .history()
-        .iter()
-        .filter_map(|event| match event {
-            Event::Acquire(request) => Some(request.clone()),
-            _ => None,
-        })
-        .collect();
+    let requests = fake.acquires();
     assert!(requests.len() >= 3, "{requests:?}");
     assert_eq!(
         requests[0].request_id, requests[1].request_id,
@@ -752,14 +755,7 @@ async fn asks_again_at_once_when_a_dispatch_starts() {
     );
     shutdown.cancel();
     handle.await.unwrap().unwrap();
-    let requests: Vec<_> = fake
-        .history()
-        .iter()
-        .filter_map(|event| match event {
-            Event::Acquire(request) => Some(request.clone()),
-            _ => None,
-        })
-        .collect();
+    let requests = fake.acquires();
     assert_eq!(
         requests[0].request_id, requests[1].request_id,
         "asked again as the same request"
