@@ -5,7 +5,7 @@
 //! batch (ingestion). Meanwhile the consumer holds them (in-progress acknowledgements, so their
 //! delivery count does not grow) and says so on `/metrics`.
 //!
-//! Against a PostgreSQL of this test's own (`crate::health::PostgresServer`), which it stops
+//! Against a PostgreSQL of this test's own (`tests::servers::PostgresServer`), which it stops
 //! and starts; NATS is the machine's, under a prefix of this test's own.
 
 use std::time::Duration;
@@ -17,7 +17,7 @@ use runtime::CommonSettings;
 use tests::{ManualWorker, WAIT_MAX, findings_payload};
 use uuid::Uuid;
 
-use crate::health::PostgresServer;
+use tests::servers::PostgresServer;
 
 const ACK_WAIT: Duration = Duration::from_secs(1);
 const MAX_DELIVER: i64 = 3;
