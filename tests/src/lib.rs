@@ -28,6 +28,7 @@ pub const WAIT_MAX: Duration = Duration::from_secs(20);
 /// Every table palisade writes, for "nothing was written" checks.
 pub use store::testing::TABLES;
 
+pub mod chaos;
 pub mod servers;
 
 /// The services a test can start, stop and crash.

@@ -203,7 +203,8 @@ impl Drop for PostgresServer {
     }
 }
 
-fn signal(child: &Child, signal: &str) {
+/// Sends `signal` (`INT`, `STOP`, …) to a running child.
+pub fn signal(child: &Child, signal: &str) {
     if let Some(pid) = child.id() {
         let _ = std::process::Command::new("kill")
             .args([&format!("-{signal}"), &pid.to_string()])

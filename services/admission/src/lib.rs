@@ -56,14 +56,8 @@ impl Settings {
 
     /// Service-specific settings from the environment over the given common ones.
     pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
-        let max_attempts = env::parse("PALISADE_MAX_ATTEMPTS", Self::MAX_ATTEMPTS_DEFAULT)?;
-        if !(1..=100).contains(&max_attempts) {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_MAX_ATTEMPTS",
-                value: max_attempts.to_string(),
-                reason: "must be 1..=100".into(),
-            });
-        }
+        let max_attempts =
+            env::parse_in("PALISADE_MAX_ATTEMPTS", Self::MAX_ATTEMPTS_DEFAULT, 1..=100)?;
         let consumer = ConsumerTuning::from_env(ConsumerVars {
             batch_size: "PALISADE_ADMISSION_BATCH_SIZE",
             ack_wait_ms: "PALISADE_ADMISSION_ACK_WAIT_MS",

@@ -61,6 +61,10 @@ pub struct Settings {
     /// A waiting acquire re-checks the database this often even without a wake-up, for tasks
     /// that became due by time (`PALISADE_ACQUIRE_POLL_MS`, default 1000).
     pub acquire_poll: Duration,
+    /// How often this replica says on `dispatch.ready` that it serves, so that workers notice
+    /// within two heartbeats that it died holding their long-polls
+    /// (`PALISADE_DISPATCH_HEARTBEAT_MS`, default 1000, 100..=10000).
+    pub heartbeat: Duration,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -77,6 +81,11 @@ impl Settings {
             lease: LeaseSettings::from_env()?,
             batch_limits: BatchLimits::from_env()?,
             acquire_poll: Duration::from_millis(env::parse("PALISADE_ACQUIRE_POLL_MS", 1_000_u64)?),
+            heartbeat: Duration::from_millis(env::parse_in(
+                "PALISADE_DISPATCH_HEARTBEAT_MS",
+                1_000_u64,
+                HEARTBEAT_MS,
+            )?),
             http_addr: runtime::health::http_addr_from_env()?,
         })
     }
@@ -179,14 +188,11 @@ impl Service {
             .await
             .context("failed to serve cancellations")?;
         self.bus.flush().await.context("failed to reach NATS")?;
-        if let Err(error) = self
-            .bus
-            .publish_core(subjects.dispatch_ready(), bytes::Bytes::new())
-            .await
-        {
-            // Only a hint: workers also retry on their own timeouts.
-            tracing::warn!(error = %telemetry::chain(&error), "could not announce dispatch.ready");
-        }
+        let announcer = tokio::spawn(inherit(announce(
+            self.bus.clone(),
+            self.dispatch.settings.heartbeat,
+            stop.clone(),
+        )));
 
         let mut servers = tokio::task::JoinSet::new();
         for (verb, subscription) in verbs.into_iter().zip(subscriptions) {
@@ -245,8 +251,44 @@ impl Service {
         stop.cancel();
         while servers.join_next().await.is_some() {}
         let _ = waker.await;
+        let _ = announcer.await;
         plumbing.stop().await;
         result
+    }
+}
+
+/// The range `PALISADE_DISPATCH_HEARTBEAT_MS` accepts.
+const HEARTBEAT_MS: std::ops::RangeInclusive<u64> = 100..=10_000;
+
+/// Says on `dispatch.ready` that this replica serves: at once, then every `heartbeat` until
+/// `stop`, under an instance id of this start. Only a hint: workers that miss it recover at
+/// their own request timeouts.
+async fn announce(bus: Bus, heartbeat: Duration, stop: CancellationToken) {
+    let instance_id = Uuid::new_v4().to_string();
+    let payload: bytes::Bytes = v1::DispatchReady {
+        instance_id: instance_id.clone(),
+        heartbeat_ms: u32::try_from(heartbeat.as_millis()).unwrap_or(u32::MAX),
+    }
+    .encode_to_vec()
+    .into();
+    let subject = bus.subjects().dispatch_ready();
+    tracing::info!(%instance_id, ?heartbeat, "dispatch serves; announcing it on {subject}");
+    let mut ticks = tokio::time::interval(heartbeat);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        match bus.publish_core(subject.clone(), payload.clone()).await {
+            Ok(()) => failing = false,
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(error = %telemetry::chain(&error), "could not announce dispatch.ready");
+            }
+            Err(_) => {}
+        }
     }
 }
 

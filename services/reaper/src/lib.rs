@@ -53,7 +53,7 @@ impl Settings {
     }
 
     pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
-        let batch = env::parse("PALISADE_REAPER_BATCH", 1_000_i64)?;
+        let batch = env::parse_in("PALISADE_REAPER_BATCH", 1_000_i64, 1..=100_000)?;
         let retry = RetryPolicy {
             base: Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?),
             cap: Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?),
@@ -64,13 +64,6 @@ impl Settings {
                 value: retry.cap.as_millis().to_string(),
                 reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0"
                     .into(),
-            });
-        }
-        if !(1..=100_000).contains(&batch) {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_REAPER_BATCH",
-                value: batch.to_string(),
-                reason: "must be 1..=100000".into(),
             });
         }
         Ok(Self {

@@ -48,6 +48,29 @@ where
     }
 }
 
+/// The variable parsed as `T`, or `default` when unset or empty; an error naming it and the
+/// range when the value is outside `range`.
+pub fn parse_in<T>(
+    name: &'static str,
+    default: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T, SettingsError>
+where
+    T: FromStr + PartialOrd + std::fmt::Display,
+    T::Err: std::fmt::Display,
+{
+    let value = parse(name, default)?;
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(SettingsError::Invalid {
+            name,
+            value: value.to_string(),
+            reason: format!("must be {}..={}", range.start(), range.end()),
+        })
+    }
+}
+
 /// The variable parsed as `T`; an error naming it when unset.
 pub fn required<T>(name: &'static str, hint: &'static str) -> Result<T, SettingsError>
 where
@@ -95,33 +118,17 @@ impl ConsumerTuning {
     /// Reads and validates the four variables (defaults from `bus::ConsumerSpec`).
     pub fn from_env(vars: ConsumerVars) -> Result<Self, SettingsError> {
         use bus::ConsumerSpec;
-        let batch_size = parse(vars.batch_size, ConsumerSpec::BATCH_SIZE_DEFAULT)?;
-        if !(1..=1_000).contains(&batch_size) {
-            return Err(SettingsError::Invalid {
-                name: vars.batch_size,
-                value: batch_size.to_string(),
-                reason: "must be 1..=1000".into(),
-            });
-        }
-        let max_deliver = parse(vars.max_deliver, ConsumerSpec::MAX_DELIVER_DEFAULT)?;
-        if max_deliver < 1 {
-            return Err(SettingsError::Invalid {
-                name: vars.max_deliver,
-                value: max_deliver.to_string(),
-                reason: "must be at least 1".into(),
-            });
-        }
-        let batches_in_flight = parse(
+        let batch_size = parse_in(vars.batch_size, ConsumerSpec::BATCH_SIZE_DEFAULT, 1..=1_000)?;
+        let max_deliver = parse_in(
+            vars.max_deliver,
+            ConsumerSpec::MAX_DELIVER_DEFAULT,
+            1..=i64::MAX,
+        )?;
+        let batches_in_flight = parse_in(
             vars.batches_in_flight,
             ConsumerSpec::BATCHES_IN_FLIGHT_DEFAULT,
+            1..=16,
         )?;
-        if !(1..=16).contains(&batches_in_flight) {
-            return Err(SettingsError::Invalid {
-                name: vars.batches_in_flight,
-                value: batches_in_flight.to_string(),
-                reason: "must be 1..=16".into(),
-            });
-        }
         Ok(Self {
             batch_size,
             batches_in_flight,

@@ -39,7 +39,8 @@ impl CommonSettings {
     pub const NATS_URL_DEFAULT: &'static str = "nats://127.0.0.1:4222";
 
     /// `DATABASE_URL`, `NATS_URL`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
-    /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_LEASE_TTL_MS`, `PALISADE_PROGRESS_EVENTS`.
+    /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_DB_ACQUIRE_TIMEOUT_MS`, `PALISADE_LEASE_TTL_MS`,
+    /// `PALISADE_PROGRESS_EVENTS`.
     pub fn from_env() -> Result<Self, SettingsError> {
         let mut database =
             DatabaseSettings::new(env::string("DATABASE_URL", DatabaseSettings::DEFAULT_URL));
@@ -47,6 +48,11 @@ impl CommonSettings {
             "PALISADE_DB_MAX_CONNECTIONS",
             DatabaseSettings::MAX_CONNECTIONS_DEFAULT,
         )?;
+        database.acquire_timeout = std::time::Duration::from_millis(env::parse_in(
+            "PALISADE_DB_ACQUIRE_TIMEOUT_MS",
+            DatabaseSettings::ACQUIRE_TIMEOUT_DEFAULT.as_millis() as u64,
+            100..=600_000,
+        )?);
         let prefix = env::string("PALISADE_SUBJECT_PREFIX", Subjects::DEFAULT_PREFIX);
         let subjects = Subjects::new(&prefix).map_err(|error| SettingsError::Invalid {
             name: "PALISADE_SUBJECT_PREFIX",
@@ -225,22 +231,16 @@ impl BatchLimits {
 
     /// `PALISADE_BATCH_FINDINGS_MAX`, `PALISADE_BATCH_BYTES_MAX`.
     pub fn from_env() -> Result<Self, SettingsError> {
-        let findings_max = env::parse("PALISADE_BATCH_FINDINGS_MAX", Self::FINDINGS_MAX_DEFAULT)?;
-        let bytes_max = env::parse("PALISADE_BATCH_BYTES_MAX", Self::BYTES_MAX_DEFAULT)?;
-        if !(1..=10_000).contains(&findings_max) {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_BATCH_FINDINGS_MAX",
-                value: findings_max.to_string(),
-                reason: "must be 1..=10000".into(),
-            });
-        }
-        if !(1_024..=bus::MESSAGE_BYTES_MAX as usize / 2).contains(&bytes_max) {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_BATCH_BYTES_MAX",
-                value: bytes_max.to_string(),
-                reason: format!("must be 1024..={}", bus::MESSAGE_BYTES_MAX / 2),
-            });
-        }
+        let findings_max = env::parse_in(
+            "PALISADE_BATCH_FINDINGS_MAX",
+            Self::FINDINGS_MAX_DEFAULT,
+            1..=10_000,
+        )?;
+        let bytes_max = env::parse_in(
+            "PALISADE_BATCH_BYTES_MAX",
+            Self::BYTES_MAX_DEFAULT,
+            1_024..=bus::MESSAGE_BYTES_MAX as usize / 2,
+        )?;
         Ok(Self {
             findings_max,
             bytes_max,

@@ -116,12 +116,13 @@ pub struct DatabaseSettings {
 impl DatabaseSettings {
     pub const DEFAULT_URL: &'static str = "postgres://postgres@127.0.0.1:5432/palisade";
     pub const MAX_CONNECTIONS_DEFAULT: u32 = 16;
+    pub const ACQUIRE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             max_connections: Self::MAX_CONNECTIONS_DEFAULT,
-            acquire_timeout: Duration::from_secs(10),
+            acquire_timeout: Self::ACQUIRE_TIMEOUT_DEFAULT,
         }
     }
 }

@@ -23,6 +23,7 @@ mod acks;
 mod batch;
 mod config;
 mod context;
+mod dispatchers;
 mod error;
 mod lease;
 mod plugin;

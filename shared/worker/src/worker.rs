@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::acks::AckRouter;
 use crate::context::{Context, RequestError};
+use crate::dispatchers::{Change, Dispatchers};
 use crate::lease::{self, LeaseRun};
 use crate::renew::{self, Renewals};
 use crate::retry;
@@ -116,8 +117,9 @@ impl Worker {
                     subject: ack_subject,
                     message: error.to_string(),
                 })?;
-            // A dispatch that starts says so: an acquire or hello still unanswered then (its
-            // dispatch may have died holding it) is sent again at once.
+            // Dispatch replicas announce themselves and then heartbeat: an acquire or hello
+            // still unanswered when one starts or falls silent (it may have died holding it)
+            // is sent again at once.
             let ready_subject = self.bus.subjects().dispatch_ready();
             let mut ready_hints = self
                 .bus
@@ -133,8 +135,27 @@ impl Worker {
             let ready_task = tokio::spawn({
                 let dispatch_ready = dispatch_ready.clone();
                 async move {
-                    while ready_hints.next().await.is_some() {
-                        dispatch_ready.notify_waiters();
+                    let mut dispatchers = Dispatchers::default();
+                    loop {
+                        let silence = dispatchers.next_silence();
+                        let change = tokio::select! {
+                            hint = ready_hints.next() => match hint {
+                                Some(hint) => dispatchers.heard(&hint.payload, Instant::now()),
+                                None => return,
+                            },
+                            () = sleep_until(silence) => dispatchers.forget_silent(Instant::now()),
+                        };
+                        match change {
+                            Change::None => {}
+                            Change::Started => {
+                                tracing::debug!("a dispatch replica started");
+                                dispatch_ready.notify_waiters();
+                            }
+                            Change::Silent => {
+                                tracing::info!("a dispatch replica fell silent; an unanswered request is sent again");
+                                dispatch_ready.notify_waiters();
+                            }
+                        }
                     }
                 }
             });
@@ -358,7 +379,7 @@ impl Worker {
             let reply = tokio::select! {
                 reply = ctx.request::<v1::AcquireReply>(WorkerVerb::Acquire, request, timeout) => reply,
                 () = dispatch_ready.notified() => {
-                    tracing::info!(request_id = %request.request_id, "a dispatch started; asking again with the same request id");
+                    tracing::info!(request_id = %request.request_id, "a dispatch replica started or fell silent; asking again with the same request id");
                     continue;
                 }
             };
@@ -462,4 +483,12 @@ fn is_fatal(error: &v1::Error) -> bool {
                 | ErrorCode::TooLarge
         )
     )
+}
+
+/// Sleeps until `at`, or forever when there is no `at`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }

@@ -764,6 +764,80 @@ async fn asks_again_at_once_when_a_dispatch_starts() {
 }
 
 #[tokio::test]
+async fn asks_again_within_two_heartbeats_when_the_dispatch_holding_its_poll_falls_silent() {
+    let script = Script {
+        leases: [lease("emit:1", 0)].into(),
+        // Every acquire goes unanswered while the replica lives, including those the worker
+        // sends again when it first hears the replica start.
+        acquires_unanswered: u32::MAX,
+        ..Default::default()
+    };
+    let Some(mut fake) = Fake::start(script).await else {
+        return;
+    };
+    // A replica heartbeating every 200 ms, which the worker hears, until after the worker's
+    // first acquire reached it; then it is gone, holding that long-poll.
+    let heartbeat = Duration::from_millis(200);
+    let silenced = CancellationToken::new();
+    let heartbeats = tokio::spawn({
+        let client = fake.bus.client().clone();
+        let subject = fake.bus.subjects().dispatch_ready();
+        let silenced = silenced.clone();
+        let payload: bytes::Bytes = v1::DispatchReady {
+            instance_id: Uuid::new_v4().to_string(),
+            heartbeat_ms: heartbeat.as_millis() as u32,
+        }
+        .encode_to_vec()
+        .into();
+        async move {
+            while !silenced.is_cancelled() {
+                client
+                    .publish(subject.clone(), payload.clone())
+                    .await
+                    .unwrap();
+                tokio::time::sleep(heartbeat).await;
+            }
+        }
+    });
+    let mut config = fake.config(3);
+    config.request_timeout = Duration::from_secs(10);
+    let (stats, shutdown, handle) = fake.start_worker(config);
+    fake.expect("the first acquire", |event| {
+        matches!(event, Event::Acquire(_)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(heartbeat * 3).await;
+    silenced.cancel();
+    let fell_silent = tokio::time::Instant::now();
+    heartbeats.await.unwrap();
+    let asked_before = fake.acquires().len();
+    // The replica that answers from now on never announced itself: only the silence of the
+    // one that held the long-poll can make the worker ask again before its timeout.
+    fake.script.lock().unwrap().acquires_unanswered = 0;
+    fake.expect("completion", complete_of).await;
+    counters(&stats, "completion", |stats| stats.completed == 1).await;
+    assert!(
+        fell_silent.elapsed() < Duration::from_secs(3),
+        "the lost acquire was sent again once its dispatch missed two heartbeats, not after its timeout: {:?}",
+        fell_silent.elapsed()
+    );
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    let requests = fake.acquires();
+    assert!(
+        requests.len() > asked_before,
+        "asked again after the silence"
+    );
+    assert!(
+        requests[..=asked_before]
+            .iter()
+            .all(|request| request.request_id == requests[0].request_id),
+        "asked again as the same request"
+    );
+    fake.finish().await;
+}
+
+#[tokio::test]
 async fn stops_without_a_word_when_the_lease_is_lost() {
     let script = Script {
         leases: [lease("hang", 0)].into(),

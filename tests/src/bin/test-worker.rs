@@ -12,6 +12,8 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
         .init();
     let settings = reference_worker::Settings::from_env().context("invalid worker settings")?;
     let shutdown = CancellationToken::new();

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use tests::TestSystem;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-const REAPER: &str = env!("CARGO_BIN_EXE_test-reaper");
+const SERVICE: &str = env!("CARGO_BIN_EXE_test-service");
 // Long enough that a loaded 2-core machine never stalls a healthy leader past TTL − TTL/6.
 const LEASE_TTL_MS: u64 = 3_000;
 const LEASE_RETRY_MS: u64 = 500;
@@ -16,7 +16,8 @@ const SWEEP_INTERVAL_MS: u64 = 100;
 type Sweeps = Arc<Mutex<Vec<(usize, u128, Option<u128>)>>>;
 
 fn spawn_replica(system: &TestSystem, index: usize, sweeps: Sweeps) -> tokio::process::Child {
-    let mut child = tokio::process::Command::new(REAPER)
+    let mut child = tokio::process::Command::new(SERVICE)
+        .arg("reaper")
         .env("DATABASE_URL", &system.settings.common.database.url)
         .env("NATS_URL", &system.settings.common.nats_url)
         .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
@@ -28,7 +29,7 @@ fn spawn_replica(system: &TestSystem, index: usize, sweeps: Sweeps) -> tokio::pr
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("test-reaper starts");
+        .expect("test-service reaper starts");
     let stdout = child.stdout.take().expect("piped stdout");
     tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();
