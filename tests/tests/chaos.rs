@@ -3,11 +3,12 @@
 //! schedule, duplicate and late delivery injected in the bus, and a checker.
 //!
 //! - `bounded` (CI): every fault once, in an order drawn from `CHAOS_SEED` (a fresh seed when
-//!   unset; the report prints it, so a failure can be replayed with the same order).
+//!   unset; the report prints it, so a failure can be replayed with the same order), or the
+//!   faults `CHAOS_FAULTS` names (`postgres-down,nats-restart,kill:admission`).
 //! - `soak` (on demand): faults every `CHAOS_FAULT_GAP_SECS` (default 3) for
 //!   `CHAOS_SOAK_SECS` (default 3600), then the same checks; prints its report and keeps the
 //!   logs:
-//!   `cargo nextest run -p tests --test chaos --run-ignored only --no-capture`
+//!   `cargo nextest run --workspace --test chaos --run-ignored only --no-capture`
 
 use std::time::Duration;
 
@@ -18,6 +19,18 @@ fn binaries() -> Binaries {
         service: env!("CARGO_BIN_EXE_test-service").into(),
         worker: env!("CARGO_BIN_EXE_test-worker").into(),
     }
+}
+
+/// `CHAOS_FAULTS=postgres-down,nats-restart` replaces the plan's faults (names as
+/// `chaos::Fault` parses them), to replay a sequence.
+fn with_faults(mut plan: Plan) -> Plan {
+    if let Ok(faults) = std::env::var("CHAOS_FAULTS") {
+        plan.faults = faults
+            .split(',')
+            .map(|fault| fault.trim().parse().expect("CHAOS_FAULTS names faults"))
+            .collect();
+    }
+    plan
 }
 
 fn seed() -> u64 {
@@ -39,7 +52,7 @@ fn env_secs(name: &str, default: u64) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bounded() {
     tests::init_test_logging();
-    let report = chaos::run(&Plan::bounded(seed()), &binaries(), false).await;
+    let report = chaos::run(&with_faults(Plan::bounded(seed())), &binaries(), false).await;
     println!("{report}");
     assert!(
         report.violations.is_empty() && report.unexpected_exits.is_empty(),
@@ -51,11 +64,11 @@ async fn bounded() {
 #[ignore = "an hour by default: run on demand (see the module's doc)"]
 async fn soak() {
     tests::init_test_logging();
-    let plan = Plan::soak(
+    let plan = with_faults(Plan::soak(
         seed(),
         env_secs("CHAOS_SOAK_SECS", 3_600),
         env_secs("CHAOS_FAULT_GAP_SECS", 3),
-    );
+    ));
     let report = chaos::run(&plan, &binaries(), true).await;
     println!("{report}");
     assert!(

@@ -175,8 +175,10 @@ pub async fn acquire(
 ) -> Result<(AcquireOutcome, Eligibility), StoreError> {
     let mut tx = pool.begin().await?;
 
-    // FOR SHARE: a revocation (an UPDATE of this row) waits for us, and we wait for it, so no
-    // lease is granted after a revocation commits. The assignments are read here to answer
+    // FOR NO KEY UPDATE: a revocation (an UPDATE of this row) waits for us, and we wait for
+    // it, so no lease is granted after a revocation commits; two acquires of one worker (the
+    // same request asked again while its first ask is granted) take turns, and the grant below
+    // refuses to grant a request id twice. The assignments are read here to answer
     // `worker_not_assigned`, and locked by the grant itself.
     let worker = sql::query_as::<AcquiringWorker>(sql::workers::FOR_ACQUIRE)
         .bind(params.worker_id)
@@ -240,7 +242,7 @@ pub async fn acquire(
         ));
     }
 
-    // One statement: lock the assignments (FOR SHARE, as the worker row above), pick due
+    // One statement: lock the assignments (FOR SHARE), pick due
     // tasks (SKIP LOCKED), lease them, create their attempts, mark the worker seen, and move
     // their scan jobs and scans to running.
     let granted = sql::query_as::<GrantedLease>(sql::worker_tasks::GRANT)

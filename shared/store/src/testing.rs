@@ -205,6 +205,41 @@ pub async fn hold_attempt_lock(
     Ok(tx)
 }
 
+/// Locks a worker's row (`FOR UPDATE`) until the returned transaction ends: acquires of that
+/// worker wait for it, so a test can release several at once.
+pub async fn hold_worker_lock(
+    pool: &PgPool,
+    worker_id: Uuid,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT id FROM workers WHERE id = $1 FOR UPDATE")
+        .bind(worker_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+/// Backends of this database waiting for a lock.
+pub async fn backends_waiting_for_locks(pool: &PgPool) -> Result<i64, StoreError> {
+    let (waiting,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(waiting)
+}
+
+/// Attempts created by one acquire request.
+pub async fn attempts_of_request(pool: &PgPool, request_id: Uuid) -> Result<i64, StoreError> {
+    let (attempts,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM worker_task_attempts WHERE acquire_request_id = $1")
+            .bind(request_id)
+            .fetch_one(pool)
+            .await?;
+    Ok(attempts)
+}
+
 /// The attempts of a scan's tasks, oldest first: (attempt id, worker id, status).
 pub async fn attempts_of_scan(
     pool: &PgPool,

@@ -15,6 +15,7 @@
 //! - the reaper's leader intervals are disjoint (I9).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use bus::Bus;
 use futures::StreamExt as _;
@@ -221,44 +222,70 @@ async fn terminal_events(
         (EventKind::ScanFailed, ScanState::Failed.as_str()),
         (EventKind::ScanCancelled, ScanState::Cancelled.as_str()),
     ];
-    let stream = bus.jetstream().get_stream(subjects.events_stream()).await?;
+    let mut stream = bus.jetstream().get_stream(subjects.events_stream()).await?;
+    let last = stream.info().await?.state.last_sequence;
     let consumer = stream
-        .create_consumer(bus::async_nats::jetstream::consumer::pull::OrderedConfig {
+        .create_consumer(bus::async_nats::jetstream::consumer::pull::Config {
             filter_subject: format!("{}.v1.event.scan.>", subjects.prefix()),
+            ack_policy: bus::async_nats::jetstream::consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(60),
             ..Default::default()
         })
         .await?;
-    let pending = consumer.cached_info().num_pending;
-    let mut messages = consumer.messages().await?;
     let mut events: BTreeMap<uuid::Uuid, BTreeMap<String, &'static str>> = BTreeMap::new();
-    for _ in 0..pending {
-        let message = messages
-            .next()
-            .await
-            .ok_or_else(|| anyhow::anyhow!("the events stream ended early"))??;
-        let Some(&(kind, state)) = kinds
-            .iter()
-            .find(|(kind, _)| message.subject.as_str() == subjects.event(*kind))
-        else {
-            continue;
-        };
-        let scan_id = match kind {
-            EventKind::ScanCompleted => {
-                v1::ScanCompleted::decode(message.payload.as_ref())?.scan_id
-            }
-            EventKind::ScanFailed => v1::ScanFailed::decode(message.payload.as_ref())?.scan_id,
-            _ => v1::ScanCancelled::decode(message.payload.as_ref())?.scan_id,
-        };
-        let event_id = message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get(messages::HEADER_MSG_ID))
-            .map(|id| id.as_str().to_owned())
-            .unwrap_or_default();
-        events
-            .entry(uuid::Uuid::parse_str(&scan_id)?)
-            .or_default()
-            .insert(event_id, state);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut read_to = 0;
+    // Fetched in batches, each bounded in time, until the sequence the stream had when the
+    // check began: no wait on a count that a server restart may have made stale.
+    while read_to < last {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the events stream was read to sequence {read_to} of {last} in a minute"
+        );
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1_000)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await?;
+        let mut fetched = 0;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|error| anyhow::anyhow!("{error}"))?;
+            fetched += 1;
+            read_to = read_to.max(
+                message
+                    .info()
+                    .map_err(|error| anyhow::anyhow!("{error}"))?
+                    .stream_sequence,
+            );
+            let Some(&(kind, state)) = kinds
+                .iter()
+                .find(|(kind, _)| message.subject.as_str() == subjects.event(*kind))
+            else {
+                continue;
+            };
+            let scan_id = match kind {
+                EventKind::ScanCompleted => {
+                    v1::ScanCompleted::decode(message.payload.as_ref())?.scan_id
+                }
+                EventKind::ScanFailed => v1::ScanFailed::decode(message.payload.as_ref())?.scan_id,
+                _ => v1::ScanCancelled::decode(message.payload.as_ref())?.scan_id,
+            };
+            let event_id = message
+                .headers
+                .as_ref()
+                .and_then(|headers| headers.get(messages::HEADER_MSG_ID))
+                .map(|id| id.as_str().to_owned())
+                .unwrap_or_default();
+            events
+                .entry(uuid::Uuid::parse_str(&scan_id)?)
+                .or_default()
+                .insert(event_id, state);
+        }
+        if fetched == 0 {
+            // Nothing more matches the filter: what is left are other events.
+            break;
+        }
     }
     Ok(events)
 }

@@ -55,6 +55,9 @@ fn redelivery_budget() -> Duration {
     (ACK_WAIT + DB_ACQUIRE_TIMEOUT) * MAX_DELIVER
 }
 
+/// After a fault heals, a scan must finish within this long, or the system counts as stuck.
+const PROGRESS_MAX: Duration = Duration::from_secs(30);
+
 /// How long [`Fault::PostgresDown`] lasts.
 fn postgres_down() -> Duration {
     redelivery_budget() + Duration::from_secs(4)
@@ -105,6 +108,35 @@ impl Fault {
             Fault::NatsRestart,
         ]);
         faults
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    /// `kill:<service>`, `pause:<service>`, `kill-worker`, `pause-worker`, `postgres-restart`,
+    /// `postgres-down`, `terminate-backends`, `pool-exhausted`, `nats-restart`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let service = |name: &str| {
+            Service::ALL
+                .into_iter()
+                .find(|service| service.name() == name)
+                .ok_or_else(|| format!("no service {name:?}"))
+        };
+        Ok(match text.split_once(':') {
+            Some(("kill", name)) => Fault::Kill(service(name)?),
+            Some(("pause", name)) => Fault::Pause(service(name)?),
+            _ => match text {
+                "kill-worker" => Fault::KillWorker,
+                "pause-worker" => Fault::PauseWorker,
+                "postgres-restart" => Fault::PostgresRestart,
+                "postgres-down" => Fault::PostgresDown,
+                "terminate-backends" => Fault::TerminateBackends,
+                "pool-exhausted" => Fault::PoolExhausted,
+                "nats-restart" => Fault::NatsRestart,
+                other => return Err(format!("no fault {other:?}")),
+            },
+        })
     }
 }
 
@@ -191,8 +223,8 @@ pub struct FaultRecord {
     pub at: Duration,
     /// From injection to healed (the process back, the server up).
     pub lasted: Duration,
-    /// From healed until the next scan reached a terminal state; `None` if none did within a
-    /// minute.
+    /// From healed until the next scan reached a terminal state; `None` if none did within
+    /// [`PROGRESS_MAX`].
     pub progress_after: Option<Duration>,
     /// `/readyz` checks seen failing while it lasted, as `service: check`.
     pub readyz_failing: BTreeSet<String>,
@@ -322,14 +354,22 @@ pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
     let started = Instant::now();
     let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed);
     let mut schedule = plan.faults.clone();
-    let mut records = Vec::new();
-    loop {
+    let mut records: Vec<FaultRecord> = Vec::new();
+    let mut stuck = None;
+    'schedule: loop {
         for fault in &schedule {
             tokio::time::sleep(plan.fault_gap).await;
             world.restart_exited();
+            tracing::info!(%fault, "injecting");
             let record = world.inject(*fault, started, &mut rng).await;
-            tracing::info!(?record, "fault injected");
+            tracing::info!(?record, "fault healed");
+            let progressed = record.progress_after.is_some();
             records.push(record);
+            if !progressed {
+                // Stuck: more faults would only hide where.
+                stuck = Some(*fault);
+                break 'schedule;
+            }
         }
         if started.elapsed() >= plan.duration {
             break;
@@ -338,23 +378,33 @@ pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
     }
     tokio::time::sleep(plan.fault_gap).await;
     stop_load.cancel();
-    let _ = load.await;
-    let _ = injector.await;
+    // Every publish is bounded by its PubAck timeout; a hang here is the suite's own bug.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let _ = load.await;
+        let _ = injector.await;
+    })
+    .await
+    .expect("the load and the injector stop within 30 s");
     world.restart_exited();
 
     let ledger = std::mem::take(&mut *ledger.lock().expect("not poisoned"));
     let settled = world.settle(&ledger, plan.settle_max).await;
-    let mut violations = match check::check(
-        &world.pool,
-        &world.bus,
-        &ledger,
-        &world.sweeps.lock().expect("not poisoned"),
+    let sweeps = world.sweeps.lock().expect("not poisoned").clone();
+    let checked = tokio::time::timeout(
+        Duration::from_secs(120),
+        check::check(&world.pool, &world.bus, &ledger, &sweeps),
     )
-    .await
-    {
-        Ok(violations) => violations,
-        Err(error) => vec![format!("the checker could not read the outcome: {error:#}")],
+    .await;
+    let mut violations = match checked {
+        Ok(Ok(violations)) => violations,
+        Ok(Err(error)) => vec![format!("the checker could not read the outcome: {error:#}")],
+        Err(_) => vec!["the checker did not finish within 120 s".to_owned()],
     };
+    if let Some(fault) = stuck {
+        violations.push(format!(
+            "no scan finished within {PROGRESS_MAX:?} of \"{fault}\" healing; the schedule stopped there"
+        ));
+    }
     if !settled {
         violations.push(format!(
             "the system did not settle within {:?} of the load stopping",
@@ -637,7 +687,7 @@ impl World {
     async fn progress_after(&self) -> Option<Duration> {
         let healed = Instant::now();
         let mut before = None;
-        while healed.elapsed() < Duration::from_secs(60) {
+        while healed.elapsed() < PROGRESS_MAX {
             if let Ok((terminal,)) =
                 sqlx::query_as::<_, (i64,)>("SELECT count(*) FROM scans WHERE NOT state = ANY($1)")
                     .bind(

@@ -762,6 +762,58 @@ async fn enrichment_claims_and_completes_a_batch_in_three_statements_whatever_it
     }
 }
 
+/// A worker that asks again with the same request id while its first ask is being granted (a
+/// dispatch replica fell silent) is granted once: the two acquires take turns on the worker's
+/// row, and the second grants nothing under a request id that has attempts.
+#[tokio::test]
+async fn the_same_acquire_asked_twice_at_once_is_granted_once() {
+    let system = TestSystem::spawn().await;
+    let worker = pending(&system, 4).await;
+    let params = store::lease::AcquireParams {
+        worker_id: worker.id,
+        request_id: Uuid::new_v4(),
+        max_tasks: 2,
+        lease_ttl: std::time::Duration::from_secs(30),
+    };
+    // Both asks wait on the worker's row, then start as close together as PostgreSQL lets them.
+    let lock = store::testing::hold_worker_lock(&system.pool, worker.id)
+        .await
+        .unwrap();
+    let ask = || {
+        let (pool, subjects, params) =
+            (system.pool.clone(), system.subjects.clone(), params.clone());
+        tokio::spawn(async move {
+            let mut staged = store::Staged::default();
+            match store::lease::acquire(&pool, &mut staged, &subjects, &params).await {
+                Ok((store::lease::AcquireOutcome::Leases(leases), _)) => leases,
+                other => panic!("acquire failed: {other:?}"),
+            }
+        })
+    };
+    let (first, second) = (ask(), ask());
+    system
+        .wait_for("both acquires to wait on the worker's row", || async {
+            (store::testing::backends_waiting_for_locks(&system.pool)
+                .await
+                .unwrap()
+                == 2)
+                .then_some(())
+        })
+        .await;
+    lock.rollback().await.unwrap();
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(
+        store::testing::attempts_of_request(&system.pool, params.request_id)
+            .await
+            .unwrap(),
+        2,
+        "one request, at most max_tasks attempts (first got {}, second {})",
+        first.len(),
+        second.len()
+    );
+    system.finish().await;
+}
+
 /// `count` pending one-plugin tasks and a worker that may take them all, acquired directly
 /// with the store in the dispatch lane: the leases, their staged events and the statements.
 async fn acquire_directly(count: usize) -> (usize, usize, u64, usize) {

@@ -1,6 +1,9 @@
--- Acquire: one statement locks the worker's assignments (FOR SHARE, like the worker row before
--- it), picks due tasks it may take (SKIP LOCKED), leases them, creates their attempts, marks the
--- worker seen, and moves their scan jobs and scans to running.
+-- Acquire: one statement locks the worker's assignments (FOR SHARE), picks due tasks it may take
+-- (SKIP LOCKED), leases them, creates their attempts, marks the worker seen, and moves their scan
+-- jobs and scans to running. It grants nothing under a request id that already has attempts: a
+-- worker that asked again with the same request id while its first ask was being granted waited
+-- for that grant's commit on the worker row, read before the wait that nothing was granted, and
+-- sees the grant only here (the replay answers it on its next look).
 -- Its columns are `lease::GrantedLease`'s, the same as
 -- `worker_task_attempts/replayed_leases.sql`'s.
 -- $1: params.worker_id
@@ -18,6 +21,8 @@
 WITH assigned AS (
     SELECT organization_id FROM organization_workers
     WHERE worker_id = $1 AND enabled AND revoked_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM worker_task_attempts a
+                      WHERE a.worker_id = $1 AND a.acquire_request_id = $4)
     ORDER BY organization_id
     FOR SHARE
 ),

@@ -1,5 +1,6 @@
--- Acquire: the worker (share-locked), its live leases, whether this request was already granted,
--- and its organizations.
+-- Acquire: the worker (locked: a revocation waits for this acquire and this acquire for a
+-- revocation; two acquires of one worker take turns), its live leases, whether this request was
+-- already granted, and its organizations.
 -- $1: params.worker_id
 -- $2: params.request_id
 -- $3: LIVE_ATTEMPT_STATUSES
@@ -13,4 +14,4 @@ SELECT w.enabled, w.revoked_at IS NOT NULL AS revoked, w.capabilities,
              WHERE o.worker_id = w.id AND o.enabled AND o.revoked_at IS NULL
              ORDER BY o.organization_id) AS organization_ids
 FROM workers w WHERE w.id = $1
-FOR SHARE OF w
+FOR NO KEY UPDATE OF w
