@@ -439,7 +439,9 @@ impl World {
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(postgres.url("palisade"));
         common.database.max_connections = 4;
-        common.database.acquire_timeout = DB_ACQUIRE_TIMEOUT;
+        // The suite's own pool waits longer than the services' (`service_env`): its
+        // connections must outlast the faults it injects.
+        common.database.acquire_timeout = Duration::from_secs(10);
         common.nats_url = nats.url();
         common.subjects = Subjects::new("chaos").expect("valid prefix");
         palisade::system::prepare_database(&common)
@@ -651,7 +653,11 @@ impl World {
             }
             Fault::PoolExhausted => {
                 let locked = async {
-                    let mut transaction = self.pool.begin().await?;
+                    // A connection the last PostgreSQL fault broke fails once: take another.
+                    let mut transaction = match self.pool.begin().await {
+                        Ok(transaction) => transaction,
+                        Err(_) => self.pool.begin().await?,
+                    };
                     sqlx::query("LOCK TABLE scans, worker_tasks IN ACCESS EXCLUSIVE MODE")
                         .execute(&mut *transaction)
                         .await?;
