@@ -133,8 +133,6 @@ pub enum AcquireOutcome {
     Refused(v1::Error),
 }
 
-/// The columns of a `GrantedLease`, over attempt `a` and task `t`.
-
 /// What a worker may be leased: for the dispatcher's queue of waiting acquires, so that a
 /// `task.ready` wakes a waiter that can take the task.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -252,7 +252,7 @@ mod tests {
         let mut spelled = Vec::new();
         for path in &files {
             let file = path
-                .strip_prefix(&root)
+                .strip_prefix(root)
                 .unwrap()
                 .to_string_lossy()
                 .into_owned();
