@@ -39,9 +39,9 @@ fn print_run(what: &str, run: &Run) {
     );
 }
 
-/// Explores every reachable state of the real protocol and requires no counterexample and
-/// every example.
-fn assert_real_protocol_holds(bounds: Bounds, states: usize) {
+/// Explores every reachable state of the real protocol and requires no counterexample, an
+/// example of each of `examples`, and `states` states.
+fn assert_real_protocol_holds(bounds: Bounds, examples: &[&'static str], states: usize) {
     let model = LeaseModel::new(bounds, Protocol::Real);
     let run = check(model, HasDiscoveries::All);
     print_run(&format!("real protocol, {bounds:?}"), &run);
@@ -53,7 +53,7 @@ fn assert_real_protocol_holds(bounds: Bounds, states: usize) {
             );
         }
     }
-    for example in EXAMPLES {
+    for &example in examples {
         assert!(
             run.discovery(example).is_some(),
             "never reached: {example:?}"
@@ -67,7 +67,7 @@ fn assert_real_protocol_holds(bounds: Bounds, states: usize) {
 
 #[test]
 fn the_real_protocol_keeps_every_invariant() {
-    assert_real_protocol_holds(BOUNDS, 344_868);
+    assert_real_protocol_holds(BOUNDS, &EXAMPLES, 344_868);
 }
 
 #[test]
@@ -77,7 +77,40 @@ fn the_real_protocol_keeps_every_invariant_when_attempts_share_batch_keys() {
             batch_keys: BatchKeys::PerTask,
             ..BOUNDS
         },
+        &EXAMPLES,
         126_106,
+    );
+}
+
+#[test]
+fn the_real_protocol_keeps_every_invariant_with_a_larger_budget() {
+    // One task, a budget of three, up to four attempts, batches under either key.
+    assert_real_protocol_holds(
+        Bounds {
+            tasks: 1,
+            max_attempts: 3,
+            attempts_per_task_max: 4,
+            batch_keys: BatchKeys::Both,
+            ..BOUNDS
+        },
+        &EXAMPLES,
+        23_809,
+    );
+}
+
+#[test]
+fn the_real_protocol_keeps_every_invariant_with_three_workers_busy_at_once() {
+    // Three tasks, so that three attempts are live at once; a budget of one (a recovered
+    // task cannot run again, so it never completes after a recovery).
+    assert_real_protocol_holds(
+        Bounds {
+            tasks: 3,
+            max_attempts: 1,
+            attempts_per_task_max: 2,
+            ..BOUNDS
+        },
+        &EXAMPLES[1..],
+        97_710,
     );
 }
 
