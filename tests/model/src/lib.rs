@@ -94,38 +94,46 @@ pub fn check(model: LeaseModel, until: HasDiscoveries) -> Run {
     run(model, until, threads, None)
 }
 
-/// A shortest path to a state that breaks `invariant`, with the run that found it: breadth
-/// first on one thread (so that every state is first reached by a shortest path), deepening
-/// one step at a time up to `depth_max` steps. `None` when no path of at most `depth_max`
-/// steps breaks it.
+/// A shortest path to a state that breaks one of `broken` (invariants of `model`), with the
+/// invariant it breaks and the run that found it: breadth first on one thread (so that every
+/// state is first reached by a shortest path), deepening one step at a time up to
+/// `depth_max` steps. `None` when no path of at most `depth_max` steps breaks any of them.
 pub fn shortest_counterexample(
     model: LeaseModel,
-    invariant: &'static str,
+    broken: &[&'static str],
     depth_max: usize,
-) -> Option<(Steps, Run)> {
-    assert!(
-        invariants(&model).contains(&invariant),
-        "{invariant:?} is not an invariant of the model"
-    );
+) -> Option<(&'static str, Steps, Run)> {
+    let known = invariants(&model);
+    for invariant in broken {
+        assert!(
+            known.contains(invariant),
+            "{invariant:?} is not an invariant of the model"
+        );
+    }
+    let wanted: BTreeSet<&'static str> = broken.iter().copied().collect();
     for steps in 1..=depth_max {
         // The checker counts the initial state as depth 1 and skips states at the target.
         let run = run(
             model,
-            HasDiscoveries::AnyOf(BTreeSet::from([invariant])),
+            HasDiscoveries::AnyOf(wanted.clone()),
             1,
             Some(steps + 2),
         );
-        if let Some(path) = run.discovery(invariant) {
-            let path = path.clone().into_vec();
+        let found = run
+            .discoveries
+            .iter()
+            .find(|(name, _)| wanted.contains(name))
+            .map(|(name, path)| (*name, path.clone().into_vec()));
+        if let Some((invariant, path)) = found {
             assert_eq!(
                 path.len(),
                 steps + 1,
                 "breadth first finds the shortest path"
             );
-            return Some((path, run));
+            return Some((invariant, path, run));
         }
         if run.max_depth < steps + 1 {
-            // Every reachable state was explored: no path breaks it.
+            // Every reachable state was explored: no path breaks them.
             return None;
         }
     }

@@ -36,10 +36,11 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// What CI checks: 2 workers of capacity 1, 2 tasks with a budget of 2 attempts, one
-    /// attempt more per task for a release.
+    /// What the main CI run checks: three workers of capacity 1, two tasks with a budget of
+    /// two attempts, up to three attempts per task (so one may be released), batch keys per
+    /// attempt as the worker SDK names them.
     pub const CI: Bounds = Bounds {
-        workers: 2,
+        workers: 3,
         tasks: 2,
         max_attempts: 2,
         attempts_per_task_max: 3,

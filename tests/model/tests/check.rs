@@ -15,14 +15,10 @@ use lease_model::{
 };
 use stateright::HasDiscoveries;
 
-/// The bounds of the exhaustive runs: three workers of capacity 1, two tasks with a budget of
-/// two attempts, up to three attempts per task (one released). With two tasks at most two
-/// attempts are live at once, so a third worker adds actions but, with the reduction, no
-/// states.
-const BOUNDS: Bounds = Bounds {
-    workers: 3,
-    ..Bounds::CI
-};
+/// The bounds of the exhaustive runs ([`Bounds::CI`]). With two tasks at most two attempts
+/// are live at once, so the third worker adds actions but, with the reduction, no states
+/// (two workers give the same count); the run with three tasks keeps all three busy.
+const BOUNDS: Bounds = Bounds::CI;
 
 const EXAMPLES: [&str; 5] = [
     COMPLETED_AFTER_RECOVERY,
@@ -126,7 +122,7 @@ fn counterexample(bug: Bug) -> Vec<String> {
         ..BOUNDS
     };
     let model = LeaseModel::new(bounds, Protocol::Seeded(bug));
-    let (steps, run) = shortest_counterexample(model, broken, COUNTEREXAMPLE_STEPS_MAX)
+    let (_, steps, run) = shortest_counterexample(model, &[broken], COUNTEREXAMPLE_STEPS_MAX)
         .unwrap_or_else(|| panic!("{bug:?} was not caught by {broken:?}"));
     print_run(&format!("{bug:?}, last deepening"), &run);
     println!("{bug:?} breaks {broken:?}:\n{}", describe_steps(&steps));
