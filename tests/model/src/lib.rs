@@ -49,6 +49,16 @@
 //!
 //! **Seeded bugs** ([`protocol::Bug`]) each remove or change one check; the tests show the
 //! checker finds a counterexample for each, and none for [`protocol::Protocol::Real`].
+//!
+//! **Checking.** [`check`] explores every reachable state breadth first on every core. With
+//! [`Bounds::reduction`] (the exhaustive runs) a state is replaced by the representative of
+//! its class: workers and tasks renamed (they are interchangeable), batch rows sorted, and
+//! the worker and lease of an ended attempt blanked (no later step reads them).
+//! [`shortest_counterexample`] deepens one step at a time on one thread, without the
+//! reduction, so that a seeded bug's path is a shortest one and reads as it happened. Run the
+//! tests with `cargo nextest run -p lease-model --no-capture` to see counts, times and
+//! counterexamples; `cargo run -p lease-model --example explore` tries other bounds or a
+//! seeded bug.
 
 pub mod db;
 pub mod model;
