@@ -40,17 +40,30 @@ pub enum Bug {
     ReplayIgnoresChecksum,
     /// Cancel (`cancel.rs`) does not check that the task already ended. Caught by I8.
     CancelIgnoresTerminal,
+    /// Acquire (`worker_tasks/grant.sql`) does not check the task's state, so it leases a
+    /// task an attempt already holds. Caught by I1: at most one live attempt per task.
+    GrantSkipsStateCheck,
+    /// Batch acceptance (`ingest.rs`) does not look the key up, so a later attempt's batch
+    /// under a key an earlier attempt used is inserted again (the schema's unique index would
+    /// refuse it; the model has none). Caught by I2: a (task, key) is accepted once.
+    BatchKeyUnchecked,
+    /// Failure (`progress::fail_tasks`) fails every task terminally, retryable or not.
+    /// Caught by I10: `failed_terminal` only after `max_attempts` runs.
+    FailureIgnoresRetryable,
 }
 
 impl Protocol {
     /// Every seeded bug, for the tests that show each is caught.
-    pub const BUGS: [Bug; 6] = [
+    pub const BUGS: [Bug; 9] = [
         Bug::FenceSkipsToken,
         Bug::RenewSkipsExpiry,
         Bug::NumberFromBudget,
         Bug::RecoveryIgnoresBudget,
         Bug::ReplayIgnoresChecksum,
         Bug::CancelIgnoresTerminal,
+        Bug::GrantSkipsStateCheck,
+        Bug::BatchKeyUnchecked,
+        Bug::FailureIgnoresRetryable,
     ];
 
     fn has(self, bug: Bug) -> bool {
@@ -121,7 +134,8 @@ pub fn grant(
         return Answer::Refused(Refusal::NothingToDo);
     }
     let task = &mut db.tasks[task_index];
-    if !task.state.is_due() || task.cancel_requested {
+    let due = task.state.is_due() || protocol.has(Bug::GrantSkipsStateCheck);
+    if !due || task.cancel_requested {
         return Answer::Refused(Refusal::NothingToDo);
     }
     task.state = TaskState::Leased;
@@ -219,7 +233,10 @@ pub fn accept_batch(
     key: BatchKey,
     checksum: Checksum,
 ) -> Answer {
-    if let Some(row) = task.batch(key) {
+    if let Some(row) = task
+        .batch(key)
+        .filter(|_| !protocol.has(Bug::BatchKeyUnchecked))
+    {
         return if row.checksum == checksum || protocol.has(Bug::ReplayIgnoresChecksum) {
             Answer::Duplicate
         } else {
@@ -301,6 +318,7 @@ pub fn fail(
         return Answer::Refused(refusal);
     }
     task.attempts[usize::from(claim.attempt)].status = AttemptStatus::Failed { retryable };
+    let retryable = retryable && !protocol.has(Bug::FailureIgnoresRetryable);
     fail_task(task, retryable, max_attempts);
     Answer::Accepted
 }
@@ -349,7 +367,7 @@ pub fn cancel(protocol: Protocol, task: &mut Task) -> Answer {
 /// `progress::fail_tasks` (`worker_tasks/fail_many.sql`) for one task whose attempt ended
 /// badly: only from `leased`/`running`; to `retry_wait` when the failure is retryable and
 /// `attempt_count < max_attempts`, else `failed_terminal`.
-fn fail_task(task: &mut Task, retryable: bool, max_attempts: u8) {
+pub fn fail_task(task: &mut Task, retryable: bool, max_attempts: u8) {
     if !task.state.is_leased() {
         return;
     }

@@ -5,9 +5,10 @@
 //! to the model shows up here and in `docs/ARCHITECTURE.md`, which quotes them.
 
 use lease_model::model::{
-    COMPLETED_AFTER_RECOVERY, FAILED_WITH_BUDGET_SPENT, I1_NUMBERS_INCREASE, I1_WRITE_NEEDS_LEASE,
-    I2_REPLAY_WRITES_NOTHING, I8_TERMINAL_IS_TERMINAL, I10_RUNS_WITHIN_BUDGET,
-    LEASED_TASK_CANCELLED, RELEASED_TASK_COMPLETES, SUPERSEDED_WRITE_REFUSED,
+    COMPLETED_AFTER_RECOVERY, FAILED_WITH_BUDGET_SPENT, I1_NUMBERS_INCREASE, I1_ONE_LIVE_ATTEMPT,
+    I1_WRITE_NEEDS_LEASE, I2_KEY_ACCEPTED_ONCE, I2_REPLAY_WRITES_NOTHING, I8_TERMINAL_IS_TERMINAL,
+    I10_FAILS_AFTER_BUDGET, I10_RUNS_WITHIN_BUDGET, LEASED_TASK_CANCELLED, RELEASED_TASK_COMPLETES,
+    SUPERSEDED_WRITE_REFUSED,
 };
 use lease_model::{
     BatchKeys, Bounds, Bug, LeaseModel, Protocol, Run, check, describe_steps, invariants,
@@ -119,6 +120,12 @@ fn counterexample(bug: Bug) -> Vec<String> {
     let broken = broken_by(bug);
     let bounds = Bounds {
         reduction: false,
+        // Only a key that several attempts send can be inserted twice.
+        batch_keys: if bug == Bug::BatchKeyUnchecked {
+            BatchKeys::PerTask
+        } else {
+            BOUNDS.batch_keys
+        },
         ..BOUNDS
     };
     let model = LeaseModel::new(bounds, Protocol::Seeded(bug));
@@ -150,6 +157,9 @@ fn broken_by(bug: Bug) -> &'static str {
         Bug::RecoveryIgnoresBudget => I10_RUNS_WITHIN_BUDGET,
         Bug::ReplayIgnoresChecksum => I2_REPLAY_WRITES_NOTHING,
         Bug::CancelIgnoresTerminal => I8_TERMINAL_IS_TERMINAL,
+        Bug::GrantSkipsStateCheck => I1_ONE_LIVE_ATTEMPT,
+        Bug::BatchKeyUnchecked => I2_KEY_ACCEPTED_ONCE,
+        Bug::FailureIgnoresRetryable => I10_FAILS_AFTER_BUDGET,
     }
 }
 
@@ -170,7 +180,12 @@ fn every_other_seeded_bug_is_caught() {
                 assert!(actions.iter().any(|action| action.starts_with("Release")));
             }
             Bug::ReplayIgnoresChecksum => assert!(last.contains("checksum: B"), "{actions:?}"),
-            Bug::RecoveryIgnoresBudget | Bug::CancelIgnoresTerminal | Bug::FenceSkipsToken => {}
+            Bug::BatchKeyUnchecked => assert!(last.contains("OfTask"), "{actions:?}"),
+            Bug::RecoveryIgnoresBudget
+            | Bug::CancelIgnoresTerminal
+            | Bug::GrantSkipsStateCheck
+            | Bug::FailureIgnoresRetryable
+            | Bug::FenceSkipsToken => {}
         }
     }
 }
