@@ -1,0 +1,191 @@
+//! The lease model checked exhaustively (issue 9, item 6): the real protocol keeps I1, I2, I8
+//! and I10 in every reachable state, reaching every `sometimes` state on the way, and each
+//! seeded bug is caught with a counterexample. Counts and times are printed (see them with
+//! `cargo nextest run -p lease-model --no-capture`); the counts are pinned so that a change
+//! to the model shows up here and in `docs/ARCHITECTURE.md`, which quotes them.
+
+use lease_model::model::{
+    COMPLETED_AFTER_RECOVERY, FAILED_WITH_BUDGET_SPENT, I1_NUMBERS_INCREASE, I1_ONE_LIVE_ATTEMPT,
+    I1_WRITE_NEEDS_LEASE, I2_KEY_ACCEPTED_ONCE, I2_REPLAY_WRITES_NOTHING, I8_TERMINAL_IS_TERMINAL,
+    I10_FAILS_AFTER_BUDGET, I10_RUNS_WITHIN_BUDGET, LEASED_TASK_CANCELLED, RELEASED_TASK_COMPLETES,
+    SUPERSEDED_WRITE_REFUSED,
+};
+use lease_model::{
+    BatchKeys, Bounds, Bug, LeaseModel, Protocol, Run, check, describe_steps, invariants,
+    shortest_counterexample,
+};
+use stateright::HasDiscoveries;
+
+/// The bounds of the exhaustive runs ([`Bounds::CI`]). With two tasks at most two attempts
+/// are live at once, so the third worker adds actions but, with the reduction, no states
+/// (two workers give the same count); the run with three tasks keeps all three busy.
+const BOUNDS: Bounds = Bounds::CI;
+
+const EXAMPLES: [&str; 5] = [
+    COMPLETED_AFTER_RECOVERY,
+    FAILED_WITH_BUDGET_SPENT,
+    SUPERSEDED_WRITE_REFUSED,
+    RELEASED_TASK_COMPLETES,
+    LEASED_TASK_CANCELLED,
+];
+
+fn print_run(what: &str, run: &Run) {
+    println!(
+        "{what}: {} states ({} generated), depth {}, {:.2?}",
+        run.unique_states, run.states, run.max_depth, run.elapsed
+    );
+}
+
+/// Explores every reachable state of the real protocol and requires no counterexample, an
+/// example of each of `examples`, and `states` states.
+fn assert_real_protocol_holds(bounds: Bounds, examples: &[&'static str], states: usize) {
+    let model = LeaseModel::new(bounds, Protocol::Real);
+    let run = check(model, HasDiscoveries::All);
+    print_run(&format!("real protocol, {bounds:?}"), &run);
+    for invariant in invariants(&model) {
+        if let Some(path) = run.discovery(invariant) {
+            panic!(
+                "counterexample to {invariant:?}:\n{}",
+                describe_steps(&path.clone().into_vec())
+            );
+        }
+    }
+    for &example in examples {
+        assert!(
+            run.discovery(example).is_some(),
+            "never reached: {example:?}"
+        );
+    }
+    assert_eq!(
+        run.unique_states, states,
+        "the model changed: update the counts here and in docs/ARCHITECTURE.md"
+    );
+}
+
+#[test]
+fn the_real_protocol_keeps_every_invariant() {
+    assert_real_protocol_holds(BOUNDS, &EXAMPLES, 344_868);
+}
+
+#[test]
+fn the_real_protocol_keeps_every_invariant_when_attempts_share_batch_keys() {
+    assert_real_protocol_holds(
+        Bounds {
+            batch_keys: BatchKeys::PerTask,
+            ..BOUNDS
+        },
+        &EXAMPLES,
+        126_106,
+    );
+}
+
+#[test]
+fn the_real_protocol_keeps_every_invariant_with_a_larger_budget() {
+    // One task, a budget of three, up to four attempts, batches under either key.
+    assert_real_protocol_holds(
+        Bounds {
+            tasks: 1,
+            max_attempts: 3,
+            attempts_per_task_max: 4,
+            batch_keys: BatchKeys::Both,
+            ..BOUNDS
+        },
+        &EXAMPLES,
+        23_809,
+    );
+}
+
+#[test]
+fn the_real_protocol_keeps_every_invariant_with_three_workers_busy_at_once() {
+    // Three tasks, so that three attempts are live at once; a budget of one (a recovered
+    // task cannot run again, so it never completes after a recovery).
+    assert_real_protocol_holds(
+        Bounds {
+            tasks: 3,
+            max_attempts: 1,
+            attempts_per_task_max: 2,
+            ..BOUNDS
+        },
+        &EXAMPLES[1..],
+        97_710,
+    );
+}
+
+/// Steps a seeded bug's shortest counterexample may take at most.
+const COUNTEREXAMPLE_STEPS_MAX: usize = 12;
+
+/// Finds the shortest path by which `bug` breaks its invariant, prints it, and returns its
+/// actions. Without the reduction, so that the path shows tasks and workers as they are.
+fn counterexample(bug: Bug) -> Vec<String> {
+    let broken = broken_by(bug);
+    let bounds = Bounds {
+        reduction: false,
+        // Only a key that several attempts send can be inserted twice.
+        batch_keys: if bug == Bug::BatchKeyUnchecked {
+            BatchKeys::PerTask
+        } else {
+            BOUNDS.batch_keys
+        },
+        ..BOUNDS
+    };
+    let model = LeaseModel::new(bounds, Protocol::Seeded(bug));
+    let (_, steps, run) = shortest_counterexample(model, &[broken], COUNTEREXAMPLE_STEPS_MAX)
+        .unwrap_or_else(|| panic!("{bug:?} was not caught by {broken:?}"));
+    print_run(&format!("{bug:?}, last deepening"), &run);
+    println!("{bug:?} breaks {broken:?}:\n{}", describe_steps(&steps));
+    steps
+        .into_iter()
+        .filter_map(|(_, action)| action)
+        .map(|action| action.to_string())
+        .collect()
+}
+
+#[test]
+fn a_fence_without_its_token_check_is_caught() {
+    let actions = counterexample(Bug::FenceSkipsToken);
+    // The shortest: a lease is granted, and a message naming it with a wrong token writes.
+    assert_eq!(actions.len(), 2, "{actions:?}");
+    assert!(actions[0].contains("acquires"), "{actions:?}");
+    assert!(actions[1].contains("WRONG token"), "{actions:?}");
+}
+
+/// The invariant each seeded bug breaks (a new bug does not compile until it says which).
+fn broken_by(bug: Bug) -> &'static str {
+    match bug {
+        Bug::FenceSkipsToken | Bug::RenewSkipsExpiry => I1_WRITE_NEEDS_LEASE,
+        Bug::NumberFromBudget => I1_NUMBERS_INCREASE,
+        Bug::RecoveryIgnoresBudget => I10_RUNS_WITHIN_BUDGET,
+        Bug::ReplayIgnoresChecksum => I2_REPLAY_WRITES_NOTHING,
+        Bug::CancelIgnoresTerminal => I8_TERMINAL_IS_TERMINAL,
+        Bug::GrantSkipsStateCheck => I1_ONE_LIVE_ATTEMPT,
+        Bug::BatchKeyUnchecked => I2_KEY_ACCEPTED_ONCE,
+        Bug::FailureIgnoresRetryable => I10_FAILS_AFTER_BUDGET,
+    }
+}
+
+#[test]
+fn every_other_seeded_bug_is_caught() {
+    for bug in Protocol::BUGS {
+        if bug == Bug::FenceSkipsToken {
+            continue;
+        }
+        let actions = counterexample(bug);
+        let last = actions.last().expect("a bug needs at least one step");
+        match bug {
+            Bug::RenewSkipsExpiry => {
+                assert!(actions.iter().any(|action| action.contains("lapses")));
+                assert!(last.starts_with("Renew"), "{actions:?}");
+            }
+            Bug::NumberFromBudget => {
+                assert!(actions.iter().any(|action| action.starts_with("Release")));
+            }
+            Bug::ReplayIgnoresChecksum => assert!(last.contains("checksum: B"), "{actions:?}"),
+            Bug::BatchKeyUnchecked => assert!(last.contains("OfTask"), "{actions:?}"),
+            Bug::RecoveryIgnoresBudget
+            | Bug::CancelIgnoresTerminal
+            | Bug::GrantSkipsStateCheck
+            | Bug::FailureIgnoresRetryable
+            | Bug::FenceSkipsToken => {}
+        }
+    }
+}
