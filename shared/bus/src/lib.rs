@@ -36,6 +36,10 @@ pub const MESSAGE_BYTES_MAX: i32 = 2 * 1024 * 1024;
 #[derive(Debug, Error)]
 pub enum BusError {
     #[error(
+        "invalid NATS_URL {url:?}: {reason}; give one server or a comma-separated list, as nats://host:4222,nats://other:4222"
+    )]
+    InvalidUrl { url: String, reason: String },
+    #[error(
         "cannot connect to NATS at {url}: {source}; start nats-server with JetStream (-js) or set NATS_URL"
     )]
     Connect {
@@ -91,15 +95,23 @@ impl std::fmt::Debug for Bus {
 }
 
 impl Bus {
-    /// Connects, checks the server version, and returns a handle. Call [`Bus::provision`]
+    /// Connects to one server of `url` (one URL, or a comma-separated list of a cluster's
+    /// servers), checks the server version, and returns a handle. Call [`Bus::provision`]
     /// once at start-up before consuming.
+    ///
+    /// The client reconnects by itself, for ever, to any server of the list or of the cluster
+    /// (servers announce their peers); subscriptions are restored on the new connection.
+    /// Losing and regaining the connection is logged and counted
+    /// (`palisade_nats_connection_events_total`).
     pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
+        let servers = server_addrs(url)?;
         // No retry_on_initial_connect: the version check below needs the server's INFO,
-        // which only a completed connection has.
+        // which only a completed connection has. Each server of the list is tried once.
         let client = async_nats::ConnectOptions::new()
             .name(name)
             .connection_timeout(Duration::from_secs(5))
-            .connect(url)
+            .event_callback(|event| async move { connection_event(&event) })
+            .connect(servers)
             .await
             .map_err(|source| BusError::Connect {
                 url: url.to_owned(),
@@ -321,6 +333,59 @@ pub struct OutgoingMessage {
     pub payload: Bytes,
 }
 
+/// The servers of `NATS_URL`: one URL, or a comma-separated list of them (a cluster's).
+/// Blanks around entries are ignored; an empty list or an entry that is not a server address
+/// is refused, naming it.
+pub fn server_addrs(url: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
+    let invalid = |reason: String| BusError::InvalidUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    let servers = url
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            entry
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|error| invalid(format!("{entry:?} is not a server address: {error}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err(invalid("no server given".into()));
+    }
+    Ok(servers)
+}
+
+/// Logs and counts what happens to a NATS connection. A lost connection is a warning, not an
+/// error: the client reconnects by itself, and what was in flight is redelivered or retried.
+fn connection_event(event: &async_nats::Event) {
+    use async_nats::Event;
+    let counted = match event {
+        Event::Connected => {
+            tracing::info!("NATS connection established");
+            metrics::connection_events::CONNECTED
+        }
+        Event::Disconnected => {
+            tracing::warn!(
+                "NATS connection lost; reconnecting to any server of NATS_URL or its cluster"
+            );
+            metrics::connection_events::DISCONNECTED
+        }
+        Event::LameDuckMode => {
+            tracing::warn!(
+                "NATS server shutting down (lame duck mode); the client reconnects elsewhere once it closes the connection"
+            );
+            metrics::connection_events::LAME_DUCK
+        }
+        other => {
+            tracing::warn!(event = %other, "NATS connection event");
+            metrics::connection_events::ERROR
+        }
+    };
+    metrics::record_connection_event(counted);
+}
+
 /// Refuses servers older than [`SERVER_VERSION_MIN`].
 pub fn check_server_version(version: &str) -> Result<(), BusError> {
     let parsed: Vec<u64> = version
@@ -344,6 +409,19 @@ pub fn check_server_version(version: &str) -> Result<(), BusError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nats_url_is_one_server_or_a_list() {
+        assert_eq!(server_addrs("nats://127.0.0.1:4222").unwrap().len(), 1);
+        let cluster =
+            server_addrs("nats://a.test:4222, nats://b.test:4223,nats://c.test:4224,").unwrap();
+        assert_eq!(cluster.len(), 3);
+        assert_eq!(cluster[1].port(), 4223);
+        assert!(server_addrs("").is_err());
+        assert!(server_addrs(" , ").is_err());
+        let error = server_addrs("nats://a.test:4222,nats://b.test:notaport").unwrap_err();
+        assert!(error.to_string().contains("notaport"), "{error}");
+    }
 
     #[test]
     fn server_version_check() {

@@ -156,4 +156,3 @@ async fn wait_readyz(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-

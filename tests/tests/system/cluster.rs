@@ -1,0 +1,684 @@
+//! A NATS cluster losing nodes under load (issue 9): three current `nats-server`s on loopback
+//! ([`NatsCluster`], `sync_interval: always`), palisade's three streams with three replicas,
+//! all five services and two reference workers on one connection to the cluster (`NATS_URL` a
+//! list of its servers), and a client of its own submitting a steady load through the durable
+//! path (a JetStream publish, confirmed by its PubAck, retried with the same `Nats-Msg-Id`
+//! until it is), with a ledger of every confirmed request.
+//!
+//! Mid-load the node that leads every stream and both durable consumers, and that the
+//! services' connection is on, is killed with SIGKILL; once it is back, another node is stopped
+//! (a partition) and brought back. Afterwards every confirmed request has exactly one scan,
+//! completed, with its findings exactly once and one `scan.completed` event; no attempt is
+//! live, the outbox is drained, nothing is dead-lettered, and every component still runs: the
+//! services reconnected by themselves. The test prints how long recovery took (the figures in
+//! `docs/operations.md`, "Running on a NATS cluster"); run it with `--no-capture` to see them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bus::Bus;
+use bus::async_nats;
+use futures::StreamExt as _;
+use messages::{EventKind, Subjects};
+use tests::servers::NatsCluster;
+use tests::{Component, TestSystem, WAIT_MAX};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// One request every 40 ms: 25 scans a second.
+const LOAD_INTERVAL: Duration = Duration::from_millis(40);
+/// Findings per scan (the synthetic plugin's `findings=`).
+const FINDINGS: i64 = 3;
+const WORKERS: usize = 2;
+const WORKER_CAPACITY: u32 = 8;
+/// Scans completed before the first fault: the load is flowing.
+const WARM_UP_SCANS: i64 = 20;
+/// How long the load runs on after each fault has healed.
+const LOAD_AFTER_FAULT: Duration = Duration::from_secs(3);
+/// How long one request may take to be confirmed, retries included, before the test fails.
+const CONFIRM_TIME_MAX: Duration = Duration::from_secs(20);
+/// Pause between publish attempts of one request.
+const PUBLISH_RETRY: Duration = Duration::from_millis(100);
+/// How long the system may take to make progress again after a fault.
+const RECOVERY_TIME_MAX: Duration = Duration::from_secs(20);
+/// Every confirmed request completes within this once the load stops.
+const DRAIN_TIME_MAX: Duration = Duration::from_secs(30);
+/// How often recovery is looked at (the figures are this precise).
+const PROBE_INTERVAL: Duration = Duration::from_millis(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itself() {
+    let test_started = Instant::now();
+    let mut cluster = NatsCluster::start().await;
+    let system = TestSystem::spawn_with(|settings| {
+        settings.common.nats_url = cluster.urls();
+        settings.common.streams.replicas = NatsCluster::SIZE;
+    })
+    .await;
+    system.start(Component::Reaper);
+    system.start(Component::Enrichment);
+    let organization_id = system.organization().await;
+    for _ in 0..WORKERS {
+        system
+            .reference_worker(organization_id, WORKER_CAPACITY)
+            .await;
+    }
+    let subjects = system.subjects.clone();
+    let streams = [
+        subjects.requests_stream(),
+        subjects.results_stream(),
+        subjects.events_stream(),
+    ];
+    let consumers = [
+        (subjects.requests_stream(), admission::CONSUMER_NAME),
+        (subjects.results_stream(), ingestion::CONSUMER_NAME),
+    ];
+
+    // The worst single node to lose: the one every stream and consumer is led from, and the
+    // services' (and in-process workers') connection is on.
+    let doomed = cluster
+        .node_named(&system.bus.client().server_info().server_name)
+        .expect("the services are connected to a node of the cluster");
+    let survivors: Vec<usize> = (0..NatsCluster::SIZE)
+        .filter(|node| *node != doomed)
+        .collect();
+    let observer = Observer::connect(&cluster, &survivors, &subjects).await;
+    for stream in &streams {
+        observer.lead_from(&cluster, doomed, stream, None).await;
+    }
+    for (stream, consumer) in &consumers {
+        observer
+            .lead_from(&cluster, doomed, stream, Some(consumer))
+            .await;
+    }
+
+    let load_bus = Bus::connect(&cluster.urls(), subjects.clone(), "cluster-load")
+        .await
+        .expect("the load's own connection to the cluster");
+    let load = Load::start(
+        client::Client::new(load_bus, "cluster-load"),
+        organization_id,
+    );
+    system
+        .wait_for("the load to flow", || async {
+            (completed_scans(&system).await >= WARM_UP_SCANS).then_some(())
+        })
+        .await;
+
+    // Fault 1: SIGKILL of the leader of everything.
+    let metrics_before = metrics_now();
+    let kill = Fault::begin(&system, &load).await;
+    cluster.kill(doomed).await;
+    let kill_recovery = kill
+        .recovery(&system, &load, &observer, &streams, cluster.name(doomed))
+        .await;
+    tokio::time::sleep(LOAD_AFTER_FAULT).await;
+    let restarted = Instant::now();
+    cluster.restart(doomed).await;
+    let doomed_caught_up = restarted.elapsed();
+    tokio::time::sleep(LOAD_AFTER_FAULT).await;
+
+    // Fault 2: a partition of the node the observer is not on; it comes back after a while.
+    let observer_node = observer.node(&cluster);
+    let partitioned = (0..NatsCluster::SIZE)
+        .find(|node| *node != doomed && *node != observer_node)
+        .expect("a third node");
+    let led_by_partitioned = observer
+        .leaders(&streams, &consumers)
+        .await
+        .into_iter()
+        .filter(|(_, leader)| leader.as_deref() == Some(cluster.name(partitioned)))
+        .map(|(asset, _)| asset)
+        .collect::<Vec<_>>();
+    let partition = Fault::begin(&system, &load).await;
+    cluster.stop(partitioned).await;
+    let partition_recovery = partition
+        .recovery(&system, &load, &observer, &[], cluster.name(partitioned))
+        .await;
+    tokio::time::sleep(LOAD_AFTER_FAULT).await;
+    let restarted = Instant::now();
+    cluster.restart(partitioned).await;
+    let partitioned_caught_up = restarted.elapsed();
+    tokio::time::sleep(LOAD_AFTER_FAULT).await;
+
+    // The load stops once every request it sent is confirmed; then everything drains.
+    let ledger = load.finish().await;
+    let keys: Vec<String> = ledger.iter().map(|entry| entry.key.clone()).collect();
+    let drained = Instant::now();
+    system
+        .wait_for_within(
+            "every confirmed request to complete",
+            DRAIN_TIME_MAX,
+            || async { (completed_of(&system, &keys).await == keys.len() as i64).then_some(()) },
+        )
+        .await;
+    let drain_time = drained.elapsed();
+    system.wait_outbox_drained().await;
+
+    check_ledger(&system, &keys).await;
+    check_events(&system, keys.len()).await;
+    for component in [
+        Component::Admission,
+        Component::Dispatch,
+        Component::Ingestion,
+        Component::Reaper,
+        Component::Enrichment,
+    ] {
+        assert!(
+            system.is_running(component),
+            "{component:?} ended by itself: the services must ride out a node's loss"
+        );
+    }
+    assert_eq!(
+        system.bus.client().connection_state(),
+        async_nats::connection::State::Connected,
+        "the services' connection is back"
+    );
+    let metrics_after = metrics_now();
+    let disconnects = delta(
+        &metrics_before,
+        &metrics_after,
+        "palisade_nats_connection_events_total{event=\"disconnected\"}",
+    );
+    assert!(
+        disconnects >= 1.0,
+        "the services' connection was on the killed node and was lost: {disconnects}"
+    );
+
+    let publishes: u32 = ledger.iter().map(|entry| entry.publishes).sum();
+    println!(
+        "cluster test: {} requests confirmed ({} publishes, {} retried), {} findings each; \
+         killed {} (leader of every stream and consumer, the services' connection); \
+         partitioned {} (leading {:?}); sync_interval: always; test took {:.1?}",
+        ledger.len(),
+        publishes,
+        publishes as usize - ledger.len(),
+        FINDINGS,
+        cluster.name(doomed),
+        cluster.name(partitioned),
+        led_by_partitioned,
+        test_started.elapsed(),
+    );
+    println!("after SIGKILL of the leader: {kill_recovery}");
+    println!("  the killed node rejoined and caught up {doomed_caught_up:.1?} after its restart");
+    println!("after stopping a node: {partition_recovery}");
+    println!(
+        "  the stopped node rejoined and caught up {partitioned_caught_up:.1?} after its restart"
+    );
+    println!("every confirmed request completed {drain_time:.1?} after the load stopped");
+    println!("/metrics changes over both faults:");
+    for line in changes(&metrics_before, &metrics_after) {
+        println!("  {line}");
+    }
+    system.finish().await;
+}
+
+/// A confirmed request of the ledger.
+struct Confirmed {
+    key: String,
+    /// When it was first published.
+    published_at: Instant,
+    /// When its PubAck arrived.
+    confirmed_at: Instant,
+    /// Publish attempts until one was confirmed.
+    publishes: u32,
+}
+
+/// A client submitting one scan per [`LOAD_INTERVAL`], each retried until confirmed, on its
+/// own connection to the cluster.
+struct Load {
+    ledger: Arc<Mutex<Vec<Confirmed>>>,
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(client: client::Client, organization_id: Uuid) -> Self {
+        let ledger = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(submit(
+            client,
+            organization_id,
+            ledger.clone(),
+            stop.clone(),
+        ));
+        Self {
+            ledger,
+            stop,
+            handle,
+        }
+    }
+
+    /// Keys of the requests first published after `since` and confirmed.
+    fn published_since(&self, since: Instant) -> Vec<String> {
+        self.ledger
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter(|entry| entry.published_at > since)
+            .map(|entry| entry.key.clone())
+            .collect()
+    }
+
+    /// Stops submitting and waits until every request in flight is confirmed.
+    async fn finish(self) -> Vec<Confirmed> {
+        self.stop.cancel();
+        tokio::time::timeout(CONFIRM_TIME_MAX + WAIT_MAX, self.handle)
+            .await
+            .expect("the load stops in time")
+            .expect("every request the load sent is confirmed");
+        std::mem::take(&mut *self.ledger.lock().expect("not poisoned"))
+    }
+}
+
+async fn submit(
+    client: client::Client,
+    organization_id: Uuid,
+    ledger: Arc<Mutex<Vec<Confirmed>>>,
+    stop: CancellationToken,
+) {
+    let mut in_flight = JoinSet::new();
+    let mut ticks = tokio::time::interval(LOAD_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for index in 0_u64.. {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = ticks.tick() => {}
+        }
+        let request = client.request(
+            &organization_id.to_string(),
+            &format!("synthetic://cluster-{index}?findings={FINDINGS}"),
+            &["synthetic"],
+            &Uuid::new_v4().to_string(),
+        );
+        let (client, ledger) = (client.clone(), ledger.clone());
+        in_flight.spawn(async move {
+            let published_at = Instant::now();
+            let mut publishes = 0;
+            loop {
+                publishes += 1;
+                match client.publish(&request).await {
+                    Ok(()) => break,
+                    Err(error) => {
+                        assert!(
+                            published_at.elapsed() < CONFIRM_TIME_MAX,
+                            "request {index} not confirmed within {CONFIRM_TIME_MAX:?}: {error}"
+                        );
+                        tokio::time::sleep(PUBLISH_RETRY).await;
+                    }
+                }
+            }
+            ledger.lock().expect("not poisoned").push(Confirmed {
+                key: request.idempotency_key,
+                published_at,
+                confirmed_at: Instant::now(),
+                publishes,
+            });
+        });
+        while let Some(finished) = in_flight.try_join_next() {
+            finished.expect("a submission panicked");
+        }
+    }
+    while let Some(finished) = in_flight.join_next().await {
+        finished.expect("a submission panicked");
+    }
+}
+
+/// A connection of the test's own to nodes that stay up, watching leader elections.
+struct Observer {
+    bus: Bus,
+    /// `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.<stream>` (and `CONSUMER`) as they arrive:
+    /// (subject, new leader, when).
+    elections: Arc<Mutex<Vec<(String, String, Instant)>>>,
+}
+
+impl Observer {
+    async fn connect(cluster: &NatsCluster, nodes: &[usize], subjects: &Subjects) -> Self {
+        let urls: Vec<String> = nodes.iter().map(|node| cluster.url(*node)).collect();
+        let bus = Bus::connect(&urls.join(","), subjects.clone(), "cluster-observer")
+            .await
+            .expect("observer connected");
+        let mut advisories = bus
+            .client()
+            .subscribe("$JS.EVENT.ADVISORY.*.LEADER_ELECTED.>")
+            .await
+            .expect("advisories subscribed");
+        bus.flush().await.expect("subscription registered");
+        let elections = Arc::new(Mutex::new(Vec::new()));
+        let recorded = elections.clone();
+        tokio::spawn(async move {
+            while let Some(message) = advisories.next().await {
+                let advisory: serde_json::Value =
+                    serde_json::from_slice(&message.payload).unwrap_or_default();
+                let leader = advisory["leader"].as_str().unwrap_or_default().to_owned();
+                recorded.lock().expect("not poisoned").push((
+                    message.subject.to_string(),
+                    leader,
+                    Instant::now(),
+                ));
+            }
+        });
+        Self { bus, elections }
+    }
+
+    /// The node this observer is connected to.
+    fn node(&self, cluster: &NatsCluster) -> usize {
+        cluster
+            .node_named(&self.bus.client().server_info().server_name)
+            .expect("a node of the cluster")
+    }
+
+    /// The leader of `stream`, or of `consumer` on it; `None` while there is none or the
+    /// question goes unanswered.
+    async fn leader(&self, stream: &str, consumer: Option<&str>) -> Option<String> {
+        let info = async {
+            let stream = self.bus.jetstream().get_stream(stream).await.ok()?;
+            match consumer {
+                None => stream.cached_info().cluster.clone()?.leader,
+                Some(consumer) => {
+                    let consumer: async_nats::jetstream::consumer::PullConsumer =
+                        stream.get_consumer(consumer).await.ok()?;
+                    consumer.cached_info().cluster.clone()?.leader
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(1), info)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Every stream's and consumer's leader, named `stream` or `stream/consumer`.
+    async fn leaders(
+        &self,
+        streams: &[String],
+        consumers: &[(String, &str)],
+    ) -> Vec<(String, Option<String>)> {
+        let mut leaders = Vec::new();
+        for stream in streams {
+            leaders.push((stream.clone(), self.leader(stream, None).await));
+        }
+        for (stream, consumer) in consumers {
+            leaders.push((
+                format!("{stream}/{consumer}"),
+                self.leader(stream, Some(consumer)).await,
+            ));
+        }
+        leaders
+    }
+
+    /// Moves the leadership of `stream` (or of `consumer` on it) to `node`: a step-down
+    /// naming it as the preferred server, until it leads.
+    async fn lead_from(
+        &self,
+        cluster: &NatsCluster,
+        node: usize,
+        stream: &str,
+        consumer: Option<&str>,
+    ) {
+        let name = cluster.name(node).to_owned();
+        let api = match consumer {
+            None => format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+            Some(consumer) => format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}"),
+        };
+        let request = format!("{{\"placement\":{{\"preferred\":\"{name}\"}}}}");
+        let deadline = Instant::now() + WAIT_MAX;
+        loop {
+            let leader = self.leader(stream, consumer).await;
+            if leader.as_deref() == Some(name.as_str()) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{stream} {consumer:?} still led by {leader:?}, not {name}"
+            );
+            if leader.is_some() {
+                let _ = self
+                    .bus
+                    .client()
+                    .request(api.clone(), request.clone().into())
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// When `stream`'s first leader election after `since` was announced, naming someone
+    /// other than `former`.
+    fn elected_after(&self, stream: &str, former: &str, since: Instant) -> Option<Instant> {
+        let subject = format!("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}");
+        self.elections
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .find(|(advisory, leader, at)| *advisory == subject && leader != former && *at > since)
+            .map(|(_, _, at)| *at)
+    }
+}
+
+/// A fault's start, from which recovery is measured.
+struct Fault {
+    at: Instant,
+    completed: i64,
+}
+
+/// How long after a fault each sign of recovery came (`None`: not expected).
+struct Recovery {
+    /// A new leader announced, per stream that lost its leader.
+    leaders: Vec<(String, Duration)>,
+    /// The first PubAck of a request first published after the fault.
+    first_confirmed: Duration,
+    /// The first scan completed after the fault (any: in flight before or submitted after).
+    first_completed: Duration,
+    /// The first scan of a request first published after the fault completed: the whole
+    /// path (publish, admission, dispatch, worker, ingestion) works again.
+    first_new_completed: Duration,
+}
+
+impl std::fmt::Display for Recovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (stream, after) in &self.leaders {
+            write!(f, "new leader of {stream} after {after:.2?}; ")?;
+        }
+        write!(
+            f,
+            "first request confirmed after {:.2?}, first scan completed after {:.2?}, \
+             first scan submitted after the fault completed after {:.2?}",
+            self.first_confirmed, self.first_completed, self.first_new_completed
+        )
+    }
+}
+
+impl Fault {
+    async fn begin(system: &TestSystem, _load: &Load) -> Self {
+        Self {
+            completed: completed_scans(system).await,
+            at: Instant::now(),
+        }
+    }
+
+    /// Waits until the system makes progress again, measuring each step; `streams` are those
+    /// whose leader, `former`, was lost.
+    async fn recovery(
+        &self,
+        system: &TestSystem,
+        load: &Load,
+        observer: &Observer,
+        streams: &[String],
+        former: &str,
+    ) -> Recovery {
+        let mut leaders: BTreeMap<String, Duration> = BTreeMap::new();
+        let mut first_confirmed = None;
+        let mut first_completed = None;
+        let mut first_new_completed = None;
+        let deadline = self.at + RECOVERY_TIME_MAX;
+        loop {
+            for stream in streams {
+                if !leaders.contains_key(stream)
+                    && let Some(at) = observer.elected_after(stream, former, self.at)
+                {
+                    leaders.insert(stream.clone(), at - self.at);
+                }
+            }
+            let new_keys = load.published_since(self.at);
+            if first_confirmed.is_none() {
+                let confirmed = load
+                    .ledger
+                    .lock()
+                    .expect("not poisoned")
+                    .iter()
+                    .filter(|entry| entry.published_at > self.at)
+                    .map(|entry| entry.confirmed_at)
+                    .min();
+                first_confirmed = confirmed.map(|at| at - self.at);
+            }
+            if first_completed.is_none() && completed_scans(system).await > self.completed {
+                first_completed = Some(self.at.elapsed());
+            }
+            if first_new_completed.is_none()
+                && !new_keys.is_empty()
+                && completed_of(system, &new_keys).await > 0
+            {
+                first_new_completed = Some(self.at.elapsed());
+            }
+            if let (Some(first_confirmed), Some(first_completed), Some(first_new_completed)) =
+                (first_confirmed, first_completed, first_new_completed)
+                && leaders.len() == streams.len()
+            {
+                return Recovery {
+                    leaders: leaders.into_iter().collect(),
+                    first_confirmed,
+                    first_completed,
+                    first_new_completed,
+                };
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no recovery within {RECOVERY_TIME_MAX:?} of losing {former}: leaders {leaders:?}, \
+                 first confirmed {first_confirmed:?}, first completed {first_completed:?}, \
+                 first new completed {first_new_completed:?}"
+            );
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
+    }
+}
+
+async fn completed_scans(system: &TestSystem) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM scans WHERE state = 'completed'")
+        .fetch_one(&system.pool)
+        .await
+        .expect("completed scans counted")
+}
+
+/// How many of the scans with these idempotency keys completed.
+async fn completed_of(system: &TestSystem, keys: &[String]) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM scans WHERE idempotency_key = ANY($1) AND state = 'completed'",
+    )
+    .bind(keys)
+    .fetch_one(&system.pool)
+    .await
+    .expect("completed scans of the keys counted")
+}
+
+/// Every confirmed request has exactly one scan and no other scan exists; each completed with
+/// its findings exactly once; no attempt is live; nothing was dead-lettered.
+async fn check_ledger(system: &TestSystem, keys: &[String]) {
+    let count = |query: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(query)
+            .bind(keys)
+            .fetch_one(&system.pool)
+            .await
+            .expect("counted")
+    };
+    let expected = keys.len() as i64;
+    assert_eq!(
+        count("SELECT count(DISTINCT idempotency_key) FROM scans WHERE idempotency_key = ANY($1)")
+            .await,
+        expected,
+        "every confirmed request has a scan"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM scans WHERE cardinality($1::text[]) >= 0").await,
+        expected,
+        "one scan per confirmed request, and no other"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM scans WHERE idempotency_key = ANY($1) AND state = 'completed'")
+            .await,
+        expected,
+        "every scan completed"
+    );
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM scans s WHERE idempotency_key = ANY($1) AND (s.finding_count <> 3 \
+             OR (SELECT count(*) FROM findings f WHERE f.scan_id = s.id) <> 3 \
+             OR (SELECT count(DISTINCT finding_key) FROM findings f WHERE f.scan_id = s.id) <> 3)"
+        )
+        .await,
+        0,
+        "each scan's {FINDINGS} findings exactly once"
+    );
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM worker_task_attempts \
+             WHERE status IN ('leased', 'running') AND cardinality($1::text[]) >= 0"
+        )
+        .await,
+        0,
+        "no live attempt left"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM dead_letters WHERE cardinality($1::text[]) >= 0").await,
+        0,
+        "nothing dead-lettered"
+    );
+}
+
+/// The events stream holds exactly one `scan.completed` per scan.
+async fn check_events(system: &TestSystem, scans: usize) {
+    let subject = system.subjects.event(EventKind::ScanCompleted);
+    let counts =
+        tests::stream_subject_counts(system, &system.subjects.events_stream(), &subject).await;
+    assert_eq!(
+        counts.get(&subject).copied().unwrap_or(0),
+        scans,
+        "one scan.completed event per scan"
+    );
+}
+
+/// This process's `/metrics` series and their values (histograms left out).
+fn metrics_now() -> BTreeMap<String, f64> {
+    bus::metrics::encode_text()
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .filter(|(series, _)| {
+            !series.contains("_bucket")
+                && !series.contains("_sum")
+                && !series.contains("_count")
+                && !series.starts_with("palisade_db_")
+                && !series.starts_with("palisade_nats_messages_total")
+        })
+        .collect()
+}
+
+fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, series: &str) -> f64 {
+    after.get(series).copied().unwrap_or(0.0) - before.get(series).copied().unwrap_or(0.0)
+}
+
+/// The series that changed, with their change.
+fn changes(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<String> {
+    after
+        .keys()
+        .filter_map(|series| {
+            let change = delta(before, after, series);
+            (change != 0.0).then(|| format!("{series} {change:+}"))
+        })
+        .collect()
+}
