@@ -378,6 +378,11 @@ fn connection_event(event: &async_nats::Event) {
             );
             metrics::connection_events::LAME_DUCK
         }
+        // Closed or draining on purpose (shutdown): nothing to count.
+        Event::Closed | Event::Draining => {
+            tracing::info!(%event, "NATS connection closing");
+            return;
+        }
         other => {
             tracing::warn!(event = %other, "NATS connection event");
             metrics::connection_events::ERROR

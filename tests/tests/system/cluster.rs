@@ -55,8 +55,10 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
     let system = TestSystem::spawn_with(|settings| {
         settings.common.nats_url = cluster.urls();
         settings.common.streams.replicas = NatsCluster::SIZE;
+        settings.http_addr = Some("127.0.0.1:0".parse().expect("address"));
     })
     .await;
+    let watch = Watch::start(system.health_addr.expect("health endpoints served"));
     system.start(Component::Reaper);
     system.start(Component::Enrichment);
     let organization_id = system.organization().await;
@@ -75,6 +77,15 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
         (subjects.requests_stream(), admission::CONSUMER_NAME),
         (subjects.results_stream(), ingestion::CONSUMER_NAME),
     ];
+    let assets: Vec<Asset> = streams
+        .iter()
+        .map(|stream| Asset::stream(stream))
+        .chain(
+            consumers
+                .iter()
+                .map(|(stream, consumer)| Asset::consumer(stream, consumer)),
+        )
+        .collect();
 
     // The worst single node to lose: the one every stream and consumer is led from, and the
     // services' (and in-process workers') connection is on.
@@ -85,13 +96,8 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
         .filter(|node| *node != doomed)
         .collect();
     let observer = Observer::connect(&cluster, &survivors, &subjects).await;
-    for stream in &streams {
-        observer.lead_from(&cluster, doomed, stream, None).await;
-    }
-    for (stream, consumer) in &consumers {
-        observer
-            .lead_from(&cluster, doomed, stream, Some(consumer))
-            .await;
+    for asset in &assets {
+        observer.lead_from(&cluster, doomed, asset).await;
     }
 
     let load_bus = Bus::connect(&cluster.urls(), subjects.clone(), "cluster-load")
@@ -100,6 +106,7 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
     let load = Load::start(
         client::Client::new(load_bus, "cluster-load"),
         organization_id,
+        subjects.scan_request(),
     );
     system
         .wait_for("the load to flow", || async {
@@ -109,13 +116,16 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
 
     // Fault 1: SIGKILL of the leader of everything.
     let metrics_before = metrics_now();
-    let kill = Fault::begin(&system, &load).await;
+    let kill = Fault::begin(&system).await;
+    let killed_at = kill.at;
+    tracing::info!(node = cluster.name(doomed), "cluster test: SIGKILL");
     cluster.kill(doomed).await;
     let kill_recovery = kill
-        .recovery(&system, &load, &observer, &streams, cluster.name(doomed))
+        .recovery(&system, &load, &observer, &assets, cluster.name(doomed))
         .await;
     tokio::time::sleep(LOAD_AFTER_FAULT).await;
     let restarted = Instant::now();
+    tracing::info!(node = cluster.name(doomed), "cluster test: restart");
     cluster.restart(doomed).await;
     let doomed_caught_up = restarted.elapsed();
     tokio::time::sleep(LOAD_AFTER_FAULT).await;
@@ -125,26 +135,35 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
     let partitioned = (0..NatsCluster::SIZE)
         .find(|node| *node != doomed && *node != observer_node)
         .expect("a third node");
-    let led_by_partitioned = observer
-        .leaders(&streams, &consumers)
-        .await
-        .into_iter()
-        .filter(|(_, leader)| leader.as_deref() == Some(cluster.name(partitioned)))
-        .map(|(asset, _)| asset)
-        .collect::<Vec<_>>();
-    let partition = Fault::begin(&system, &load).await;
+    let mut led_by_partitioned = Vec::new();
+    for asset in &assets {
+        if observer.leader(asset).await.as_deref() == Some(cluster.name(partitioned)) {
+            led_by_partitioned.push(asset.clone());
+        }
+    }
+    let partition = Fault::begin(&system).await;
+    let partitioned_at = partition.at;
+    tracing::info!(node = cluster.name(partitioned), "cluster test: stop");
     cluster.stop(partitioned).await;
     let partition_recovery = partition
-        .recovery(&system, &load, &observer, &[], cluster.name(partitioned))
+        .recovery(
+            &system,
+            &load,
+            &observer,
+            &led_by_partitioned,
+            cluster.name(partitioned),
+        )
         .await;
     tokio::time::sleep(LOAD_AFTER_FAULT).await;
     let restarted = Instant::now();
+    tracing::info!(node = cluster.name(partitioned), "cluster test: restart");
     cluster.restart(partitioned).await;
     let partitioned_caught_up = restarted.elapsed();
     tokio::time::sleep(LOAD_AFTER_FAULT).await;
 
     // The load stops once every request it sent is confirmed; then everything drains.
-    let ledger = load.finish().await;
+    let (ledger, publish_errors) = load.finish().await;
+    tracing::info!("cluster test: load stopped");
     let keys: Vec<String> = ledger.iter().map(|entry| entry.key.clone()).collect();
     let drained = Instant::now();
     system
@@ -187,20 +206,35 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
         "the services' connection was on the killed node and was lost: {disconnects}"
     );
 
+    let misleading: Vec<String> = watch
+        .readiness_between(test_started, Instant::now())
+        .into_iter()
+        .filter(|answer| answer.contains("missing"))
+        .collect();
+    assert!(
+        misleading.is_empty(),
+        "/readyz calls a leaderless stream missing (and advises a restart): {misleading:?}"
+    );
+
     let publishes: u32 = ledger.iter().map(|entry| entry.publishes).sum();
     println!(
         "cluster test: {} requests confirmed ({} publishes, {} retried), {} findings each; \
          killed {} (leader of every stream and consumer, the services' connection); \
-         partitioned {} (leading {:?}); sync_interval: always; test took {:.1?}",
+         partitioned {} (leading {}); sync_interval: always; test took {:.1?}",
         ledger.len(),
         publishes,
         publishes as usize - ledger.len(),
         FINDINGS,
         cluster.name(doomed),
         cluster.name(partitioned),
-        led_by_partitioned,
+        led_by_partitioned
+            .iter()
+            .map(|asset| asset.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
         test_started.elapsed(),
     );
+    println!("publish errors the load retried: {publish_errors:?}");
     println!("after SIGKILL of the leader: {kill_recovery}");
     println!("  the killed node rejoined and caught up {doomed_caught_up:.1?} after its restart");
     println!("after stopping a node: {partition_recovery}");
@@ -208,11 +242,30 @@ async fn a_cluster_losing_its_leader_under_load_loses_nothing_and_heals_by_itsel
         "  the stopped node rejoined and caught up {partitioned_caught_up:.1?} after its restart"
     );
     println!("every confirmed request completed {drain_time:.1?} after the load stopped");
-    println!("/metrics changes over both faults:");
+    let ended = Instant::now();
+    for (fault, from, until) in [
+        ("the kill", killed_at, partitioned_at),
+        ("the stop", partitioned_at, ended),
+    ] {
+        println!("/readyz and /metrics after {fault}:");
+        for line in watch
+            .readiness_between(from, until)
+            .into_iter()
+            .chain(watch.gauge_peaks(from, until))
+        {
+            println!("  {line}");
+        }
+    }
+    println!("/metrics counters over both faults:");
     for line in changes(&metrics_before, &metrics_after) {
         println!("  {line}");
     }
+    let finishing = Instant::now();
+    system.stop_all().await;
+    println!("the system stopped in {:.1?}", finishing.elapsed());
+    let finishing = Instant::now();
     system.finish().await;
+    println!("the system finished in {:.1?}", finishing.elapsed());
 }
 
 /// A confirmed request of the ledger.
@@ -226,29 +279,36 @@ struct Confirmed {
     publishes: u32,
 }
 
+/// Why publishes failed (the message, without its subject), and how often.
+type PublishErrors = BTreeMap<String, u32>;
+
 /// A client submitting one scan per [`LOAD_INTERVAL`], each retried until confirmed, on its
 /// own connection to the cluster.
 struct Load {
     ledger: Arc<Mutex<Vec<Confirmed>>>,
+    errors: Arc<Mutex<PublishErrors>>,
     stop: CancellationToken,
     handle: tokio::task::JoinHandle<()>,
 }
 
 impl Load {
-    fn start(client: client::Client, organization_id: Uuid) -> Self {
-        let ledger = Arc::new(Mutex::new(Vec::new()));
-        let stop = CancellationToken::new();
+    /// `subject` is where the requests go, left out of the error messages tallied.
+    fn start(client: client::Client, organization_id: Uuid, subject: String) -> Self {
+        let load = Self {
+            ledger: Arc::default(),
+            errors: Arc::default(),
+            stop: CancellationToken::new(),
+            handle: tokio::spawn(async {}),
+        };
         let handle = tokio::spawn(submit(
             client,
             organization_id,
-            ledger.clone(),
-            stop.clone(),
+            subject,
+            load.ledger.clone(),
+            load.errors.clone(),
+            load.stop.clone(),
         ));
-        Self {
-            ledger,
-            stop,
-            handle,
-        }
+        Self { handle, ..load }
     }
 
     /// Keys of the requests first published after `since` and confirmed.
@@ -262,21 +322,36 @@ impl Load {
             .collect()
     }
 
+    /// When the first request first published after `since` was confirmed.
+    fn first_confirmed_since(&self, since: Instant) -> Option<Instant> {
+        self.ledger
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter(|entry| entry.published_at > since)
+            .map(|entry| entry.confirmed_at)
+            .min()
+    }
+
     /// Stops submitting and waits until every request in flight is confirmed.
-    async fn finish(self) -> Vec<Confirmed> {
+    async fn finish(self) -> (Vec<Confirmed>, PublishErrors) {
         self.stop.cancel();
         tokio::time::timeout(CONFIRM_TIME_MAX + WAIT_MAX, self.handle)
             .await
             .expect("the load stops in time")
             .expect("every request the load sent is confirmed");
-        std::mem::take(&mut *self.ledger.lock().expect("not poisoned"))
+        let ledger = std::mem::take(&mut *self.ledger.lock().expect("not poisoned"));
+        let errors = std::mem::take(&mut *self.errors.lock().expect("not poisoned"));
+        (ledger, errors)
     }
 }
 
 async fn submit(
     client: client::Client,
     organization_id: Uuid,
+    subject: String,
     ledger: Arc<Mutex<Vec<Confirmed>>>,
+    errors: Arc<Mutex<PublishErrors>>,
     stop: CancellationToken,
 ) {
     let mut in_flight = JoinSet::new();
@@ -293,7 +368,12 @@ async fn submit(
             &["synthetic"],
             &Uuid::new_v4().to_string(),
         );
-        let (client, ledger) = (client.clone(), ledger.clone());
+        let (client, ledger, errors, subject) = (
+            client.clone(),
+            ledger.clone(),
+            errors.clone(),
+            subject.clone(),
+        );
         in_flight.spawn(async move {
             let published_at = Instant::now();
             let mut publishes = 0;
@@ -302,10 +382,16 @@ async fn submit(
                 match client.publish(&request).await {
                     Ok(()) => break,
                     Err(error) => {
+                        let error = error.to_string().replace(&subject, "<subject>");
                         assert!(
                             published_at.elapsed() < CONFIRM_TIME_MAX,
                             "request {index} not confirmed within {CONFIRM_TIME_MAX:?}: {error}"
                         );
+                        *errors
+                            .lock()
+                            .expect("not poisoned")
+                            .entry(error)
+                            .or_default() += 1;
                         tokio::time::sleep(PUBLISH_RETRY).await;
                     }
                 }
@@ -326,11 +412,59 @@ async fn submit(
     }
 }
 
+/// A stream, or a durable consumer on one: a Raft group with a leader.
+#[derive(Debug, Clone)]
+struct Asset {
+    /// `stream` or `stream/consumer`.
+    name: String,
+    stream: String,
+    consumer: Option<String>,
+}
+
+impl Asset {
+    fn stream(stream: &str) -> Self {
+        Self {
+            name: stream.to_owned(),
+            stream: stream.to_owned(),
+            consumer: None,
+        }
+    }
+
+    fn consumer(stream: &str, consumer: &str) -> Self {
+        Self {
+            name: format!("{stream}/{consumer}"),
+            stream: stream.to_owned(),
+            consumer: Some(consumer.to_owned()),
+        }
+    }
+
+    /// The JetStream API subject that asks its leader to step down.
+    fn step_down_subject(&self) -> String {
+        match &self.consumer {
+            None => format!("$JS.API.STREAM.LEADER.STEPDOWN.{}", self.stream),
+            Some(consumer) => format!(
+                "$JS.API.CONSUMER.LEADER.STEPDOWN.{}.{consumer}",
+                self.stream
+            ),
+        }
+    }
+
+    /// The advisory subject on which the server announces its new leader.
+    fn elected_subject(&self) -> String {
+        match &self.consumer {
+            None => format!("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{}", self.stream),
+            Some(consumer) => format!(
+                "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.{}.{consumer}",
+                self.stream
+            ),
+        }
+    }
+}
+
 /// A connection of the test's own to nodes that stay up, watching leader elections.
 struct Observer {
     bus: Bus,
-    /// `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.<stream>` (and `CONSUMER`) as they arrive:
-    /// (subject, new leader, when).
+    /// Leader-elected advisories as they arrive: (subject, new leader, when).
     elections: Arc<Mutex<Vec<(String, String, Instant)>>>,
 }
 
@@ -370,12 +504,11 @@ impl Observer {
             .expect("a node of the cluster")
     }
 
-    /// The leader of `stream`, or of `consumer` on it; `None` while there is none or the
-    /// question goes unanswered.
-    async fn leader(&self, stream: &str, consumer: Option<&str>) -> Option<String> {
+    /// The asset's leader; `None` while there is none or the question goes unanswered.
+    async fn leader(&self, asset: &Asset) -> Option<String> {
         let info = async {
-            let stream = self.bus.jetstream().get_stream(stream).await.ok()?;
-            match consumer {
+            let stream = self.bus.jetstream().get_stream(&asset.stream).await.ok()?;
+            match &asset.consumer {
                 None => stream.cached_info().cluster.clone()?.leader,
                 Some(consumer) => {
                     let consumer: async_nats::jetstream::consumer::PullConsumer =
@@ -390,65 +523,36 @@ impl Observer {
             .flatten()
     }
 
-    /// Every stream's and consumer's leader, named `stream` or `stream/consumer`.
-    async fn leaders(
-        &self,
-        streams: &[String],
-        consumers: &[(String, &str)],
-    ) -> Vec<(String, Option<String>)> {
-        let mut leaders = Vec::new();
-        for stream in streams {
-            leaders.push((stream.clone(), self.leader(stream, None).await));
-        }
-        for (stream, consumer) in consumers {
-            leaders.push((
-                format!("{stream}/{consumer}"),
-                self.leader(stream, Some(consumer)).await,
-            ));
-        }
-        leaders
-    }
-
-    /// Moves the leadership of `stream` (or of `consumer` on it) to `node`: a step-down
-    /// naming it as the preferred server, until it leads.
-    async fn lead_from(
-        &self,
-        cluster: &NatsCluster,
-        node: usize,
-        stream: &str,
-        consumer: Option<&str>,
-    ) {
+    /// Moves the asset's leadership to `node`: a step-down naming it as the preferred
+    /// server, until it leads.
+    async fn lead_from(&self, cluster: &NatsCluster, node: usize, asset: &Asset) {
         let name = cluster.name(node).to_owned();
-        let api = match consumer {
-            None => format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
-            Some(consumer) => format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}"),
-        };
         let request = format!("{{\"placement\":{{\"preferred\":\"{name}\"}}}}");
         let deadline = Instant::now() + WAIT_MAX;
         loop {
-            let leader = self.leader(stream, consumer).await;
+            let leader = self.leader(asset).await;
             if leader.as_deref() == Some(name.as_str()) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{stream} {consumer:?} still led by {leader:?}, not {name}"
+                "{} still led by {leader:?}, not {name}",
+                asset.name
             );
             if leader.is_some() {
                 let _ = self
                     .bus
                     .client()
-                    .request(api.clone(), request.clone().into())
+                    .request(asset.step_down_subject(), request.clone().into())
                     .await;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
-    /// When `stream`'s first leader election after `since` was announced, naming someone
-    /// other than `former`.
-    fn elected_after(&self, stream: &str, former: &str, since: Instant) -> Option<Instant> {
-        let subject = format!("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}");
+    /// When the asset's first leader after `since`, other than `former`, was announced.
+    fn elected_after(&self, asset: &Asset, former: &str, since: Instant) -> Option<Instant> {
+        let subject = asset.elected_subject();
         self.elections
             .lock()
             .expect("not poisoned")
@@ -464,9 +568,9 @@ struct Fault {
     completed: i64,
 }
 
-/// How long after a fault each sign of recovery came (`None`: not expected).
+/// How long after a fault each sign of recovery came.
 struct Recovery {
-    /// A new leader announced, per stream that lost its leader.
+    /// A new leader announced, per asset that lost its leader.
     leaders: Vec<(String, Duration)>,
     /// The first PubAck of a request first published after the fault.
     first_confirmed: Duration,
@@ -479,8 +583,8 @@ struct Recovery {
 
 impl std::fmt::Display for Recovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (stream, after) in &self.leaders {
-            write!(f, "new leader of {stream} after {after:.2?}; ")?;
+        for (asset, after) in &self.leaders {
+            write!(f, "new leader of {asset} after {after:.2?}; ")?;
         }
         write!(
             f,
@@ -492,21 +596,21 @@ impl std::fmt::Display for Recovery {
 }
 
 impl Fault {
-    async fn begin(system: &TestSystem, _load: &Load) -> Self {
+    async fn begin(system: &TestSystem) -> Self {
         Self {
             completed: completed_scans(system).await,
             at: Instant::now(),
         }
     }
 
-    /// Waits until the system makes progress again, measuring each step; `streams` are those
+    /// Waits until the system makes progress again, measuring each step; `assets` are those
     /// whose leader, `former`, was lost.
     async fn recovery(
         &self,
         system: &TestSystem,
         load: &Load,
         observer: &Observer,
-        streams: &[String],
+        assets: &[Asset],
         former: &str,
     ) -> Recovery {
         let mut leaders: BTreeMap<String, Duration> = BTreeMap::new();
@@ -515,28 +619,20 @@ impl Fault {
         let mut first_new_completed = None;
         let deadline = self.at + RECOVERY_TIME_MAX;
         loop {
-            for stream in streams {
-                if !leaders.contains_key(stream)
-                    && let Some(at) = observer.elected_after(stream, former, self.at)
+            for asset in assets {
+                if !leaders.contains_key(&asset.name)
+                    && let Some(at) = observer.elected_after(asset, former, self.at)
                 {
-                    leaders.insert(stream.clone(), at - self.at);
+                    leaders.insert(asset.name.clone(), at - self.at);
                 }
             }
-            let new_keys = load.published_since(self.at);
             if first_confirmed.is_none() {
-                let confirmed = load
-                    .ledger
-                    .lock()
-                    .expect("not poisoned")
-                    .iter()
-                    .filter(|entry| entry.published_at > self.at)
-                    .map(|entry| entry.confirmed_at)
-                    .min();
-                first_confirmed = confirmed.map(|at| at - self.at);
+                first_confirmed = load.first_confirmed_since(self.at).map(|at| at - self.at);
             }
             if first_completed.is_none() && completed_scans(system).await > self.completed {
                 first_completed = Some(self.at.elapsed());
             }
+            let new_keys = load.published_since(self.at);
             if first_new_completed.is_none()
                 && !new_keys.is_empty()
                 && completed_of(system, &new_keys).await > 0
@@ -545,7 +641,7 @@ impl Fault {
             }
             if let (Some(first_confirmed), Some(first_completed), Some(first_new_completed)) =
                 (first_confirmed, first_completed, first_new_completed)
-                && leaders.len() == streams.len()
+                && leaders.len() == assets.len()
             {
                 return Recovery {
                     leaders: leaders.into_iter().collect(),
@@ -562,6 +658,110 @@ impl Fault {
             );
             tokio::time::sleep(PROBE_INTERVAL).await;
         }
+    }
+}
+
+/// The gauges of `/metrics` worth watching while the cluster heals.
+const WATCHED_GAUGES: [&str; 5] = [
+    "palisade_outbox_unpublished",
+    "palisade_outbox_oldest_age_seconds",
+    "palisade_last_completed_scan_age_seconds",
+    "palisade_tasks_due{state=\"pending\"}",
+    "palisade_consumer_held_messages{consumer=\"admission\"}",
+];
+
+/// `/readyz` and `/metrics` of the services' process over HTTP, asked every
+/// [`PROBE_INTERVAL`] (`/readyz` caches its answer for a second, the database gauges for five):
+/// each change of `/readyz`'s answer, and every reading of [`WATCHED_GAUGES`], with its time.
+struct Watch {
+    readiness: Arc<Mutex<Vec<(Instant, String)>>>,
+    gauges: Arc<Mutex<Vec<GaugeReading>>>,
+}
+
+/// When a gauge was read, which one, and its value.
+type GaugeReading = (Instant, &'static str, f64);
+
+impl Watch {
+    fn start(addr: std::net::SocketAddr) -> Self {
+        let watch = Self {
+            readiness: Arc::default(),
+            gauges: Arc::default(),
+        };
+        let (readiness, gauges) = (watch.readiness.clone(), watch.gauges.clone());
+        tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("http client");
+            let mut last = String::new();
+            loop {
+                let answer = match http.get(format!("http://{addr}/readyz")).send().await {
+                    Ok(response) => {
+                        let text = response.text().await.unwrap_or_default();
+                        let body: serde_json::Value =
+                            serde_json::from_str(&text).unwrap_or_default();
+                        match body["message"].as_str() {
+                            Some(message) => format!("not ready: {message}"),
+                            None => body["status"].as_str().unwrap_or("?").to_owned(),
+                        }
+                    }
+                    Err(error) => format!("no answer: {error}"),
+                };
+                if answer != last {
+                    readiness
+                        .lock()
+                        .expect("not poisoned")
+                        .push((Instant::now(), answer.clone()));
+                    last = answer;
+                }
+                if let Ok(response) = http.get(format!("http://{addr}/metrics")).send().await {
+                    let text = response.text().await.unwrap_or_default();
+                    let now = Instant::now();
+                    let mut gauges = gauges.lock().expect("not poisoned");
+                    for line in text.lines() {
+                        for gauge in WATCHED_GAUGES {
+                            if let Some(value) = line
+                                .strip_prefix(gauge)
+                                .and_then(|rest| rest.strip_prefix(' '))
+                                .and_then(|value| value.trim().parse().ok())
+                            {
+                                gauges.push((now, gauge, value));
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(PROBE_INTERVAL).await;
+            }
+        });
+        watch
+    }
+
+    /// The `/readyz` answers that began between `from` and `until`, timed from `from`.
+    fn readiness_between(&self, from: Instant, until: Instant) -> Vec<String> {
+        self.readiness
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter(|(at, _)| *at > from && *at <= until)
+            .map(|(at, answer)| format!("{:.2?}: {answer}", *at - from))
+            .collect()
+    }
+
+    /// Each watched gauge's highest reading between `from` and `until`, with when it was read.
+    fn gauge_peaks(&self, from: Instant, until: Instant) -> Vec<String> {
+        let gauges = self.gauges.lock().expect("not poisoned");
+        WATCHED_GAUGES
+            .iter()
+            .filter_map(|gauge| {
+                gauges
+                    .iter()
+                    .filter(|(at, name, _)| name == gauge && *at > from && *at <= until)
+                    .max_by(|a, b| a.2.total_cmp(&b.2))
+                    .map(|(at, _, value)| {
+                        format!("{gauge} peaked at {value} ({:.1?} in)", *at - from)
+                    })
+            })
+            .collect()
     }
 }
 
@@ -672,10 +872,11 @@ fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, series: 
     after.get(series).copied().unwrap_or(0.0) - before.get(series).copied().unwrap_or(0.0)
 }
 
-/// The series that changed, with their change.
+/// The counters that changed, with their change.
 fn changes(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<String> {
     after
         .keys()
+        .filter(|series| series.contains("_total"))
         .filter_map(|series| {
             let change = delta(before, after, series);
             (change != 0.0).then(|| format!("{series} {change:+}"))
