@@ -566,10 +566,14 @@ impl Observer {
 struct Fault {
     at: Instant,
     completed: i64,
+    /// The server the services' connection was on.
+    services_on: String,
 }
 
 /// How long after a fault each sign of recovery came.
 struct Recovery {
+    /// The services' connection on another server, when it was on the lost one.
+    services_reconnected: Option<Duration>,
     /// A new leader announced, per asset that lost its leader.
     leaders: Vec<(String, Duration)>,
     /// The first PubAck of a request first published after the fault.
@@ -583,6 +587,10 @@ struct Recovery {
 
 impl std::fmt::Display for Recovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.services_reconnected {
+            Some(after) => write!(f, "the services reconnected after {after:.2?}; ")?,
+            None => write!(f, "the services' connection was on another server; ")?,
+        }
         for (asset, after) in &self.leaders {
             write!(f, "new leader of {asset} after {after:.2?}; ")?;
         }
@@ -599,6 +607,7 @@ impl Fault {
     async fn begin(system: &TestSystem) -> Self {
         Self {
             completed: completed_scans(system).await,
+            services_on: system.bus.client().server_info().server_name,
             at: Instant::now(),
         }
     }
@@ -614,6 +623,8 @@ impl Fault {
         former: &str,
     ) -> Recovery {
         let mut leaders: BTreeMap<String, Duration> = BTreeMap::new();
+        let services_moved = self.services_on == former;
+        let mut services_reconnected = None;
         let mut first_confirmed = None;
         let mut first_completed = None;
         let mut first_new_completed = None;
@@ -625,6 +636,14 @@ impl Fault {
                 {
                     leaders.insert(asset.name.clone(), at - self.at);
                 }
+            }
+            let client = system.bus.client();
+            if services_moved
+                && services_reconnected.is_none()
+                && client.connection_state() == async_nats::connection::State::Connected
+                && client.server_info().server_name != former
+            {
+                services_reconnected = Some(self.at.elapsed());
             }
             if first_confirmed.is_none() {
                 first_confirmed = load.first_confirmed_since(self.at).map(|at| at - self.at);
@@ -642,8 +661,10 @@ impl Fault {
             if let (Some(first_confirmed), Some(first_completed), Some(first_new_completed)) =
                 (first_confirmed, first_completed, first_new_completed)
                 && leaders.len() == assets.len()
+                && services_reconnected.is_some() == services_moved
             {
                 return Recovery {
+                    services_reconnected,
                     leaders: leaders.into_iter().collect(),
                     first_confirmed,
                     first_completed,
