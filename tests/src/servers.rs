@@ -128,6 +128,17 @@ impl NatsServer {
         child.kill().await.expect("nats-server killed");
     }
 
+    /// SIGSTOP: the process freezes with its connections open, as a server cut off by a
+    /// network partition looks to its clients (no reset, no answer) until [`Self::resume`].
+    pub fn pause(&self) {
+        signal(self.child.as_ref().expect("nats-server running"), "STOP");
+    }
+
+    /// SIGCONT after [`Self::pause`].
+    pub fn resume(&self) {
+        signal(self.child.as_ref().expect("nats-server running"), "CONT");
+    }
+
     /// SIGTERM, and wait until it has exited: a clean shutdown, as an operator's stop or a
     /// node leaving on purpose.
     pub async fn stop(&mut self) {
@@ -150,7 +161,8 @@ const CLUSTER_SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 3);
 /// Three `nats-server` processes on loopback, clustered with routes to each other, each with
 /// its own client, cluster and monitoring port, server name (`n0`, `n1`, `n2`) and JetStream
 /// store, with the durable settings `docs/operations.md` recommends (`sync_interval: always`).
-/// A test kills (SIGKILL), stops (SIGTERM) and restarts single nodes; their stores survive.
+/// A test kills (SIGKILL), stops (SIGTERM), pauses (SIGSTOP) and restarts single nodes; their
+/// stores survive.
 ///
 /// The binary is `PALISADE_NATS_CLUSTER_BIN`, else where `.ci/run` installs it; a missing or
 /// too old binary fails the test with how to install one.
@@ -245,6 +257,18 @@ impl NatsCluster {
     /// SIGTERM: a clean shutdown (a node taken out, or cut off, on purpose).
     pub async fn stop(&mut self, node: usize) {
         self.nodes[node].server.stop().await;
+    }
+
+    /// SIGSTOP: the node freezes with its connections open (a partition, as its clients and
+    /// peers see it) until [`Self::resume`].
+    pub fn pause(&self, node: usize) {
+        self.nodes[node].server.pause();
+    }
+
+    /// SIGCONT, and wait until the node has caught up (`/healthz`).
+    pub async fn resume(&self, node: usize) {
+        self.nodes[node].server.resume();
+        self.wait_healthy(node).await;
     }
 
     /// Starts the node again on its store and waits until it has caught up (`/healthz`).

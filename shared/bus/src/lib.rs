@@ -30,6 +30,13 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long streams keep messages: long enough to survive any outage of palisade's consumers.
 pub const STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// How long the client waits without hearing from its server before it pings; after three
+/// unanswered pings (9 s) it leaves the server for another. A server that stops answering
+/// without closing its connections (frozen, or cut off by a partition) is noticed only this
+/// way: with async-nats' default of 60 s it would take three minutes, longer than a lease TTL
+/// (30 s), and every worker and service connected there would stall meanwhile.
+pub const PING_INTERVAL: Duration = Duration::from_secs(3);
+
 /// Largest message palisade accepts on its streams (a 1 MiB batch plus envelope).
 pub const MESSAGE_BYTES_MAX: i32 = 2 * 1024 * 1024;
 
@@ -100,7 +107,8 @@ impl Bus {
     /// once at start-up before consuming.
     ///
     /// The client reconnects by itself, for ever, to any server of the list or of the cluster
-    /// (servers announce their peers); subscriptions are restored on the new connection.
+    /// (servers announce their peers), also away from a server that went silent
+    /// ([`PING_INTERVAL`]); subscriptions are restored on the new connection.
     /// Losing and regaining the connection is logged and counted
     /// (`palisade_nats_connection_events_total`).
     pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
@@ -110,6 +118,7 @@ impl Bus {
         let client = async_nats::ConnectOptions::new()
             .name(name)
             .connection_timeout(Duration::from_secs(5))
+            .ping_interval(PING_INTERVAL)
             .event_callback(|event| async move { connection_event(&event) })
             .connect(servers)
             .await
