@@ -7,6 +7,8 @@ pub mod metrics;
 pub mod serve;
 pub mod trace;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -91,6 +93,9 @@ pub struct Bus {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     subjects: Subjects,
+    /// How many times the connection was re-established after the first (see
+    /// [`Bus::reconnections`]).
+    reconnections: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Bus {
@@ -113,20 +118,39 @@ impl Bus {
     /// (`palisade_nats_connection_events_total`).
     pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
         let servers = server_addrs(url)?;
+        let reconnections = Arc::new(tokio::sync::watch::Sender::new(0));
+        let connected_before = Arc::new(AtomicBool::new(false));
+        let on_event = {
+            let reconnections = reconnections.clone();
+            move |event: async_nats::Event| {
+                let (reconnections, connected_before) =
+                    (reconnections.clone(), connected_before.clone());
+                async move {
+                    connection_event(&event);
+                    if matches!(event, async_nats::Event::Connected)
+                        && connected_before.swap(true, Ordering::SeqCst)
+                    {
+                        reconnections.send_modify(|count| *count += 1);
+                    }
+                }
+            }
+        };
         // No retry_on_initial_connect: the version check below needs the server's INFO,
         // which only a completed connection has. Each server of the list is tried once.
         let client = async_nats::ConnectOptions::new()
             .name(name)
             .connection_timeout(Duration::from_secs(5))
             .ping_interval(PING_INTERVAL)
-            .event_callback(|event| async move { connection_event(&event) })
+            .event_callback(on_event)
             .connect(servers)
             .await
             .map_err(|source| BusError::Connect {
                 url: url.to_owned(),
                 source,
             })?;
-        Self::from_client(client, subjects).await
+        let mut bus = Self::from_client(client, subjects).await?;
+        bus.reconnections = reconnections;
+        Ok(bus)
     }
 
     /// Wraps an existing client (tests, the all-in-one command).
@@ -141,7 +165,16 @@ impl Bus {
             client,
             jetstream,
             subjects,
+            reconnections: Arc::new(tokio::sync::watch::Sender::new(0)),
         })
+    }
+
+    /// Changes each time the connection is re-established after a loss (for a bus made with
+    /// [`Bus::connect`]; never for one wrapping a client of its own). Requests in flight on a
+    /// lost connection are lost with it: whoever waits on one can ask again at once rather
+    /// than at its timeout.
+    pub fn reconnections(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reconnections.subscribe()
     }
 
     pub fn client(&self) -> &async_nats::Client {

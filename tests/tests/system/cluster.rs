@@ -329,7 +329,12 @@ impl Scenario {
         for line in changes(&metrics_before, &metrics_after) {
             println!("  {line}");
         }
+        let stopping = Instant::now();
+        system.stop_all().await;
+        tracing::info!(took = ?stopping.elapsed(), "cluster test: every component stopped");
+        let finishing = Instant::now();
         system.finish().await;
+        tracing::info!(took = ?finishing.elapsed(), "cluster test: database and streams removed");
         drop(cluster);
     }
 }
