@@ -188,30 +188,6 @@ impl Service {
             tracing::warn!(error = %telemetry::chain(&error), "could not announce dispatch.ready");
         }
 
-        // Reconnected (its server died, or went silent): requests workers sent to the lost
-        // connection are lost with it. Say so again, so they ask again at once rather than at
-        // their timeouts; the subscriptions are back before anything sent after the
-        // reconnection.
-        let mut reconnections = self.bus.reconnections();
-        let announce_bus = self.bus.clone();
-        let announce_stop = stop.clone();
-        let announcer = tokio::spawn(inherit(async move {
-            loop {
-                tokio::select! {
-                    () = announce_stop.cancelled() => return,
-                    changed = reconnections.changed() => if changed.is_err() { return },
-                }
-                tracing::info!("reconnected to NATS; announcing dispatch.ready");
-                let subject = announce_bus.subjects().dispatch_ready();
-                if let Err(error) = announce_bus
-                    .publish_core(subject, bytes::Bytes::new())
-                    .await
-                {
-                    tracing::warn!(error = %telemetry::chain(&error), "could not announce dispatch.ready");
-                }
-            }
-        }));
-
         let mut servers = tokio::task::JoinSet::new();
         for (verb, subscription) in verbs.into_iter().zip(subscriptions) {
             let dispatch = self.dispatch.clone();
@@ -269,7 +245,6 @@ impl Service {
         stop.cancel();
         while servers.join_next().await.is_some() {}
         let _ = waker.await;
-        let _ = announcer.await;
         plumbing.stop().await;
         result
     }

@@ -7,8 +7,6 @@ pub mod metrics;
 pub mod serve;
 pub mod trace;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -38,6 +36,11 @@ pub const STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// way: with async-nats' default of 60 s it would take three minutes, longer than a lease TTL
 /// (30 s), and every worker and service connected there would stall meanwhile.
 pub const PING_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How long connecting to one server may take, its greeting (INFO) included, before the next
+/// server is tried. A frozen server's kernel still accepts the connection and then nothing
+/// comes: each such attempt costs this much, at start-up and on every reconnection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest message palisade accepts on its streams (a 1 MiB batch plus envelope).
 pub const MESSAGE_BYTES_MAX: i32 = 2 * 1024 * 1024;
@@ -93,9 +96,6 @@ pub struct Bus {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     subjects: Subjects,
-    /// How many times the connection was re-established after the first (see
-    /// [`Bus::reconnections`]).
-    reconnections: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Bus {
@@ -118,39 +118,20 @@ impl Bus {
     /// (`palisade_nats_connection_events_total`).
     pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
         let servers = server_addrs(url)?;
-        let reconnections = Arc::new(tokio::sync::watch::Sender::new(0));
-        let connected_before = Arc::new(AtomicBool::new(false));
-        let on_event = {
-            let reconnections = reconnections.clone();
-            move |event: async_nats::Event| {
-                let (reconnections, connected_before) =
-                    (reconnections.clone(), connected_before.clone());
-                async move {
-                    connection_event(&event);
-                    if matches!(event, async_nats::Event::Connected)
-                        && connected_before.swap(true, Ordering::SeqCst)
-                    {
-                        reconnections.send_modify(|count| *count += 1);
-                    }
-                }
-            }
-        };
         // No retry_on_initial_connect: the version check below needs the server's INFO,
         // which only a completed connection has. Each server of the list is tried once.
         let client = async_nats::ConnectOptions::new()
             .name(name)
-            .connection_timeout(Duration::from_secs(5))
+            .connection_timeout(CONNECT_TIMEOUT)
             .ping_interval(PING_INTERVAL)
-            .event_callback(on_event)
+            .event_callback(|event| async move { connection_event(&event) })
             .connect(servers)
             .await
             .map_err(|source| BusError::Connect {
                 url: url.to_owned(),
                 source,
             })?;
-        let mut bus = Self::from_client(client, subjects).await?;
-        bus.reconnections = reconnections;
-        Ok(bus)
+        Self::from_client(client, subjects).await
     }
 
     /// Wraps an existing client (tests, the all-in-one command).
@@ -165,16 +146,7 @@ impl Bus {
             client,
             jetstream,
             subjects,
-            reconnections: Arc::new(tokio::sync::watch::Sender::new(0)),
         })
-    }
-
-    /// Changes each time the connection is re-established after a loss (for a bus made with
-    /// [`Bus::connect`]; never for one wrapping a client of its own). Requests in flight on a
-    /// lost connection are lost with it: whoever waits on one can ask again at once rather
-    /// than at its timeout.
-    pub fn reconnections(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.reconnections.subscribe()
     }
 
     pub fn client(&self) -> &async_nats::Client {

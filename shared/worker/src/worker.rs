@@ -138,17 +138,6 @@ impl Worker {
                     }
                 }
             });
-            // Its own connection lost and regained: a hello or acquire in flight on it was
-            // lost with it, so one still unanswered is sent again at once, as on a hint.
-            let reconnect_task = tokio::spawn({
-                let dispatch_ready = dispatch_ready.clone();
-                let mut reconnections = self.bus.reconnections();
-                async move {
-                    while reconnections.changed().await.is_ok() {
-                        dispatch_ready.notify_waiters();
-                    }
-                }
-            });
             let router = Arc::new(AckRouter::default());
             let router_task = tokio::spawn(inherit(router.clone().run(subscription)));
             let result = self
@@ -156,7 +145,6 @@ impl Worker {
                 .await;
             router_task.abort();
             ready_task.abort();
-            reconnect_task.abort();
             let stats = self.stats.snapshot();
             tracing::info!(?stats, "worker stopped");
             result

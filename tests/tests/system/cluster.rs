@@ -43,10 +43,14 @@ const LOAD_AFTER_FAULT: Duration = Duration::from_secs(3);
 const CONFIRM_TIME_MAX: Duration = Duration::from_secs(30);
 /// Pause between publish attempts of one request.
 const PUBLISH_RETRY: Duration = Duration::from_millis(100);
-/// How long the system may take to make progress again after a fault.
-const RECOVERY_TIME_MAX: Duration = Duration::from_secs(30);
-/// Every confirmed request completes within this once the load stops.
-const DRAIN_TIME_MAX: Duration = Duration::from_secs(30);
+/// How long the system may take to make progress again after a fault: more than a NATS
+/// election (4-9 s) and a frozen server's detection (9-11 s), plus a worker's acquire whose
+/// reply was lost with its connection (retried after its long-poll and request timeout, 15 s).
+const RECOVERY_TIME_MAX: Duration = Duration::from_secs(45);
+/// Every confirmed request completes within this once the load stops: more than the lease
+/// TTL (30 s), since a lease whose acquire reply was lost with a connection is recovered only
+/// after it (measured: up to 25 s after the load stopped).
+const DRAIN_TIME_MAX: Duration = Duration::from_secs(45);
 /// How often recovery is looked at (the figures are this precise).
 const PROBE_INTERVAL: Duration = Duration::from_millis(20);
 
