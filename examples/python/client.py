@@ -111,7 +111,7 @@ async def submit(a):
     fp = scan_request_fingerprint(req)
     me = (org, req.client_id, req.idempotency_key)
 
-    nc = await nats.connect(url)
+    nc = await nats.connect([server.strip() for server in url.split(",") if server.strip()])
     js = nc.jetstream()
     # Follow outcomes first, so no event is missed (5.4). All events: task.* help to show progress.
     sub = await js.subscribe(f"{prefix}.v1.event.>", ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)

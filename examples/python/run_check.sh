@@ -34,7 +34,7 @@ delete_streams() {
   (cd "$HERE" && "$PY" - <<'EOF'
 import asyncio, os, nats
 async def main():
-    nc = await nats.connect(os.environ["NATS_URL"]); js = nc.jetstream()
+    nc = await nats.connect(os.environ["NATS_URL"].split(",")); js = nc.jetstream()
     p = os.environ["PALISADE_SUBJECT_PREFIX"].replace("-", "_").upper()
     for s in ("REQUESTS", "EVENTS", "RESULTS"):
         try: await js.delete_stream(f"{p}_{s}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A palisade worker in Python, written from docs/protocol/ alone (worker.md).
 
-Environment: NATS_URL (default nats://127.0.0.1:4222), PALISADE_SUBJECT_PREFIX (default
-palisade), PALISADE_WORKER_ID (the registered worker UUID; required).
+Environment: NATS_URL (default nats://127.0.0.1:4222; a cluster's servers comma-separated),
+PALISADE_SUBJECT_PREFIX (default palisade), PALISADE_WORKER_ID (the registered worker UUID;
+required).
 
 Plugins:
   py_echo   3 findings and 1 asset (http_service <target>)
@@ -538,7 +539,7 @@ async def main():
         sys.exit("PALISADE_WORKER_ID is required")
     wid = str(uuid.UUID(wid))  # canonical lowercase hyphenated, same in subject and fields
 
-    nc = await nats.connect(url)
+    nc = await nats.connect([server.strip() for server in url.split(",") if server.strip()])
     w = Worker(nc, prefix, wid, a.capacity, a.wait_ms, a.demo, a.findings_per_batch)
     await nc.subscribe(w.subj("ack"), cb=w.on_ack)   # step 2: before sending anything
     await nc.flush()

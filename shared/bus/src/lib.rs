@@ -30,11 +30,27 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long streams keep messages: long enough to survive any outage of palisade's consumers.
 pub const STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// How long the client waits without hearing from its server before it pings; after three
+/// unanswered pings (9 s) it leaves the server for another. A server that stops answering
+/// without closing its connections (frozen, or cut off by a partition) is noticed only this
+/// way: with async-nats' default of 60 s it would take three minutes, longer than a lease TTL
+/// (30 s), and every worker and service connected there would stall meanwhile.
+pub const PING_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How long connecting to one server may take, its greeting (INFO) included, before the next
+/// server is tried. A frozen server's kernel still accepts the connection and then nothing
+/// comes: each such attempt costs this much, at start-up and on every reconnection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Largest message palisade accepts on its streams (a 1 MiB batch plus envelope).
 pub const MESSAGE_BYTES_MAX: i32 = 2 * 1024 * 1024;
 
 #[derive(Debug, Error)]
 pub enum BusError {
+    #[error(
+        "invalid NATS_URL {url:?}: {reason}; give one server or a comma-separated list, as nats://host:4222,nats://other:4222"
+    )]
+    InvalidUrl { url: String, reason: String },
     #[error(
         "cannot connect to NATS at {url}: {source}; start nats-server with JetStream (-js) or set NATS_URL"
     )]
@@ -91,15 +107,25 @@ impl std::fmt::Debug for Bus {
 }
 
 impl Bus {
-    /// Connects, checks the server version, and returns a handle. Call [`Bus::provision`]
+    /// Connects to one server of `url` (one URL, or a comma-separated list of a cluster's
+    /// servers), checks the server version, and returns a handle. Call [`Bus::provision`]
     /// once at start-up before consuming.
+    ///
+    /// The client reconnects by itself, for ever, to any server of the list or of the cluster
+    /// (servers announce their peers), also away from a server that went silent
+    /// ([`PING_INTERVAL`]); subscriptions are restored on the new connection.
+    /// Losing and regaining the connection is logged and counted
+    /// (`palisade_nats_connection_events_total`).
     pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
+        let servers = server_addrs(url)?;
         // No retry_on_initial_connect: the version check below needs the server's INFO,
-        // which only a completed connection has.
+        // which only a completed connection has. Each server of the list is tried once.
         let client = async_nats::ConnectOptions::new()
             .name(name)
-            .connection_timeout(Duration::from_secs(5))
-            .connect(url)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .ping_interval(PING_INTERVAL)
+            .event_callback(|event| async move { connection_event(&event) })
+            .connect(servers)
             .await
             .map_err(|source| BusError::Connect {
                 url: url.to_owned(),
@@ -321,6 +347,64 @@ pub struct OutgoingMessage {
     pub payload: Bytes,
 }
 
+/// The servers of `NATS_URL`: one URL, or a comma-separated list of them (a cluster's).
+/// Blanks around entries are ignored; an empty list or an entry that is not a server address
+/// is refused, naming it.
+pub fn server_addrs(url: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
+    let invalid = |reason: String| BusError::InvalidUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    let servers = url
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            entry
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|error| invalid(format!("{entry:?} is not a server address: {error}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err(invalid("no server given".into()));
+    }
+    Ok(servers)
+}
+
+/// Logs and counts what happens to a NATS connection. A lost connection is a warning, not an
+/// error: the client reconnects by itself, and what was in flight is redelivered or retried.
+fn connection_event(event: &async_nats::Event) {
+    use async_nats::Event;
+    let counted = match event {
+        Event::Connected => {
+            tracing::info!("NATS connection established");
+            metrics::connection_events::CONNECTED
+        }
+        Event::Disconnected => {
+            tracing::warn!(
+                "NATS connection lost; reconnecting to any server of NATS_URL or its cluster"
+            );
+            metrics::connection_events::DISCONNECTED
+        }
+        Event::LameDuckMode => {
+            tracing::warn!(
+                "NATS server shutting down (lame duck mode); the client reconnects elsewhere once it closes the connection"
+            );
+            metrics::connection_events::LAME_DUCK
+        }
+        // Closed or draining on purpose (shutdown): nothing to count.
+        Event::Closed | Event::Draining => {
+            tracing::info!(%event, "NATS connection closing");
+            return;
+        }
+        other => {
+            tracing::warn!(event = %other, "NATS connection event");
+            metrics::connection_events::ERROR
+        }
+    };
+    metrics::record_connection_event(counted);
+}
+
 /// Refuses servers older than [`SERVER_VERSION_MIN`].
 pub fn check_server_version(version: &str) -> Result<(), BusError> {
     let parsed: Vec<u64> = version
@@ -344,6 +428,19 @@ pub fn check_server_version(version: &str) -> Result<(), BusError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nats_url_is_one_server_or_a_list() {
+        assert_eq!(server_addrs("nats://127.0.0.1:4222").unwrap().len(), 1);
+        let cluster =
+            server_addrs("nats://a.test:4222, nats://b.test:4223,nats://c.test:4224,").unwrap();
+        assert_eq!(cluster.len(), 3);
+        assert_eq!(cluster[1].port(), 4223);
+        assert!(server_addrs("").is_err());
+        assert!(server_addrs(" , ").is_err());
+        let error = server_addrs("nats://a.test:4222,nats://b.test:notaport").unwrap_err();
+        assert!(error.to_string().contains("notaport"), "{error}");
+    }
 
     #[test]
     fn server_version_check() {

@@ -40,6 +40,17 @@ pub mod request_outcomes {
     pub const ALL: [&str; 3] = [REPLIED, UNANSWERED, REPLY_FAILED];
 }
 
+/// What happened to a NATS connection, as the `event` label.
+pub mod connection_events {
+    pub const CONNECTED: &str = "connected";
+    pub const DISCONNECTED: &str = "disconnected";
+    /// The server announced it is shutting down (lame duck mode).
+    pub const LAME_DUCK: &str = "lame_duck";
+    /// A server or client error, or a slow consumer.
+    pub const ERROR: &str = "error";
+    pub const ALL: [&str; 4] = [CONNECTED, DISCONNECTED, LAME_DUCK, ERROR];
+}
+
 /// The `code` label for a refusal code this build does not know.
 pub const CODE_OTHER: &str = "other";
 
@@ -72,6 +83,11 @@ pub struct RequestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionEventLabels {
+    pub event: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
     pub lease: &'static str,
 }
@@ -92,6 +108,7 @@ pub struct BusMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub request_seconds: Family<ServerLabels, Histogram, fn() -> Histogram>,
     pub held: Family<ConsumerLabels, Gauge>,
+    pub connection_events: Family<ConnectionEventLabels, Counter>,
 }
 
 struct Metrics {
@@ -110,7 +127,19 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         requests: Family::default(),
         request_seconds: Family::new_with_constructor(handler_seconds_histogram),
         held: Family::default(),
+        connection_events: Family::default(),
     };
+    for event in connection_events::ALL {
+        let _ = bus
+            .connection_events
+            .get_or_create(&ConnectionEventLabels { event });
+    }
+    registry.register(
+        "nats_connection_events",
+        "What happened to this process's NATS connections: connected (first time or again), \
+         disconnected (the client reconnects by itself), lame_duck, error",
+        bus.connection_events.clone(),
+    );
     registry.register(
         "consumer_held_messages",
         "Messages a durable consumer holds undecided because something outside them is \
@@ -295,6 +324,14 @@ pub fn record_request(server: &'static str, outcome: &'static str, seconds: f64)
         .request_seconds
         .get_or_create(&ServerLabels { server })
         .observe(seconds);
+}
+
+/// Counts one event of a NATS connection (one of [`connection_events::ALL`]).
+pub fn record_connection_event(event: &'static str) {
+    bus_metrics()
+        .connection_events
+        .get_or_create(&ConnectionEventLabels { event })
+        .inc();
 }
 
 /// Sets the `leader{lease}` gauge.

@@ -341,25 +341,51 @@ impl Readiness {
             match tokio::time::timeout(CHECK_TIME_MAX, self.bus.jetstream().get_stream(name)).await
             {
                 Ok(Ok(_)) => None,
-                Ok(Err(error)) => Some(format!("{name} ({error})")),
-                Err(_) => Some(format!(
-                    "{name} (no answer within {} ms)",
-                    CHECK_TIME_MAX.as_millis()
+                Ok(Err(error)) if stream_missing(&error) => {
+                    Some((true, format!("{name} ({error})")))
+                }
+                Ok(Err(error)) => Some((false, format!("{name} ({error})"))),
+                Err(_) => Some((
+                    false,
+                    format!(
+                        "{name} (no answer within {} ms)",
+                        CHECK_TIME_MAX.as_millis()
+                    ),
                 )),
             }
         });
-        let missing: Vec<String> = futures::future::join_all(lookups)
+        let failing: Vec<(bool, String)> = futures::future::join_all(lookups)
             .await
             .into_iter()
             .flatten()
             .collect();
-        if missing.is_empty() {
+        let listed = |missing: bool| {
+            failing
+                .iter()
+                .filter(|(is_missing, _)| *is_missing == missing)
+                .map(|(_, stream)| stream.as_str())
+                .collect::<Vec<_>>()
+        };
+        let (missing, unanswered) = (listed(true), listed(false));
+        let mut problems = Vec::new();
+        if !missing.is_empty() {
+            problems.push(format!(
+                "JetStream streams missing: {}; restart a palisade service to provision them",
+                missing.join(", ")
+            ));
+        }
+        // On a cluster, a stream whose leader was lost answers nothing until its replicas
+        // elect another (seconds); restarting palisade would not help.
+        if !unanswered.is_empty() {
+            problems.push(format!(
+                "JetStream streams not answering: {}; on a NATS cluster that lost a server this lasts until the stream elects a new leader (seconds), else check the NATS servers",
+                unanswered.join(", ")
+            ));
+        }
+        if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "JetStream streams missing or unreadable: {}; restart a palisade service to provision them",
-                missing.join(", ")
-            ))
+            Err(problems.join("; "))
         }
     }
 
@@ -388,6 +414,17 @@ impl Readiness {
 
 /// Failing while a durable consumer holds messages it could not decide (PostgreSQL or NATS
 /// unavailable): it fetches nothing until they are decided.
+/// Whether a stream lookup failed because the stream does not exist (as opposed to going
+/// unanswered while its leader is elected).
+fn stream_missing(error: &bus::async_nats::jetstream::context::GetStreamError) -> bool {
+    use bus::async_nats::jetstream::context::GetStreamErrorKind;
+    matches!(
+        error.kind(),
+        GetStreamErrorKind::JetStream(error)
+            if error.error_code() == bus::async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
 fn check_consumers(held: &[(String, usize)]) -> Result<(), String> {
     if held.is_empty() {
         return Ok(());

@@ -42,6 +42,12 @@ pub(crate) const BATCH_LINGER: Duration = Duration::from_secs(1);
 /// Sends of one message (batch, completion or failure) without an acknowledgement before the
 /// attempt is abandoned to the reaper; with the resend backoff this is about a quarter hour.
 pub(crate) const SENDS_MAX: u32 = 20;
+/// A message JetStream did not confirm (no PubAck: a stream electing a leader on a NATS cluster,
+/// a connection lost) is published again after this, under the same `Nats-Msg-Id`, rather than
+/// after the acknowledgement timeout: it was most likely never stored, and if it was, the
+/// stream drops the repeat. Such repeats neither count against [`SENDS_MAX`] nor grow the
+/// resend backoff.
+pub(crate) const REPUBLISH_DELAY: Duration = Duration::from_millis(500);
 /// Completions answered with `batch_missing` before the attempt fails: each answer should
 /// have been the last, so repeated ones mean a bug, not bad luck.
 pub(crate) const COMPLETE_ROUNDS_MAX: u32 = 5;
@@ -209,6 +215,8 @@ struct Outbound {
     message: Bytes,
     /// Sends so far; the next send's `Nats-Msg-Id` is derived from it.
     sends: u32,
+    /// Whether JetStream confirmed the current send (its PubAck arrived).
+    stored: bool,
 }
 
 /// The last message of an attempt: its completion or failure.
@@ -395,11 +403,11 @@ impl LeaseTask {
         }
         let message =
             batch::batch_message(&self.ctx.worker_id, &self.lease, sequence_number, &payload);
-        let outbound = match self.record_batch(&message) {
+        let mut outbound = match self.record_batch(&message) {
             Ok(outbound) => outbound,
             Err(error) => return Step::Fail(error),
         };
-        self.publish(&outbound).await;
+        outbound.stored = self.publish(&outbound).await;
         self.ctx.stats.add(Counter::BatchesSent);
         tracing::debug!(
             sequence_number,
@@ -407,10 +415,8 @@ impl LeaseTask {
             assets = payload.assets.len(),
             "result batch sent"
         );
-        self.unacked.insert(
-            sequence_number,
-            Instant::now() + self.ctx.config.ack_timeout,
-        );
+        self.unacked
+            .insert(sequence_number, self.next_send_at(&outbound));
         self.batches.push(outbound);
         Step::Continue
     }
@@ -433,6 +439,7 @@ impl LeaseTask {
             first_msg_id: message.idempotency_key.clone(),
             message: bytes,
             sends: 0,
+            stored: false,
         })
     }
 
@@ -477,6 +484,7 @@ impl LeaseTask {
             message: Bytes::from(complete.encode_to_vec()),
             // A later round after batch_missing carries the same completion under a fresh id.
             sends: self.complete_sends,
+            stored: false,
         };
         self.send_last(outbound).await;
         tracing::debug!(batch_count = complete.batch_count, "completion sent");
@@ -502,23 +510,25 @@ impl LeaseTask {
             first_msg_id: format!("fail:{}", self.lease.attempt_id),
             message: Bytes::from(fail.encode_to_vec()),
             sends: 0,
+            stored: false,
         };
         self.send_last(outbound).await;
         tracing::info!(code = %error.code, retryable = error.retryable, "failure sent");
     }
 
-    async fn send_last(&mut self, outbound: Outbound) {
-        self.publish(&outbound).await;
-        let resend_at = Instant::now() + self.resend_delay(outbound.sends);
+    async fn send_last(&mut self, mut outbound: Outbound) {
+        outbound.stored = self.publish(&outbound).await;
+        let resend_at = self.next_send_at(&outbound);
         self.last = Some(Last {
             outbound,
             resend_at,
         });
     }
 
-    /// Publishes `outbound` with the `Nats-Msg-Id` of its current send. A failed publish is
-    /// logged only: the message stays unacknowledged and is resent when its time comes.
-    async fn publish(&self, outbound: &Outbound) {
+    /// Publishes `outbound` with the `Nats-Msg-Id` of its current send; true once JetStream
+    /// confirmed it. A failed publish is logged only: the message stays unacknowledged and is
+    /// published again when its time comes ([`REPUBLISH_DELAY`]).
+    async fn publish(&self, outbound: &Outbound) -> bool {
         let msg_id = batch::msg_id(&outbound.first_msg_id, outbound.sends);
         let published = self
             .ctx
@@ -530,9 +540,21 @@ impl LeaseTask {
                 outbound.message.clone(),
             )
             .await;
-        if let Err(error) = published {
-            tracing::warn!(error = %telemetry::chain(&error), %msg_id, "publish failed, will resend");
+        if let Err(error) = &published {
+            tracing::warn!(error = %telemetry::chain(error), %msg_id, "publish failed, will resend");
         }
+        published.is_ok()
+    }
+
+    /// When to send `outbound` again: once its acknowledgement is overdue when JetStream
+    /// confirmed it, else after [`REPUBLISH_DELAY`].
+    fn next_send_at(&self, outbound: &Outbound) -> Instant {
+        let wait = if outbound.stored {
+            self.resend_delay(outbound.sends)
+        } else {
+            REPUBLISH_DELAY
+        };
+        Instant::now() + wait
     }
 
     /// How long to wait for an acknowledgement after send number `sends` (0 for the first).
@@ -561,6 +583,13 @@ impl LeaseTask {
             .collect();
         for sequence_number in due {
             let index = sequence_number as usize;
+            if !self.batches[index].stored {
+                // Never confirmed: the same send again, under the same `Nats-Msg-Id`.
+                self.batches[index].stored = self.publish(&self.batches[index]).await;
+                let resend_at = self.next_send_at(&self.batches[index]);
+                self.unacked.insert(sequence_number, resend_at);
+                continue;
+            }
             if self.batches[index].sends + 1 >= SENDS_MAX {
                 tracing::error!(
                     sequence_number,
@@ -569,28 +598,35 @@ impl LeaseTask {
                 return Step::End(Outcome::Abandoned);
             }
             self.batches[index].sends += 1;
-            self.publish(&self.batches[index]).await;
+            self.batches[index].stored = self.publish(&self.batches[index]).await;
             self.ctx.stats.add(Counter::BatchesResent);
             tracing::info!(
                 sequence_number,
                 sends = self.batches[index].sends,
                 "result batch resent"
             );
-            let resend_at = Instant::now() + self.resend_delay(self.batches[index].sends);
+            let resend_at = self.next_send_at(&self.batches[index]);
             self.unacked.insert(sequence_number, resend_at);
         }
         let last_due = self.last.as_ref().is_some_and(|last| last.resend_at <= now);
         if last_due {
             let mut last = self.last.take().expect("checked above");
+            if !last.outbound.stored {
+                // Never confirmed: the same send again, under the same `Nats-Msg-Id`.
+                last.outbound.stored = self.publish(&last.outbound).await;
+                last.resend_at = self.next_send_at(&last.outbound);
+                self.last = Some(last);
+                return Step::Continue;
+            }
             if last.outbound.sends + 1 >= SENDS_MAX {
                 tracing::error!(msg_id = %last.outbound.first_msg_id, "no acknowledgement after {SENDS_MAX} sends");
                 return Step::End(Outcome::Abandoned);
             }
             last.outbound.sends += 1;
-            self.publish(&last.outbound).await;
+            last.outbound.stored = self.publish(&last.outbound).await;
             self.ctx.stats.add(Counter::BatchesResent);
             tracing::info!(msg_id = %last.outbound.first_msg_id, sends = last.outbound.sends, "resent");
-            last.resend_at = Instant::now() + self.resend_delay(last.outbound.sends);
+            last.resend_at = self.next_send_at(&last.outbound);
             self.last = Some(last);
         }
         Step::Continue

@@ -4,6 +4,7 @@
 mod admission;
 mod admit;
 mod bad_input;
+mod cluster;
 mod control;
 mod cost;
 mod decide;
