@@ -61,6 +61,19 @@ pub struct TestSystem {
     running: Mutex<HashMap<Component, RunningComponent>>,
 }
 
+/// Logs of a test's child process (`test-service`, `test-worker`): plain text on stderr, which
+/// the test may send to a file, filtered by `RUST_LOG` (default `warn`).
+pub fn init_child_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
 /// Statement counting (as in every palisade process) and, with `TEST_LOG` set, logs filtered
 /// by `RUST_LOG`. A test that installed its own subscriber first (`telemetry::init`) keeps it.
 pub fn init_test_logging() {

@@ -14,14 +14,7 @@ use reaper::SweepEvent;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+    tests::init_child_logging();
     let service = std::env::args().nth(1).unwrap_or_default();
     let shutdown = runtime::shutdown_on_signal();
     match service.as_str() {

@@ -7,14 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+    tests::init_child_logging();
     let settings = reference_worker::Settings::from_env().context("invalid worker settings")?;
     let shutdown = CancellationToken::new();
     reference_worker::cancel_on_signal(shutdown.clone())?;

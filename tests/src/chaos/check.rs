@@ -141,27 +141,27 @@ pub async fn check(
     }
 
     // No live attempt, no unfinished task.
-    let live: Vec<String> = AttemptStatus::LIVE
-        .iter()
-        .map(|s| s.as_str().to_owned())
-        .collect();
-    let (live_attempts,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM worker_task_attempts WHERE status = ANY($1)")
-            .bind(&live)
-            .fetch_one(pool)
-            .await?;
+    let live_attempts = count(
+        pool,
+        "SELECT count(*) FROM worker_task_attempts WHERE status = ANY($1)",
+        AttemptStatus::LIVE
+            .iter()
+            .map(|status| status.as_str())
+            .collect(),
+    )
+    .await?;
     if live_attempts > 0 {
         violations.push(format!("{live_attempts} attempts still live"));
     }
-    let terminal: Vec<String> = TaskState::TERMINAL
-        .iter()
-        .map(|s| s.as_str().to_owned())
-        .collect();
-    let (open_tasks,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM worker_tasks WHERE NOT state = ANY($1)")
-            .bind(&terminal)
-            .fetch_one(pool)
-            .await?;
+    let open_tasks = count(
+        pool,
+        "SELECT count(*) FROM worker_tasks WHERE NOT state = ANY($1)",
+        TaskState::TERMINAL
+            .iter()
+            .map(|state| state.as_str())
+            .collect(),
+    )
+    .await?;
     if open_tasks > 0 {
         violations.push(format!("{open_tasks} tasks not terminal"));
     }
@@ -208,6 +208,12 @@ pub async fn check(
         ));
     }
     Ok(violations)
+}
+
+/// The count `sql` returns for the state names bound as `$1`.
+async fn count(pool: &PgPool, sql: &'static str, states: Vec<&str>) -> Result<i64, sqlx::Error> {
+    let (count,): (i64,) = sqlx::query_as(sql).bind(states).fetch_one(pool).await?;
+    Ok(count)
 }
 
 /// scan id → (event id → kind) of every scan.completed, scan.failed and scan.cancelled in the
