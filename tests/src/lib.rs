@@ -13,7 +13,10 @@ use std::time::Duration;
 use bus::Bus;
 use bus::async_nats;
 use futures::StreamExt as _;
-use messages::{Subjects, WorkerVerb, v1};
+use messages::{ClientVerb, Subjects, WorkerVerb, v1};
+
+/// The client id of [`TestSystem::client`]'s requests.
+pub const TEST_CLIENT_ID: &str = "test-client";
 use palisade::system::SystemSettings;
 use prost::Message as _;
 use runtime::{CommonSettings, Connections};
@@ -451,7 +454,7 @@ impl TestSystem {
     }
 
     pub fn client(&self) -> client::Client {
-        client::Client::new(self.bus.clone(), "test-client")
+        client::Client::new(self.bus.clone(), TEST_CLIENT_ID)
     }
 
     /// A valid request for `organization_id` with a fresh key.
@@ -477,11 +480,14 @@ impl TestSystem {
             .expect("admission answers")
     }
 
-    /// Publishes raw bytes to the durable scan request subject with a fresh `Nats-Msg-Id`.
-    pub async fn publish_request_bytes(&self, payload: Vec<u8>) {
+    /// Publishes raw bytes to the durable scan request subject of `organization_id` and the
+    /// test client, with a fresh `Nats-Msg-Id`.
+    pub async fn publish_request_bytes(&self, organization_id: Uuid, payload: Vec<u8>) {
         self.bus
             .publish_durable(
-                self.subjects.scan_request(),
+                self.subjects
+                    .client(&organization_id, TEST_CLIENT_ID, ClientVerb::Request)
+                    .expect("a token"),
                 &Uuid::new_v4().to_string(),
                 Default::default(),
                 payload.into(),
@@ -905,6 +911,7 @@ impl TestSystem {
         let outcome = store::cancel::cancel(
             &self.pool,
             &self.subjects,
+            None,
             store::cancel::CancelTarget::Task(task_id),
             "cancelled by the test",
         )
@@ -973,6 +980,27 @@ pub async fn stream_subject_counts(
         .try_collect()
         .await
         .expect("subject counts")
+}
+
+/// A `LIKE` pattern for the outbox subjects of `kind` (a tenant's or the services').
+pub fn outbox_subject_like(kind: messages::EventKind) -> String {
+    format!("%.event.{}", kind.name())
+}
+
+/// Messages on the events stream by event name (`scan.completed`), tenant and services'
+/// events alike.
+pub async fn event_counts(system: &TestSystem) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (subject, count) in
+        stream_subject_counts(system, &system.subjects.events_stream(), ">").await
+    {
+        let kind = system
+            .subjects
+            .event_kind_of(&subject)
+            .unwrap_or_else(|| panic!("{subject} on the events stream names no event"));
+        *counts.entry(kind.name().to_owned()).or_default() += count;
+    }
+    counts
 }
 
 /// A reference worker in-process that a test stops the way an operator would: it releases

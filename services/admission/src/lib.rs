@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context as _;
 use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
 use bytes::Bytes;
-use messages::{ErrorCode, EventKind, v1};
+use messages::{ClientVerb, ErrorCode, EventKind, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
@@ -130,7 +130,7 @@ impl Service {
         let mut spec = ConsumerSpec::new(
             subjects.requests_stream(),
             CONSUMER_NAME,
-            subjects.scan_request(),
+            subjects.client_wildcard(ClientVerb::Request),
         );
         self.settings.consumer.apply(&mut spec);
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
@@ -145,11 +145,17 @@ impl Service {
         let server = bus::serve::serve(
             &self.bus,
             "admission.submit",
-            subjects.scan_submit(),
+            subjects.client_wildcard(ClientVerb::Submit),
             QUEUE_GROUP,
             move |message| {
                 let admission = admission.clone();
-                async move { Some(admission.submit(&message.payload).await) }
+                async move {
+                    Some(
+                        admission
+                            .submit(message.subject.as_str(), &message.payload)
+                            .await,
+                    )
+                }
             },
             stop.clone(),
         );
@@ -220,12 +226,12 @@ impl Admission {
     /// Decides every request of a batch: refusals of the request itself without SQL, the rest
     /// in one transaction, in (organization, target) order (the order admission has always
     /// decided a batch in, so in-batch answers are what they were).
-    async fn decide(&self, payloads: &[&[u8]], spans: &[&tracing::Span]) -> Vec<Verdict> {
-        assert_eq!(payloads.len(), spans.len(), "one span per request");
-        let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(payloads.len());
+    async fn decide(&self, messages: &[(&str, &[u8])], spans: &[&tracing::Span]) -> Vec<Verdict> {
+        assert_eq!(messages.len(), spans.len(), "one span per request");
+        let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(messages.len());
         let mut valid: Vec<(usize, ValidScanRequest)> = Vec::new();
-        for (index, payload) in payloads.iter().enumerate() {
-            match request::parse(payload) {
+        for (index, (subject, payload)) in messages.iter().enumerate() {
+            match request::parse(self.bus.subjects(), subject, payload) {
                 (wire, Ok(request)) if self.check_plugins(&request).is_err() => {
                     let error = self.check_plugins(&request).expect_err("checked above");
                     verdicts.push(Some(Verdict::Refused {
@@ -326,10 +332,10 @@ impl Admission {
     }
 
     /// The request/reply path: one request, one transaction, one reply.
-    async fn submit(&self, payload: &[u8]) -> Bytes {
+    async fn submit(&self, subject: &str, payload: &[u8]) -> Bytes {
         let span = tracing::Span::current();
         let verdict = self
-            .decide(&[payload], &[&span])
+            .decide(&[(subject, payload)], &[&span])
             .await
             .pop()
             .expect("one verdict");
@@ -369,9 +375,12 @@ impl Admission {
 
 impl BatchHandler for Admission {
     async fn handle(&self, batch: &[Delivery]) -> Vec<Decision> {
-        let payloads: Vec<&[u8]> = batch.iter().map(Delivery::payload).collect();
+        let messages: Vec<(&str, &[u8])> = batch
+            .iter()
+            .map(|delivery| (delivery.subject(), delivery.payload()))
+            .collect();
         let spans: Vec<&tracing::Span> = batch.iter().map(Delivery::span).collect();
-        let verdicts = self.decide(&payloads, &spans).await;
+        let verdicts = self.decide(&messages, &spans).await;
 
         // Refusals are answered on the events stream, after the commit.
         let mut rejections = Vec::new();
@@ -406,15 +415,27 @@ impl BatchHandler for Admission {
                         error: Some(error.clone()),
                     };
                     tracing::info!(code = %error.code, stream_sequence = delivery.stream_sequence, "scan request refused");
-                    rejections.push((
-                        decisions.len(),
-                        bus::OutgoingMessage {
-                            subject: self.bus.subjects().event(EventKind::ScanRejected),
-                            msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
-                            headers: Default::default(),
-                            payload: rejected.encode_to_vec().into(),
-                        },
-                    ));
+                    // Told to the organization the request was published for: the one its
+                    // sender's credentials allow (a subject that names none has no reader).
+                    let organization = self
+                        .bus
+                        .subjects()
+                        .client_of(delivery.subject())
+                        .and_then(|tokens| uuid::Uuid::parse_str(tokens.organization_id).ok());
+                    if let Some(organization) = organization {
+                        rejections.push((
+                            decisions.len(),
+                            bus::OutgoingMessage {
+                                subject: self
+                                    .bus
+                                    .subjects()
+                                    .tenant_event(&organization, EventKind::ScanRejected),
+                                msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
+                                headers: Default::default(),
+                                payload: rejected.encode_to_vec().into(),
+                            },
+                        ));
+                    }
                     bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
                     decisions.push(Decision::Reject { reason: error.code });
                 }

@@ -4,7 +4,7 @@ use messages::limits::{
     EXECUTION_DEADLINE_SECONDS_MAX, IDENTIFIER_BYTES_MAX, PRIORITY_ABS_MAX, PROFILE_PLUGINS_MAX,
     SCAN_REQUEST_BYTES_MAX, TARGET_BYTES_MAX,
 };
-use messages::{ErrorCode, v1};
+use messages::{ErrorCode, Subjects, v1};
 use prost::Message as _;
 use uuid::Uuid;
 
@@ -45,7 +45,13 @@ impl ValidScanRequest {
 
 /// Decodes and validates; the error is what the sender gets back. `wire` is returned too so
 /// a refusal can name the client and key when the message decoded at all.
-pub fn parse(bytes: &[u8]) -> (Option<v1::ScanRequest>, Result<ValidScanRequest, v1::Error>) {
+/// Decodes and validates the request published on `subject`, whose organization and client
+/// tokens must be the request's own.
+pub fn parse(
+    subjects: &Subjects,
+    subject: &str,
+    bytes: &[u8],
+) -> (Option<v1::ScanRequest>, Result<ValidScanRequest, v1::Error>) {
     match v1::ScanRequest::decode(bytes) {
         // Counted on the bytes, so fields this version does not know count too.
         Ok(wire) if bytes.len() > SCAN_REQUEST_BYTES_MAX => {
@@ -60,7 +66,15 @@ pub fn parse(bytes: &[u8]) -> (Option<v1::ScanRequest>, Result<ValidScanRequest,
             (Some(wire), Err(error))
         }
         Ok(wire) => {
-            let valid = validate(&wire);
+            let valid = validate(&wire).and_then(|valid| {
+                messages::validate::client_subject(
+                    subjects,
+                    subject,
+                    &valid.organization_id,
+                    &valid.client_id,
+                )?;
+                Ok(valid)
+            });
             (Some(wire), valid)
         }
         Err(error) => (
@@ -145,18 +159,15 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             wire.execution_deadline_seconds
         )));
     }
-    for (name, value) in [
-        ("client_id", &wire.client_id),
-        ("idempotency_key", &wire.idempotency_key),
-    ] {
-        if value.is_empty()
-            || value.len() > IDENTIFIER_BYTES_MAX
-            || value.chars().any(char::is_control)
-        {
-            return Err(invalid(format!(
-                "{name} must be 1..={IDENTIFIER_BYTES_MAX} bytes without control characters"
-            )));
-        }
+    // The client id is a token of the subject the request is published on.
+    if let Err(error) = messages::subjects::token("client_id", &wire.client_id) {
+        return Err(invalid(error.to_string()));
+    }
+    let key = &wire.idempotency_key;
+    if key.is_empty() || key.len() > IDENTIFIER_BYTES_MAX || key.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes without control characters"
+        )));
     }
     Ok(ValidScanRequest {
         organization_id,
@@ -245,6 +256,14 @@ mod tests {
                 ErrorCode::InvalidField,
             ),
             (
+                Box::new(|r| r.client_id = "a.b".into()),
+                ErrorCode::InvalidField,
+            ),
+            (
+                Box::new(|r| r.client_id = "*".into()),
+                ErrorCode::InvalidField,
+            ),
+            (
                 Box::new(|r| r.idempotency_key = "k".repeat(129)),
                 ErrorCode::InvalidField,
             ),
@@ -269,8 +288,32 @@ mod tests {
     }
 
     #[test]
+    fn the_subject_must_name_the_requests_organization_and_client() {
+        let subjects = Subjects::new("p").unwrap();
+        let wire = request();
+        let organization = Uuid::parse_str(&wire.organization_id).unwrap();
+        let bytes = wire.encode_to_vec();
+        let own = subjects
+            .client(&organization, "ci", messages::ClientVerb::Request)
+            .unwrap();
+        assert!(parse(&subjects, &own, &bytes).1.is_ok());
+        let other = subjects
+            .client(&Uuid::now_v7(), "ci", messages::ClientVerb::Request)
+            .unwrap();
+        assert_eq!(
+            parse(&subjects, &other, &bytes).1.unwrap_err().error_code(),
+            Some(ErrorCode::InvalidField)
+        );
+    }
+
+    #[test]
     fn malformed_bytes_are_malformed_message() {
-        let (wire, result) = parse(&[0xff, 0xff, 0xff]);
+        let subjects = Subjects::new("p").unwrap();
+        let (wire, result) = parse(
+            &subjects,
+            "p.v1.org.o.client.c.request",
+            &[0xff, 0xff, 0xff],
+        );
         assert!(wire.is_none());
         assert_eq!(
             result.unwrap_err().error_code(),

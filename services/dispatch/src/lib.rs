@@ -16,7 +16,7 @@ use messages::limits::{
     WORKER_CAPACITY_MAX,
 };
 use messages::validate::{invalid, malformed, schema_version as schema, worker_id};
-use messages::{ErrorCode, EventKind, WorkerVerb, v1};
+use messages::{ClientVerb, ErrorCode, EventKind, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::{
@@ -184,9 +184,13 @@ impl Service {
                     .context("failed to serve the worker verbs")?,
             );
         }
-        let cancels = bus::serve::subscribe(&self.bus, subjects.cancel(), QUEUE_GROUP)
-            .await
-            .context("failed to serve cancellations")?;
+        let cancels = bus::serve::subscribe(
+            &self.bus,
+            subjects.client_wildcard(ClientVerb::Cancel),
+            QUEUE_GROUP,
+        )
+        .await
+        .context("failed to serve cancellations")?;
         self.bus.flush().await.context("failed to reach NATS")?;
         let announcer = tokio::spawn(inherit(announce(
             self.bus.clone(),
@@ -229,7 +233,7 @@ impl Service {
                         async move {
                             Some(
                                 dispatch
-                                    .cancel(&message.payload)
+                                    .cancel(message.subject.as_str(), &message.payload)
                                     .await
                                     .encode_to_vec()
                                     .into(),
@@ -324,8 +328,9 @@ impl Dispatch {
         self.waiters.wake_all();
     }
 
-    /// Cancels a scan or a task; persisted before the reply says so.
-    async fn cancel(&self, payload: &[u8]) -> v1::CancelReply {
+    /// Cancels a scan or a task of the organization the subject names; persisted before the
+    /// reply says so.
+    async fn cancel(&self, subject: &str, payload: &[u8]) -> v1::CancelReply {
         let refuse = |error: v1::Error| v1::CancelReply {
             error: Some(error),
             ..Default::default()
@@ -337,6 +342,16 @@ impl Dispatch {
         if let Err(error) = schema(request.schema_version) {
             return refuse(error);
         }
+        let Some(organization_id) = self
+            .bus
+            .subjects()
+            .client_of(subject)
+            .and_then(|tokens| Uuid::parse_str(tokens.organization_id).ok())
+        else {
+            return refuse(invalid(format!(
+                "{subject:?} names no organization: cancel on <prefix>.v1.org.<organization_id>.client.<client_id>.cancel"
+            )));
+        };
         let target = match (request.scan_id.is_empty(), request.task_id.is_empty()) {
             (false, true) => Uuid::parse_str(&request.scan_id).map(CancelTarget::Scan),
             (true, false) => Uuid::parse_str(&request.task_id).map(CancelTarget::Task),
@@ -354,14 +369,25 @@ impl Dispatch {
             &request.reason
         };
         // A cancel racing a completion can lose a deadlock; the cancel is idempotent, retry it.
-        let mut outcome =
-            store::cancel::cancel(&self.pool, self.bus.subjects(), target, reason).await;
+        let mut outcome = store::cancel::cancel(
+            &self.pool,
+            self.bus.subjects(),
+            Some(organization_id),
+            target,
+            reason,
+        )
+        .await;
         for _ in 0..CANCEL_TRANSIENT_RETRIES_MAX {
             match &outcome {
                 Err(error) if error.is_transient() => {
-                    outcome =
-                        store::cancel::cancel(&self.pool, self.bus.subjects(), target, reason)
-                            .await;
+                    outcome = store::cancel::cancel(
+                        &self.pool,
+                        self.bus.subjects(),
+                        Some(organization_id),
+                        target,
+                        reason,
+                    )
+                    .await;
                 }
                 _ => break,
             }

@@ -439,7 +439,7 @@ async fn burn_down(
     );
     let client = &harness.client;
     let organization = harness.organization_id.to_string();
-    let outcomes = Outcomes::follow(client).await?;
+    let outcomes = Outcomes::follow(client, &harness.organization_id).await?;
     let requests: Vec<_> = (0..scans)
         .map(|index| client.request(&organization, &target(index), profile, &key(name, index)))
         .collect();
@@ -551,7 +551,7 @@ async fn steady(harness: &Harness, options: &BenchOptions) -> anyhow::Result<Ste
     );
     let client = &harness.client;
     let organization = harness.organization_id.to_string();
-    let outcomes = Outcomes::follow(client).await?;
+    let outcomes = Outcomes::follow(client, &harness.organization_id).await?;
     let mut requested_at: HashMap<String, DateTime<Utc>> = HashMap::with_capacity(scans);
     let started = Instant::now();
     let submitted = Arc::new(AtomicU64::new(0));

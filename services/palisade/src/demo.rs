@@ -86,7 +86,7 @@ async fn load(
     options: &DemoOptions,
 ) -> anyhow::Result<DemoReport> {
     let client = &harness.client;
-    let outcomes = Outcomes::follow(client).await?;
+    let outcomes = Outcomes::follow(client, &harness.organization_id).await?;
     let requests = demo_requests(client, harness.organization_id, http_address, options);
     let total_requests = requests.len();
 

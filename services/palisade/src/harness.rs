@@ -206,11 +206,11 @@ pub struct Outcomes {
 }
 
 impl Outcomes {
-    /// Starts following `client`'s scan outcome events (from now on).
-    pub async fn follow(client: &client::Client) -> anyhow::Result<Self> {
+    /// Starts following the scan outcome events of `organization_id` (from now on).
+    pub async fn follow(client: &client::Client, organization_id: &Uuid) -> anyhow::Result<Self> {
         let mut outcomes = Box::pin(
             client
-                .outcomes()
+                .outcomes(organization_id)
                 .await
                 .context("cannot follow scan outcome events")?,
         );

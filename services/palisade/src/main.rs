@@ -380,12 +380,10 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Scan(ScanCommand::Show { scan_id }) => show_scan(&common, scan_id).await,
         Command::Scan(ScanCommand::Cancel { scan_id, reason }) => {
-            let client = cli_client(&common).await?;
-            print_cancel(client.cancel_scan(&scan_id.to_string(), &reason).await?)
+            cancel(&common, store::cancel::CancelTarget::Scan(scan_id), &reason).await
         }
         Command::Task(TaskCommand::Cancel { task_id, reason }) => {
-            let client = cli_client(&common).await?;
-            print_cancel(client.cancel_task(&task_id.to_string(), &reason).await?)
+            cancel(&common, store::cancel::CancelTarget::Task(task_id), &reason).await
         }
         Command::Worker(WorkerCommand::Revoke {
             worker,
@@ -473,19 +471,22 @@ async fn health(url: Option<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn cli_client(common: &CommonSettings) -> anyhow::Result<client::Client> {
-    let bus = bus::Bus::connect(&common.nats_url, common.subjects.clone(), "palisade-cli").await?;
-    Ok(client::Client::new(bus, "cli"))
-}
-
-fn print_cancel(reply: messages::v1::CancelReply) -> anyhow::Result<()> {
-    if let Some(error) = reply.error {
-        anyhow::bail!("refused: {} ({})", error.message, error.code);
+/// Cancels in PostgreSQL, as dispatch's cancel does (the operator may cancel any
+/// organization's scan); the event goes out through a running service's outbox relay.
+async fn cancel(
+    common: &CommonSettings,
+    target: store::cancel::CancelTarget,
+    reason: &str,
+) -> anyhow::Result<()> {
+    use store::cancel::CancelOutcome;
+    let pool = store::connect(&common.database).await?;
+    match store::cancel::cancel(&pool, &common.subjects, None, target, reason).await? {
+        CancelOutcome::Cancelled { scan_id } => println!("scan {scan_id}: cancelled (cancelled)"),
+        CancelOutcome::AlreadyTerminal { scan_id, state } => {
+            println!("scan {scan_id}: {state} (already_terminal)")
+        }
+        CancelOutcome::NotFound => anyhow::bail!("no such scan or task"),
     }
-    println!(
-        "scan {}: {} ({})",
-        reply.scan_id, reply.state, reply.outcome
-    );
     Ok(())
 }
 

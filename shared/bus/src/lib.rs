@@ -166,8 +166,14 @@ impl Bus {
     pub async fn provision(&self, settings: &StreamSettings) -> Result<(), BusError> {
         let subjects = &self.subjects;
         let streams = [
-            (subjects.requests_stream(), vec![subjects.scan_request()]),
-            (subjects.events_stream(), vec![subjects.events_wildcard()]),
+            (
+                subjects.requests_stream(),
+                vec![subjects.client_wildcard(messages::ClientVerb::Request)],
+            ),
+            (
+                subjects.events_stream(),
+                subjects.events_wildcards().to_vec(),
+            ),
             (
                 subjects.results_stream(),
                 [

@@ -8,9 +8,10 @@ use std::time::Duration;
 use bus::Bus;
 use bus::async_nats::jetstream::consumer::{self, DeliverPolicy};
 use futures::StreamExt as _;
-use messages::{ErrorCode, EventKind, v1};
+use messages::{ClientVerb, ErrorCode, EventKind, v1};
 use prost::Message as _;
 use thiserror::Error;
+use uuid::Uuid;
 
 /// Attempts of a synchronous submission before giving up.
 pub const SUBMIT_ATTEMPTS_MAX: u32 = 5;
@@ -48,6 +49,10 @@ pub enum ClientError {
     BadReply(prost::DecodeError),
     #[error("cannot follow scan events: {0}")]
     Events(String),
+    #[error(
+        "invalid request: {0}; the organization must be a UUID and the client id 1..=64 characters of [A-Za-z0-9_-]"
+    )]
+    InvalidRequest(String),
 }
 
 /// Submits scans for one client id.
@@ -103,7 +108,7 @@ impl Client {
         request: &v1::ScanRequest,
     ) -> Result<v1::ScanRequestReply, ClientError> {
         let payload = request.encode_to_vec();
-        let subject = self.bus.subjects().scan_submit();
+        let subject = self.subject(request, ClientVerb::Submit)?;
         let mut last = String::new();
         for attempt in 1..=SUBMIT_ATTEMPTS_MAX {
             match self
@@ -170,7 +175,7 @@ impl Client {
         );
         self.bus
             .publish_durable(
-                self.bus.subjects().scan_request(),
+                self.subject(request, ClientVerb::Request)?,
                 &msg_id,
                 Default::default(),
                 request.encode_to_vec().into(),
@@ -179,75 +184,111 @@ impl Client {
         Ok(())
     }
 
-    /// Cancels a scan; the reply says whether this request cancelled it or it had ended.
+    /// The subject of `request`: its organization's and this client's.
+    fn subject(&self, request: &v1::ScanRequest, verb: ClientVerb) -> Result<String, ClientError> {
+        let organization_id = Uuid::parse_str(&request.organization_id).map_err(|_| {
+            ClientError::InvalidRequest(format!(
+                "organization_id {:?} is not a UUID",
+                request.organization_id
+            ))
+        })?;
+        self.bus
+            .subjects()
+            .client(&organization_id, &request.client_id, verb)
+            .map_err(|error| ClientError::InvalidRequest(error.to_string()))
+    }
+
+    /// Cancels a scan of `organization_id`; the reply says whether this request cancelled it
+    /// or it had ended. A scan of another organization answers `not_found`.
     pub async fn cancel_scan(
         &self,
+        organization_id: &Uuid,
         scan_id: &str,
         reason: &str,
     ) -> Result<v1::CancelReply, ClientError> {
-        self.cancel(v1::CancelRequest {
-            schema_version: messages::SCHEMA_VERSION,
-            scan_id: scan_id.to_owned(),
-            task_id: String::new(),
-            reason: reason.to_owned(),
-        })
+        self.cancel(
+            organization_id,
+            v1::CancelRequest {
+                schema_version: messages::SCHEMA_VERSION,
+                scan_id: scan_id.to_owned(),
+                task_id: String::new(),
+                reason: reason.to_owned(),
+            },
+        )
         .await
     }
 
-    /// Cancels one task, and with it its scan.
+    /// Cancels one task of `organization_id`, and with it its scan.
     pub async fn cancel_task(
         &self,
+        organization_id: &Uuid,
         task_id: &str,
         reason: &str,
     ) -> Result<v1::CancelReply, ClientError> {
-        self.cancel(v1::CancelRequest {
-            schema_version: messages::SCHEMA_VERSION,
-            scan_id: String::new(),
-            task_id: task_id.to_owned(),
-            reason: reason.to_owned(),
-        })
+        self.cancel(
+            organization_id,
+            v1::CancelRequest {
+                schema_version: messages::SCHEMA_VERSION,
+                scan_id: String::new(),
+                task_id: task_id.to_owned(),
+                reason: reason.to_owned(),
+            },
+        )
         .await
     }
 
-    async fn cancel(&self, request: v1::CancelRequest) -> Result<v1::CancelReply, ClientError> {
+    async fn cancel(
+        &self,
+        organization_id: &Uuid,
+        request: v1::CancelRequest,
+    ) -> Result<v1::CancelReply, ClientError> {
+        let subject = self
+            .bus
+            .subjects()
+            .client(organization_id, &self.client_id, ClientVerb::Cancel)
+            .map_err(|error| ClientError::InvalidRequest(error.to_string()))?;
         let reply = self
             .bus
-            .request(
-                self.bus.subjects().cancel(),
-                request.encode_to_vec().into(),
-                self.timeout,
-            )
+            .request(subject, request.encode_to_vec().into(), self.timeout)
             .await?;
         v1::CancelReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
     }
 
-    /// Scan outcome events from now on (deduplicated: read from the events stream).
+    /// Scan outcome events of `organization_id` from now on (deduplicated: read from the
+    /// events stream).
+    ///
+    /// The consumer is named (a random name, which only this process knows) and filtered on
+    /// the organization's events, the one kind of consumer a client's credentials may create;
+    /// it is removed by the server a minute after this stream is dropped.
     pub async fn outcomes(
         &self,
+        organization_id: &Uuid,
     ) -> Result<impl futures::Stream<Item = Outcome> + use<>, ClientError> {
         let subjects = self.bus.subjects();
-        let stream = self
+        let consumer: consumer::PullConsumer = self
             .bus
             .jetstream()
-            .get_stream(subjects.events_stream())
-            .await
-            .map_err(|error| ClientError::Events(error.to_string()))?;
-        let consumer = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: format!("{}.v1.event.scan.*", subjects.prefix()),
-                deliver_policy: DeliverPolicy::New,
-                ..Default::default()
-            })
+            .create_consumer_on_stream(
+                consumer::pull::Config {
+                    name: Some(format!("outcomes-{}", Uuid::new_v4().simple())),
+                    filter_subject: subjects.tenant_events(organization_id),
+                    deliver_policy: DeliverPolicy::New,
+                    ack_policy: consumer::AckPolicy::None,
+                    inactive_threshold: Duration::from_secs(60),
+                    ..Default::default()
+                },
+                subjects.events_stream(),
+            )
             .await
             .map_err(|error| ClientError::Events(error.to_string()))?;
         let messages = consumer
             .messages()
             .await
             .map_err(|error| ClientError::Events(error.to_string()))?;
-        let completed = subjects.event(EventKind::ScanCompleted);
-        let failed = subjects.event(EventKind::ScanFailed);
-        let rejected = subjects.event(EventKind::ScanRejected);
-        let cancelled = subjects.event(EventKind::ScanCancelled);
+        let completed = subjects.tenant_event(organization_id, EventKind::ScanCompleted);
+        let failed = subjects.tenant_event(organization_id, EventKind::ScanFailed);
+        let rejected = subjects.tenant_event(organization_id, EventKind::ScanRejected);
+        let cancelled = subjects.tenant_event(organization_id, EventKind::ScanCancelled);
         Ok(messages.filter_map(move |message| {
             let outcome = message.ok().and_then(|message| {
                 let subject = message.subject.as_str();

@@ -4,14 +4,16 @@
 //! This crate depends on no other workspace crate; everything that crosses a process boundary
 //! is defined here and documented in `docs/protocol/`.
 
+pub mod access;
 pub mod codes;
 pub mod limits;
 pub mod retry;
 pub mod subjects;
 pub mod validate;
 
+pub use access::{Identity, Permissions, Service};
 pub use codes::ErrorCode;
-pub use subjects::{EventKind, Subjects, WorkerVerb};
+pub use subjects::{Audience, ClientVerb, EventKind, Subjects, WorkerVerb};
 
 /// The generated `palisade.v1` messages.
 #[allow(clippy::all, missing_docs)]

@@ -1,5 +1,12 @@
 //! Subject and stream names. Every name is derived from one prefix so that tests (and
 //! several palisade installations on one NATS) never see each other's traffic.
+//!
+//! Who may use a subject is part of its name: a worker's subjects carry its id
+//! (`<prefix>.v1.worker.<worker_id>.<verb>`), a client's carry its organization and its client
+//! id (`<prefix>.v1.org.<organization_id>.client.<client_id>.<verb>`), and the events a tenant
+//! may read carry its organization (`<prefix>.v1.org.<organization_id>.event.<name>`). NATS
+//! permissions on those names ([`crate::access`]) are what confine each credential; the
+//! services check that a message's fields agree with its subject's tokens.
 
 use thiserror::Error;
 
@@ -8,7 +15,50 @@ use thiserror::Error;
 #[error("invalid subject prefix {0:?}: use 1..=32 characters of [A-Za-z0-9_-]")]
 pub struct InvalidPrefix(pub String);
 
-/// Lifecycle events, published from the outbox to `<prefix>.v1.event.<name>`.
+/// A subject token built from an id that is not a NATS token of `[A-Za-z0-9_-]`: it could
+/// inject a wildcard or an extra token.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error(
+    "{what} {value:?} cannot be a subject token: use 1..={TOKEN_BYTES_MAX} characters of [A-Za-z0-9_-]"
+)]
+pub struct InvalidToken {
+    pub what: &'static str,
+    pub value: String,
+}
+
+/// Longest id palisade puts into a subject token.
+pub const TOKEN_BYTES_MAX: usize = 64;
+
+/// `value` as one subject token, or why it cannot be one.
+pub fn token<'v>(what: &'static str, value: &'v str) -> Result<&'v str, InvalidToken> {
+    let valid = !value.is_empty()
+        && value.len() <= TOKEN_BYTES_MAX
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if valid {
+        Ok(value)
+    } else {
+        Err(InvalidToken {
+            what,
+            value: value.to_owned(),
+        })
+    }
+}
+
+/// Who may read an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    /// The scan's organization: published under `<prefix>.v1.org.<organization_id>.event.`.
+    Tenant,
+    /// palisade's services only (they name workers, attempts and tasks):
+    /// `<prefix>.v1.event.`.
+    Services,
+}
+
+/// Lifecycle events, published from the outbox: a tenant's to
+/// `<prefix>.v1.org.<organization_id>.event.<name>`, the services' own to
+/// `<prefix>.v1.event.<name>` (see [`EventKind::audience`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
     ScanAdmitted,
@@ -35,7 +85,22 @@ impl EventKind {
         EventKind::TaskFailed,
     ];
 
-    /// The subject suffix after `<prefix>.v1.event.`.
+    /// Who may read it: scan events are the tenant's, task events the services'.
+    pub const fn audience(self) -> Audience {
+        match self {
+            EventKind::ScanAdmitted
+            | EventKind::ScanRejected
+            | EventKind::ScanCompleted
+            | EventKind::ScanFailed
+            | EventKind::ScanCancelled => Audience::Tenant,
+            EventKind::TaskReady
+            | EventKind::TaskLeased
+            | EventKind::TaskCompleted
+            | EventKind::TaskFailed => Audience::Services,
+        }
+    }
+
+    /// The subject suffix after `…event.`.
     pub const fn name(self) -> &'static str {
         match self {
             EventKind::ScanAdmitted => "scan.admitted",
@@ -82,6 +147,35 @@ impl WorkerVerb {
     }
 }
 
+/// What a client sends; the last token of
+/// `<prefix>.v1.org.<organization_id>.client.<client_id>.<verb>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientVerb {
+    /// JetStream, consumed by admission: a durable scan request.
+    Request,
+    /// Request/reply to admission: a scan request with a synchronous answer.
+    Submit,
+    /// Request/reply to dispatch: cancel a scan or a task of this organization.
+    Cancel,
+}
+
+impl ClientVerb {
+    pub const fn name(self) -> &'static str {
+        match self {
+            ClientVerb::Request => "request",
+            ClientVerb::Submit => "submit",
+            ClientVerb::Cancel => "cancel",
+        }
+    }
+}
+
+/// The organization and client tokens of a client subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientSubject<'s> {
+    pub organization_id: &'s str,
+    pub client_id: &'s str,
+}
+
 /// All subject and stream names of one palisade installation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subjects {
@@ -110,23 +204,76 @@ impl Subjects {
         &self.prefix
     }
 
-    /// JetStream: durable scan requests.
-    pub fn scan_request(&self) -> String {
-        format!("{}.v1.scan.request", self.prefix)
+    /// A client's subject: `<prefix>.v1.org.<organization_id>.client.<client_id>.<verb>`.
+    /// The organization is a UUID in its canonical spelling; the client id must be a token.
+    pub fn client(
+        &self,
+        organization_id: &uuid::Uuid,
+        client_id: &str,
+        verb: ClientVerb,
+    ) -> Result<String, InvalidToken> {
+        let client_id = token("client_id", client_id)?;
+        Ok(format!(
+            "{}.v1.org.{organization_id}.client.{client_id}.{}",
+            self.prefix,
+            verb.name()
+        ))
     }
 
-    /// Core NATS request/reply: scan request with a synchronous answer.
-    pub fn scan_submit(&self) -> String {
-        format!("{}.v1.scan.submit", self.prefix)
+    /// `<prefix>.v1.org.*.client.*.<verb>`: what admission and dispatch serve, and the
+    /// requests stream's subject.
+    pub fn client_wildcard(&self, verb: ClientVerb) -> String {
+        format!("{}.v1.org.*.client.*.{}", self.prefix, verb.name())
     }
 
+    /// The organization and client tokens of a client subject of this installation.
+    pub fn client_of<'s>(&self, subject: &'s str) -> Option<ClientSubject<'s>> {
+        let rest = subject
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(".v1.org.")?;
+        let (organization_id, rest) = rest.split_once('.')?;
+        let (client_id, _verb) = rest.strip_prefix("client.")?.split_once('.')?;
+        Some(ClientSubject {
+            organization_id,
+            client_id,
+        })
+    }
+
+    /// An event of the services' own (`EventKind::audience` is `Services`):
+    /// `<prefix>.v1.event.<name>`.
     pub fn event(&self, kind: EventKind) -> String {
+        debug_assert_eq!(kind.audience(), Audience::Services, "{kind:?}");
         format!("{}.v1.event.{}", self.prefix, kind.name())
     }
 
-    /// Core NATS request/reply: cancel a scan or a task (answered by dispatch).
-    pub fn cancel(&self) -> String {
-        format!("{}.v1.cancel", self.prefix)
+    /// A tenant's event (`EventKind::audience` is `Tenant`):
+    /// `<prefix>.v1.org.<organization_id>.event.<name>`.
+    pub fn tenant_event(&self, organization_id: &uuid::Uuid, kind: EventKind) -> String {
+        debug_assert_eq!(kind.audience(), Audience::Tenant, "{kind:?}");
+        format!(
+            "{}.v1.org.{organization_id}.event.{}",
+            self.prefix,
+            kind.name()
+        )
+    }
+
+    /// Every event of one organization: `<prefix>.v1.org.<organization_id>.event.>`.
+    pub fn tenant_events(&self, organization_id: &uuid::Uuid) -> String {
+        format!("{}.v1.org.{organization_id}.event.>", self.prefix)
+    }
+
+    /// The event kind a subject of the events stream names, tenant or services'.
+    pub fn event_kind_of(&self, subject: &str) -> Option<EventKind> {
+        let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".v1.")?;
+        let name = match rest.strip_prefix("event.") {
+            Some(name) => name,
+            None => rest
+                .strip_prefix("org.")?
+                .split_once('.')?
+                .1
+                .strip_prefix("event.")?,
+        };
+        EventKind::ALL.into_iter().find(|kind| kind.name() == name)
     }
 
     /// Core NATS only (no stream captures it): hints that wake dispatch's waiting acquires,
@@ -143,11 +290,24 @@ impl Subjects {
         format!("{}.v1.dispatch.ready", self.prefix)
     }
 
-    pub fn events_wildcard(&self) -> String {
-        format!("{}.v1.event.>", self.prefix)
+    /// The events stream's subjects: the services' events and every tenant's.
+    pub fn events_wildcards(&self) -> [String; 2] {
+        [
+            format!("{}.v1.event.>", self.prefix),
+            format!("{}.v1.org.*.event.>", self.prefix),
+        ]
     }
 
+    /// Where replies and PubAcks to one identity arrive: its own inbox prefix, so a
+    /// credential may be granted its own replies and nobody else's (never `_INBOX.>`).
+    pub fn inbox_prefix(&self, identity: &crate::access::Identity) -> String {
+        format!("_INBOX_{}.{}", self.prefix, identity.token())
+    }
+
+    /// `worker_id` is a UUID in its canonical spelling (or, in tests that forge subjects,
+    /// any token).
     pub fn worker(&self, worker_id: &str, verb: WorkerVerb) -> String {
+        debug_assert!(token("worker_id", worker_id).is_ok(), "{worker_id:?}");
         format!("{}.v1.worker.{}.{}", self.prefix, worker_id, verb.name())
     }
 
@@ -196,8 +356,30 @@ mod tests {
     #[test]
     fn names_derive_from_the_prefix() {
         let s = Subjects::new("t-1").unwrap();
-        assert_eq!(s.scan_request(), "t-1.v1.scan.request");
+        let org = uuid::Uuid::nil();
+        assert_eq!(
+            s.client(&org, "ci", ClientVerb::Request).unwrap(),
+            "t-1.v1.org.00000000-0000-0000-0000-000000000000.client.ci.request"
+        );
+        assert_eq!(
+            s.client_of("t-1.v1.org.o.client.c.cancel"),
+            Some(ClientSubject {
+                organization_id: "o",
+                client_id: "c"
+            })
+        );
+        assert_eq!(s.client_of("t-1.v1.org.o.event.scan.failed"), None);
         assert_eq!(s.event(EventKind::TaskReady), "t-1.v1.event.task.ready");
+        let completed = s.tenant_event(&org, EventKind::ScanCompleted);
+        assert_eq!(
+            completed,
+            "t-1.v1.org.00000000-0000-0000-0000-000000000000.event.scan.completed"
+        );
+        assert_eq!(s.event_kind_of(&completed), Some(EventKind::ScanCompleted));
+        assert_eq!(
+            s.event_kind_of("t-1.v1.event.task.ready"),
+            Some(EventKind::TaskReady)
+        );
         assert_eq!(s.worker("w", WorkerVerb::Ack), "t-1.v1.worker.w.ack");
         assert_eq!(
             s.worker_wildcard(WorkerVerb::Result),
@@ -206,6 +388,19 @@ mod tests {
         assert_eq!(s.worker_id_of("t-1.v1.worker.abc.renew"), Some("abc"));
         assert_eq!(s.worker_id_of("other.v1.worker.abc.renew"), None);
         assert_eq!(s.results_stream(), "T_1_RESULTS");
+    }
+
+    #[test]
+    fn ids_that_are_not_one_token_cannot_become_subjects() {
+        let s = Subjects::new("p").unwrap();
+        for bad in ["", "a.b", "*", ">", "a b", "a\tb", &"x".repeat(65)] {
+            assert!(
+                s.client(&uuid::Uuid::nil(), bad, ClientVerb::Submit)
+                    .is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(token("client_id", "ci-1_A").is_ok());
     }
 
     #[test]

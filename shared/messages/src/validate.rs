@@ -40,6 +40,33 @@ pub fn worker_id(subject_worker: Option<&str>, field: &str) -> Result<Uuid, v1::
     Uuid::parse_str(field).map_err(|_| invalid(format!("worker_id {field:?} is not a UUID")))
 }
 
+/// The client a message claims to come from: its subject must be a client subject whose
+/// organization token is `organization_id` (in any spelling of the UUID) and whose client token
+/// is `client_id`, so NATS permissions on subjects confine what a client credential can claim.
+pub fn client_subject(
+    subjects: &crate::Subjects,
+    subject: &str,
+    organization_id: &Uuid,
+    client_id: &str,
+) -> Result<(), v1::Error> {
+    let Some(tokens) = subjects.client_of(subject) else {
+        return Err(invalid(format!("{subject:?} is not a client subject")));
+    };
+    if Uuid::parse_str(tokens.organization_id).ok() != Some(*organization_id) {
+        return Err(invalid(format!(
+            "organization_id {organization_id} does not match the subject's organization {:?}",
+            tokens.organization_id
+        )));
+    }
+    if tokens.client_id != client_id {
+        return Err(invalid(format!(
+            "client_id {client_id:?} does not match the subject's client id {:?}",
+            tokens.client_id
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +78,19 @@ mod tests {
         assert!(worker_id(Some("other"), &id).is_err());
         assert!(worker_id(None, &id).is_err());
         assert!(worker_id(Some("nope"), "nope").is_err());
+    }
+
+    #[test]
+    fn a_client_message_must_match_its_subject() {
+        let subjects = crate::Subjects::new("p").unwrap();
+        let organization = Uuid::now_v7();
+        let subject = subjects
+            .client(&organization, "ci", crate::ClientVerb::Submit)
+            .unwrap();
+        assert!(client_subject(&subjects, &subject, &organization, "ci").is_ok());
+        assert!(client_subject(&subjects, &subject, &Uuid::now_v7(), "ci").is_err());
+        assert!(client_subject(&subjects, &subject, &organization, "other").is_err());
+        assert!(client_subject(&subjects, "p.v1.event.task.ready", &organization, "ci").is_err());
     }
 
     #[test]

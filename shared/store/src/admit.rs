@@ -437,8 +437,13 @@ async fn write(
             required_capabilities: vec![job.plugin.to_owned()],
         };
         events.push(
-            OutboxEvent::new(subjects, EventKind::ScanAdmitted, admitted.encode_to_vec())
-                .in_trace_of(*scan_id),
+            OutboxEvent::for_tenant(
+                subjects,
+                &request.organization_id,
+                EventKind::ScanAdmitted,
+                admitted.encode_to_vec(),
+            )
+            .in_trace_of(*scan_id),
         );
         events.push(
             OutboxEvent::new(subjects, EventKind::TaskReady, ready.encode_to_vec())

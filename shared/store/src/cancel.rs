@@ -44,10 +44,13 @@ pub enum CancelOutcome {
     NotFound,
 }
 
-/// Cancels `target` in one transaction.
+/// Cancels `target` in one transaction. With `organization_id`, only a scan or task of that
+/// organization: another's answers `NotFound`, exactly as one that does not exist, so a client
+/// learns nothing of other tenants.
 pub async fn cancel(
     pool: &PgPool,
     subjects: &Subjects,
+    organization_id: Option<Uuid>,
     target: CancelTarget,
     reason: &str,
 ) -> Result<CancelOutcome, StoreError> {
@@ -55,12 +58,13 @@ pub async fn cancel(
     let scan_id = match target {
         CancelTarget::Scan(scan_id) => Some(scan_id),
         CancelTarget::Task(task_id) => {
-            let task: Option<(Option<Uuid>, String)> =
+            let task: Option<(Option<Uuid>, String, Uuid)> =
                 sql::query_as(sql::worker_tasks::SCAN_OF_TASK)
                     .bind(task_id)
                     .fetch_optional(&mut *tx)
                     .await?;
-            match task {
+            let task = task.filter(|(_, _, owner)| organization_id.is_none_or(|id| id == *owner));
+            match task.map(|(scan_id, state, _)| (scan_id, state)) {
                 // A task that ended stays ended (terminal is terminal); its scan goes on.
                 Some((Some(scan_id), state))
                     if TaskState::parse(&state).is_some_and(TaskState::is_terminal) =>
@@ -75,7 +79,7 @@ pub async fn cancel(
     let Some(scan_id) = scan_id else {
         return Ok(CancelOutcome::NotFound);
     };
-    let outcome = cancel_scan(&mut tx, subjects, scan_id, reason).await?;
+    let outcome = cancel_scan(&mut tx, subjects, organization_id, scan_id, reason).await?;
     tx.commit().await?;
     Ok(outcome)
 }
@@ -83,6 +87,7 @@ pub async fn cancel(
 async fn cancel_scan(
     conn: &mut PgConnection,
     subjects: &Subjects,
+    scope: Option<Uuid>,
     scan_id: Uuid,
     reason: &str,
 ) -> Result<CancelOutcome, StoreError> {
@@ -103,6 +108,10 @@ async fn cancel_scan(
     let Some((state, organization_id, client_id, idempotency_key)) = scan else {
         return Ok(CancelOutcome::NotFound);
     };
+    if scope.is_some_and(|scope| scope != organization_id) {
+        // Nothing was written; the transaction rolls back with its locks.
+        return Ok(CancelOutcome::NotFound);
+    }
     if !ScanState::parse(&state).is_some_and(|state| ScanState::ACTIVE.contains(&state)) {
         return Ok(CancelOutcome::AlreadyTerminal { scan_id, state });
     }
@@ -151,8 +160,9 @@ async fn cancel_scan(
     };
     outbox::enqueue(
         conn,
-        &[OutboxEvent::new(
+        &[OutboxEvent::for_tenant(
             subjects,
+            &organization_id,
             EventKind::ScanCancelled,
             event.encode_to_vec(),
         )],

@@ -34,10 +34,26 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
+    /// An event of the services' own (task events), on `<prefix>.v1.event.<name>`.
     pub fn new(subjects: &Subjects, kind: EventKind, payload: Vec<u8>) -> Self {
+        Self::on(subjects.event(kind), kind, payload)
+    }
+
+    /// A tenant's event (scan events), on `<prefix>.v1.org.<organization_id>.event.<name>`,
+    /// where only that organization's clients may read it.
+    pub fn for_tenant(
+        subjects: &Subjects,
+        organization_id: &Uuid,
+        kind: EventKind,
+        payload: Vec<u8>,
+    ) -> Self {
+        Self::on(subjects.tenant_event(organization_id, kind), kind, payload)
+    }
+
+    fn on(subject: String, kind: EventKind, payload: Vec<u8>) -> Self {
         Self {
             id: Uuid::now_v7(),
-            subject: subjects.event(kind),
+            subject,
             payload,
             headers: BTreeMap::new(),
             trace_scan_id: None,

@@ -173,8 +173,9 @@ pub async fn advance(
     for done in complete_scans(conn, &finished).await? {
         let scan = &scans[&done.scan_id];
         events.push(
-            OutboxEvent::new(
+            OutboxEvent::for_tenant(
                 subjects,
+                &done.organization_id,
                 EventKind::ScanCompleted,
                 v1::ScanCompleted {
                     scan_id: done.scan_id.to_string(),
@@ -389,8 +390,9 @@ pub async fn fail_tasks(
             row.idempotency_key,
             row.failed_at_unix_ms,
         ) {
-            outcome.events.push(in_trace(OutboxEvent::new(
+            outcome.events.push(in_trace(OutboxEvent::for_tenant(
                 subjects,
+                &task.organization_id,
                 EventKind::ScanFailed,
                 v1::ScanFailed {
                     scan_id: scan_id.to_string(),

@@ -232,7 +232,7 @@ async fn terminal_events(
     let last = stream.info().await?.state.last_sequence;
     let consumer = stream
         .create_consumer(bus::async_nats::jetstream::consumer::pull::Config {
-            filter_subject: format!("{}.v1.event.scan.>", subjects.prefix()),
+            filter_subject: format!("{}.v1.org.*.event.scan.>", subjects.prefix()),
             ack_policy: bus::async_nats::jetstream::consumer::AckPolicy::None,
             inactive_threshold: Duration::from_secs(60),
             ..Default::default()
@@ -266,7 +266,7 @@ async fn terminal_events(
             );
             let Some(&(kind, state)) = kinds
                 .iter()
-                .find(|(kind, _)| message.subject.as_str() == subjects.event(*kind))
+                .find(|(kind, _)| subjects.event_kind_of(message.subject.as_str()) == Some(*kind))
             else {
                 continue;
             };

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bus::Bus;
 use futures::StreamExt as _;
-use messages::WorkerVerb;
+use messages::{ClientVerb, WorkerVerb};
 use rand::{Rng as _, SeedableRng as _};
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +43,7 @@ pub async fn run(
 ) {
     let subjects = bus.subjects().clone();
     let watched = [
-        subjects.scan_request(),
+        subjects.client_wildcard(ClientVerb::Request),
         subjects.worker_wildcard(WorkerVerb::Result),
         subjects.worker_wildcard(WorkerVerb::Complete),
         subjects.worker_wildcard(WorkerVerb::Fail),

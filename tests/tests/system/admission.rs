@@ -189,8 +189,8 @@ async fn durable_requests_are_admitted_once_even_when_published_twice() {
     let request = system.request(org, "http://durable.test", &["alpha"]);
     let payload = prost::Message::encode_to_vec(&request);
     // Two different Nats-Msg-Ids: JetStream stores both, admission must converge.
-    system.publish_request_bytes(payload.clone()).await;
-    system.publish_request_bytes(payload).await;
+    system.publish_request_bytes(org, payload.clone()).await;
+    system.publish_request_bytes(org, payload).await;
     system
         .wait_for("the scan to be admitted", || async {
             (system.table_counts().await["scans"] == 1).then_some(())

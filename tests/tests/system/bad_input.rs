@@ -12,7 +12,7 @@ async fn malformed_and_invalid_scan_requests_are_rejected_as_events_and_terminat
     let mut rejections = system
         .bus
         .client()
-        .subscribe(system.subjects.event(EventKind::ScanRejected))
+        .subscribe(system.subjects.tenant_event(&org, EventKind::ScanRejected))
         .await
         .unwrap();
     system.bus.flush().await.unwrap();
@@ -39,7 +39,7 @@ async fn malformed_and_invalid_scan_requests_are_rejected_as_events_and_terminat
         ),
     ];
     for (payload, expected) in cases {
-        system.publish_request_bytes(payload).await;
+        system.publish_request_bytes(org, payload).await;
         let event = tokio::time::timeout(tests::WAIT_MAX, rejections.next())
             .await
             .unwrap()

@@ -152,6 +152,7 @@ struct Scenario {
     started: Instant,
     cluster: NatsCluster,
     system: TestSystem,
+    organization_id: Uuid,
     watch: Watch,
     observer: Observer,
     /// Every stream and durable consumer.
@@ -206,7 +207,13 @@ impl Scenario {
         let load = Load::start(
             client::Client::new(load_bus, "cluster-load"),
             organization_id,
-            subjects.scan_request(),
+            subjects
+                .client(
+                    &organization_id,
+                    "cluster-load",
+                    messages::ClientVerb::Request,
+                )
+                .expect("a token"),
         );
         system
             .wait_for("the load to flow", || async {
@@ -217,6 +224,7 @@ impl Scenario {
             started,
             cluster,
             system,
+            organization_id,
             watch,
             observer,
             assets,
@@ -257,6 +265,7 @@ impl Scenario {
             started,
             cluster,
             system,
+            organization_id,
             watch,
             load,
             metrics_before,
@@ -279,7 +288,7 @@ impl Scenario {
         system.wait_outbox_drained().await;
 
         check_ledger(&system, &keys).await;
-        check_events(&system, keys.len()).await;
+        check_events(&system, &organization_id, keys.len()).await;
         for component in [
             Component::Admission,
             Component::Dispatch,
@@ -941,8 +950,10 @@ async fn check_ledger(system: &TestSystem, keys: &[String]) {
 }
 
 /// The events stream holds exactly one `scan.completed` per scan.
-async fn check_events(system: &TestSystem, scans: usize) {
-    let subject = system.subjects.event(EventKind::ScanCompleted);
+async fn check_events(system: &TestSystem, organization_id: &Uuid, scans: usize) {
+    let subject = system
+        .subjects
+        .tenant_event(organization_id, EventKind::ScanCompleted);
     let counts =
         tests::stream_subject_counts(system, &system.subjects.events_stream(), &subject).await;
     assert_eq!(

@@ -29,7 +29,7 @@ async fn a_cancelled_scan_stops_its_worker_at_the_next_renew() {
 
     let reply = system
         .client()
-        .cancel_scan(&scan.scan_id, "operator said so")
+        .cancel_scan(&scan.organization_id, &scan.scan_id, "operator said so")
         .await
         .unwrap();
     assert!(reply.error.is_none(), "{reply:?}");
@@ -66,7 +66,7 @@ async fn a_cancelled_scan_stops_its_worker_at_the_next_renew() {
     // Terminal stays terminal: cancelling again changes nothing.
     let again = system
         .client()
-        .cancel_scan(&scan.scan_id, "again")
+        .cancel_scan(&scan.organization_id, &scan.scan_id, "again")
         .await
         .unwrap();
     assert_eq!(
@@ -87,7 +87,11 @@ async fn cancelling_a_completed_scan_is_refused_cleanly() {
     system.wait_scan_state(&scan.scan_id, "completed").await;
     let reply = system
         .client()
-        .cancel_task(&task_id(&scan.lease).to_string(), "too late")
+        .cancel_task(
+            &scan.organization_id,
+            &task_id(&scan.lease).to_string(),
+            "too late",
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -97,7 +101,7 @@ async fn cancelling_a_completed_scan_is_refused_cleanly() {
     assert_eq!(system.scan_state(&scan.scan_id).await, "completed");
     let unknown = system
         .client()
-        .cancel_scan(&Uuid::new_v4().to_string(), "")
+        .cancel_scan(&scan.organization_id, &Uuid::new_v4().to_string(), "")
         .await
         .unwrap();
     assert_eq!(
@@ -172,7 +176,13 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
                     barrier.wait().await;
                 }
                 retry_transient(|| {
-                    store::cancel::cancel(&pool, &subjects, CancelTarget::Scan(scan_id), "race")
+                    store::cancel::cancel(
+                        &pool,
+                        &subjects,
+                        None,
+                        CancelTarget::Scan(scan_id),
+                        "race",
+                    )
                 })
                 .await
             }

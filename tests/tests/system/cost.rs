@@ -41,7 +41,7 @@ async fn every_statement_and_message_of_a_scan_is_charged_to_its_lane() {
     let mut completed = system
         .bus
         .client()
-        .subscribe(system.subjects.event(EventKind::ScanCompleted))
+        .subscribe(system.subjects.tenant_event(&org, EventKind::ScanCompleted))
         .await
         .expect("subscribe to scan.completed");
     system.bus.flush().await.expect("flush");

@@ -42,18 +42,8 @@ async fn every_event_is_relayed_once_from_the_outbox() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
     system.complete_with_findings(&scan, 1).await;
-    let counts = tests::stream_subject_counts(
-        &system,
-        &system.subjects.events_stream(),
-        &system.subjects.events_wildcard(),
-    )
-    .await;
-    let count = |name: &str| {
-        counts
-            .get(&format!("{}.v1.event.{name}", system.subjects.prefix()))
-            .copied()
-            .unwrap_or(0)
-    };
+    let counts = tests::event_counts(&system).await;
+    let count = |name: &str| counts.get(name).copied().unwrap_or(0);
     assert_eq!(count("scan.admitted"), 1, "{counts:?}");
     assert_eq!(count("task.ready"), 1);
     assert_eq!(count("task.leased"), 1);
@@ -66,12 +56,7 @@ async fn every_event_is_relayed_once_from_the_outbox() {
         .await
         .unwrap();
     system.wait_outbox_drained().await;
-    let again = tests::stream_subject_counts(
-        &system,
-        &system.subjects.events_stream(),
-        &system.subjects.events_wildcard(),
-    )
-    .await;
+    let again = tests::event_counts(&system).await;
     assert_eq!(again, counts);
     system.finish().await;
 }

@@ -87,7 +87,11 @@ async fn flat_cost_no_large_table_is_read_sequentially_on_a_large_history() {
     let mut completed = system
         .bus
         .client()
-        .subscribe(system.subjects.event(EventKind::ScanCompleted))
+        .subscribe(
+            system
+                .subjects
+                .tenant_event(&organization_id, EventKind::ScanCompleted),
+        )
         .await
         .expect("subscribe to scan.completed");
     system.bus.flush().await.expect("flush");
@@ -121,7 +125,7 @@ async fn flat_cost_no_large_table_is_read_sequentially_on_a_large_history() {
     system.wait_scan_state(&slow, "running").await;
     let reply = system
         .client()
-        .cancel_scan(&slow, "flat-cost test")
+        .cancel_scan(&organization_id, &slow, "flat-cost test")
         .await
         .expect("dispatch answers");
     assert!(reply.error.is_none(), "{reply:?}");

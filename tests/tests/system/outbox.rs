@@ -12,22 +12,13 @@ use crate::admit::Requests;
 
 /// Events per name on the scan's stream, by the short name (`scan.admitted`).
 async fn events_by_name(system: &TestSystem) -> BTreeMap<String, usize> {
-    let prefix = format!("{}.v1.event.", system.subjects.prefix());
-    tests::stream_subject_counts(
-        system,
-        &system.subjects.events_stream(),
-        &system.subjects.events_wildcard(),
-    )
-    .await
-    .into_iter()
-    .map(|(subject, count)| (subject.trim_start_matches(&prefix).to_owned(), count))
-    .collect()
+    tests::event_counts(system).await
 }
 
 /// Rows as (subject suffix, published, times a poll claimed it).
 async fn outbox_rows(system: &TestSystem) -> Vec<(String, bool, i32)> {
     sqlx::query_as(
-        "SELECT split_part(subject, '.v1.event.', 2), published_at IS NOT NULL, publish_attempts
+        "SELECT split_part(subject, '.event.', 2), published_at IS NOT NULL, publish_attempts
          FROM outbox ORDER BY id",
     )
     .fetch_all(&system.pool)

@@ -1,3 +1,3 @@
--- The scan a task belongs to, and the task's state.
+-- The scan a task belongs to, the task's state and its organization.
 -- $1: task_id
-SELECT scan_id, state FROM worker_tasks WHERE id = $1
+SELECT scan_id, state, organization_id FROM worker_tasks WHERE id = $1
