@@ -245,7 +245,7 @@ impl TestSystem {
                     store::redact_url(&database_url)
                 )
             });
-        let connections = Connections::open(&settings.common, "palisade-test")
+        let connections = Connections::open(&settings.common, &messages::Identity::Operator)
             .await
             .unwrap_or_else(|error| {
                 panic!("cannot start palisade: {error}; is NATS with JetStream running (NATS_URL)?")

@@ -67,6 +67,26 @@ impl NatsServer {
         server
     }
 
+    /// A server that authenticates every connection against `authority` (operator mode, a
+    /// full account resolver in its own directory) and enforces each user's permissions.
+    pub async fn start_secured(authority: &identity::Authority) -> Self {
+        let binary =
+            std::env::var_os("NATS_SERVER_BIN").map_or("nats-server".into(), PathBuf::from);
+        let mut server = Self::new(binary);
+        let resolver = server.dir.path().join("jwt");
+        std::fs::create_dir_all(&resolver).expect("resolver directory");
+        let config = server.dir.path().join("secured.conf");
+        std::fs::write(&config, authority.server_config(&resolver)).expect("server config");
+        server.config = Some(config);
+        server.restart().await;
+        server
+    }
+
+    /// The server's log, when it was started with a configuration.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats-server.log")).unwrap_or_default()
+    }
+
     /// A server of `binary`, not started yet.
     fn new(binary: PathBuf) -> Self {
         Self {

@@ -94,9 +94,12 @@ pub struct Service {
 impl Service {
     /// Connects (checking NATS version, streams and schema) and builds the service.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let connections = Connections::open(&settings.common, "palisade-admission")
-            .await
-            .context("failed to connect")?;
+        let connections = Connections::open(
+            &settings.common,
+            &messages::Identity::Service(messages::Service::Admission),
+        )
+        .await
+        .context("failed to connect")?;
         Ok(Self::from_connections(settings, connections))
     }
 

@@ -101,9 +101,12 @@ pub struct Service {
 
 impl Service {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let connections = Connections::open(&settings.common, "palisade-dispatch")
-            .await
-            .context("failed to connect")?;
+        let connections = Connections::open(
+            &settings.common,
+            &messages::Identity::Service(messages::Service::Dispatch),
+        )
+        .await
+        .context("failed to connect")?;
         Ok(Self::from_connections(settings, connections))
     }
 

@@ -56,9 +56,12 @@ pub struct Service {
 
 impl Service {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let connections = Connections::open(&settings.common, "palisade-enrichment")
-            .await
-            .context("failed to connect")?;
+        let connections = Connections::open(
+            &settings.common,
+            &messages::Identity::Service(messages::Service::Enrichment),
+        )
+        .await
+        .context("failed to connect")?;
         Ok(Self::from_connections(settings, connections))
     }
 

@@ -88,9 +88,12 @@ pub struct Service {
 
 impl Service {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let connections = Connections::open(&settings.common, "palisade-ingestion")
-            .await
-            .context("failed to connect")?;
+        let connections = Connections::open(
+            &settings.common,
+            &messages::Identity::Service(messages::Service::Ingestion),
+        )
+        .await
+        .context("failed to connect")?;
         Ok(Self::from_connections(settings, connections))
     }
 

@@ -346,8 +346,13 @@ async fn main() -> anyhow::Result<()> {
             priority,
             deadline_secs,
         }) => {
-            let bus = bus::Bus::connect(&common.nats_url, common.subjects.clone(), "palisade-cli")
-                .await?;
+            let bus = bus::Bus::connect(
+                &common.nats_url,
+                &common.nats_credentials,
+                common.subjects.clone(),
+                &messages::Identity::Operator,
+            )
+            .await?;
             let client = client::Client::new(bus, client);
             let key = key.unwrap_or_else(|| Uuid::new_v4().to_string());
             let plugin_names: Vec<&str> = plugins.iter().map(String::as_str).collect();

@@ -65,7 +65,7 @@ impl System {
     /// and, when `http_addr` is set, the health endpoints.
     pub async fn start(settings: SystemSettings) -> anyhow::Result<Self> {
         prepare_database(&settings.common).await?;
-        let connections = Connections::open(&settings.common, "palisade-dev")
+        let connections = Connections::open(&settings.common, &messages::Identity::Operator)
             .await
             .context("failed to connect")?;
         let shutdown = CancellationToken::new();

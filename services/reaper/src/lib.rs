@@ -123,9 +123,12 @@ pub struct Service {
 
 impl Service {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let connections = Connections::open(&settings.common, "palisade-reaper")
-            .await
-            .context("failed to connect")?;
+        let connections = Connections::open(
+            &settings.common,
+            &messages::Identity::Service(messages::Service::Reaper),
+        )
+        .await
+        .context("failed to connect")?;
         Ok(Self::from_connections(settings, connections))
     }
 

@@ -33,6 +33,9 @@ pub fn plugins() -> Vec<Arc<dyn worker::Plugin>> {
 pub struct Settings {
     /// `NATS_URL`, default [`Settings::NATS_URL_DEFAULT`].
     pub nats_url: String,
+    /// `NATS_CREDS`: the `.creds` file `palisade worker add` wrote for this worker; unset only
+    /// against a server without authentication.
+    pub nats_credentials: Option<std::path::PathBuf>,
     /// `PALISADE_SUBJECT_PREFIX`, default `palisade`.
     pub subjects: Subjects,
     /// `PALISADE_WORKER_ID`, required: the id `palisade worker add` printed.
@@ -89,6 +92,7 @@ impl Settings {
         };
         Ok(Self {
             nats_url,
+            nats_credentials: set("NATS_CREDS").map(std::path::PathBuf::from),
             subjects,
             worker_id,
             capacity,
@@ -99,10 +103,22 @@ impl Settings {
 /// Connects to NATS and runs the worker with every plugin until `shutdown`, then releases
 /// the leases still running.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let credentials = match &settings.nats_credentials {
+        Some(path) => bus::NatsCredentials::from_file(path)?,
+        None => {
+            tracing::warn!(
+                "NATS_CREDS is not set: connecting without credentials, which only a server without authentication accepts"
+            );
+            bus::NatsCredentials::none()
+        }
+    };
     let bus = bus::Bus::connect(
         &settings.nats_url,
+        &credentials,
         settings.subjects.clone(),
-        "palisade-worker",
+        &messages::Identity::Worker {
+            worker_id: settings.worker_id,
+        },
     )
     .await
     .context("failed to connect to NATS")?;

@@ -59,6 +59,10 @@ pub enum BusError {
         #[source]
         source: async_nats::ConnectError,
     },
+    #[error(
+        "cannot read the NATS credentials {path}: {reason}; NATS_CREDS names the .creds file `palisade nats init`, `worker add` or `client add` wrote"
+    )]
+    Credentials { path: String, reason: String },
     #[error("NATS server {found} is too old: palisade needs {}.{}.{} or newer with JetStream enabled", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
     ServerTooOld { found: String },
     #[error(
@@ -75,6 +79,48 @@ pub enum BusError {
     Subscribe { subject: String, message: String },
     #[error("consumer {consumer} failed: {message}")]
     Consume { consumer: String, message: String },
+}
+
+/// The NATS credentials a process connects with (`NATS_CREDS`: a `.creds` file holding the
+/// user JWT and its seed, issued by `palisade nats init`, `worker add` or `client add`), or
+/// none for a server without authentication. `Debug` never shows the seed.
+#[derive(Clone, Default)]
+pub struct NatsCredentials(Option<std::sync::Arc<str>>);
+
+impl std::fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "NatsCredentials(<creds>)"
+        } else {
+            "NatsCredentials(none)"
+        })
+    }
+}
+
+impl NatsCredentials {
+    /// No credentials: a server without authentication (development only).
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// The text of a `.creds` file.
+    pub fn from_creds(creds: impl Into<std::sync::Arc<str>>) -> Self {
+        Self(Some(creds.into()))
+    }
+
+    /// Reads a `.creds` file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, BusError> {
+        std::fs::read_to_string(path)
+            .map(Self::from_creds)
+            .map_err(|error| BusError::Credentials {
+                path: path.display().to_string(),
+                reason: error.to_string(),
+            })
+    }
+
+    pub fn is_some(&self) -> bool {
+        self.0.is_some()
+    }
 }
 
 /// Stream settings operators tune (replicas for clusters).
@@ -116,19 +162,40 @@ impl Bus {
     /// ([`PING_INTERVAL`]); subscriptions are restored on the new connection.
     /// Losing and regaining the connection is logged and counted
     /// (`palisade_nats_connection_events_total`).
-    pub async fn connect(url: &str, subjects: Subjects, name: &str) -> Result<Self, BusError> {
+    ///
+    /// It connects as `identity` with `credentials`: the connection's name says who it is, and
+    /// its replies arrive under the identity's own inbox prefix
+    /// ([`Subjects::inbox_prefix`]), the only inbox its credentials may read.
+    pub async fn connect(
+        url: &str,
+        credentials: &NatsCredentials,
+        subjects: Subjects,
+        identity: &messages::Identity,
+    ) -> Result<Self, BusError> {
         let servers = server_addrs(url)?;
+        let options = match &credentials.0 {
+            Some(creds) => {
+                async_nats::ConnectOptions::with_credentials(creds).map_err(|error| {
+                    BusError::Credentials {
+                        path: "NATS_CREDS".into(),
+                        reason: error.to_string(),
+                    }
+                })?
+            }
+            None => async_nats::ConnectOptions::new(),
+        };
         // No retry_on_initial_connect: the version check below needs the server's INFO,
         // which only a completed connection has. Each server of the list is tried once.
-        let client = async_nats::ConnectOptions::new()
-            .name(name)
+        let client = options
+            .name(format!("palisade-{}", identity.token()))
+            .custom_inbox_prefix(subjects.inbox_prefix(identity))
             .connection_timeout(CONNECT_TIMEOUT)
             .ping_interval(PING_INTERVAL)
             .event_callback(|event| async move { connection_event(&event) })
             .connect(servers)
             .await
             .map_err(|source| BusError::Connect {
-                url: url.to_owned(),
+                url: redact_url(url),
                 source,
             })?;
         Self::from_client(client, subjects).await
@@ -356,9 +423,25 @@ pub struct OutgoingMessage {
 /// The servers of `NATS_URL`: one URL, or a comma-separated list of them (a cluster's).
 /// Blanks around entries are ignored; an empty list or an entry that is not a server address
 /// is refused, naming it.
+/// `url` without passwords (`nats://user:secret@host` → `nats://user:***@host`), for errors
+/// and logs.
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|entry| match (entry.find("://"), entry.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                let userinfo = &entry[scheme + 3..at];
+                let user = userinfo.split(':').next().unwrap_or_default();
+                format!("{}{user}:***{}", &entry[..scheme + 3], &entry[at..])
+            }
+            _ => entry.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 pub fn server_addrs(url: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
     let invalid = |reason: String| BusError::InvalidUrl {
-        url: url.to_owned(),
+        url: redact_url(url),
         reason,
     };
     let servers = url

@@ -21,10 +21,14 @@ pub enum SettingsError {
 
 /// The variable's value, or `default` when unset or empty.
 pub fn string(name: &'static str, default: &str) -> String {
-    match std::env::var(name) {
-        Ok(value) if !value.trim().is_empty() => value,
-        _ => default.to_owned(),
-    }
+    optional_string(name).unwrap_or_else(|| default.to_owned())
+}
+
+/// The variable's value, or `None` when unset or empty.
+pub fn optional_string(name: &'static str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
 }
 
 /// The variable parsed as `T`, or `default` when unset or empty.

@@ -12,7 +12,7 @@ pub mod plumbing;
 use std::time::Duration;
 
 use bus::{Bus, StreamSettings};
-use messages::Subjects;
+use messages::{Identity, Subjects};
 use store::{DatabaseSettings, PgPool};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +25,9 @@ pub use plumbing::{Plumbing, RunningPlumbing};
 pub struct CommonSettings {
     pub database: DatabaseSettings,
     pub nats_url: String,
+    /// `NATS_CREDS`: the `.creds` file this process connects with; none for a server
+    /// without authentication.
+    pub nats_credentials: bus::NatsCredentials,
     pub subjects: Subjects,
     pub streams: StreamSettings,
     /// How `/metrics` computes its database gauges (the live-worker window follows the lease
@@ -70,6 +73,15 @@ impl CommonSettings {
         Ok(Self {
             database,
             nats_url: env::string("NATS_URL", Self::NATS_URL_DEFAULT),
+            nats_credentials: match env::optional_string("NATS_CREDS") {
+                Some(path) => bus::NatsCredentials::from_file(std::path::Path::new(&path))
+                    .map_err(|error| SettingsError::Invalid {
+                        name: "NATS_CREDS",
+                        value: path,
+                        reason: error.to_string(),
+                    })?,
+                None => bus::NatsCredentials::none(),
+            },
             subjects,
             streams: StreamSettings { replicas },
             metrics: metrics::MetricsSettings::from_env()?,
@@ -100,7 +112,10 @@ pub struct Connections {
 impl Connections {
     /// Connects to both, refuses a NATS server that is too old, provisions the streams and
     /// checks the schema is migrated.
-    pub async fn open(settings: &CommonSettings, client_name: &str) -> Result<Self, StartupError> {
+    pub async fn open(
+        settings: &CommonSettings,
+        identity: &Identity,
+    ) -> Result<Self, StartupError> {
         let pool = store::connect(&settings.database).await?;
         let applied = store::applied_migration_version(&pool)
             .await
@@ -109,7 +124,13 @@ impl Connections {
         if applied.is_none_or(|applied| applied < expected) {
             return Err(StartupError::SchemaBehind { applied, expected });
         }
-        let bus = Bus::connect(&settings.nats_url, settings.subjects.clone(), client_name).await?;
+        let bus = Bus::connect(
+            &settings.nats_url,
+            &settings.nats_credentials,
+            settings.subjects.clone(),
+            identity,
+        )
+        .await?;
         bus.provision(&settings.streams).await?;
         Ok(Self { pool, bus })
     }

@@ -447,7 +447,7 @@ impl World {
         palisade::system::prepare_database(&common)
             .await
             .expect("the suite's database migrates");
-        let connections = Connections::open(&common, "palisade-chaos")
+        let connections = Connections::open(&common, &messages::Identity::Operator)
             .await
             .expect("the suite connects");
         let logs = tempfile::Builder::new()

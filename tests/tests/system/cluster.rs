@@ -201,9 +201,14 @@ impl Scenario {
         for asset in &assets {
             observer.lead_from(&cluster, leader, asset).await;
         }
-        let load_bus = Bus::connect(&cluster.urls(), subjects.clone(), "cluster-load")
-            .await
-            .expect("the load's own connection to the cluster");
+        let load_bus = Bus::connect(
+            &cluster.urls(),
+            &bus::NatsCredentials::none(),
+            subjects.clone(),
+            &messages::Identity::Operator,
+        )
+        .await
+        .expect("the load's own connection to the cluster");
         let load = Load::start(
             client::Client::new(load_bus, "cluster-load"),
             organization_id,
@@ -564,9 +569,14 @@ struct Observer {
 impl Observer {
     async fn connect(cluster: &NatsCluster, nodes: &[usize], subjects: &Subjects) -> Self {
         let urls: Vec<String> = nodes.iter().map(|node| cluster.url(*node)).collect();
-        let bus = Bus::connect(&urls.join(","), subjects.clone(), "cluster-observer")
-            .await
-            .expect("observer connected");
+        let bus = Bus::connect(
+            &urls.join(","),
+            &bus::NatsCredentials::none(),
+            subjects.clone(),
+            &messages::Identity::Operator,
+        )
+        .await
+        .expect("observer connected");
         let mut advisories = bus
             .client()
             .subscribe("$JS.EVENT.ADVISORY.*.LEADER_ELECTED.>")

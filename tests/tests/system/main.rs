@@ -22,4 +22,5 @@ mod redelivery;
 mod renew;
 mod schema;
 mod scripts;
+mod security;
 mod tracing;

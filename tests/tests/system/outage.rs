@@ -61,9 +61,14 @@ impl Outage {
             .await
             .expect("organization created");
         pool.close().await;
-        let bus = bus::Bus::connect(&nats_url, subjects.clone(), "outage-test")
-            .await
-            .expect("NATS reachable");
+        let bus = bus::Bus::connect(
+            &nats_url,
+            &bus::NatsCredentials::none(),
+            subjects.clone(),
+            &messages::Identity::Operator,
+        )
+        .await
+        .expect("NATS reachable");
         let client = client::Client::new(bus.clone(), "outage-client");
         Self {
             postgres,

@@ -1,0 +1,381 @@
+//! palisade's identities on the bus, as NATS decentralized authentication (operator mode).
+//!
+//! One **authority** holds three keys: the operator's, the system account's (the server's own
+//! account, used here only to push account updates) and the palisade account's, under which
+//! every service, worker, client and operator connects. Each of those gets a **user JWT**
+//! signed by the palisade account, carrying the subject permissions of its role
+//! (`messages::access`) and never a bearer token: connecting also takes the user's private
+//! seed, which only its holder has. The authority's seeds live in files (a Kubernetes secret),
+//! never in PostgreSQL; PostgreSQL keeps only public keys.
+//!
+//! **Revocation** is a list in the account JWT (user public key → time): the authority signs
+//! the account again with the revoked keys of PostgreSQL and pushes it to the servers through
+//! the system account, and the servers close those users' connections at once and refuse new
+//! ones. The list is rebuilt from PostgreSQL on every push, so a push is idempotent and a
+//! re-enabled identity leaves the list.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use messages::{Identity, Permissions, Subjects};
+use nats_io_jwt::{
+    Account, Claims, Operator, OperatorLimits, Permission, ResponsePermission, RevocationList,
+    RevocationListKey, SigningKeys, Token, User,
+};
+use nkeys::KeyPair;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum IdentityError {
+    #[error(
+        "cannot read the NATS authority in {dir}: {reason}; create one with `palisade nats init --dir {dir}` or set PALISADE_NATS_AUTHORITY to its directory"
+    )]
+    Read { dir: PathBuf, reason: String },
+    #[error("cannot write {path}: {reason}")]
+    Write { path: PathBuf, reason: String },
+    #[error("{0:?} is not a NATS user public key (it starts with U and is 56 characters)")]
+    NotAUserKey(String),
+    #[error(
+        "cannot push the account to NATS at {url}: {reason}; the revocation is recorded in PostgreSQL, run `palisade nats push` once NATS answers"
+    )]
+    Push { url: String, reason: String },
+}
+
+/// File names inside an authority directory.
+const OPERATOR_SEED: &str = "operator.nk";
+const SYSTEM_SEED: &str = "system-account.nk";
+const ACCOUNT_SEED: &str = "account.nk";
+
+/// The palisade account's name in its JWT.
+const ACCOUNT_NAME: &str = "palisade";
+
+/// How long a service may take to answer a request it received (`allow_responses`); dispatch's
+/// long-polled acquire is the longest.
+const RESPONSE_TTL: Duration = Duration::from_secs(120);
+
+/// A user's credentials: what `NATS_CREDS` points at, the user JWT and its seed.
+#[derive(Clone)]
+pub struct Credentials {
+    /// The user's public key (`U…`), which PostgreSQL records for revocation.
+    pub public_key: String,
+    /// The `.creds` file text (JWT and seed), as `nsc` writes it.
+    pub file: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("public_key", &self.public_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The operator, system account and palisade account keys.
+pub struct Authority {
+    operator: KeyPair,
+    system: KeyPair,
+    account: KeyPair,
+}
+
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authority")
+            .field("operator", &self.operator.public_key())
+            .field("account", &self.account.public_key())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A revoked user: its public key and when (unix seconds): every JWT of that key issued at
+/// or before it is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoked {
+    pub public_key: String,
+    pub at_unix_secs: i64,
+}
+
+impl Authority {
+    /// Fresh keys.
+    pub fn generate() -> Self {
+        Self {
+            operator: KeyPair::new_operator(),
+            system: KeyPair::new_account(),
+            account: KeyPair::new_account(),
+        }
+    }
+
+    /// Reads the keys [`Authority::write`] wrote.
+    pub fn read(dir: &Path) -> Result<Self, IdentityError> {
+        let seed = |name: &str| -> Result<KeyPair, IdentityError> {
+            let path = dir.join(name);
+            let text = std::fs::read_to_string(&path).map_err(|error| IdentityError::Read {
+                dir: dir.to_owned(),
+                reason: format!("{}: {error}", path.display()),
+            })?;
+            KeyPair::from_seed(text.trim()).map_err(|error| IdentityError::Read {
+                dir: dir.to_owned(),
+                reason: format!("{}: {error}", path.display()),
+            })
+        };
+        Ok(Self {
+            operator: seed(OPERATOR_SEED)?,
+            system: seed(SYSTEM_SEED)?,
+            account: seed(ACCOUNT_SEED)?,
+        })
+    }
+
+    /// Writes the three seeds (mode 0600) into `dir`, which is created.
+    pub fn write(&self, dir: &Path) -> Result<(), IdentityError> {
+        std::fs::create_dir_all(dir).map_err(|error| IdentityError::Write {
+            path: dir.to_owned(),
+            reason: error.to_string(),
+        })?;
+        for (name, key) in [
+            (OPERATOR_SEED, &self.operator),
+            (SYSTEM_SEED, &self.system),
+            (ACCOUNT_SEED, &self.account),
+        ] {
+            write_secret(&dir.join(name), &seed_of(key))?;
+        }
+        Ok(())
+    }
+
+    /// The palisade account's public key (`A…`).
+    pub fn account_public_key(&self) -> String {
+        self.account.public_key()
+    }
+
+    /// The operator JWT (self-signed), naming the system account.
+    pub fn operator_jwt(&self) -> String {
+        let mut operator = Operator::default();
+        operator.system_account = Some(self.system.public_key().into());
+        operator.signing_keys = Some(SigningKeys::from(&self.operator));
+        Token::new(self.operator.public_key())
+            .name("palisade-operator")
+            .claims(Claims::Operator(operator))
+            .sign(&self.operator)
+    }
+
+    /// The system account's JWT.
+    pub fn system_account_jwt(&self) -> String {
+        Token::new(self.system.public_key())
+            .name("SYS")
+            .claims(Claims::Account(Account::default()))
+            .sign(&self.operator)
+    }
+
+    /// The palisade account's JWT: JetStream enabled, bearer tokens refused, `revoked` users
+    /// refused.
+    pub fn account_jwt(&self, revoked: &[Revoked]) -> String {
+        let limits = OperatorLimits {
+            disallow_bearer: true,
+            ..OperatorLimits::default()
+        };
+        let revocations: HashMap<RevocationListKey, i64> = revoked
+            .iter()
+            .filter_map(|revoked| {
+                let key = revoked.public_key.parse::<RevocationListKey>().ok()?;
+                Some((key, revoked.at_unix_secs))
+            })
+            .collect();
+        let account = Account {
+            limits: Some(limits),
+            revocations: (!revocations.is_empty()).then(|| RevocationList::from(revocations)),
+            ..Account::default()
+        };
+        Token::new(self.account.public_key())
+            .name(ACCOUNT_NAME)
+            .claims(Claims::Account(account))
+            .sign(&self.operator)
+    }
+
+    /// The part of a `nats-server` configuration that makes it trust this authority:
+    /// operator, system account, a full account resolver storing JWTs in `resolver_dir`
+    /// (pushed updates survive restarts there), and the two accounts preloaded.
+    pub fn server_config(&self, resolver_dir: &Path) -> String {
+        format!(
+            "operator: {operator}\nsystem_account: {system}\nresolver: {{\n  type: full\n  dir: {dir:?}\n  allow_delete: false\n  interval: \"2m\"\n}}\nresolver_preload: {{\n  {system}: {system_jwt}\n  {account}: {account_jwt}\n}}\n",
+            operator = self.operator_jwt(),
+            system = self.system.public_key(),
+            dir = resolver_dir.display().to_string(),
+            system_jwt = self.system_account_jwt(),
+            account = self.account.public_key(),
+            account_jwt = self.account_jwt(&[]),
+        )
+    }
+
+    /// New credentials for `identity` (a fresh key pair; the seed is only in the file).
+    pub fn issue(&self, subjects: &Subjects, identity: &Identity) -> Credentials {
+        self.issue_with(&identity.token(), &subjects.permissions(identity))
+    }
+
+    /// A user JWT for `identity` over a public key its holder generated (`nsc`/`nk -gen
+    /// user`): the private seed never leaves the holder.
+    pub fn issue_for_key(
+        &self,
+        subjects: &Subjects,
+        identity: &Identity,
+        public_key: &str,
+    ) -> Result<String, IdentityError> {
+        if !public_key.starts_with('U') || nkeys::KeyPair::from_public_key(public_key).is_err() {
+            return Err(IdentityError::NotAUserKey(public_key.to_owned()));
+        }
+        Ok(self.user_jwt(
+            public_key,
+            &identity.token(),
+            &subjects.permissions(identity),
+        ))
+    }
+
+    /// New credentials with explicit permissions (the system tests' own unrestricted user).
+    pub fn issue_with(&self, name: &str, permissions: &Permissions) -> Credentials {
+        let user = KeyPair::new_user();
+        let jwt = self.user_jwt(&user.public_key(), name, permissions);
+        Credentials {
+            public_key: user.public_key(),
+            file: creds_file(&jwt, &seed_of(&user)),
+        }
+    }
+
+    fn user_jwt(&self, public_key: &str, name: &str, permissions: &Permissions) -> String {
+        let list = |subjects: &[String]| Permission {
+            allow: Some(subjects.to_vec().into()),
+            deny: None,
+        };
+        let user = User {
+            bearer_token: false,
+            pub_: Some(list(&permissions.publish)),
+            sub: Some(list(&permissions.subscribe)),
+            resp: permissions.responses.then(|| ResponsePermission {
+                max: Some(1),
+                ttl: Some(RESPONSE_TTL.as_nanos() as i64),
+            }),
+            ..User::default()
+        };
+        Token::new(public_key.to_owned())
+            .name(name)
+            .claims(Claims::User(user))
+            .sign(&self.account)
+    }
+
+    /// Credentials of a system-account user, to push account updates with.
+    fn system_user(&self) -> Credentials {
+        let user = KeyPair::new_user();
+        let jwt = Token::new(user.public_key())
+            .name("palisade-push")
+            .claims(Claims::User(User {
+                bearer_token: false,
+                ..User::default()
+            }))
+            .sign(&self.system);
+        Credentials {
+            public_key: user.public_key(),
+            file: creds_file(&jwt, &seed_of(&user)),
+        }
+    }
+
+    /// Signs the palisade account with `revoked` and pushes it to the NATS servers at `url`
+    /// (one URL or a comma-separated list; a cluster passes it on). Once this returns, every
+    /// connection of a revoked user has been closed and no new one is accepted.
+    pub async fn push(&self, url: &str, revoked: &[Revoked]) -> Result<(), IdentityError> {
+        let push_error = |reason: String| IdentityError::Push {
+            url: url.to_owned(),
+            reason,
+        };
+        let servers: Vec<async_nats::ServerAddr> = url
+            .split(',')
+            .map(|server| server.trim().parse())
+            .collect::<Result<_, _>>()
+            .map_err(|error: std::io::Error| push_error(error.to_string()))?;
+        let client = async_nats::ConnectOptions::with_credentials(&self.system_user().file)
+            .map_err(|error| push_error(error.to_string()))?
+            .name("palisade-push")
+            .connection_timeout(Duration::from_secs(5))
+            .connect(servers)
+            .await
+            .map_err(|error| push_error(error.to_string()))?;
+        let subject = format!(
+            "$SYS.REQ.ACCOUNT.{}.CLAIMS.UPDATE",
+            self.account.public_key()
+        );
+        let reply = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.request(subject, self.account_jwt(revoked).into()),
+        )
+        .await
+        .map_err(|_| push_error("no answer within 10 s".into()))?
+        .map_err(|error| push_error(error.to_string()))?;
+        let answer: serde_json::Value = serde_json::from_slice(&reply.payload)
+            .map_err(|error| push_error(format!("unreadable answer: {error}")))?;
+        if let Some(error) = answer.get("error") {
+            return Err(push_error(error.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// The `.creds` file format of `nsc` and the NATS clients.
+pub fn creds_file(jwt: &str, seed: &str) -> String {
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\
+         NKEYs are sensitive and should be treated as secrets.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n\n\
+         *************************************************************\n"
+    )
+}
+
+/// Writes `text` readable by its owner only.
+pub fn write_secret(path: &Path, text: &str) -> Result<(), IdentityError> {
+    use std::io::Write as _;
+    let error = |error: std::io::Error| IdentityError::Write {
+        path: path.to_owned(),
+        reason: error.to_string(),
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path).map_err(error)?;
+    file.write_all(text.as_bytes()).map_err(error)
+}
+
+fn seed_of(key: &KeyPair) -> String {
+    key.seed()
+        .expect("generated and read key pairs hold their seed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_authority_survives_its_directory() {
+        let dir = std::env::temp_dir().join(format!("palisade-authority-{}", std::process::id()));
+        let authority = Authority::generate();
+        authority.write(&dir).unwrap();
+        let read = Authority::read(&dir).unwrap();
+        assert_eq!(read.account_public_key(), authority.account_public_key());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn credentials_are_never_bearer_tokens() {
+        let authority = Authority::generate();
+        let subjects = Subjects::new("p").unwrap();
+        let credentials = authority.issue(&subjects, &Identity::Operator);
+        let jwt = credentials.file.lines().nth(1).unwrap();
+        let claims = jwt.split('.').nth(1).unwrap();
+        let claims = data_encoding::BASE64URL_NOPAD
+            .decode(claims.as_bytes())
+            .unwrap();
+        let claims = String::from_utf8(claims).unwrap();
+        assert!(claims.contains("\"bearer_token\":false"), "{claims}");
+        assert!(
+            !format!("{credentials:?}").contains("SU"),
+            "no seed in Debug"
+        );
+    }
+}
