@@ -62,6 +62,98 @@ pub struct TestSystem {
     database_url: String,
     shutdown: CancellationToken,
     running: Mutex<HashMap<Component, RunningComponent>>,
+    /// The NATS identities of this system: issues credentials when the server authenticates.
+    pub nats: TestNats,
+    /// Each service's own connection, with its own credentials.
+    service_buses: HashMap<Component, Bus>,
+}
+
+/// The NATS a test system runs on: by default a server of its own that authenticates every
+/// connection and enforces each credential's permissions, so every system test runs with
+/// credentials on; `NATS_URL` (or a test's own settings) points it at an open server instead.
+pub struct TestNats {
+    url: String,
+    subjects: Subjects,
+    /// `None` for an open server.
+    pub authority: Option<Arc<identity::Authority>>,
+    server: Option<servers::NatsServer>,
+    /// Credential files written for child processes.
+    files: tempfile::TempDir,
+}
+
+impl TestNats {
+    /// Credentials for `identity`; none on an open server.
+    pub fn credentials(&self, identity: &messages::Identity) -> bus::NatsCredentials {
+        match &self.authority {
+            Some(authority) => bus::NatsCredentials::from_creds(
+                authority.issue(&self.subjects, identity).file.as_str(),
+            ),
+            None => bus::NatsCredentials::none(),
+        }
+    }
+
+    /// Credentials allowed everything: the test's own connection, which plays every part.
+    fn unrestricted(&self) -> bus::NatsCredentials {
+        match &self.authority {
+            Some(authority) => {
+                let everything = messages::Permissions {
+                    publish: vec![">".into()],
+                    subscribe: vec![">".into()],
+                    responses: true,
+                };
+                bus::NatsCredentials::from_creds(
+                    authority.issue_with("test", &everything).file.as_str(),
+                )
+            }
+            None => bus::NatsCredentials::none(),
+        }
+    }
+
+    /// A connection as `identity` with its own credentials.
+    pub async fn connect(&self, identity: &messages::Identity) -> Bus {
+        Bus::connect(
+            &self.url,
+            &self.credentials(identity),
+            self.subjects.clone(),
+            identity,
+        )
+        .await
+        .unwrap_or_else(|error| panic!("{identity:?} cannot connect: {error}"))
+    }
+
+    /// `NATS_URL` and, on a server that authenticates, `NATS_CREDS` (a file of `identity`'s
+    /// credentials) for a child process.
+    pub fn child_env(&self, identity: &messages::Identity) -> Vec<(&'static str, String)> {
+        let mut env = vec![("NATS_URL", self.url.clone())];
+        if let Some(authority) = &self.authority {
+            let path =
+                self.files
+                    .path()
+                    .join(format!("{}-{}.creds", identity.token(), Uuid::new_v4()));
+            identity::write_secret(&path, &authority.issue(&self.subjects, identity).file)
+                .expect("credentials written");
+            env.push(("NATS_CREDS", path.display().to_string()));
+        }
+        env
+    }
+
+    /// The secured server's log (empty for an open server).
+    pub fn server_log(&self) -> String {
+        self.server
+            .as_ref()
+            .map(servers::NatsServer::log)
+            .unwrap_or_default()
+    }
+
+    /// Pushes the account with `revoked` users to the server.
+    pub async fn push_revocations(&self, revoked: &[identity::Revoked]) {
+        self.authority
+            .as_ref()
+            .expect("a server that authenticates")
+            .push(&self.url, revoked)
+            .await
+            .expect("account pushed");
+    }
 }
 
 /// Logs of a test's child process (`test-service`, `test-worker`): plain text on stderr, which
@@ -98,7 +190,8 @@ pub fn init_test_logging() {
 #[derive(Debug, Clone)]
 struct Backends {
     database_url: String,
-    nats_url: String,
+    /// `None`: each test system runs a `nats-server` of its own that authenticates.
+    nats_url: Option<String>,
 }
 
 const LOCAL_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -120,13 +213,19 @@ async fn backends() -> Backends {
                 }),
             };
             let nats_url = match std::env::var("NATS_URL").ok() {
-                Some(url) => url,
-                None if port_answers(4222).await => LOCAL_NATS_URL.to_owned(),
-                None => containers::nats().await.unwrap_or_else(|| {
+                Some(url) => Some(url),
+                None if servers::nats_server_available() => None,
+                None if port_answers(4222).await => {
+                    eprintln!(
+                        "no nats-server binary (NATS_SERVER_BIN or PATH): the tests run on the open server at {LOCAL_NATS_URL}, without credentials"
+                    );
+                    Some(LOCAL_NATS_URL.to_owned())
+                }
+                None => Some(containers::nats().await.unwrap_or_else(|| {
                     panic!(
-                        "no NATS: set NATS_URL, start `nats-server -js` on 127.0.0.1:4222, or run Docker for testcontainers"
+                        "no NATS: install nats-server (or set NATS_SERVER_BIN), set NATS_URL, or run Docker for testcontainers"
                     )
-                }),
+                })),
             };
             Backends {
                 database_url,
@@ -218,8 +317,20 @@ impl TestSystem {
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(database_url.clone());
         common.database.max_connections = 8;
-        common.nats_url = backends.nats_url.clone();
         common.subjects = Subjects::new(&format!("t{}", &id[..12])).expect("valid prefix");
+        // Secured unless NATS_URL names a server to use.
+        let (authority, server) = match &backends.nats_url {
+            Some(url) => {
+                common.nats_url = url.clone();
+                (None, None)
+            }
+            None => {
+                let authority = identity::Authority::generate();
+                let server = servers::NatsServer::start_secured(&authority).await;
+                common.nats_url = server.url();
+                (Some(Arc::new(authority)), Some(server))
+            }
+        };
 
         let mut settings = SystemSettings::from_common(common.clone()).expect("valid settings");
         // Fast redelivery and polling so tests finish quickly; behaviour is unchanged.
@@ -235,7 +346,18 @@ impl TestSystem {
         settings.enrichment.poll = Duration::from_millis(100);
         // Tests run in parallel: no health server unless a test asks for one on a free port.
         settings.http_addr = None;
+        let secured_url = settings.common.nats_url.clone();
         configure(&mut settings);
+        // A test that chose its own NATS (a cluster, a server it kills) runs it open.
+        let own_nats = settings.common.nats_url != secured_url;
+        let nats = TestNats {
+            url: settings.common.nats_url.clone(),
+            subjects: settings.common.subjects.clone(),
+            authority: if own_nats { None } else { authority },
+            server: if own_nats { None } else { server },
+            files: tempfile::tempdir().expect("temporary directory"),
+        };
+        settings.common.nats_credentials = nats.unrestricted();
 
         palisade::system::prepare_database(&settings.common)
             .await
@@ -264,7 +386,22 @@ impl TestSystem {
             ),
             None => None,
         };
+        let mut service_buses = HashMap::new();
+        for (component, service) in [
+            (Component::Admission, messages::Service::Admission),
+            (Component::Dispatch, messages::Service::Dispatch),
+            (Component::Ingestion, messages::Service::Ingestion),
+            (Component::Reaper, messages::Service::Reaper),
+            (Component::Enrichment, messages::Service::Enrichment),
+        ] {
+            service_buses.insert(
+                component,
+                nats.connect(&messages::Identity::Service(service)).await,
+            );
+        }
         let system = Self {
+            nats,
+            service_buses,
             pool: connections.pool.clone(),
             bus: connections.bus.clone(),
             subjects: settings.common.subjects.clone(),
@@ -286,10 +423,11 @@ impl TestSystem {
         system
     }
 
-    fn connections(&self) -> Connections {
+    /// The connections `component` runs on: the shared pool and its own NATS connection.
+    fn connections(&self, component: Component) -> Connections {
         Connections {
             pool: self.pool.clone(),
-            bus: self.bus.clone(),
+            bus: self.service_buses[&component].clone(),
         }
     }
 
@@ -301,33 +439,42 @@ impl TestSystem {
             Component::Admission => {
                 let mut settings = self.settings.admission.clone();
                 settings.crash_after_commit = Some(self.admission_crash.clone());
-                let service = admission::Service::from_connections(settings, self.connections());
+                let service = admission::Service::from_connections(
+                    settings,
+                    self.connections(Component::Admission),
+                );
                 tokio::spawn(service.run_until_stopped(token))
             }
             Component::Dispatch => {
                 let service = dispatch::Service::from_connections(
                     self.settings.dispatch.clone(),
-                    self.connections(),
+                    self.connections(Component::Dispatch),
                 );
                 tokio::spawn(service.run_until_stopped(token))
             }
             Component::Ingestion => {
                 let mut settings = self.settings.ingestion.clone();
                 settings.crash_after_commit = Some(self.ingestion_crash.clone());
-                let service = ingestion::Service::from_connections(settings, self.connections());
+                let service = ingestion::Service::from_connections(
+                    settings,
+                    self.connections(Component::Ingestion),
+                );
                 tokio::spawn(service.run_until_stopped(token))
             }
             Component::Reaper => {
                 let service = reaper::Service::from_connections(
                     self.settings.reaper.clone(),
-                    self.connections(),
+                    self.connections(Component::Reaper),
                 );
                 tokio::spawn(service.run_until_stopped(token))
             }
             Component::Enrichment => {
                 let mut settings = self.settings.enrichment.clone();
                 settings.http_addr = None;
-                let service = enrichment::Service::from_connections(settings, self.connections());
+                let service = enrichment::Service::from_connections(
+                    settings,
+                    self.connections(Component::Enrichment),
+                );
                 tokio::spawn(service.run_until_stopped(token))
             }
         };
@@ -383,7 +530,10 @@ impl TestSystem {
 
     /// A reaper whose `run_once` the test calls.
     pub fn reaper(&self) -> reaper::Service {
-        reaper::Service::from_connections(self.settings.reaper.clone(), self.connections())
+        reaper::Service::from_connections(
+            self.settings.reaper.clone(),
+            self.connections(Component::Reaper),
+        )
     }
 
     /// A new organization.
@@ -398,7 +548,14 @@ impl TestSystem {
     /// A registered worker assigned to `organization_id`, driven by hand.
     pub async fn manual_worker(&self, organization_id: Uuid, capacity: u32) -> ManualWorker {
         let id = self.registered_worker(organization_id, capacity).await;
-        ManualWorker::connect(self.bus.clone(), id).await
+        ManualWorker::connect(self.worker_bus(id).await, id).await
+    }
+
+    /// A connection as worker `worker_id`, with its own credentials.
+    pub async fn worker_bus(&self, worker_id: Uuid) -> Bus {
+        self.nats
+            .connect(&messages::Identity::Worker { worker_id })
+            .await
     }
 
     /// Registers a worker and assigns it; returns its id.
@@ -421,7 +578,7 @@ impl TestSystem {
     ) -> Arc<worker::WorkerStats> {
         let id = self.registered_worker(organization_id, capacity).await;
         let worker = worker::Worker::new(
-            self.bus.clone(),
+            self.worker_bus(id).await,
             worker::WorkerConfig::new(id, capacity),
             reference_worker::plugins(),
         )
@@ -442,8 +599,12 @@ impl TestSystem {
         // A stop waits for the long-poll in flight (its leases are released, not abandoned):
         // keep it short.
         config.acquire_wait = Duration::from_millis(250);
-        let worker = worker::Worker::new(self.bus.clone(), config, reference_worker::plugins())
-            .expect("valid worker");
+        let worker = worker::Worker::new(
+            self.worker_bus(worker_id).await,
+            config,
+            reference_worker::plugins(),
+        )
+        .expect("valid worker");
         let stop = self.shutdown.child_token();
         let handle = tokio::spawn(worker.run(stop.clone()));
         StoppableWorker {
@@ -1041,7 +1202,11 @@ impl WorkerProcess {
     ) -> Self {
         let worker_id = system.registered_worker(organization_id, capacity).await;
         let child = tokio::process::Command::new(binary)
-            .env("NATS_URL", &system.settings.common.nats_url)
+            .envs(
+                system
+                    .nats
+                    .child_env(&messages::Identity::Worker { worker_id }),
+            )
             .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
             .env("PALISADE_WORKER_ID", worker_id.to_string())
             .env("PALISADE_WORKER_CAPACITY", capacity.to_string())

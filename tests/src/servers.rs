@@ -46,6 +46,21 @@ pub async fn port_answers(port: u16) -> bool {
         .is_ok()
 }
 
+/// The `nats-server` binary tests start: `NATS_SERVER_BIN`, else `nats-server` on `PATH`.
+fn nats_server_binary() -> PathBuf {
+    std::env::var_os("NATS_SERVER_BIN").map_or("nats-server".into(), PathBuf::from)
+}
+
+/// Whether [`nats_server_binary`] runs.
+pub fn nats_server_available() -> bool {
+    std::process::Command::new(nats_server_binary())
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
 /// A `nats-server -js` of this test's own; its JetStream store survives restarts.
 pub struct NatsServer {
     binary: PathBuf,
@@ -60,9 +75,7 @@ pub struct NatsServer {
 impl NatsServer {
     /// A server from `NATS_SERVER_BIN`, else `nats-server` on `PATH`.
     pub async fn start() -> Self {
-        let binary =
-            std::env::var_os("NATS_SERVER_BIN").map_or("nats-server".into(), PathBuf::from);
-        let mut server = Self::new(binary);
+        let mut server = Self::new(nats_server_binary());
         server.restart().await;
         server
     }
@@ -70,9 +83,7 @@ impl NatsServer {
     /// A server that authenticates every connection against `authority` (operator mode, a
     /// full account resolver in its own directory) and enforces each user's permissions.
     pub async fn start_secured(authority: &identity::Authority) -> Self {
-        let binary =
-            std::env::var_os("NATS_SERVER_BIN").map_or("nats-server".into(), PathBuf::from);
-        let mut server = Self::new(binary);
+        let mut server = Self::new(nats_server_binary());
         let resolver = server.dir.path().join("jwt");
         std::fs::create_dir_all(&resolver).expect("resolver directory");
         let config = server.dir.path().join("secured.conf");

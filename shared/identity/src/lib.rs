@@ -159,9 +159,21 @@ impl Authority {
 
     /// The system account's JWT.
     pub fn system_account_jwt(&self) -> String {
+        // Connections unlimited (the push connects here); no JetStream, which the server
+        // refuses for its system account.
+        let account = Account {
+            limits: Some(OperatorLimits {
+                disk_storage: 0,
+                mem_storage: 0,
+                streams: 0,
+                consumer: 0,
+                ..OperatorLimits::default()
+            }),
+            ..Account::default()
+        };
         Token::new(self.system.public_key())
             .name("SYS")
-            .claims(Claims::Account(Account::default()))
+            .claims(Claims::Account(account))
             .sign(&self.operator)
     }
 

@@ -257,6 +257,12 @@ impl Subjects {
         )
     }
 
+    /// One kind of tenant event, of every organization: `<prefix>.v1.org.*.event.<name>`.
+    pub fn tenant_event_wildcard(&self, kind: EventKind) -> String {
+        debug_assert_eq!(kind.audience(), Audience::Tenant, "{kind:?}");
+        format!("{}.v1.org.*.event.{}", self.prefix, kind.name())
+    }
+
     /// Every event of one organization: `<prefix>.v1.org.<organization_id>.event.>`.
     pub fn tenant_events(&self, organization_id: &uuid::Uuid) -> String {
         format!("{}.v1.org.{organization_id}.event.>", self.prefix)

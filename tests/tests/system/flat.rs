@@ -90,7 +90,7 @@ async fn flat_cost_no_large_table_is_read_sequentially_on_a_large_history() {
         .subscribe(
             system
                 .subjects
-                .tenant_event(&organization_id, EventKind::ScanCompleted),
+                .tenant_event_wildcard(EventKind::ScanCompleted),
         )
         .await
         .expect("subscribe to scan.completed");

@@ -19,7 +19,11 @@ fn spawn_replica(system: &TestSystem, index: usize, sweeps: Sweeps) -> tokio::pr
     let mut child = tokio::process::Command::new(SERVICE)
         .arg("reaper")
         .env("DATABASE_URL", &system.settings.common.database.url)
-        .env("NATS_URL", &system.settings.common.nats_url)
+        .envs(
+            system
+                .nats
+                .child_env(&messages::Identity::Service(messages::Service::Reaper)),
+        )
         .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
         .env("PALISADE_REAPER_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string())
         .env("PALISADE_REAPER_LEASE_TTL_MS", LEASE_TTL_MS.to_string())
