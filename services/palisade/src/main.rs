@@ -112,6 +112,12 @@ enum Command {
     /// Workers.
     #[command(subcommand)]
     Worker(WorkerCommand),
+    /// Clients: services that submit scans for the organizations they are bound to.
+    #[command(subcommand)]
+    Client(ClientCommand),
+    /// Identity on NATS: the authority that issues every credential, and revocations.
+    #[command(subcommand)]
+    Nats(NatsCommand),
     /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
     /// the failing checks otherwise.
     Health {
@@ -179,6 +185,8 @@ enum TaskCommand {
 #[derive(Debug, Subcommand)]
 enum WorkerCommand {
     /// Register a worker identity; prints its id (give it to the worker as PALISADE_WORKER_ID).
+    /// With PALISADE_NATS_AUTHORITY set, also issues its NATS credentials (to --creds, or a
+    /// JWT for the --public-key it generated); running it again for an --id replaces them.
     Add {
         #[arg(long)]
         name: String,
@@ -186,6 +194,8 @@ enum WorkerCommand {
         capacity: i32,
         #[arg(long)]
         id: Option<Uuid>,
+        #[command(flatten)]
+        credentials: CredentialsArgs,
     },
     /// Let a worker serve an organization.
     Assign {
@@ -211,6 +221,67 @@ enum WorkerCommand {
         #[arg(long)]
         worker: Uuid,
     },
+}
+
+/// Where a new identity's NATS credentials go.
+#[derive(Debug, clap::Args)]
+struct CredentialsArgs {
+    /// Write a .creds file (JWT and a fresh private seed, mode 0600) here: give it to the
+    /// holder as NATS_CREDS.
+    #[arg(long, conflicts_with = "public_key")]
+    creds: Option<std::path::PathBuf>,
+    /// Issue a JWT for this user public key (U…), which the holder generated (`nk -gen user`)
+    /// and keeps the seed of; prints the JWT.
+    #[arg(long)]
+    public_key: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClientCommand {
+    /// Register a client bound to organizations and issue its NATS credentials (with
+    /// PALISADE_NATS_AUTHORITY set); running it again replaces its organizations and
+    /// credentials.
+    Add {
+        /// 1..=64 characters of [A-Za-z0-9_-]: the client_id of its requests.
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "")]
+        name: String,
+        /// An organization it may submit, cancel and read events for (repeat for more).
+        #[arg(long = "org", required = true)]
+        orgs: Vec<Uuid>,
+        #[command(flatten)]
+        credentials: CredentialsArgs,
+    },
+    /// Revoke a client: its NATS connections are closed and refused.
+    Revoke {
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "revoked from the command line")]
+        reason: String,
+    },
+    /// Re-enable a revoked client.
+    Enable {
+        #[arg(long)]
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NatsCommand {
+    /// Create the authority (operator, system account and palisade account keys) in --dir,
+    /// with the server configuration that trusts it and each service's credentials.
+    Init {
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        /// Where the NATS servers keep pushed account updates (the `full` resolver's
+        /// directory, on each server's disk).
+        #[arg(long, default_value = "/data/nats/jwt")]
+        resolver_dir: std::path::PathBuf,
+    },
+    /// Push the revocations recorded in PostgreSQL to NATS again (after a revoke whose push
+    /// failed, or to a server that was away).
+    Push,
 }
 
 #[tokio::main]
@@ -424,7 +495,12 @@ async fn main() -> anyhow::Result<()> {
                     println!(
                         "revoked; {leases_cancelled} active leases voided and their tasks re-offered"
                     );
-                    Ok(())
+                    if org.is_some() {
+                        // It still serves its other organizations: its bus access stays.
+                        Ok(())
+                    } else {
+                        push_revocations(&common, &pool).await
+                    }
                 }
                 store::revoke::RevokeOutcome::NotFound => {
                     anyhow::bail!(
@@ -439,14 +515,76 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::bail!("no worker {worker}");
             }
             println!("worker {worker} enabled");
-            Ok(())
+            push_revocations(&common, &pool).await
         }
-        Command::Worker(WorkerCommand::Add { name, capacity, id }) => {
+        Command::Worker(WorkerCommand::Add {
+            name,
+            capacity,
+            id,
+            credentials,
+        }) => {
             let pool = store::connect(&common.database).await?;
             let id = id.unwrap_or_else(Uuid::new_v4);
             store::admin::register_worker(&pool, id, &name, capacity).await?;
             println!("{id}");
-            Ok(())
+            issue_credentials(
+                &common,
+                &pool,
+                &messages::Identity::Worker { worker_id: id },
+                store::bus_identities::Holder::Worker(id),
+                &credentials,
+            )
+            .await
+        }
+        Command::Client(ClientCommand::Add {
+            id,
+            name,
+            orgs,
+            credentials,
+        }) => {
+            messages::subjects::token("client id", &id)?;
+            let pool = store::connect(&common.database).await?;
+            store::bus_identities::register_client(&pool, &id, &name, &orgs).await?;
+            println!("client {id} acts for {} organization(s)", orgs.len());
+            issue_credentials(
+                &common,
+                &pool,
+                &messages::Identity::Client {
+                    client_id: id.clone(),
+                    organizations: orgs,
+                },
+                store::bus_identities::Holder::Client(id),
+                &credentials,
+            )
+            .await
+        }
+        Command::Client(ClientCommand::Revoke { id, reason }) => {
+            let pool = store::connect(&common.database).await?;
+            if !store::bus_identities::revoke_client(&pool, &id, &reason).await? {
+                anyhow::bail!("no client {id}: see `palisade client add`");
+            }
+            println!("client {id} revoked");
+            push_revocations(&common, &pool).await
+        }
+        Command::Client(ClientCommand::Enable { id }) => {
+            let pool = store::connect(&common.database).await?;
+            if !store::bus_identities::enable_client(&pool, &id).await? {
+                anyhow::bail!("no client {id}: see `palisade client add`");
+            }
+            println!("client {id} enabled");
+            push_revocations(&common, &pool).await
+        }
+        Command::Nats(NatsCommand::Init { dir, resolver_dir }) => {
+            nats_init(&common, &dir, &resolver_dir)
+        }
+        Command::Nats(NatsCommand::Push) => {
+            let pool = store::connect(&common.database).await?;
+            if authority()?.is_none() {
+                anyhow::bail!(
+                    "PALISADE_NATS_AUTHORITY is not set: name the directory `palisade nats init` wrote"
+                );
+            }
+            push_revocations(&common, &pool).await
         }
         Command::Worker(WorkerCommand::Assign { worker, org }) => {
             let pool = store::connect(&common.database).await?;
@@ -473,6 +611,127 @@ async fn health(url: Option<String>) -> anyhow::Result<()> {
         anyhow::bail!("not ready ({}): {}", answer.status, answer.body);
     }
     println!("{}", answer.body);
+    Ok(())
+}
+
+/// The environment variable naming the authority's directory.
+const AUTHORITY_VAR: &str = "PALISADE_NATS_AUTHORITY";
+
+/// The authority `palisade nats init` wrote, when `PALISADE_NATS_AUTHORITY` names it.
+fn authority() -> anyhow::Result<Option<identity::Authority>> {
+    match runtime::env::optional_string(AUTHORITY_VAR) {
+        Some(dir) => Ok(Some(identity::Authority::read(std::path::Path::new(&dir))?)),
+        None => Ok(None),
+    }
+}
+
+/// Issues `identity` its NATS credentials and records their public key; says so when no
+/// authority is configured (an open server needs none).
+async fn issue_credentials(
+    common: &CommonSettings,
+    pool: &store::PgPool,
+    identity: &messages::Identity,
+    holder: store::bus_identities::Holder,
+    args: &CredentialsArgs,
+) -> anyhow::Result<()> {
+    let Some(authority) = authority()? else {
+        eprintln!(
+            "no NATS credentials issued: {AUTHORITY_VAR} is not set, so this identity can only use a NATS server without authentication"
+        );
+        return Ok(());
+    };
+    match (&args.creds, &args.public_key) {
+        (Some(path), _) => {
+            let credentials = authority.issue(&common.subjects, identity);
+            store::bus_identities::record_credential(pool, &holder, &credentials.public_key)
+                .await?;
+            identity::write_secret(path, &credentials.file)?;
+            println!(
+                "NATS credentials written to {} (user {}): give the file to the holder as NATS_CREDS",
+                path.display(),
+                credentials.public_key
+            );
+        }
+        (None, Some(public_key)) => {
+            let jwt = authority.issue_for_key(&common.subjects, identity, public_key)?;
+            store::bus_identities::record_credential(pool, &holder, public_key).await?;
+            println!("{jwt}");
+        }
+        (None, None) => anyhow::bail!(
+            "{AUTHORITY_VAR} is set: give --creds <file> (a new key pair) or --public-key <U…> (a key the holder generated)"
+        ),
+    }
+    // A credential it replaced is refused from now on.
+    push_revocations(common, pool).await
+}
+
+/// Pushes every revocation recorded in PostgreSQL to NATS, when an authority is configured.
+async fn push_revocations(common: &CommonSettings, pool: &store::PgPool) -> anyhow::Result<()> {
+    let Some(authority) = authority()? else {
+        eprintln!(
+            "NATS not told: {AUTHORITY_VAR} is not set (an open NATS server has no credentials to revoke)"
+        );
+        return Ok(());
+    };
+    let refused: Vec<identity::Revoked> = store::bus_identities::refused_credentials(pool)
+        .await?
+        .into_iter()
+        .map(identity::Revoked::key)
+        .collect();
+    authority.push(&common.nats_url, &refused).await?;
+    println!(
+        "NATS refuses {} credential(s) from now on; their open connections were closed",
+        refused.len()
+    );
+    Ok(())
+}
+
+/// Writes a new authority, the server configuration that trusts it, and each service's (and
+/// the operator's) credentials.
+fn nats_init(
+    common: &CommonSettings,
+    dir: &std::path::Path,
+    resolver_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    if identity::Authority::read(dir).is_ok() {
+        anyhow::bail!(
+            "{} already holds an authority; issuing from a new one would orphan every credential",
+            dir.display()
+        );
+    }
+    let authority = identity::Authority::generate();
+    authority.write(dir)?;
+    let config = dir.join("nats-server-auth.conf");
+    std::fs::write(&config, authority.server_config(resolver_dir))
+        .with_context(|| format!("cannot write {}", config.display()))?;
+    let mut identities: Vec<messages::Identity> = messages::Service::ALL
+        .into_iter()
+        .map(messages::Identity::Service)
+        .collect();
+    identities.push(messages::Identity::Operator);
+    for identity in &identities {
+        let name = match identity {
+            messages::Identity::Service(service) => service.name(),
+            _ => "operator",
+        };
+        let path = dir.join(format!("{name}.creds"));
+        identity::write_secret(&path, &authority.issue(&common.subjects, identity).file)?;
+    }
+    println!(
+        "authority written to {dir}: keep its *.nk seeds secret (a Kubernetes secret), never in PostgreSQL",
+        dir = dir.display()
+    );
+    println!(
+        "NATS: include {} in each server's configuration (JetStream on); it trusts this authority and keeps pushed accounts in {}",
+        config.display(),
+        resolver_dir.display()
+    );
+    println!(
+        "services: NATS_CREDS={}/<service>.creds for admission, dispatch, ingestion, enrichment, reaper; the palisade command: NATS_CREDS={}/operator.creds and {AUTHORITY_VAR}={}",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    );
     Ok(())
 }
 

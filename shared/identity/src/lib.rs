@@ -95,6 +95,18 @@ pub struct Revoked {
     pub at_unix_secs: i64,
 }
 
+impl Revoked {
+    /// Every JWT of `public_key`, whenever issued: palisade never issues a key twice, so a
+    /// revoked key stays revoked until it leaves the list.
+    pub fn key(public_key: impl Into<String>) -> Self {
+        Self {
+            public_key: public_key.into(),
+            // 2100-01-01: later than any JWT of the key.
+            at_unix_secs: 4_102_444_800,
+        }
+    }
+}
+
 impl Authority {
     /// Fresh keys.
     pub fn generate() -> Self {

@@ -14,7 +14,7 @@ fn live() -> [&'static str; 2] {
 }
 
 /// Every table palisade writes, for "nothing was written" checks.
-pub const TABLES: [&str; 17] = [
+pub const TABLES: [&str; 19] = [
     "organizations",
     "targets",
     "workers",
@@ -32,6 +32,8 @@ pub const TABLES: [&str; 17] = [
     "outbox",
     "dead_letters",
     "leader_leases",
+    "clients",
+    "nats_users",
 ];
 
 /// Rows in one of [`TABLES`].

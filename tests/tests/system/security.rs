@@ -421,7 +421,15 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
     let authority = system.nats.authority.clone().expect("secured");
     let worker_id = system.registered_worker(organization, 4).await;
     let identity = Identity::Worker { worker_id };
+    // Issued as `palisade worker add` does: the public key recorded, the seed only in the file.
     let credentials = authority.issue(&system.subjects, &identity);
+    store::bus_identities::record_credential(
+        &system.pool,
+        &store::bus_identities::Holder::Worker(worker_id),
+        &credentials.public_key,
+    )
+    .await
+    .expect("credential recorded");
     let creds = NatsCredentials::from_creds(credentials.file.as_str());
     let connect = || {
         Bus::connect(
@@ -439,7 +447,8 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
         .await;
     let lease = worker.acquire_one().await;
 
-    // Revoked in PostgreSQL (no new lease, writes refused) and on the bus.
+    // Revoked in PostgreSQL (no new lease, writes refused) and on the bus, with the list
+    // `palisade worker revoke` pushes: every refused credential PostgreSQL knows.
     store::revoke::revoke_worker(
         &system.pool,
         &system.subjects,
@@ -450,13 +459,14 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
     .await
     .expect("revoked");
     let pushed = Instant::now();
-    system
-        .nats
-        .push_revocations(&[identity::Revoked {
-            public_key: credentials.public_key.clone(),
-            at_unix_secs: unix_now() + 1,
-        }])
-        .await;
+    let refused: Vec<identity::Revoked> = store::bus_identities::refused_credentials(&system.pool)
+        .await
+        .expect("refused credentials")
+        .into_iter()
+        .map(identity::Revoked::key)
+        .collect();
+    assert_eq!(refused, [identity::Revoked::key(&credentials.public_key)]);
+    system.nats.push_revocations(&refused).await;
     let push_took = pushed.elapsed();
     let closed = Instant::now();
     while bus.client().connection_state() == async_nats::connection::State::Connected {
@@ -487,11 +497,52 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
     system.finish().await;
 }
 
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs() as i64
+#[tokio::test]
+async fn a_replaced_credential_is_refused_and_the_new_one_works() {
+    let system = TestSystem::spawn().await;
+    secured(&system);
+    let authority = system.nats.authority.clone().expect("secured");
+    let organization = system.organization().await;
+    let worker_id = system.registered_worker(organization, 4).await;
+    let identity = Identity::Worker { worker_id };
+    let holder = store::bus_identities::Holder::Worker(worker_id);
+    let old = authority.issue(&system.subjects, &identity);
+    store::bus_identities::record_credential(&system.pool, &holder, &old.public_key)
+        .await
+        .unwrap();
+    let new = authority.issue(&system.subjects, &identity);
+    store::bus_identities::record_credential(&system.pool, &holder, &new.public_key)
+        .await
+        .unwrap();
+    let refused: Vec<identity::Revoked> = store::bus_identities::refused_credentials(&system.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(identity::Revoked::key)
+        .collect();
+    system.nats.push_revocations(&refused).await;
+    let connect = async |credentials: &identity::Credentials| {
+        Bus::connect(
+            &system.settings.common.nats_url,
+            &NatsCredentials::from_creds(credentials.file.as_str()),
+            system.subjects.clone(),
+            &identity,
+        )
+        .await
+    };
+    assert!(
+        connect(&old).await.is_err(),
+        "the replaced credential connected"
+    );
+    assert!(
+        connect(&new).await.is_ok(),
+        "the new credential was refused"
+    );
+    // Re-enabling what PostgreSQL no longer refuses (an empty list) lets nothing old back in
+    // that PostgreSQL still refuses: the list is rebuilt, not edited.
+    system.nats.push_revocations(&refused).await;
+    assert!(connect(&old).await.is_err());
+    system.finish().await;
 }
 
 #[tokio::test]

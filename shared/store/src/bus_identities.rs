@@ -1,0 +1,92 @@
+//! Identities on the bus: clients bound to organizations, and the public keys of the NATS
+//! credentials issued to workers and clients, from which the revocation list NATS enforces is
+//! rebuilt (`identity::Authority::push`). No private key is ever stored.
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::sql;
+
+/// Who holds a credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    Worker(Uuid),
+    Client(String),
+}
+
+impl Holder {
+    fn ids(&self) -> (Option<Uuid>, Option<&str>) {
+        match self {
+            Holder::Worker(id) => (Some(*id), None),
+            Holder::Client(id) => (None, Some(id.as_str())),
+        }
+    }
+}
+
+/// Records a credential issued to `holder`; the holder's earlier credentials are refused from
+/// now on (a rotation), in the same transaction.
+pub async fn record_credential(
+    pool: &PgPool,
+    holder: &Holder,
+    public_key: &str,
+) -> Result<(), StoreError> {
+    let (worker_id, client_id) = holder.ids();
+    let mut tx = pool.begin().await?;
+    sql::query(sql::nats_users::RETIRE_OTHERS)
+        .bind(worker_id)
+        .bind(client_id)
+        .execute(&mut *tx)
+        .await?;
+    sql::query(sql::nats_users::RECORD)
+        .bind(public_key)
+        .bind(worker_id)
+        .bind(client_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The public keys NATS must refuse: replaced credentials and every credential of a revoked
+/// worker or client.
+pub async fn refused_credentials(pool: &PgPool) -> Result<Vec<String>, StoreError> {
+    Ok(sql::query_scalar(sql::nats_users::REFUSED)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Registers a client bound to `organization_ids` (idempotent by id).
+pub async fn register_client(
+    pool: &PgPool,
+    id: &str,
+    name: &str,
+    organization_ids: &[Uuid],
+) -> Result<(), StoreError> {
+    sql::query(sql::clients::REGISTER)
+        .bind(id)
+        .bind(name)
+        .bind(organization_ids)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Revokes a client; false when there is none.
+pub async fn revoke_client(pool: &PgPool, id: &str, reason: &str) -> Result<bool, StoreError> {
+    let updated = sql::query(sql::clients::REVOKE)
+        .bind(id)
+        .bind(reason)
+        .execute(pool)
+        .await?;
+    Ok(updated.rows_affected() == 1)
+}
+
+/// Enables a revoked client again; false when there is none.
+pub async fn enable_client(pool: &PgPool, id: &str) -> Result<bool, StoreError> {
+    let updated = sql::query(sql::clients::ENABLE)
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(updated.rows_affected() == 1)
+}
