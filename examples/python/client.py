@@ -5,11 +5,17 @@
   client.py submit --org ORG --target T --plugins a,b [--client-id C] [--key K]
                    [--path js|rr] [--timeout SECS]
 
---path js (default): durable JetStream publish to <prefix>.v1.scan.request with
+Subjects are the client's own: <prefix>.v1.org.<org>.client.<client_id>.<verb>.
+--path js (default): durable JetStream publish to ….request with
 Nats-Msg-Id = {client_id}:{idempotency_key}:{fingerprint}; the outcome comes from events only.
---path rr: core-NATS request to <prefix>.v1.scan.submit, decoded as ScanRequestReply.
-Either way the client subscribes to the events stream (ordered consumer, deliver new) BEFORE it
-submits, and waits for scan.completed / scan.failed / scan.rejected of its request.
+--path rr: core-NATS request to ….submit, decoded as ScanRequestReply.
+Either way the client creates a pull consumer on its organization's events
+(<prefix>.v1.org.<org>.event.>, deliver new, ack none) BEFORE it submits, and waits for
+scan.completed / scan.failed / scan.rejected of its request.
+--watch-tasks also follows the services' task.* events (<prefix>.v1.event.>) for progress: that
+needs a NATS user that may read them (an open server, as `palisade dev` runs), never a client's.
+NATS_CREDS (a .creds file from `palisade client add --creds`) authenticates the client; its
+replies arrive under the inbox prefix _INBOX_<prefix>.client-<client_id>.
 Prints JSON lines; the last one is {"event": "result", ...}. Exit code 0 if the outcome was
 received (whatever it is), 1 on timeout.
 """
@@ -26,13 +32,14 @@ import uuid
 import nats
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 import palisade_pb2 as pb
 
 EVENT_TYPES = {
     "scan.admitted": pb.ScanAdmitted, "scan.rejected": pb.ScanRejected,
     "scan.completed": pb.ScanCompleted, "scan.failed": pb.ScanFailed,
+    "scan.cancelled": pb.ScanCancelled,
     "task.ready": pb.TaskReady, "task.leased": pb.TaskLeased,
     "task.completed": pb.TaskCompleted, "task.failed": pb.TaskFailed,
 }
@@ -111,10 +118,21 @@ async def submit(a):
     fp = scan_request_fingerprint(req)
     me = (org, req.client_id, req.idempotency_key)
 
-    nc = await nats.connect([server.strip() for server in url.split(",") if server.strip()])
+    nc = await nats.connect([server.strip() for server in url.split(",") if server.strip()],
+                            user_credentials=os.environ.get("NATS_CREDS") or None,
+                            inbox_prefix=f"_INBOX_{prefix}.client-{req.client_id}")
     js = nc.jetstream()
-    # Follow outcomes first, so no event is missed (5.4). All events: task.* help to show progress.
-    sub = await js.subscribe(f"{prefix}.v1.event.>", ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+    stream = f"{prefix.replace('-', '_').upper()}_EVENTS"
+    def events():  # pull_subscribe fills in the name and filter: a fresh config per consumer
+        return ConsumerConfig(deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NONE,
+                              inactive_threshold=60.0)
+    # Follow outcomes first, so no event is missed (client guide, 4): a pull consumer on exactly
+    # the organization's events; the stream is named, a client may not look it up.
+    subs = [await js.pull_subscribe(f"{prefix}.v1.org.{org}.event.>", stream=stream, config=events())]
+    if a.watch_tasks:
+        subs.append(await js.pull_subscribe(f"{prefix}.v1.event.>", stream=stream,
+                                            config=events()))
+    subject = f"{prefix}.v1.org.{org}.client.{req.client_id}"
 
     scan_id = None
     result = None
@@ -122,7 +140,7 @@ async def submit(a):
         msg_id = f"{req.client_id}:{req.idempotency_key}:{fp}"
         for attempt in range(5):                      # no PubAck: same request, same msg id
             try:
-                pa = await js.publish(f"{prefix}.v1.scan.request", data, headers={"Nats-Msg-Id": msg_id})
+                pa = await js.publish(f"{subject}.request", data, headers={"Nats-Msg-Id": msg_id})
                 log("puback", msg_id=msg_id, stream=pa.stream, seq=pa.seq, duplicate=bool(pa.duplicate))
                 break
             except Exception as e:  # noqa: BLE001
@@ -137,7 +155,7 @@ async def submit(a):
     else:
         for attempt in range(1, 6):                   # no reply / internal: identical request again
             try:
-                raw = await nc.request(f"{prefix}.v1.scan.submit", data, timeout=5)
+                raw = await nc.request(f"{subject}.submit", data, timeout=5)
             except (NatsTimeout, NoRespondersError) as e:
                 log("submit_retry", reason=type(e).__name__)
                 await asyncio.sleep(0.1 * attempt)
@@ -170,45 +188,58 @@ async def submit(a):
         if left <= 0:
             log("result", outcome="timeout", scan_id=scan_id)
             return 1
-        try:
-            m = await sub.next_msg(timeout=left)
-        except NatsTimeout:
-            continue
-        mid = m.headers.get("Nats-Msg-Id") if m.headers else None
-        if mid and mid in seen:
-            continue
-        seen.add(mid)
-        kind = m.subject.rsplit(".v1.event.", 1)[1]
-        cls = EVENT_TYPES.get(kind)
-        if cls is None:
-            continue
-        ev = cls()
-        ev.ParseFromString(m.data)
-        if kind.startswith("task."):
-            if scan_id and ev.scan_id == scan_id:
-                f = {k.name: v for k, v in ev.ListFields() if k.name != "error"}
-                log(kind, **f, error=err_dict(ev) if hasattr(ev, "error") else None)
-            continue
-        ev_org = str(uuid.UUID(ev.organization_id)) if ev.organization_id else ""
-        if (ev_org, ev.client_id, ev.idempotency_key) != me:
-            continue
-        if kind == "scan.admitted":
-            scan_id = ev.scan_id
-            log(kind, scan_id=scan_id, msg_id=mid)
-        elif kind == "scan.rejected":
-            log(kind, error=err_dict(ev), msg_id=mid)
-            result = {"outcome": "rejected", "error": err_dict(ev)}
-        elif kind == "scan.completed":
-            scan_id = ev.scan_id
-            log(kind, scan_id=ev.scan_id, finding_count=ev.finding_count,
-                enrichment_job_id=ev.enrichment_job_id, msg_id=mid)
-            result = {"outcome": "completed", "scan_id": ev.scan_id, "finding_count": ev.finding_count}
-        elif kind == "scan.failed":
-            log(kind, scan_id=ev.scan_id, error=err_dict(ev), msg_id=mid)
-            result = {"outcome": "failed", "scan_id": ev.scan_id, "error": err_dict(ev)}
+        msgs = []
+        for sub in subs:
+            try:
+                msgs += await sub.fetch(64, timeout=min(left, 0.5))
+            except NatsTimeout:
+                pass
+        for m in msgs:
+            result, scan_id = on_event(m, seen, me, scan_id)
+            if result is not None:
+                break
     log("result", **result)
     await nc.drain()
     return 0
+
+
+def on_event(m, seen, me, scan_id):
+    """One event: logs it; returns (the outcome if it ends our request, else None; the scan id)."""
+    mid = m.headers.get("Nats-Msg-Id") if m.headers else None
+    if mid and mid in seen:
+        return None, scan_id
+    seen.add(mid)
+    kind = m.subject.rsplit(".event.", 1)[1]   # <prefix>.v1.org.<org>.event.<kind> or <prefix>.v1.event.<kind>
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        return None, scan_id
+    ev = cls()
+    ev.ParseFromString(m.data)
+    if kind.startswith("task."):
+        if scan_id and ev.scan_id == scan_id:
+            f = {k.name: v for k, v in ev.ListFields() if k.name != "error"}
+            log(kind, **f, error=err_dict(ev) if hasattr(ev, "error") else None)
+        return None, scan_id
+    ev_org = str(uuid.UUID(ev.organization_id)) if ev.organization_id else ""
+    if (ev_org, ev.client_id, ev.idempotency_key) != me:
+        return None, scan_id
+    if kind == "scan.admitted":
+        log(kind, scan_id=ev.scan_id, msg_id=mid)
+        return None, ev.scan_id
+    if kind == "scan.rejected":
+        log(kind, error=err_dict(ev), msg_id=mid)
+        return {"outcome": "rejected", "error": err_dict(ev)}, scan_id
+    if kind == "scan.completed":
+        log(kind, scan_id=ev.scan_id, finding_count=ev.finding_count,
+            enrichment_job_id=ev.enrichment_job_id, msg_id=mid)
+        return {"outcome": "completed", "scan_id": ev.scan_id, "finding_count": ev.finding_count}, ev.scan_id
+    if kind == "scan.failed":
+        log(kind, scan_id=ev.scan_id, error=err_dict(ev), msg_id=mid)
+        return {"outcome": "failed", "scan_id": ev.scan_id, "error": err_dict(ev)}, ev.scan_id
+    if kind == "scan.cancelled":
+        log(kind, scan_id=ev.scan_id, reason=ev.reason, msg_id=mid)
+        return {"outcome": "cancelled", "scan_id": ev.scan_id, "reason": ev.reason}, ev.scan_id
+    return None, scan_id
 
 
 def main():
@@ -226,6 +257,8 @@ def main():
     s.add_argument("--path", choices=["js", "rr"], default="js")
     s.add_argument("--timeout", type=float, default=60)
     s.add_argument("--no-follow", action="store_true", help="rr: do not wait for a terminal event")
+    s.add_argument("--watch-tasks", action="store_true",
+                   help="also follow the services' task.* events (needs a user that may read them)")
     a = ap.parse_args()
     if a.cmd == "selftest":
         sys.exit(0 if selftest() else 1)

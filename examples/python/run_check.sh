@@ -131,7 +131,7 @@ check "JetStream exact replay within 2 min -> PubAck duplicate=true, no event" \
 # -- 6. lease lost (worker frozen past its lease), then release on shutdown --------------------
 TC=http://py.example/c-$RUN
 "$PY" client.py submit --org "$ORG" --target "$TC" --plugins py_slow --key "c-$RUN" --path js \
-  --timeout 120 >"$LOGS/scanC.log" & SLOW_PID=$!
+  --watch-tasks --timeout 120 >"$LOGS/scanC.log" & SLOW_PID=$!
 wait_for "$LOGS/worker.log" '"event": "lease".*"plugin": "py_slow"' 20 || bad "py_slow leased"
 kill -STOP "$WORKER_PID"; echo "worker frozen for 9 s (lease TTL 6 s)"; sleep 9; kill -CONT "$WORKER_PID"
 wait_for "$LOGS/worker.log" '"attempt_stopped_lease_lost"' 20 && ok "frozen worker stopped its attempt after lease loss" \

@@ -3,7 +3,8 @@
 
 Environment: NATS_URL (default nats://127.0.0.1:4222; a cluster's servers comma-separated),
 PALISADE_SUBJECT_PREFIX (default palisade), PALISADE_WORKER_ID (the registered worker UUID;
-required).
+required), NATS_CREDS (its .creds file, from `palisade worker add --creds`; unset on an
+open server).
 
 Plugins:
   py_echo   3 findings and 1 asset (http_service <target>)
@@ -539,7 +540,11 @@ async def main():
         sys.exit("PALISADE_WORKER_ID is required")
     wid = str(uuid.UUID(wid))  # canonical lowercase hyphenated, same in subject and fields
 
-    nc = await nats.connect([server.strip() for server in url.split(",") if server.strip()])
+    # Its own credentials (NATS_CREDS, from `palisade worker add --creds`) and its own inbox:
+    # the server delivers its replies only under _INBOX_<prefix>.worker-<id> (reference, 12).
+    nc = await nats.connect([server.strip() for server in url.split(",") if server.strip()],
+                            user_credentials=os.environ.get("NATS_CREDS") or None,
+                            inbox_prefix=f"_INBOX_{prefix}.worker-{wid}")
     w = Worker(nc, prefix, wid, a.capacity, a.wait_ms, a.demo, a.findings_per_batch)
     await nc.subscribe(w.subj("ack"), cb=w.on_ack)   # step 2: before sending anything
     await nc.flush()

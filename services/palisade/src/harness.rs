@@ -62,6 +62,7 @@ impl Harness {
             "{label}: database {database}, subject prefix {}",
             common.subjects.prefix()
         );
+        println!("{label}: {}", crate::system::bus_notice(&common));
 
         let mut settings = SystemSettings::from_common(common.clone())?;
         // A measurement, not a deployment: nothing probes it, and it may run beside `palisade dev`.

@@ -755,6 +755,7 @@ async fn cancel(
 }
 
 async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::Result<()> {
+    let bus_notice = system::bus_notice(&common);
     let settings = SystemSettings::from_common(common).context("invalid settings")?;
     let mut system = System::start(settings).await?;
     let organization_id = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0001);
@@ -764,6 +765,7 @@ async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::R
         .spawn_workers(organization_id, workers, capacity)
         .await?;
     println!("palisade dev: five services and {workers} workers running; Ctrl-C stops them");
+    println!("{bus_notice}");
     println!("organization `dev`: {organization_id}");
     println!(
         "try: palisade scan submit --org {organization_id} --target http://127.0.0.1:8080 --plugins tcp_connect,http_headers"

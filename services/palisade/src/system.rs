@@ -49,6 +49,22 @@ impl SystemSettings {
     }
 }
 
+/// What `palisade dev`, the demo and the benchmark print about the NATS they run on: they
+/// connect every service as one identity, so they need a server without authentication
+/// (or NATS_CREDS of an unrestricted user), and say so.
+pub fn bus_notice(common: &CommonSettings) -> String {
+    let url = bus::redact_url(&common.nats_url);
+    if common.nats_credentials.is_some() {
+        format!(
+            "NATS {url}: one credential (NATS_CREDS) for all five services; production gives each service, worker and client its own (docs/security.md)"
+        )
+    } else {
+        format!(
+            "NATS {url}: OPEN server, no credentials; anyone who reaches it can act as any worker, client or service. For development only: production runs `palisade nats init` (docs/security.md)"
+        )
+    }
+}
+
 /// A running palisade.
 pub struct System {
     pub connections: Connections,
