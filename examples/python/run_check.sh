@@ -53,7 +53,7 @@ cleanup() {
 trap cleanup EXIT
 
 # -- 0. Python environment and generated code ------------------------------------------------
-if [ ! -x "$PY" ]; then python3.11 -m venv "$VENV" && "$VENV/bin/pip" install -q nats-py protobuf grpcio-tools; fi
+if [ ! -x "$PY" ]; then python3.11 -m venv "$VENV" && "$VENV/bin/pip" install -q nats-py nkeys protobuf grpcio-tools; fi
 "$PY" -m grpc_tools.protoc -I "$ROOT/shared/messages/proto/palisade/v1" --python_out="$HERE" palisade.proto || exit 1
 cd "$HERE"
 
