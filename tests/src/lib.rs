@@ -95,16 +95,7 @@ impl TestNats {
     /// Credentials allowed everything: the test's own connection, which plays every part.
     fn unrestricted(&self) -> bus::NatsCredentials {
         match &self.authority {
-            Some(authority) => {
-                let everything = messages::Permissions {
-                    publish: vec![">".into()],
-                    subscribe: vec![">".into()],
-                    responses: true,
-                };
-                bus::NatsCredentials::from_creds(
-                    authority.issue_with("test", &everything).file.as_str(),
-                )
-            }
+            Some(authority) => unrestricted_credentials(authority),
             None => bus::NatsCredentials::none(),
         }
     }
@@ -126,12 +117,7 @@ impl TestNats {
     pub fn child_env(&self, identity: &messages::Identity) -> Vec<(&'static str, String)> {
         let mut env = vec![("NATS_URL", self.url.clone())];
         if let Some(authority) = &self.authority {
-            let path =
-                self.files
-                    .path()
-                    .join(format!("{}-{}.creds", identity.token(), Uuid::new_v4()));
-            identity::write_secret(&path, &authority.issue(&self.subjects, identity).file)
-                .expect("credentials written");
+            let path = write_credentials(authority, &self.subjects, identity, self.files.path());
             env.push(("NATS_CREDS", path.display().to_string()));
         }
         env
@@ -154,6 +140,31 @@ impl TestNats {
             .await
             .expect("account pushed");
     }
+}
+
+/// Credentials allowed everything, for a test's (or the chaos suite's) own connection, which
+/// plays every part.
+pub fn unrestricted_credentials(authority: &identity::Authority) -> bus::NatsCredentials {
+    let everything = messages::Permissions {
+        publish: vec![">".into()],
+        subscribe: vec![">".into()],
+        responses: true,
+    };
+    bus::NatsCredentials::from_creds(authority.issue_with("test", &everything).file.as_str())
+}
+
+/// Writes a `.creds` file of `identity`'s own credentials into `dir`, for a child process's
+/// `NATS_CREDS`.
+pub fn write_credentials(
+    authority: &identity::Authority,
+    subjects: &Subjects,
+    identity: &messages::Identity,
+    dir: &std::path::Path,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("{}-{}.creds", identity.token(), Uuid::new_v4()));
+    identity::write_secret(&path, &authority.issue(subjects, identity).file)
+        .expect("credentials written");
+    path
 }
 
 /// Logs of a test's child process (`test-service`, `test-worker`): plain text on stderr, which

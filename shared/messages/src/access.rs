@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::subjects::{ClientVerb, Subjects, WorkerVerb, token};
 
 /// One of palisade's five services.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Service {
     Admission,
     Dispatch,

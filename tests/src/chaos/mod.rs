@@ -435,7 +435,9 @@ pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
 impl World {
     async fn start(plan: &Plan, binaries: &Binaries) -> Self {
         let postgres = PostgresServer::start().await;
-        let nats = NatsServer::start().await;
+        // NATS authenticates, as in production: each process on its own credentials.
+        let authority = identity::Authority::generate();
+        let nats = NatsServer::start_secured(&authority).await;
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(postgres.url("palisade"));
         common.database.max_connections = 4;
@@ -444,6 +446,7 @@ impl World {
         common.database.acquire_timeout = Duration::from_secs(10);
         common.nats_url = nats.url();
         common.subjects = Subjects::new("chaos").expect("valid prefix");
+        common.nats_credentials = crate::unrestricted_credentials(&authority);
         palisade::system::prepare_database(&common)
             .await
             .expect("the suite's database migrates");
@@ -456,6 +459,11 @@ impl World {
             .expect("a log directory");
 
         let env = service_env(&common);
+        let credentials = |identity: messages::Identity| {
+            let path =
+                crate::write_credentials(&authority, &common.subjects, &identity, logs.path());
+            ("NATS_CREDS".to_owned(), path.display().to_string())
+        };
         let sweeps = Sweeps::default();
         let mut services = BTreeMap::new();
         for service in Service::ALL {
@@ -467,14 +475,11 @@ impl World {
                     } else {
                         service.name().to_owned()
                     };
-                    let mut process = Process::new(
-                        name,
-                        &binaries.service,
-                        &[service.name()],
-                        env.clone(),
-                        logs.path(),
-                    )
-                    .with_http_port(free_port());
+                    let mut env = env.clone();
+                    env.push(credentials(messages::Identity::Service(service)));
+                    let mut process =
+                        Process::new(name, &binaries.service, &[service.name()], env, logs.path())
+                            .with_http_port(free_port());
                     if service == Service::Reaper {
                         process = process.with_sweeps(replica, sweeps.clone());
                     }
@@ -502,6 +507,7 @@ impl World {
                     "PALISADE_WORKER_CAPACITY".to_owned(),
                     plan.worker_capacity.to_string(),
                 ),
+                credentials(messages::Identity::Worker { worker_id }),
             ]);
             workers.push(Process::new(
                 format!("worker-{index}"),

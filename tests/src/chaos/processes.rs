@@ -11,36 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
-/// A palisade service the suite runs as its own process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Service {
-    Admission,
-    Dispatch,
-    Ingestion,
-    Enrichment,
-    Reaper,
-}
-
-impl Service {
-    pub const ALL: [Service; 5] = [
-        Service::Admission,
-        Service::Dispatch,
-        Service::Ingestion,
-        Service::Enrichment,
-        Service::Reaper,
-    ];
-
-    /// The argument `test-service` takes.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Service::Admission => "admission",
-            Service::Dispatch => "dispatch",
-            Service::Ingestion => "ingestion",
-            Service::Enrichment => "enrichment",
-            Service::Reaper => "reaper",
-        }
-    }
-}
+/// A palisade service the suite runs as its own process (`test-service <name>`).
+pub use messages::Service;
 
 /// One reaper sweep seen on a replica's stdout: when it started and (unless the replica died
 /// in it) finished, in Unix milliseconds.
