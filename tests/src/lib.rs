@@ -33,6 +33,7 @@ pub use store::testing::TABLES;
 
 pub mod chaos;
 pub mod servers;
+pub mod tls;
 
 /// The services a test can start, stop and crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,6 +106,7 @@ impl TestNats {
         Bus::connect(
             &self.url,
             &self.credentials(identity),
+            &bus::NatsTls::default(),
             self.subjects.clone(),
             identity,
         )
@@ -136,7 +138,7 @@ impl TestNats {
         self.authority
             .as_ref()
             .expect("a server that authenticates")
-            .push(&self.url, revoked)
+            .push(&self.url, &bus::NatsTls::default(), revoked)
             .await
             .expect("account pushed");
     }

@@ -93,6 +93,17 @@ impl NatsServer {
         server
     }
 
+    /// A server run with the configuration `config` (TLS, say); the command line's listen
+    /// address, port and store directory take precedence over it.
+    pub async fn start_with_config(config: &str) -> Self {
+        let mut server = Self::new(nats_server_binary());
+        let path = server.dir.path().join("server.conf");
+        std::fs::write(&path, config).expect("server config");
+        server.config = Some(path);
+        server.restart().await;
+        server
+    }
+
     /// The server's log, when it was started with a configuration.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("nats-server.log")).unwrap_or_default()
@@ -388,11 +399,43 @@ pub struct PostgresServer {
     /// `(uid, gid)` of the `postgres` user when this test runs as root.
     run_as: Option<(u32, u32)>,
     dir: tempfile::TempDir,
+    /// `-c name=value` settings beyond the defaults (TLS).
+    settings: Vec<String>,
     child: Option<Child>,
 }
 
 impl PostgresServer {
     pub async fn start() -> Self {
+        Self::start_with(Vec::new(), |_| {}).await
+    }
+
+    /// A server that offers TLS with `certs`' server certificate (`ssl = on`); clients
+    /// choose whether to use and verify it (`sslmode`).
+    pub async fn start_tls(certs: &crate::tls::TestCertificates) -> Self {
+        let settings = vec![
+            "ssl=on".to_owned(),
+            "ssl_cert_file=server.pem".to_owned(),
+            "ssl_key_file=server-key.pem".to_owned(),
+        ];
+        Self::start_with(settings, |server| {
+            // PostgreSQL reads them from its data directory, owned by the user it runs as.
+            for (from, to) in [
+                (&certs.server_cert, "server.pem"),
+                (&certs.server_key, "server-key.pem"),
+            ] {
+                let to = server.data_dir().join(to);
+                std::fs::copy(from, &to).expect("certificate copied");
+                if let Some((uid, gid)) = server.run_as {
+                    std::os::unix::fs::chown(&to, Some(uid), Some(gid)).expect("chown to postgres");
+                }
+            }
+        })
+        .await
+    }
+
+    /// Runs `initdb`, then `prepare` on the new data directory, then the server with
+    /// `settings`.
+    async fn start_with(settings: Vec<String>, prepare: impl FnOnce(&Self)) -> Self {
         let bin_dir = postgres_bin_dir();
         let run_as = postgres_user_when_root();
         let dir = tempfile::tempdir().expect("temporary directory");
@@ -404,6 +447,7 @@ impl PostgresServer {
             bin_dir,
             run_as,
             dir,
+            settings,
             child: None,
         };
         let output = server
@@ -419,6 +463,7 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
+        prepare(&server);
         server.restart().await;
         server
     }
@@ -449,6 +494,11 @@ impl PostgresServer {
             .args(["-p", &self.port.to_string(), "-k"])
             .arg(self.dir.path())
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .args(
+                self.settings
+                    .iter()
+                    .flat_map(|setting| ["-c", setting.as_str()]),
+            )
             .stderr(Stdio::null())
             .spawn()
             .expect("postgres starts");

@@ -359,18 +359,14 @@ impl Admission {
                 error: Some(error),
                 ..Default::default()
             },
-            Verdict::Failed { reason: error, .. } => {
-                tracing::warn!(%error, "scan request could not be decided; the client may retry");
-                v1::ScanRequestReply {
-                    error: Some(v1::Error::new(
-                        ErrorCode::Internal,
-                        format!(
-                            "admission could not decide ({error}); retry with the same idempotency key"
-                        ),
-                    )),
-                    ..Default::default()
-                }
-            }
+            Verdict::Failed { reason, .. } => v1::ScanRequestReply {
+                error: Some(runtime::internal_error(
+                    "admission's decision",
+                    &reason,
+                    "retry with the same idempotency key",
+                )),
+                ..Default::default()
+            },
         };
         reply.encode_to_vec().into()
     }

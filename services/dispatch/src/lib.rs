@@ -309,11 +309,7 @@ struct Dispatch {
 }
 
 fn internal(error: &StoreError) -> v1::Error {
-    tracing::warn!(error = %telemetry::chain(error), "dispatch could not decide");
-    v1::Error::new(
-        ErrorCode::Internal,
-        format!("dispatch could not decide ({error}); retry"),
-    )
+    runtime::internal_error("dispatch's decision", &telemetry::chain(error), "retry")
 }
 
 impl Dispatch {

@@ -420,6 +420,7 @@ async fn main() -> anyhow::Result<()> {
             let bus = bus::Bus::connect(
                 &common.nats_url,
                 &common.nats_credentials,
+                &common.nats_tls,
                 common.subjects.clone(),
                 &messages::Identity::Operator,
             )
@@ -678,7 +679,9 @@ async fn push_revocations(common: &CommonSettings, pool: &store::PgPool) -> anyh
         .into_iter()
         .map(identity::Revoked::key)
         .collect();
-    authority.push(&common.nats_url, &refused).await?;
+    authority
+        .push(&common.nats_url, &common.nats_tls, &refused)
+        .await?;
     println!(
         "NATS refuses {} credential(s) from now on; their open connections were closed",
         refused.len()

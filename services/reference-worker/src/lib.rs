@@ -36,6 +36,8 @@ pub struct Settings {
     /// `NATS_CREDS`: the `.creds` file `palisade worker add` wrote for this worker; unset only
     /// against a server without authentication.
     pub nats_credentials: Option<std::path::PathBuf>,
+    /// `NATS_TLS_CA`, `NATS_TLS_CERT`, `NATS_TLS_KEY`, `NATS_TLS_REQUIRED` ([`bus::NatsTls`]).
+    pub nats_tls: bus::NatsTls,
     /// `PALISADE_SUBJECT_PREFIX`, default `palisade`.
     pub subjects: Subjects,
     /// `PALISADE_WORKER_ID`, required: the id `palisade worker add` printed.
@@ -57,6 +59,8 @@ pub enum SettingsError {
     InvalidCapacity { value: String, max: u32 },
     #[error("PALISADE_SUBJECT_PREFIX: {0}")]
     InvalidPrefix(#[from] messages::subjects::InvalidPrefix),
+    #[error(transparent)]
+    Tls(#[from] bus::BusError),
 }
 
 impl Settings {
@@ -93,6 +97,7 @@ impl Settings {
         Ok(Self {
             nats_url,
             nats_credentials: set("NATS_CREDS").map(std::path::PathBuf::from),
+            nats_tls: bus::NatsTls::from_vars(&lookup)?,
             subjects,
             worker_id,
             capacity,
@@ -115,6 +120,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let bus = bus::Bus::connect(
         &settings.nats_url,
         &credentials,
+        &settings.nats_tls,
         settings.subjects.clone(),
         &messages::Identity::Worker {
             worker_id: settings.worker_id,

@@ -5,6 +5,7 @@
 pub mod consume;
 pub mod metrics;
 pub mod serve;
+pub mod tls;
 pub mod trace;
 
 use std::time::Duration;
@@ -19,6 +20,7 @@ use tracing::Instrument as _;
 
 pub use async_nats;
 pub use consume::{BatchHandler, ConsumerSpec, Decision, Delivery};
+pub use tls::{ClientCertificate, NatsTls};
 
 /// The oldest server palisade runs on. Nothing palisade relies on is newer than 2.9
 /// (no `filter_subjects`, per-message TTL, priority groups or atomic batches).
@@ -52,7 +54,7 @@ pub enum BusError {
     )]
     InvalidUrl { url: String, reason: String },
     #[error(
-        "cannot connect to NATS at {url}: {source}; start nats-server with JetStream (-js) or set NATS_URL"
+        "cannot connect to NATS at {url}: {source}; check that nats-server runs there with JetStream (-js), that NATS_URL names it, and, where it authenticates or speaks TLS, NATS_CREDS and NATS_TLS_CA/NATS_TLS_CERT/NATS_TLS_KEY"
     )]
     Connect {
         url: String,
@@ -63,6 +65,11 @@ pub enum BusError {
         "cannot read the NATS credentials {path}: {reason}; NATS_CREDS names the .creds file `palisade nats init`, `worker add` or `client add` wrote"
     )]
     Credentials { path: String, reason: String },
+    #[error("invalid {setting}: {reason}")]
+    Tls {
+        setting: &'static str,
+        reason: String,
+    },
     #[error("NATS server {found} is too old: palisade needs {}.{}.{} or newer with JetStream enabled", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
     ServerTooOld { found: String },
     #[error(
@@ -165,10 +172,13 @@ impl Bus {
     ///
     /// It connects as `identity` with `credentials`: the connection's name says who it is, and
     /// its replies arrive under the identity's own inbox prefix
-    /// ([`Subjects::inbox_prefix`]), the only inbox its credentials may read.
+    /// ([`Subjects::inbox_prefix`]), the only inbox its credentials may read. `tls` says
+    /// which authority signs the server's certificate and which certificate this process
+    /// presents ([`NatsTls`]).
     pub async fn connect(
         url: &str,
         credentials: &NatsCredentials,
+        tls: &NatsTls,
         subjects: Subjects,
         identity: &messages::Identity,
     ) -> Result<Self, BusError> {
@@ -184,6 +194,7 @@ impl Bus {
             }
             None => async_nats::ConnectOptions::new(),
         };
+        let options = tls.apply(url, options);
         // No retry_on_initial_connect: the version check below needs the server's INFO,
         // which only a completed connection has. Each server of the list is tried once.
         let client = options

@@ -302,7 +302,12 @@ impl Authority {
     /// Signs the palisade account with `revoked` and pushes it to the NATS servers at `url`
     /// (one URL or a comma-separated list; a cluster passes it on). Once this returns, every
     /// connection of a revoked user has been closed and no new one is accepted.
-    pub async fn push(&self, url: &str, revoked: &[Revoked]) -> Result<(), IdentityError> {
+    pub async fn push(
+        &self,
+        url: &str,
+        tls: &bus::NatsTls,
+        revoked: &[Revoked],
+    ) -> Result<(), IdentityError> {
         let push_error = |reason: String| IdentityError::Push {
             url: url.to_owned(),
             reason,
@@ -312,8 +317,10 @@ impl Authority {
             .map(|server| server.trim().parse())
             .collect::<Result<_, _>>()
             .map_err(|error: std::io::Error| push_error(error.to_string()))?;
-        let client = async_nats::ConnectOptions::with_credentials(&self.system_user().file)
-            .map_err(|error| push_error(error.to_string()))?
+        let options = async_nats::ConnectOptions::with_credentials(&self.system_user().file)
+            .map_err(|error| push_error(error.to_string()))?;
+        let client = tls
+            .apply(url, options)
             .name("palisade-push")
             .connection_timeout(Duration::from_secs(5))
             .connect(servers)

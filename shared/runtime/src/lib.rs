@@ -28,6 +28,8 @@ pub struct CommonSettings {
     /// `NATS_CREDS`: the `.creds` file this process connects with; none for a server
     /// without authentication.
     pub nats_credentials: bus::NatsCredentials,
+    /// `NATS_TLS_CA`, `NATS_TLS_CERT`, `NATS_TLS_KEY`, `NATS_TLS_REQUIRED`.
+    pub nats_tls: bus::NatsTls,
     pub subjects: Subjects,
     pub streams: StreamSettings,
     /// How `/metrics` computes its database gauges (the live-worker window follows the lease
@@ -41,7 +43,7 @@ pub struct CommonSettings {
 impl CommonSettings {
     pub const NATS_URL_DEFAULT: &'static str = "nats://127.0.0.1:4222";
 
-    /// `DATABASE_URL`, `NATS_URL`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
+    /// `DATABASE_URL`, `NATS_URL`, `NATS_CREDS`, `NATS_TLS_*`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
     /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_DB_ACQUIRE_TIMEOUT_MS`, `PALISADE_LEASE_TTL_MS`,
     /// `PALISADE_PROGRESS_EVENTS`.
     pub fn from_env() -> Result<Self, SettingsError> {
@@ -82,12 +84,29 @@ impl CommonSettings {
                     })?,
                 None => bus::NatsCredentials::none(),
             },
+            nats_tls: nats_tls_from_env()?,
             subjects,
             streams: StreamSettings { replicas },
             metrics: metrics::MetricsSettings::from_env()?,
             progress_events: env::parse("PALISADE_PROGRESS_EVENTS", store::ProgressEvents::On)?,
         })
     }
+}
+
+/// [`bus::NatsTls::from_env`], its refusal as a settings error naming the variable.
+pub fn nats_tls_from_env() -> Result<bus::NatsTls, SettingsError> {
+    bus::NatsTls::from_env().map_err(|error| match error {
+        bus::BusError::Tls { setting, reason } => SettingsError::Invalid {
+            name: setting,
+            value: std::env::var(setting).unwrap_or_default(),
+            reason,
+        },
+        other => SettingsError::Invalid {
+            name: "NATS_TLS_CA",
+            value: String::new(),
+            reason: other.to_string(),
+        },
+    })
 }
 
 #[derive(Debug, Error)]
@@ -127,6 +146,7 @@ impl Connections {
         let bus = Bus::connect(
             &settings.nats_url,
             &settings.nats_credentials,
+            &settings.nats_tls,
             settings.subjects.clone(),
             identity,
         )
@@ -314,6 +334,23 @@ pub async fn record_dead_letter(
     }
 }
 
+/// The `internal` answer to a request palisade could not decide: a generic message naming an
+/// error id, never the cause (database text can name tables, constraints and other tenants'
+/// values). The cause goes only to the service's log line, which carries the same `error_id`,
+/// so an operator finds it from what the client reports.
+pub fn internal_error(
+    what: &str,
+    cause: &dyn std::fmt::Display,
+    advice: &str,
+) -> messages::v1::Error {
+    let error_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
+    tracing::warn!(%error_id, cause = %cause, "{what} failed; answered internal");
+    messages::v1::Error::new(
+        messages::ErrorCode::Internal,
+        format!("{what} failed inside palisade (error id {error_id}); {advice}"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +362,23 @@ mod tests {
         assert!(LeaseSettings::new(ttl, ttl).is_err());
         assert!(LeaseSettings::new(ttl, Duration::from_secs(31)).is_err());
         assert!(LeaseSettings::new(ttl, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn an_internal_answer_names_its_error_id_and_not_its_cause() {
+        let cause = "duplicate key value violates unique constraint \"scans_org_key\"";
+        let error = internal_error("deciding the request", &cause, "retry");
+        assert_eq!(error.error_code(), Some(messages::ErrorCode::Internal));
+        assert!(!error.message.contains("constraint"), "{}", error.message);
+        let error_id = error
+            .message
+            .split("error id ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .expect("an error id");
+        assert_eq!(error_id.len(), 16);
+        assert!(error_id.chars().all(|c| c.is_ascii_hexdigit()));
+        let other = internal_error("deciding the request", &cause, "retry");
+        assert_ne!(error.message, other.message, "each answer has its own id");
     }
 }

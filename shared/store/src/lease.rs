@@ -40,7 +40,7 @@ pub enum HelloOutcome {
 /// workers. Registration itself is an administrative act (`palisade worker add`).
 pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let worker: Option<(bool, bool)> = sql::query_as(sql::workers::HELLO)
+    let accepted: Option<bool> = sql::query_scalar(sql::workers::HELLO)
         .bind(params.worker_id)
         .bind(params.capabilities)
         .bind(params.capacity)
@@ -48,12 +48,10 @@ pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutco
         .bind(params.protocol_version)
         .fetch_optional(&mut *tx)
         .await?;
-    let outcome = match worker {
+    let outcome = match accepted {
         None => HelloOutcome::Refused(unknown_worker(params.worker_id)),
-        Some((enabled, revoked)) if !enabled || revoked => {
-            HelloOutcome::Refused(worker_disabled(params.worker_id))
-        }
-        Some(_) => HelloOutcome::Accepted {
+        Some(false) => HelloOutcome::Refused(worker_disabled(params.worker_id)),
+        Some(true) => HelloOutcome::Accepted {
             organization_ids: assigned_organizations(&mut tx, params.worker_id, false).await?,
         },
     };

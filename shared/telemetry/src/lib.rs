@@ -201,6 +201,23 @@ pub fn init(
     service_name: &str,
     settings: &TelemetrySettings,
 ) -> Result<TelemetryGuard, TelemetryError> {
+    if settings.to_stderr {
+        init_with_writer(service_name, settings, std::io::stderr)
+    } else {
+        init_with_writer(service_name, settings, std::io::stdout)
+    }
+}
+
+/// [`init`] with log lines written to `make_writer` instead of stdout or stderr (tests that
+/// read what a process logs).
+pub fn init_with_writer<W>(
+    service_name: &str,
+    settings: &TelemetrySettings,
+    make_writer: W,
+) -> Result<TelemetryGuard, TelemetryError>
+where
+    W: for<'writer> MakeWriter<'writer> + Send + Sync + 'static,
+{
     let default_filter = if settings.default_filter.is_empty() {
         "info"
     } else {
@@ -213,11 +230,7 @@ pub fn init(
         json: settings.json,
         ansi: ansi_default(),
     };
-    let layers = if settings.to_stderr {
-        layers(&provider, log_format, filter, std::io::stderr)
-    } else {
-        layers(&provider, log_format, filter, std::io::stdout)
-    };
+    let layers = layers(&provider, log_format, filter, make_writer);
     let installed = tracing_subscriber::registry().with(layers).try_init();
     installed.map_err(|error| TelemetryError::AlreadyInstalled(error.to_string()))?;
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());

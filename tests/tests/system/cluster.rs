@@ -204,6 +204,7 @@ impl Scenario {
         let load_bus = Bus::connect(
             &cluster.urls(),
             &bus::NatsCredentials::none(),
+            &bus::NatsTls::default(),
             subjects.clone(),
             &messages::Identity::Operator,
         )
@@ -572,6 +573,7 @@ impl Observer {
         let bus = Bus::connect(
             &urls.join(","),
             &bus::NatsCredentials::none(),
+            &bus::NatsTls::default(),
             subjects.clone(),
             &messages::Identity::Operator,
         )

@@ -64,6 +64,7 @@ impl Outage {
         let bus = bus::Bus::connect(
             &nats_url,
             &bus::NatsCredentials::none(),
+            &bus::NatsTls::default(),
             subjects.clone(),
             &messages::Identity::Operator,
         )

@@ -54,6 +54,7 @@ async fn an_anonymous_connection_is_refused() {
     let anonymous = Bus::connect(
         &system.settings.common.nats_url,
         &NatsCredentials::none(),
+        &bus::NatsTls::default(),
         system.subjects.clone(),
         &Identity::Operator,
     )
@@ -64,6 +65,7 @@ async fn an_anonymous_connection_is_refused() {
     let forged = Bus::connect(
         &system.settings.common.nats_url,
         &NatsCredentials::from_creds(stranger.file.as_str()),
+        &bus::NatsTls::default(),
         system.subjects.clone(),
         &Identity::Operator,
     )
@@ -431,10 +433,12 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
     .await
     .expect("credential recorded");
     let creds = NatsCredentials::from_creds(credentials.file.as_str());
+    let no_tls = bus::NatsTls::default();
     let connect = || {
         Bus::connect(
             &system.settings.common.nats_url,
             &creds,
+            &no_tls,
             system.subjects.clone(),
             &identity,
         )
@@ -525,6 +529,7 @@ async fn a_replaced_credential_is_refused_and_the_new_one_works() {
         Bus::connect(
             &system.settings.common.nats_url,
             &NatsCredentials::from_creds(credentials.file.as_str()),
+            &bus::NatsTls::default(),
             system.subjects.clone(),
             &identity,
         )

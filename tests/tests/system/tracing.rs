@@ -4,101 +4,12 @@
 //! messaging attributes set.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::trace::v1::Span;
 use tests::TestSystem;
 
+use super::otlp::{Exported, start_collector};
+
 const PROFILE: [&str; 3] = ["tcp_connect", "http_headers", "synthetic"];
-
-/// One exported span with its resource's `service.name`.
-#[derive(Debug, Clone)]
-struct Exported {
-    service_name: String,
-    span: Span,
-}
-
-impl Exported {
-    fn attribute(&self, key: &str) -> Option<String> {
-        attribute(&self.span.attributes, key)
-    }
-}
-
-fn attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
-    let value = attributes
-        .iter()
-        .find(|kv| kv.key == key)?
-        .value
-        .as_ref()?
-        .value
-        .as_ref()?;
-    Some(match value {
-        any_value::Value::StringValue(value) => value.clone(),
-        any_value::Value::IntValue(value) => value.to_string(),
-        any_value::Value::BoolValue(value) => value.to_string(),
-        other => format!("{other:?}"),
-    })
-}
-
-/// An OTLP/gRPC trace receiver keeping every span it is sent.
-#[derive(Debug, Clone, Default)]
-struct Collector {
-    spans: Arc<Mutex<Vec<Exported>>>,
-}
-
-impl Collector {
-    fn spans(&self) -> Vec<Exported> {
-        self.spans.lock().unwrap().clone()
-    }
-}
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().unwrap();
-        for resource_spans in request.into_inner().resource_spans {
-            let service_name = resource_spans
-                .resource
-                .as_ref()
-                .and_then(|resource| attribute(&resource.attributes, "service.name"))
-                .unwrap_or_default();
-            for scope_spans in resource_spans.scope_spans {
-                for span in scope_spans.spans {
-                    spans.push(Exported {
-                        service_name: service_name.clone(),
-                        span,
-                    });
-                }
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-async fn start_collector() -> (Collector, std::net::SocketAddr) {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let service = TraceServiceServer::new(collector.clone());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    (collector, addr)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
