@@ -46,6 +46,17 @@ impl v1::Error {
     }
 }
 
+impl std::fmt::Debug for v1::LeaseRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseRef")
+            .field("task_id", &self.task_id)
+            .field("attempt_id", &self.attempt_id)
+            .field("attempt_number", &self.attempt_number)
+            .field("lease_token", &"<redacted>")
+            .finish()
+    }
+}
+
 /// Lowercase hex sha256 of `bytes`: the `payload_sha256` of a result batch.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
@@ -77,6 +88,20 @@ pub fn scan_request_fingerprint(request: &v1::ScanRequest) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_ref_never_shows_its_token() {
+        let lease = v1::Lease {
+            lease: Some(v1::LeaseRef {
+                lease_token: "the-secret-token".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let shown = format!("{lease:?} {lease:#?}");
+        assert!(!shown.contains("the-secret-token"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
 
     fn request() -> v1::ScanRequest {
         v1::ScanRequest {
