@@ -1,18 +1,26 @@
-//! Enrichment (SPEC §4.4): claims the one enrichment job of each completed scan under a
-//! fenced lease and completes it.
+//! Enrichment (SPEC §4.4, I11): claims the one enrichment job of each completed scan under a
+//! fenced lease, renews it while working, runs the job's steps through an [`Enricher`]
+//! (checkpointing after each), and completes or fails it, fenced; a failed execution is
+//! retried with the one backoff policy until `max_attempts` executions, then the job fails.
+//! The reaper returns claims whose lease lapsed (`store::enrichment::recover_expired`).
 //!
-//! Scope today: the durable job loop (claim with `SKIP LOCKED`, fencing token, fenced
-//! completion, expired claims taken over). CVE lookups against the NVD API or local NVD files,
-//! checkpoints, retries and the four request outcomes come with the enrichment issue; until
-//! then a job completes recording the CVE ids it found and `"source": "none"`.
+//! Scope today: the job lifecycle. The enricher that looks CVE ids up in NVD or a local CVE
+//! table arrives with the enrichment issue's sources; until then [`RecordOnly`] completes a
+//! job recording the CVE ids it found and `"source": "none"`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::future::BoxFuture;
+use messages::retry::RetryPolicy;
+use messages::v1;
 use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::PgPool;
+use store::enrichment::{ClaimedJob, FailOutcome};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 /// Enrichment settings.
 #[derive(Debug, Clone)]
@@ -20,8 +28,15 @@ pub struct Settings {
     pub common: CommonSettings,
     /// Pause when no job is due (`PALISADE_ENRICHMENT_POLL_MS`, default 1000).
     pub poll: Duration,
-    /// Claim lease (`PALISADE_ENRICHMENT_LEASE_TTL_MS`, default 60000).
+    /// Claim lease (`PALISADE_ENRICHMENT_LEASE_TTL_MS`, default 60000), renewed every third
+    /// of it while a job is worked on.
     pub lease_ttl: Duration,
+    /// Jobs worked on at once by this process (`PALISADE_ENRICHMENT_CONCURRENCY`, 1..=256,
+    /// default 16); they are claimed together, in one statement.
+    pub concurrency: i64,
+    /// Backoff between executions of a failed job (`PALISADE_RETRY_BASE_MS` /
+    /// `PALISADE_RETRY_CAP_MS`, as for tasks).
+    pub retry: RetryPolicy,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -36,22 +51,96 @@ impl Settings {
         Ok(Self {
             common,
             poll: Duration::from_millis(env::parse("PALISADE_ENRICHMENT_POLL_MS", 1_000_u64)?),
-            lease_ttl: Duration::from_millis(env::parse(
+            lease_ttl: Duration::from_millis(env::parse_in(
                 "PALISADE_ENRICHMENT_LEASE_TTL_MS",
                 60_000_u64,
+                300..=3_600_000,
             )?),
+            concurrency: env::parse_in("PALISADE_ENRICHMENT_CONCURRENCY", 16_i64, 1..=256)?,
+            retry: runtime::retry_policy_from_env()?,
             http_addr: runtime::health::http_addr_from_env()?,
         })
     }
+}
+
+/// What an enricher is given for one job.
+#[derive(Debug, Clone)]
+pub struct JobInput {
+    pub job_id: uuid::Uuid,
+    pub scan_id: uuid::Uuid,
+    pub organization_id: uuid::Uuid,
+    /// The distinct CVE ids of the scan's findings, sorted.
+    pub cve_ids: Vec<String>,
+}
+
+/// One step of a job's work.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Progress to record (fenced) before the next step; an execution that resumes the job
+    /// after a crash starts from the last one recorded.
+    Progress(serde_json::Value),
+    /// The job's work is done; its final checkpoint.
+    Done(serde_json::Value),
+}
+
+/// A step that failed: the job's execution ends, and is retried when `retryable` and
+/// executions are left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepError {
+    /// Stable code (`nvd_unavailable`, …) and a message for operators; kept in `last_error`
+    /// and published in `enrichment.failed`.
+    pub error: v1::Error,
+    pub retryable: bool,
+}
+
+/// Does a job's work, step by step from its checkpoint (`{}` at first).
+pub trait Enricher: Send + Sync + 'static {
+    fn step<'a>(
+        &'a self,
+        job: &'a JobInput,
+        checkpoint: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Step, StepError>>;
+}
+
+/// Records the job's CVE ids with `"source": "none"` in one step: no CVE source yet.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordOnly;
+
+impl Enricher for RecordOnly {
+    fn step<'a>(
+        &'a self,
+        job: &'a JobInput,
+        _checkpoint: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Step, StepError>> {
+        Box::pin(async move {
+            Ok(Step::Done(
+                serde_json::json!({ "cve_ids": job.cve_ids, "source": "none" }),
+            ))
+        })
+    }
+}
+
+/// How one execution of a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Execution {
+    Completed,
+    /// Back to pending, after the backoff.
+    Retrying,
+    Failed,
+    /// Another claim took the job (or its lease lapsed) meanwhile: nothing more was written.
+    Lost,
 }
 
 /// A built enrichment service.
 pub struct Service {
     settings: Settings,
     pool: PgPool,
+    subjects: messages::Subjects,
     owner: String,
-    /// The health server, started by `run_until_stopped` (enrichment writes no outbox rows).
+    enricher: Arc<dyn Enricher>,
+    /// The health server and the outbox relay (`enrichment.*` events).
     plumbing: Plumbing,
+    relay: outbox::Relay,
 }
 
 impl Service {
@@ -66,72 +155,179 @@ impl Service {
     }
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        let plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
+        Self::with_enricher(settings, connections, Arc::new(RecordOnly))
+    }
+
+    /// A service whose jobs `enricher` works on.
+    pub fn with_enricher(
+        settings: Settings,
+        connections: Connections,
+        enricher: Arc<dyn Enricher>,
+    ) -> Self {
+        let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
+        let relay = plumbing.relay_outbox(&connections);
         Self {
             settings,
+            subjects: connections.bus.subjects().clone(),
             pool: connections.pool,
             owner: format!("enrichment-{}", uuid::Uuid::new_v4()),
+            enricher,
             plumbing,
+            relay,
         }
     }
 
-    /// Jobs claimed (and completed) together: one statement each for the claim, the CVE
-    /// look-up and the completion, whatever their number.
-    pub const BATCH: i64 = 64;
-
-    /// Claims and completes up to [`Service::BATCH`] due jobs; true when there were any.
-    pub async fn run_once(&self) -> Result<bool, store::StoreError> {
+    /// Claims up to `concurrency` due jobs and works on them together until each ends; the
+    /// outcomes in claim order (empty when none was due).
+    pub async fn run_once(&self) -> Result<Vec<(uuid::Uuid, Execution)>, store::StoreError> {
         let jobs = store::enrichment::claim(
             &self.pool,
             &self.owner,
             self.settings.lease_ttl,
-            Self::BATCH,
+            self.settings.concurrency,
         )
         .await?;
         if jobs.is_empty() {
-            return Ok(false);
+            return Ok(Vec::new());
         }
-        // Enrichment is triggered by a poll, not a message: each job joins its scan's trace
-        // through the context stored at admission, with a span that lasts until it completes.
-        let spans: Vec<tracing::Span> = jobs
-            .iter()
-            .map(|job| {
-                let span = tracing::info_span!(
-                    parent: None,
-                    "enrich",
-                    otel.name = "enrich scan",
-                    otel.kind = "internal",
-                    palisade.service = "enrichment",
-                    palisade.scan_id = %job.scan_id,
-                );
-                bus::trace::set_parent_from_traceparent(
-                    &span,
-                    job.trace_context.as_deref().unwrap_or(""),
-                );
-                span
-            })
-            .collect();
         let scan_ids: Vec<uuid::Uuid> = jobs.iter().map(|job| job.scan_id).collect();
         let mut cve_ids = store::enrichment::scan_cve_ids(&self.pool, &scan_ids).await?;
-        let results: Vec<(&store::enrichment::ClaimedJob, serde_json::Value)> = jobs
+        let executions = jobs.iter().map(|job| {
+            let input = JobInput {
+                job_id: job.id,
+                scan_id: job.scan_id,
+                organization_id: job.organization_id,
+                cve_ids: cve_ids.remove(&job.scan_id).unwrap_or_default(),
+            };
+            self.execute(job, input)
+        });
+        let outcomes = futures::future::join_all(executions).await;
+        if outcomes
             .iter()
-            .map(|job| {
-                let cve_ids = cve_ids.remove(&job.scan_id).unwrap_or_default();
-                (
-                    job,
-                    serde_json::json!({ "cve_ids": cve_ids, "source": "none" }),
-                )
-            })
-            .collect();
-        let completed = store::enrichment::complete(&self.pool, &results).await?;
-        for (job, span) in jobs.iter().zip(&spans) {
-            if !completed.contains(&job.id) {
-                span.in_scope(|| {
-                    tracing::warn!(job_id = %job.id, "enrichment job was taken over; dropping this result");
-                });
+            .any(|(_, outcome)| *outcome != Execution::Lost)
+        {
+            self.relay.notify();
+        }
+        Ok(outcomes)
+    }
+
+    /// One execution of `job`: renewed every third of the lease while its steps run, each
+    /// step's progress checkpointed, then completed or failed; every write fenced.
+    async fn execute(&self, job: &ClaimedJob, input: JobInput) -> (uuid::Uuid, Execution) {
+        // Enrichment is triggered by a poll, not a message: each job joins its scan's trace
+        // through the context stored at admission, with a span that lasts until it ends.
+        let span = tracing::info_span!(
+            parent: None,
+            "enrich",
+            otel.name = "enrich scan",
+            otel.kind = "internal",
+            palisade.service = "enrichment",
+            palisade.scan_id = %job.scan_id,
+            palisade.enrichment_job_id = %job.id,
+            palisade.attempt = job.attempt_count,
+        );
+        bus::trace::set_parent_from_traceparent(&span, job.trace_context.as_deref().unwrap_or(""));
+        let outcome = async {
+            let renewing = self.renew_until_lost(job);
+            tokio::pin!(renewing);
+            let working = self.work(job, &input);
+            tokio::pin!(working);
+            let outcome = tokio::select! {
+                outcome = &mut working => outcome,
+                () = &mut renewing => Execution::Lost,
+            };
+            if outcome == Execution::Lost {
+                tracing::warn!(
+                    job_id = %job.id,
+                    "enrichment job was lost (taken over, or its lease lapsed); nothing more is written"
+                );
+            }
+            outcome
+        }
+        .instrument(span)
+        .await;
+        (job.id, outcome)
+    }
+
+    /// Renews `job`'s lease every third of it; returns once it is lost.
+    async fn renew_until_lost(&self, job: &ClaimedJob) {
+        let every = self.settings.lease_ttl / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            match store::enrichment::renew(&self.pool, job, self.settings.lease_ttl).await {
+                Ok(true) => {}
+                Ok(false) => break,
+                // A renewal that fails is tried again at the next tick; the lease lapses
+                // only after two more.
+                Err(error) => {
+                    tracing::warn!(error = %telemetry::chain(&error), job_id = %job.id, "could not renew the enrichment job's lease");
+                }
             }
         }
-        Ok(true)
+    }
+
+    /// Runs `job`'s steps from its checkpoint and ends the execution.
+    async fn work(&self, job: &ClaimedJob, input: &JobInput) -> Execution {
+        let mut checkpoint = job.checkpoint.clone();
+        loop {
+            match self.enricher.step(input, &checkpoint).await {
+                Ok(Step::Progress(progress)) => {
+                    match store::enrichment::checkpoint(&self.pool, job, &progress).await {
+                        Ok(true) => checkpoint = progress,
+                        Ok(false) => return Execution::Lost,
+                        Err(error) => {
+                            return self.fail(job, &store_failure(&error)).await;
+                        }
+                    }
+                }
+                Ok(Step::Done(result)) => {
+                    return match store::enrichment::complete(
+                        &self.pool,
+                        &self.subjects,
+                        &[(job, result)],
+                    )
+                    .await
+                    {
+                        Ok(completed) if completed.contains(&job.id) => Execution::Completed,
+                        Ok(_) => Execution::Lost,
+                        Err(error) => self.fail(job, &store_failure(&error)).await,
+                    };
+                }
+                Err(failure) => return self.fail(job, &failure).await,
+            }
+        }
+    }
+
+    async fn fail(&self, job: &ClaimedJob, failure: &StepError) -> Execution {
+        tracing::warn!(
+            job_id = %job.id,
+            code = %failure.error.code,
+            message = %failure.error.message,
+            retryable = failure.retryable,
+            attempt = job.attempt_count,
+            max_attempts = job.max_attempts,
+            "enrichment job execution failed"
+        );
+        match store::enrichment::fail(
+            &self.pool,
+            &self.subjects,
+            self.settings.retry,
+            job,
+            &failure.error,
+            failure.retryable,
+        )
+        .await
+        {
+            Ok(FailOutcome::Retrying { .. }) => Execution::Retrying,
+            Ok(FailOutcome::Failed) => Execution::Failed,
+            Ok(FailOutcome::Fenced) => Execution::Lost,
+            // Not even the failure could be written: the lease lapses and the reaper
+            // returns the job to the queue, counting this execution.
+            Err(error) => {
+                tracing::warn!(error = %telemetry::chain(&error), job_id = %job.id, "could not record the enrichment job's failure; the reaper recovers it once its lease lapses");
+                Execution::Lost
+            }
+        }
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -148,7 +344,7 @@ impl Service {
             .context("failed to serve the health endpoints")?;
         loop {
             let worked = match self.run_once().await {
-                Ok(worked) => worked,
+                Ok(outcomes) => !outcomes.is_empty(),
                 Err(error) => {
                     tracing::warn!(error = %telemetry::chain(&error), "enrichment pass failed");
                     false
@@ -164,5 +360,19 @@ impl Service {
         }
         plumbing.stop().await;
         Ok(())
+    }
+}
+
+/// A database failure during an execution: retryable. Its detail goes to the log line only:
+/// the error is published in `enrichment.failed`, which tenants read.
+fn store_failure(error: &store::StoreError) -> StepError {
+    tracing::warn!(error = %telemetry::chain(error), "enrichment could not write its progress");
+    StepError {
+        error: v1::Error {
+            code: "database_unavailable".into(),
+            message: "palisade could not write the job's progress to its database".into(),
+            ..Default::default()
+        },
+        retryable: true,
     }
 }

@@ -6,7 +6,6 @@ pub mod parse;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
@@ -14,7 +13,7 @@ use messages::{ErrorCode, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
-use runtime::{BatchLimits, CommonSettings, Connections, Plumbing, SettingsError, env};
+use runtime::{BatchLimits, CommonSettings, Connections, Plumbing, SettingsError};
 use store::ingest::IngestOutcome;
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
@@ -50,16 +49,7 @@ impl Settings {
     }
 
     pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
-        let base = Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?);
-        let cap = Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?);
-        if base.is_zero() || cap < base {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_RETRY_CAP_MS",
-                value: cap.as_millis().to_string(),
-                reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0"
-                    .into(),
-            });
-        }
+        let retry = runtime::retry_policy_from_env()?;
         let consumer = ConsumerTuning::from_env(ConsumerVars {
             batch_size: "PALISADE_INGESTION_BATCH_SIZE",
             ack_wait_ms: "PALISADE_INGESTION_ACK_WAIT_MS",
@@ -69,7 +59,7 @@ impl Settings {
         Ok(Self {
             common,
             batch_limits: BatchLimits::from_env()?,
-            retry: RetryPolicy { base, cap },
+            retry,
             consumer,
             crash_after_commit: None,
             http_addr: runtime::health::http_addr_from_env()?,

@@ -54,18 +54,7 @@ impl Settings {
 
     pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
         let batch = env::parse_in("PALISADE_REAPER_BATCH", 1_000_i64, 1..=100_000)?;
-        let retry = RetryPolicy {
-            base: Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?),
-            cap: Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?),
-        };
-        if retry.base.is_zero() || retry.cap < retry.base {
-            return Err(SettingsError::Invalid {
-                name: "PALISADE_RETRY_CAP_MS",
-                value: retry.cap.as_millis().to_string(),
-                reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0"
-                    .into(),
-            });
-        }
+        let retry = runtime::retry_policy_from_env()?;
         Ok(Self {
             common,
             interval: Duration::from_millis(env::parse("PALISADE_REAPER_INTERVAL_MS", 1_000_u64)?),
@@ -204,6 +193,16 @@ impl Service {
                 ),
             )
             .await?,
+            enrichment: in_lane(
+                lanes::REAPER_ENRICHMENT,
+                store::enrichment::recover_expired(
+                    &self.pool,
+                    subjects,
+                    self.settings.retry,
+                    batch,
+                ),
+            )
+            .await?,
             uploads_expired: in_lane(
                 lanes::REAPER_UPLOADS,
                 store::recover::expire_uploads(&self.pool, batch),
@@ -226,6 +225,8 @@ impl Service {
                 budget_spent = outcome.recovered.failed.len(),
                 overdue = outcome.overdue.len(),
                 stranded = outcome.stranded.len(),
+                enrichment_retried = outcome.enrichment.retried.len(),
+                enrichment_failed = outcome.enrichment.failed.len(),
                 uploads_expired = outcome.uploads_expired,
                 pruned_outbox = outcome.pruned.outbox,
                 pruned_batches = outcome.pruned.batches,
@@ -332,6 +333,9 @@ pub struct SweepOutcome {
     pub overdue: Vec<uuid::Uuid>,
     /// Tasks failed because no live worker offered their plugin before the pending deadline.
     pub stranded: Vec<uuid::Uuid>,
+    /// Enrichment jobs whose claim lapsed: back to pending, or failed once their executions
+    /// were spent.
+    pub enrichment: store::enrichment::RecoveredJobs,
     pub uploads_expired: u64,
     pub pruned: Pruned,
     /// `retry_wait` tasks due now (a wake-up was published for them).
@@ -344,6 +348,7 @@ impl SweepOutcome {
         !self.recovered.is_empty()
             || !self.overdue.is_empty()
             || !self.stranded.is_empty()
+            || !self.enrichment.is_empty()
             || self.uploads_expired > 0
             || self.pruned != Pruned::default()
     }

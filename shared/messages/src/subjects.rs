@@ -70,10 +70,12 @@ pub enum EventKind {
     TaskLeased,
     TaskCompleted,
     TaskFailed,
+    EnrichmentCompleted,
+    EnrichmentFailed,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::ScanAdmitted,
         EventKind::ScanRejected,
         EventKind::ScanCompleted,
@@ -83,6 +85,8 @@ impl EventKind {
         EventKind::TaskLeased,
         EventKind::TaskCompleted,
         EventKind::TaskFailed,
+        EventKind::EnrichmentCompleted,
+        EventKind::EnrichmentFailed,
     ];
 
     /// Who may read it: scan events are the tenant's, task events the services'.
@@ -92,7 +96,9 @@ impl EventKind {
             | EventKind::ScanRejected
             | EventKind::ScanCompleted
             | EventKind::ScanFailed
-            | EventKind::ScanCancelled => Audience::Tenant,
+            | EventKind::ScanCancelled
+            | EventKind::EnrichmentCompleted
+            | EventKind::EnrichmentFailed => Audience::Tenant,
             EventKind::TaskReady
             | EventKind::TaskLeased
             | EventKind::TaskCompleted
@@ -112,6 +118,8 @@ impl EventKind {
             EventKind::TaskLeased => "task.leased",
             EventKind::TaskCompleted => "task.completed",
             EventKind::TaskFailed => "task.failed",
+            EventKind::EnrichmentCompleted => "enrichment.completed",
+            EventKind::EnrichmentFailed => "enrichment.failed",
         }
     }
 }

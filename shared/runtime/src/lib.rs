@@ -93,6 +93,21 @@ impl CommonSettings {
     }
 }
 
+/// The backoff of retried work (`PALISADE_RETRY_BASE_MS`, default 5000, and
+/// `PALISADE_RETRY_CAP_MS`, default 300000): failed tasks and enrichment jobs.
+pub fn retry_policy_from_env() -> Result<messages::retry::RetryPolicy, SettingsError> {
+    let base = Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?);
+    let cap = Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?);
+    if base.is_zero() || cap < base {
+        return Err(SettingsError::Invalid {
+            name: "PALISADE_RETRY_CAP_MS",
+            value: cap.as_millis().to_string(),
+            reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0".into(),
+        });
+    }
+    Ok(messages::retry::RetryPolicy::new(base, cap))
+}
+
 /// [`bus::NatsTls::from_env`], its refusal as a settings error naming the variable.
 pub fn nats_tls_from_env() -> Result<bus::NatsTls, SettingsError> {
     bus::NatsTls::from_env().map_err(|error| match error {

@@ -1,30 +1,48 @@
-//! Enrichment jobs (SPEC §4.4): one per completed scan, claimed under a fenced lease, in
-//! batches: one statement claims many, one reads their scans' CVE ids, one completes them.
-//! This step claims, renews nothing yet, and completes; CVE lookups arrive with the
-//! enrichment issue.
+//! Enrichment jobs (SPEC §4.4, I11): one per completed scan, claimed under a fenced lease,
+//! renewed while worked on, checkpointed, retried with the one backoff policy up to exactly
+//! `max_attempts` executions, then `failed`; the reaper returns lapsed claims to the queue
+//! ([`recover_expired`]). Every write of a claimed job (renewal, checkpoint, completion,
+//! failure) names its fencing token and changes nothing once a newer claim holds the job.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use messages::{EventKind, Subjects, v1};
+use prost::Message as _;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::outbox::{self, OutboxEvent};
+use crate::retry::RetryPolicy;
 use crate::sql;
 use crate::states::EnrichmentJobState;
 
 /// A claimed job: `fencing_token` must accompany every write.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ClaimedJob {
     pub id: Uuid,
     pub scan_id: Uuid,
+    pub organization_id: Uuid,
     pub fencing_token: i64,
+    /// Executions started, this claim's included.
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    /// Progress recorded by earlier executions (`{}` for none): the work resumes from it.
+    pub checkpoint: serde_json::Value,
     /// W3C `traceparent` of the scan's trace; `None` when admission ran without `telemetry::init`.
     pub trace_context: Option<String>,
 }
 
-/// Claims up to `limit` of the oldest due jobs (pending, or running with an expired lease) in
-/// one statement, `SKIP LOCKED`, each with a fresh fencing token.
+impl ClaimedJob {
+    /// Whether a failure of this execution may be retried: executions are left.
+    pub fn has_executions_left(&self) -> bool {
+        self.attempt_count < self.max_attempts
+    }
+}
+
+/// Claims up to `limit` of the oldest due pending jobs in one statement, `SKIP LOCKED`, each
+/// with a fresh fencing token; the claim counts as one execution.
 pub async fn claim(
     pool: &PgPool,
     owner: &str,
@@ -55,10 +73,89 @@ pub async fn scan_cve_ids(
     Ok(rows.into_iter().collect())
 }
 
-/// Completes, in one statement, each job that still holds its lease, with its checkpoint;
-/// returns the ids completed (a job missing was fenced out by a newer claim).
+/// Extends `job`'s lease by `lease_ttl`; false when the job was lost (fenced out or lapsed).
+pub async fn renew(
+    pool: &PgPool,
+    job: &ClaimedJob,
+    lease_ttl: Duration,
+) -> Result<bool, StoreError> {
+    let renewed: Option<Uuid> = sql::query_scalar(sql::enrichment_jobs::RENEW)
+        .bind(job.id)
+        .bind(job.fencing_token)
+        .bind(crate::seconds(lease_ttl))
+        .bind(EnrichmentJobState::Running.as_str())
+        .fetch_optional(pool)
+        .await?;
+    Ok(renewed.is_some())
+}
+
+/// Records `job`'s progress; false when the job was lost and nothing was written.
+pub async fn checkpoint(
+    pool: &PgPool,
+    job: &ClaimedJob,
+    checkpoint: &serde_json::Value,
+) -> Result<bool, StoreError> {
+    let written: Option<Uuid> = sql::query_scalar(sql::enrichment_jobs::CHECKPOINT)
+        .bind(job.id)
+        .bind(job.fencing_token)
+        .bind(checkpoint)
+        .bind(EnrichmentJobState::Running.as_str())
+        .fetch_optional(pool)
+        .await?;
+    Ok(written.is_some())
+}
+
+/// A job row an ending statement returned, for its event.
+#[derive(Debug, sqlx::FromRow)]
+struct Ended {
+    id: Uuid,
+    scan_id: Uuid,
+    organization_id: Uuid,
+    attempt_count: i32,
+    finished_at_unix_ms: i64,
+}
+
+/// A job row a failing statement returned: where it went.
+#[derive(Debug, sqlx::FromRow)]
+struct FailedRow {
+    id: Uuid,
+    scan_id: Uuid,
+    organization_id: Uuid,
+    attempt_count: i32,
+    state: String,
+    finished_at_unix_ms: i64,
+}
+
+impl FailedRow {
+    fn failed(&self) -> bool {
+        self.state == EnrichmentJobState::Failed.as_str()
+    }
+
+    fn event(&self, subjects: &Subjects, error: &v1::Error) -> OutboxEvent {
+        OutboxEvent::for_tenant(
+            subjects,
+            &self.organization_id,
+            EventKind::EnrichmentFailed,
+            v1::EnrichmentFailed {
+                scan_id: self.scan_id.to_string(),
+                organization_id: self.organization_id.to_string(),
+                job_id: self.id.to_string(),
+                attempts: self.attempt_count.max(0) as u32,
+                error: Some(error.clone()),
+                failed_at_unix_ms: self.finished_at_unix_ms,
+            }
+            .encode_to_vec(),
+        )
+        .in_trace_of(self.scan_id)
+    }
+}
+
+/// Completes, in one transaction, each job that still holds its lease, with its final
+/// checkpoint, and enqueues its `enrichment.completed`; returns the ids completed (a job
+/// missing was fenced out by a newer claim, or its lease lapsed, and nothing of it changed).
 pub async fn complete(
     pool: &PgPool,
+    subjects: &Subjects,
     jobs: &[(&ClaimedJob, serde_json::Value)],
 ) -> Result<Vec<Uuid>, StoreError> {
     if jobs.is_empty() {
@@ -70,12 +167,187 @@ pub async fn complete(
         .iter()
         .map(|(_, checkpoint)| checkpoint.clone())
         .collect();
-    Ok(sql::query_scalar(sql::enrichment_jobs::COMPLETE_MANY)
+    let mut tx = pool.begin().await?;
+    let ended: Vec<Ended> = sql::query_as(sql::enrichment_jobs::COMPLETE_MANY)
         .bind(&ids)
         .bind(&tokens)
         .bind(&checkpoints)
         .bind(EnrichmentJobState::Completed.as_str())
         .bind(EnrichmentJobState::Running.as_str())
-        .fetch_all(pool)
-        .await?)
+        .fetch_all(&mut *tx)
+        .await?;
+    let events: Vec<OutboxEvent> = ended
+        .iter()
+        .map(|row| {
+            OutboxEvent::for_tenant(
+                subjects,
+                &row.organization_id,
+                EventKind::EnrichmentCompleted,
+                v1::EnrichmentCompleted {
+                    scan_id: row.scan_id.to_string(),
+                    organization_id: row.organization_id.to_string(),
+                    job_id: row.id.to_string(),
+                    attempts: row.attempt_count.max(0) as u32,
+                    completed_at_unix_ms: row.finished_at_unix_ms,
+                }
+                .encode_to_vec(),
+            )
+            .in_trace_of(row.scan_id)
+        })
+        .collect();
+    outbox::enqueue(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(ended.into_iter().map(|row| row.id).collect())
+}
+
+/// What [`fail`] did with a failed execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// Back to pending, due after the backoff.
+    Retrying { after: Duration },
+    /// Failed for good (`enrichment.failed` enqueued): executions spent or not retryable.
+    Failed,
+    /// The job was lost meanwhile: nothing was written.
+    Fenced,
+}
+
+/// Ends `job`'s execution with `error`: back to pending after the jittered backoff of its
+/// executions so far when `retryable` and executions are left, else failed for good with its
+/// `enrichment.failed` event. The error is kept in `last_error` either way.
+pub async fn fail(
+    pool: &PgPool,
+    subjects: &Subjects,
+    retry: RetryPolicy,
+    job: &ClaimedJob,
+    error: &v1::Error,
+    retryable: bool,
+) -> Result<FailOutcome, StoreError> {
+    let retries = retryable && job.has_executions_left();
+    let after = if retries {
+        retry.jittered(job.attempt_count.max(1) as u32)
+    } else {
+        Duration::ZERO
+    };
+    let mut tx = pool.begin().await?;
+    let row: Option<FailedRow> = sql::query_as(sql::enrichment_jobs::FAIL)
+        .bind(job.id)
+        .bind(job.fencing_token)
+        .bind(last_error(error))
+        .bind(retries)
+        .bind(crate::seconds(after))
+        .bind(EnrichmentJobState::Pending.as_str())
+        .bind(EnrichmentJobState::Failed.as_str())
+        .bind(EnrichmentJobState::Running.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+    let outcome = match row {
+        None => FailOutcome::Fenced,
+        Some(row) if row.failed() => {
+            outbox::enqueue(&mut tx, &[row.event(subjects, error)]).await?;
+            FailOutcome::Failed
+        }
+        Some(_) => FailOutcome::Retrying { after },
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// What one [`recover_expired`] sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveredJobs {
+    /// Back to pending, after their backoff.
+    pub retried: Vec<Uuid>,
+    /// Executions spent: failed for good.
+    pub failed: Vec<Uuid>,
+}
+
+impl RecoveredJobs {
+    pub fn is_empty(&self) -> bool {
+        self.retried.is_empty() && self.failed.is_empty()
+    }
+}
+
+/// A lapsed claim the reaper locked.
+#[derive(Debug, sqlx::FromRow)]
+struct Expired {
+    id: Uuid,
+    attempt_count: i32,
+    max_attempts: i32,
+}
+
+/// The reaper's sweep of lapsed enrichment claims, in one transaction of three statements
+/// whatever their number: up to `limit` running jobs whose lease lapsed are locked
+/// (`SKIP LOCKED`), returned to pending after the backoff of their executions so far, or failed
+/// for good once `max_attempts` executions were spent (with `enrichment.failed`).
+pub async fn recover_expired(
+    pool: &PgPool,
+    subjects: &Subjects,
+    retry: RetryPolicy,
+    limit: i64,
+) -> Result<RecoveredJobs, StoreError> {
+    let mut tx = pool.begin().await?;
+    let expired: Vec<Expired> = sql::query_as(sql::enrichment_jobs::LOCK_EXPIRED)
+        .bind(limit)
+        .bind(EnrichmentJobState::Running.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+    if expired.is_empty() {
+        tx.commit().await?;
+        return Ok(RecoveredJobs::default());
+    }
+    let ids: Vec<Uuid> = expired.iter().map(|job| job.id).collect();
+    let retries: Vec<bool> = expired
+        .iter()
+        .map(|job| job.attempt_count < job.max_attempts)
+        .collect();
+    let delays: Vec<f64> = expired
+        .iter()
+        .zip(&retries)
+        .map(|(job, &retries)| {
+            if retries {
+                crate::seconds(retry.jittered(job.attempt_count.max(1) as u32))
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let error = lease_expired();
+    let rows: Vec<FailedRow> = sql::query_as(sql::enrichment_jobs::RECOVER_MANY)
+        .bind(&ids)
+        .bind(&retries)
+        .bind(&delays)
+        .bind(last_error(&error))
+        .bind(EnrichmentJobState::Pending.as_str())
+        .bind(EnrichmentJobState::Failed.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+    let events: Vec<OutboxEvent> = rows
+        .iter()
+        .filter(|row| row.failed())
+        .map(|row| row.event(subjects, &error))
+        .collect();
+    outbox::enqueue(&mut tx, &events).await?;
+    tx.commit().await?;
+    let (failed, retried): (Vec<&FailedRow>, Vec<&FailedRow>) =
+        rows.iter().partition(|row| row.failed());
+    Ok(RecoveredJobs {
+        retried: retried.into_iter().map(|row| row.id).collect(),
+        failed: failed.into_iter().map(|row| row.id).collect(),
+    })
+}
+
+/// Why the reaper ended an execution.
+fn lease_expired() -> v1::Error {
+    v1::Error {
+        code: "lease_expired".into(),
+        message: "the enrichment job's lease expired before it finished (its process crashed or \
+                  stalled)"
+            .into(),
+        ..Default::default()
+    }
+}
+
+/// How an execution's error is kept in `last_error`.
+fn last_error(error: &v1::Error) -> String {
+    format!("{}: {}", error.code, error.message)
 }

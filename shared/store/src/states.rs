@@ -162,7 +162,8 @@ string_enum! {
         Running => "running",
         /// Enrichment finished it; ingestion creates it here when there is nothing to enrich.
         Completed => "completed",
-        /// Reserved: attempts spent (the enrichment issue). Terminal.
+        /// Its executions are spent, or one failed not retryably. Terminal until enrichment
+        /// is requested again.
         Failed => "failed",
     }
 }

@@ -45,6 +45,8 @@ pub mod lanes {
     pub const REAPER_STRANDED: &str = "reaper.stranded";
     /// Upload expiry.
     pub const REAPER_UPLOADS: &str = "reaper.uploads";
+    /// Enrichment jobs whose claim lapsed.
+    pub const REAPER_ENRICHMENT: &str = "reaper.enrichment";
     /// Retention pruning.
     pub const REAPER_RETENTION: &str = "reaper.retention";
     /// Due-retry wake-ups.
@@ -60,7 +62,7 @@ pub mod lanes {
     /// Work outside any lane.
     pub const OTHER: &str = "other";
 
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         ADMISSION,
         DISPATCH,
         INGESTION,
@@ -69,6 +71,7 @@ pub mod lanes {
         REAPER_DEADLINES,
         REAPER_STRANDED,
         REAPER_UPLOADS,
+        REAPER_ENRICHMENT,
         REAPER_RETENTION,
         REAPER_RETRIES,
         REAPER_ELECTION,

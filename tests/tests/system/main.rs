@@ -10,6 +10,7 @@ mod cost;
 mod decide;
 mod disclosure;
 mod end_to_end;
+mod enrichment;
 mod flat;
 mod health;
 mod ingestion;

@@ -1,5 +1,5 @@
 -- Enrichment: completes the jobs whose fencing token is still theirs and whose lease has not
--- lapsed.
+-- lapsed, with their final checkpoint; a job missing from the result was fenced out.
 -- $1: ids
 -- $2: tokens
 -- $3: checkpoints
@@ -11,4 +11,5 @@ SET state = $4, checkpoint = c.checkpoint, finished_at = now(), lease_owner = NU
 FROM UNNEST($1::uuid[], $2::bigint[], $3::jsonb[]) AS c(id, fencing_token, checkpoint)
 WHERE j.id = c.id AND j.fencing_token = c.fencing_token AND j.state = $5
   AND j.lease_expires_at > now()
-RETURNING j.id
+RETURNING j.id, j.scan_id, j.organization_id, j.attempt_count,
+          (extract(epoch FROM j.finished_at) * 1000)::bigint AS finished_at_unix_ms

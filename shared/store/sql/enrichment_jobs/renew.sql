@@ -1,0 +1,11 @@
+-- Enrichment: extends a job's lease, only while the claim is still the holder's (same
+-- fencing token, running, lease not lapsed); no row means it lost the job.
+-- $1: job.id
+-- $2: job.fencing_token
+-- $3: crate::seconds(lease_ttl)
+-- $4: EnrichmentJobState::Running.as_str()
+UPDATE enrichment_jobs
+SET lease_expires_at = now() + make_interval(secs => $3), last_heartbeat_at = now(),
+    updated_at = now()
+WHERE id = $1 AND fencing_token = $2 AND state = $4 AND lease_expires_at > now()
+RETURNING id

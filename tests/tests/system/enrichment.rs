@@ -1,0 +1,382 @@
+//! The enrichment job lifecycle (SPEC §4.4, I11; issue 11, item 1): exactly `max_attempts`
+//! executions of a job that always fails, then `failed` with one `enrichment.failed`; a stale
+//! claim fenced on renewal, checkpoint, failure and completion by a newer one (two claims,
+//! no race left to chance); a crashed execution recovered by the reaper's sweep and resumed
+//! from its checkpoint, without redoing the steps before it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use enrichment::{Enricher, Execution, JobInput, Step, StepError};
+use futures::future::BoxFuture;
+use messages::retry::RetryPolicy;
+use messages::{EventKind, v1};
+use store::enrichment::FailOutcome;
+use tests::TestSystem;
+use uuid::Uuid;
+
+/// Backoff short enough that a retried job is due again at once.
+const QUICK_RETRY: RetryPolicy =
+    RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(1));
+
+/// A completed scan whose enrichment job is pending with `{}` as its checkpoint and a finding
+/// naming a CVE, as a dependency audit's would.
+async fn scan_to_enrich(system: &TestSystem) -> (Uuid, Uuid) {
+    let scan = system.leased_scan(&["alpha"]).await;
+    system.complete_with_findings(&scan, 2).await;
+    let job_id: Uuid = sqlx::query_scalar(
+        "WITH cve AS (UPDATE findings SET cve_ids = '{CVE-2021-44228}' WHERE scan_id = $1::uuid) \
+         UPDATE enrichment_jobs SET state = 'pending', finished_at = NULL, checkpoint = '{}' \
+         WHERE scan_id = $1::uuid RETURNING id",
+    )
+    .bind(&scan.scan_id)
+    .fetch_one(&system.pool)
+    .await
+    .expect("a job to enrich");
+    (scan.scan_id.parse().expect("a scan id"), job_id)
+}
+
+async fn job_row(system: &TestSystem, job_id: Uuid) -> (String, i32, serde_json::Value, String) {
+    sqlx::query_as(
+        "SELECT state, attempt_count, checkpoint, last_error FROM enrichment_jobs WHERE id = $1",
+    )
+    .bind(job_id)
+    .fetch_one(&system.pool)
+    .await
+    .expect("the job")
+}
+
+/// Outbox rows of `kind` naming `job_id`.
+async fn events(system: &TestSystem, kind: EventKind, job_id: Uuid) -> usize {
+    let payloads: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT payload FROM outbox WHERE subject LIKE $1")
+            .bind(format!("%.event.{}", kind.name()))
+            .fetch_all(&system.pool)
+            .await
+            .expect("outbox rows");
+    payloads
+        .iter()
+        .filter(|payload| {
+            use prost::Message as _;
+            let job = match kind {
+                EventKind::EnrichmentCompleted => {
+                    v1::EnrichmentCompleted::decode(payload.as_slice()).map(|e| e.job_id)
+                }
+                _ => v1::EnrichmentFailed::decode(payload.as_slice()).map(|e| e.job_id),
+            };
+            job.is_ok_and(|id| id == job_id.to_string())
+        })
+        .count()
+}
+
+fn service(
+    system: &TestSystem,
+    enricher: impl Enricher,
+    lease_ttl: Duration,
+) -> enrichment::Service {
+    let mut settings = system.settings.enrichment.clone();
+    settings.http_addr = None;
+    settings.lease_ttl = lease_ttl;
+    settings.retry = QUICK_RETRY;
+    enrichment::Service::with_enricher(
+        settings,
+        runtime::Connections {
+            pool: system.pool.clone(),
+            bus: system.bus.clone(),
+        },
+        Arc::new(enricher),
+    )
+}
+
+/// Fails every step, retryably, counting them.
+#[derive(Default, Clone)]
+struct AlwaysFails(Arc<AtomicUsize>);
+
+impl Enricher for AlwaysFails {
+    fn step<'a>(
+        &'a self,
+        _job: &'a JobInput,
+        _checkpoint: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Step, StepError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            Err(StepError {
+                error: v1::Error {
+                    code: "nvd_unavailable".into(),
+                    message: "NVD answered 503".into(),
+                    ..Default::default()
+                },
+                retryable: true,
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_job_that_always_fails_runs_exactly_max_attempts_times_then_fails() {
+    let system = TestSystem::spawn().await;
+    let (_scan_id, job_id) = scan_to_enrich(&system).await;
+    let enricher = AlwaysFails::default();
+    let service = service(&system, enricher.clone(), Duration::from_secs(30));
+
+    let mut executions = Vec::new();
+    for _ in 0..20 {
+        for (id, outcome) in service.run_once().await.expect("a pass") {
+            assert_eq!(id, job_id);
+            executions.push(outcome);
+        }
+        if job_row(&system, job_id).await.0 == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        executions,
+        [Execution::Retrying, Execution::Retrying, Execution::Failed],
+        "three executions (max_attempts), the last one terminal"
+    );
+    assert_eq!(enricher.0.load(Ordering::SeqCst), 3);
+    let (state, attempts, _, last_error) = job_row(&system, job_id).await;
+    assert_eq!((state.as_str(), attempts), ("failed", 3));
+    assert_eq!(last_error, "nvd_unavailable: NVD answered 503");
+    assert!(
+        service.run_once().await.expect("a pass").is_empty(),
+        "a failed job is never claimed"
+    );
+    assert_eq!(
+        events(&system, EventKind::EnrichmentFailed, job_id).await,
+        1
+    );
+    assert_eq!(
+        events(&system, EventKind::EnrichmentCompleted, job_id).await,
+        0
+    );
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn a_stale_claim_is_fenced_on_renewal_checkpoint_failure_and_completion() {
+    let system = TestSystem::spawn().await;
+    let (_scan_id, job_id) = scan_to_enrich(&system).await;
+    let ttl = Duration::from_secs(30);
+    let stale = store::enrichment::claim(&system.pool, "enrichment-a", ttl, 8)
+        .await
+        .expect("a claim")
+        .pop()
+        .expect("the job");
+    assert!(
+        store::enrichment::checkpoint(&system.pool, &stale, &serde_json::json!({"page": 1}))
+            .await
+            .unwrap()
+    );
+
+    // Its lease lapses (a stalled process); the reaper's sweep returns it to the queue and a
+    // newer claim takes it, resuming from the checkpoint.
+    sqlx::query(
+        "UPDATE enrichment_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(job_id)
+    .execute(&system.pool)
+    .await
+    .expect("lapsed");
+    let recovered =
+        store::enrichment::recover_expired(&system.pool, &system.subjects, QUICK_RETRY, 100)
+            .await
+            .expect("a sweep");
+    assert_eq!(recovered.retried, [job_id]);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let fresh = store::enrichment::claim(&system.pool, "enrichment-b", ttl, 8)
+        .await
+        .expect("a claim")
+        .pop()
+        .expect("the job again");
+    assert!(fresh.fencing_token > stale.fencing_token);
+    assert_eq!(fresh.checkpoint, serde_json::json!({"page": 1}));
+    assert_eq!(fresh.attempt_count, 2);
+
+    // Everything the stale claim writes is refused and changes nothing.
+    let pool = &system.pool;
+    assert!(!store::enrichment::renew(pool, &stale, ttl).await.unwrap());
+    assert!(
+        !store::enrichment::checkpoint(pool, &stale, &serde_json::json!({"page": 9}))
+            .await
+            .unwrap()
+    );
+    let error = v1::Error {
+        code: "nvd_unavailable".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        store::enrichment::fail(pool, &system.subjects, QUICK_RETRY, &stale, &error, false)
+            .await
+            .unwrap(),
+        FailOutcome::Fenced
+    );
+    let done = serde_json::json!({"source": "stale"});
+    assert!(
+        store::enrichment::complete(pool, &system.subjects, &[(&stale, done)])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (state, _, checkpoint, last_error) = job_row(&system, job_id).await;
+    assert_eq!(state, "running");
+    assert_eq!(checkpoint, serde_json::json!({"page": 1}));
+    assert!(last_error.starts_with("lease_expired"), "{last_error}");
+
+    // The holder's writes go through.
+    assert!(store::enrichment::renew(pool, &fresh, ttl).await.unwrap());
+    let done = serde_json::json!({"source": "fresh"});
+    assert_eq!(
+        store::enrichment::complete(pool, &system.subjects, &[(&fresh, done.clone())])
+            .await
+            .unwrap(),
+        [job_id]
+    );
+    let (state, attempts, checkpoint, _) = job_row(&system, job_id).await;
+    assert_eq!(
+        (state.as_str(), attempts, checkpoint),
+        ("completed", 2, done)
+    );
+    assert_eq!(
+        events(&system, EventKind::EnrichmentCompleted, job_id).await,
+        1
+    );
+    system.finish().await;
+}
+
+/// Three pages: checkpoints `{"page": n}` after each of the first two, done after the third;
+/// records every page it fetched. With `hang_after`, it never returns after fetching that
+/// page, as a process that crashed there.
+#[derive(Clone, Default)]
+struct Paged {
+    fetched: Arc<Mutex<Vec<u64>>>,
+    hang_after: Option<u64>,
+}
+
+impl Enricher for Paged {
+    fn step<'a>(
+        &'a self,
+        _job: &'a JobInput,
+        checkpoint: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Step, StepError>> {
+        Box::pin(async move {
+            let page = checkpoint["page"].as_u64().unwrap_or(0) + 1;
+            self.fetched.lock().unwrap().push(page);
+            if self.hang_after == Some(page) {
+                std::future::pending::<()>().await;
+            }
+            Ok(if page == 3 {
+                Step::Done(serde_json::json!({"pages": 3}))
+            } else {
+                Step::Progress(serde_json::json!({"page": page}))
+            })
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_execution_is_recovered_by_the_reaper_and_resumes_from_its_checkpoint() {
+    let system = TestSystem::spawn().await;
+    let (_scan_id, job_id) = scan_to_enrich(&system).await;
+    let lease_ttl = Duration::from_millis(600);
+
+    // The first process checkpoints page 1, fetches page 2 and is killed there.
+    let crashed = Paged {
+        hang_after: Some(2),
+        ..Default::default()
+    };
+    let first = service(&system, crashed.clone(), lease_ttl);
+    let run = tokio::spawn(async move { first.run_once().await });
+    system
+        .wait_for("the first execution to reach page 2", || async {
+            (crashed.fetched.lock().unwrap().len() == 2).then_some(())
+        })
+        .await;
+    run.abort();
+    assert_eq!(
+        job_row(&system, job_id).await.2,
+        serde_json::json!({"page": 1})
+    );
+
+    // Once its lease lapses the reaper returns it; another process resumes after page 1.
+    system
+        .wait_for("the reaper to recover the lapsed claim", || async {
+            let recovered = store::enrichment::recover_expired(
+                &system.pool,
+                &system.subjects,
+                QUICK_RETRY,
+                100,
+            )
+            .await
+            .expect("a sweep");
+            (recovered.retried == [job_id]).then_some(())
+        })
+        .await;
+    let resumed = Paged::default();
+    let second = service(&system, resumed.clone(), lease_ttl);
+    let outcomes = system
+        .wait_for("the job to be claimed again", || async {
+            let outcomes = second.run_once().await.expect("a pass");
+            (!outcomes.is_empty()).then_some(outcomes)
+        })
+        .await;
+    assert_eq!(outcomes, [(job_id, Execution::Completed)]);
+    assert_eq!(
+        *resumed.fetched.lock().unwrap(),
+        [2, 3],
+        "page 1 is not fetched again"
+    );
+    let (state, attempts, checkpoint, _) = job_row(&system, job_id).await;
+    assert_eq!((state.as_str(), attempts), ("completed", 2));
+    assert_eq!(checkpoint, serde_json::json!({"pages": 3}));
+    system.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_execution_keeps_its_lease_by_renewing() {
+    let system = TestSystem::spawn().await;
+    let (_scan_id, job_id) = scan_to_enrich(&system).await;
+    let lease_ttl = Duration::from_millis(600);
+
+    /// Takes three lease TTLs over one step.
+    struct Slow(Duration);
+    impl Enricher for Slow {
+        fn step<'a>(
+            &'a self,
+            _job: &'a JobInput,
+            _checkpoint: &'a serde_json::Value,
+        ) -> BoxFuture<'a, Result<Step, StepError>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.0).await;
+                Ok(Step::Done(serde_json::json!({"slow": true})))
+            })
+        }
+    }
+    let service = service(&system, Slow(lease_ttl * 3), lease_ttl);
+    let sweeping = async {
+        loop {
+            let recovered = store::enrichment::recover_expired(
+                &system.pool,
+                &system.subjects,
+                QUICK_RETRY,
+                100,
+            )
+            .await
+            .expect("a sweep");
+            assert!(
+                recovered.is_empty(),
+                "a renewed lease was recovered: {recovered:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let outcomes = tokio::select! {
+        outcomes = service.run_once() => outcomes.expect("a pass"),
+        () = sweeping => unreachable!(),
+    };
+    assert_eq!(outcomes, [(job_id, Execution::Completed)]);
+    assert_eq!(job_row(&system, job_id).await.1, 1, "one execution");
+    system.finish().await;
+}
