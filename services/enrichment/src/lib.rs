@@ -4,9 +4,14 @@
 //! retried with the one backoff policy until `max_attempts` executions, then the job fails.
 //! The reaper returns claims whose lease lapsed (`store::enrichment::recover_expired`).
 //!
-//! Scope today: the job lifecycle. The enricher that looks CVE ids up in NVD or a local CVE
+//! It also answers requests for a scan's enrichment ([`request`]: `created`, `requeued`,
+//! `active`, `completed`), which wake the job loop at once.
+//!
+//! Scope today: the job lifecycle and its requests. The enricher that looks CVE ids up in NVD or a local CVE
 //! table arrives with the enrichment issue's sources; until then [`RecordOnly`] completes a
 //! job recording the CVE ids it found and `"source": "none"`.
+
+pub mod request;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,10 +143,17 @@ pub struct Service {
     subjects: messages::Subjects,
     owner: String,
     enricher: Arc<dyn Enricher>,
+    bus: bus::Bus,
+    /// Wakes the job loop: a request made a job due.
+    due: Arc<tokio::sync::Notify>,
     /// The health server and the outbox relay (`enrichment.*` events).
     plumbing: Plumbing,
     relay: outbox::Relay,
 }
+
+/// The request server's name in `palisade_requests_total` and its queue group.
+const REQUEST_SERVER: &str = "enrichment.enrich";
+const QUEUE_GROUP: &str = "enrichment";
 
 impl Service {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
@@ -169,9 +181,11 @@ impl Service {
         Self {
             settings,
             subjects: connections.bus.subjects().clone(),
-            pool: connections.pool,
+            pool: connections.pool.clone(),
             owner: format!("enrichment-{}", uuid::Uuid::new_v4()),
             enricher,
+            bus: connections.bus,
+            due: Arc::new(tokio::sync::Notify::new()),
             plumbing,
             relay,
         }
@@ -330,6 +344,11 @@ impl Service {
         }
     }
 
+    /// Answers one request for a scan's enrichment (the subject names its organization).
+    pub async fn answer(&self, subject: &str, payload: &[u8]) -> v1::EnrichReply {
+        answer(&self.pool, &self.subjects, &self.due, subject, payload).await
+    }
+
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         in_lane(lanes::ENRICHMENT, self.serve_until_stopped(shutdown)).await
     }
@@ -337,11 +356,52 @@ impl Service {
     async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let stop = shutdown.child_token();
         let _stop_on_return = stop.clone().drop_guard();
+        let requests = bus::serve::subscribe(
+            &self.bus,
+            self.subjects.client_wildcard(messages::ClientVerb::Enrich),
+            QUEUE_GROUP,
+        )
+        .await
+        .context("failed to listen for enrichment requests")?;
         let plumbing = self
             .plumbing
             .start(&stop)
             .await
             .context("failed to serve the health endpoints")?;
+        let serving = {
+            let (bus, pool, subjects, due) = (
+                self.bus.clone(),
+                self.pool.clone(),
+                self.subjects.clone(),
+                self.due.clone(),
+            );
+            let stop = stop.clone();
+            tokio::spawn(telemetry::cost::inherit(async move {
+                bus::serve::serve_subscribed(
+                    &bus,
+                    REQUEST_SERVER,
+                    requests,
+                    QUEUE_GROUP,
+                    move |message| {
+                        let (pool, subjects, due) = (pool.clone(), subjects.clone(), due.clone());
+                        async move {
+                            use prost::Message as _;
+                            let reply = answer(
+                                &pool,
+                                &subjects,
+                                &due,
+                                message.subject.as_str(),
+                                &message.payload,
+                            )
+                            .await;
+                            Some(reply.encode_to_vec().into())
+                        }
+                    },
+                    stop,
+                )
+                .await
+            }))
+        };
         loop {
             let worked = match self.run_once().await {
                 Ok(outcomes) => !outcomes.is_empty(),
@@ -356,10 +416,61 @@ impl Service {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 () = tokio::time::sleep(self.settings.poll) => {}
+                () = self.due.notified() => {}
             }
+        }
+        stop.cancel();
+        match serving.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %telemetry::chain(&error), "enrichment request server failed")
+            }
+            Err(error) => tracing::warn!(%error, "enrichment request server panicked"),
         }
         plumbing.stop().await;
         Ok(())
+    }
+}
+
+/// Decides one request for a scan's enrichment: refusals for a malformed request, a scan of
+/// another organization (`not_found`, as one that does not exist) or one not completed; else
+/// one of the four outcomes. A job made due wakes the job loop.
+async fn answer(
+    pool: &PgPool,
+    subjects: &messages::Subjects,
+    due: &tokio::sync::Notify,
+    subject: &str,
+    payload: &[u8],
+) -> v1::EnrichReply {
+    let request = match request::parse(subjects, subject, payload) {
+        Ok(request) => request,
+        Err(error) => {
+            return v1::EnrichReply {
+                error: Some(error),
+                ..Default::default()
+            };
+        }
+    };
+    match store::enrichment::request(pool, Some(request.organization_id), request.scan_id).await {
+        Ok(outcome) => {
+            if matches!(
+                outcome,
+                store::enrichment::RequestOutcome::Created { .. }
+                    | store::enrichment::RequestOutcome::Requeued { .. }
+            ) {
+                due.notify_one();
+            }
+            request::reply(request.scan_id, &outcome)
+        }
+        Err(error) => v1::EnrichReply {
+            error: Some(runtime::internal_error(
+                "enrichment's decision",
+                &telemetry::chain(&error),
+                "retry the request",
+            )),
+            scan_id: request.scan_id.to_string(),
+            ..Default::default()
+        },
     }
 }
 

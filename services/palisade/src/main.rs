@@ -170,6 +170,10 @@ enum ScanCommand {
         #[arg(long, default_value = "cancelled from the command line")]
         reason: String,
     },
+    /// Ask for a completed scan's enrichment: prints {scan_id, job_id, status, outcome,
+    /// message} as JSON. A failed job is requeued with a fresh retry budget; a pending,
+    /// running or completed one is left as it is.
+    Enrich { scan_id: Uuid },
 }
 
 #[derive(Debug, Subcommand)]
@@ -459,6 +463,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Scan(ScanCommand::Cancel { scan_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Scan(scan_id), &reason).await
         }
+        Command::Scan(ScanCommand::Enrich { scan_id }) => enrich(&common, scan_id).await,
         Command::Task(TaskCommand::Cancel { task_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Task(task_id), &reason).await
         }
@@ -754,6 +759,27 @@ async fn cancel(
         }
         CancelOutcome::NotFound => anyhow::bail!("no such scan or task"),
     }
+    Ok(())
+}
+
+/// `palisade scan enrich`: the answer a client gets on the wire, for any organization's scan.
+async fn enrich(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {
+    let pool = store::connect(&common.database).await?;
+    let outcome = store::enrichment::request(&pool, None, scan_id).await?;
+    let reply = enrichment::request::reply(scan_id, &outcome);
+    if let Some(error) = reply.error {
+        anyhow::bail!("{} ({})", error.message, error.code);
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "scan_id": reply.scan_id,
+            "job_id": reply.job_id,
+            "status": reply.status,
+            "outcome": reply.outcome,
+            "message": reply.message,
+        })
+    );
     Ok(())
 }
 

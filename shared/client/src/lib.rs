@@ -254,6 +254,31 @@ impl Client {
         v1::CancelReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
     }
 
+    /// Asks for the enrichment of a completed scan of `organization_id` (one request/reply to
+    /// enrichment, not retried: a repeat is safe, it answers `active` or `completed`). The
+    /// reply's `outcome` is `created`, `requeued`, `active` or `completed`; a refusal is in
+    /// `error` (`not_found`, `scan_not_completed`, `internal`).
+    pub async fn enrich_scan(
+        &self,
+        organization_id: &Uuid,
+        scan_id: &str,
+    ) -> Result<v1::EnrichReply, ClientError> {
+        let subject = self
+            .bus
+            .subjects()
+            .client(organization_id, &self.client_id, ClientVerb::Enrich)
+            .map_err(|error| ClientError::InvalidRequest(error.to_string()))?;
+        let request = v1::EnrichRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            scan_id: scan_id.to_owned(),
+        };
+        let reply = self
+            .bus
+            .request(subject, request.encode_to_vec().into(), self.timeout)
+            .await?;
+        v1::EnrichReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
+    }
+
     /// Scan outcome events of `organization_id` from now on (deduplicated: read from the
     /// events stream).
     ///

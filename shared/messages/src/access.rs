@@ -218,7 +218,10 @@ impl Subjects {
                 consumer_of(self.results_stream(), &mut publish);
                 publish.push(self.worker_wildcard(WorkerVerb::Ack));
             }
-            Service::Enrichment => {}
+            Service::Enrichment => {
+                subscribe.push(self.client_wildcard(ClientVerb::Enrich));
+                responses = true;
+            }
             Service::Reaper => publish.push(self.dispatch_wakeup()),
         }
         Permissions {

@@ -44,13 +44,16 @@ pub enum ErrorCode {
     EvidenceConflict,
     /// The scan or task named does not exist.
     NotFound,
+    /// Enrichment was asked for a scan that has not completed (pending, running, failed or
+    /// cancelled): only a completed scan's findings are enriched.
+    ScanNotCompleted,
     /// Something failed inside palisade; the sender may retry.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::MalformedMessage,
         ErrorCode::UnsupportedSchemaVersion,
         ErrorCode::InvalidField,
@@ -71,6 +74,7 @@ impl ErrorCode {
         ErrorCode::SequenceOutOfRange,
         ErrorCode::EvidenceConflict,
         ErrorCode::NotFound,
+        ErrorCode::ScanNotCompleted,
         ErrorCode::Internal,
     ];
 
@@ -97,6 +101,7 @@ impl ErrorCode {
             ErrorCode::SequenceOutOfRange => "sequence_out_of_range",
             ErrorCode::EvidenceConflict => "evidence_conflict",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::ScanNotCompleted => "scan_not_completed",
             ErrorCode::Internal => "internal",
         }
     }

@@ -165,6 +165,8 @@ pub enum ClientVerb {
     Submit,
     /// Request/reply to dispatch: cancel a scan or a task of this organization.
     Cancel,
+    /// Request/reply to enrichment: enrich a completed scan of this organization.
+    Enrich,
 }
 
 impl ClientVerb {
@@ -173,6 +175,7 @@ impl ClientVerb {
             ClientVerb::Request => "request",
             ClientVerb::Submit => "submit",
             ClientVerb::Cancel => "cancel",
+            ClientVerb::Enrich => "enrich",
         }
     }
 }

@@ -351,3 +351,126 @@ fn lease_expired() -> v1::Error {
 fn last_error(error: &v1::Error) -> String {
     format!("{}: {}", error.code, error.message)
 }
+
+/// What requesting enrichment of a scan did (SPEC §4.4: four outcomes, one answer shape).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// The scan had no job: one was created, pending (a finding names a CVE).
+    Created { job_id: Uuid },
+    /// Its job had failed: back to pending with a fresh budget of executions, keeping its
+    /// checkpoint and last error.
+    Requeued { job_id: Uuid },
+    /// Its job is pending or running: nothing was changed (a live claim is never disturbed).
+    Active {
+        job_id: Uuid,
+        state: EnrichmentJobState,
+    },
+    /// Its job completed (or, having no job and nothing to enrich, it was recorded as such).
+    Completed { job_id: Uuid },
+    /// No such scan in the organization.
+    NotFound,
+    /// The scan has not completed (or failed, or was cancelled): there is nothing to enrich yet.
+    NotCompleted { scan_state: String },
+}
+
+impl RequestOutcome {
+    /// The outcome's wire name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RequestOutcome::Created { .. } => "created",
+            RequestOutcome::Requeued { .. } => "requeued",
+            RequestOutcome::Active { .. } => "active",
+            RequestOutcome::Completed { .. } => "completed",
+            RequestOutcome::NotFound => "not_found",
+            RequestOutcome::NotCompleted { .. } => "not_completed",
+        }
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct ForRequest {
+    scan_state: String,
+    job_id: Option<Uuid>,
+    job_state: Option<String>,
+}
+
+/// Requests enrichment of `scan_id` (of `organization_id`, or any organization for the
+/// operator's command). Concurrent requests converge: of many that find a failed job, exactly
+/// one requeues it and the others answer `Active`.
+pub async fn request(
+    pool: &PgPool,
+    organization_id: Option<Uuid>,
+    scan_id: Uuid,
+) -> Result<RequestOutcome, StoreError> {
+    // At most three rounds: a row created or requeued by a concurrent request is read again.
+    for _ in 0..3 {
+        let found: Option<ForRequest> = sql::query_as(sql::enrichment_jobs::FOR_REQUEST)
+            .bind(scan_id)
+            .bind(organization_id)
+            .fetch_optional(pool)
+            .await?;
+        let Some(found) = found else {
+            return Ok(RequestOutcome::NotFound);
+        };
+        if found.scan_state != crate::states::ScanState::Completed.as_str() {
+            return Ok(RequestOutcome::NotCompleted {
+                scan_state: found.scan_state,
+            });
+        }
+        let (Some(job_id), Some(job_state)) = (found.job_id, found.job_state) else {
+            let job_id = Uuid::now_v7();
+            let created: Option<String> =
+                sql::query_scalar(sql::enrichment_jobs::CREATE_FOR_REQUEST)
+                    .bind(job_id)
+                    .bind(scan_id)
+                    .bind(EnrichmentJobState::Pending.as_str())
+                    .bind(EnrichmentJobState::Completed.as_str())
+                    .fetch_optional(pool)
+                    .await?;
+            match created.as_deref().map(EnrichmentJobState::parse) {
+                Some(Some(EnrichmentJobState::Pending)) => {
+                    return Ok(RequestOutcome::Created { job_id });
+                }
+                Some(_) => return Ok(RequestOutcome::Completed { job_id }),
+                None => continue,
+            }
+        };
+        let state = job_state_of(&job_state)?;
+        match state {
+            EnrichmentJobState::Completed => return Ok(RequestOutcome::Completed { job_id }),
+            EnrichmentJobState::Pending | EnrichmentJobState::Running => {
+                return Ok(RequestOutcome::Active { job_id, state });
+            }
+            EnrichmentJobState::Failed => {
+                let requeued: Option<Uuid> = sql::query_scalar(sql::enrichment_jobs::REQUEUE)
+                    .bind(job_id)
+                    .bind(EnrichmentJobState::Pending.as_str())
+                    .bind(EnrichmentJobState::Failed.as_str())
+                    .fetch_optional(pool)
+                    .await?;
+                if requeued.is_some() {
+                    return Ok(RequestOutcome::Requeued { job_id });
+                }
+            }
+        }
+    }
+    // Three rounds each overtaken by another request: the job is being requested right now.
+    let found: Option<(Uuid, String)> = sql::query_as(sql::enrichment_jobs::FOR_REQUEST)
+        .bind(scan_id)
+        .bind(organization_id)
+        .fetch_optional(pool)
+        .await?
+        .and_then(|row: ForRequest| row.job_id.zip(row.job_state));
+    match found {
+        Some((job_id, state)) => Ok(RequestOutcome::Active {
+            job_id,
+            state: job_state_of(&state)?,
+        }),
+        None => Ok(RequestOutcome::NotFound),
+    }
+}
+
+fn job_state_of(text: &str) -> Result<EnrichmentJobState, StoreError> {
+    EnrichmentJobState::parse(text)
+        .ok_or_else(|| StoreError::Corrupt(format!("enrichment job state {text:?}")))
+}

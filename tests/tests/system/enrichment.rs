@@ -380,3 +380,215 @@ async fn a_long_execution_keeps_its_lease_by_renewing() {
     assert_eq!(job_row(&system, job_id).await.1, 1, "one execution");
     system.finish().await;
 }
+
+/// `palisade scan enrich`'s path: the operator's request, any organization.
+async fn enrich(system: &TestSystem, scan_id: Uuid) -> v1::EnrichReply {
+    let outcome = store::enrichment::request(&system.pool, None, scan_id)
+        .await
+        .expect("a decision");
+    enrichment::request::reply(scan_id, &outcome)
+}
+
+fn outcome(reply: &v1::EnrichReply) -> (&str, &str) {
+    assert!(reply.error.is_none(), "{reply:?}");
+    (reply.outcome.as_str(), reply.status.as_str())
+}
+
+#[tokio::test]
+async fn requesting_enrichment_answers_each_of_the_four_outcomes() {
+    let system = TestSystem::spawn().await;
+    let (scan_id, job_id) = scan_to_enrich(&system).await;
+
+    // active: pending, and then running under a claim that the request leaves alone.
+    let reply = enrich(&system, scan_id).await;
+    assert_eq!(outcome(&reply), ("active", "pending"));
+    assert_eq!(reply.job_id, job_id.to_string());
+    assert_eq!(reply.scan_id, scan_id.to_string());
+    let claim = store::enrichment::claim(&system.pool, "holder", Duration::from_secs(30), 1)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
+    assert_eq!(
+        outcome(&enrich(&system, scan_id).await),
+        ("active", "running")
+    );
+    assert!(
+        store::enrichment::renew(&system.pool, &claim, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        "the claim is undisturbed"
+    );
+
+    // requeued: a job that failed for good goes back with a fresh budget, keeping its
+    // checkpoint and last error.
+    assert!(
+        store::enrichment::checkpoint(&system.pool, &claim, &serde_json::json!({"page": 2}))
+            .await
+            .unwrap()
+    );
+    let error = v1::Error {
+        code: "nvd_unavailable".into(),
+        message: "503".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        store::enrichment::fail(
+            &system.pool,
+            &system.subjects,
+            QUICK_RETRY,
+            &claim,
+            &error,
+            false
+        )
+        .await
+        .unwrap(),
+        FailOutcome::Failed
+    );
+    assert_eq!(
+        outcome(&enrich(&system, scan_id).await),
+        ("requeued", "pending")
+    );
+    let (state, attempts, checkpoint, last_error) = job_row(&system, job_id).await;
+    assert_eq!((state.as_str(), attempts), ("pending", 0));
+    assert_eq!(checkpoint, serde_json::json!({"page": 2}));
+    assert_eq!(last_error, "nvd_unavailable: 503");
+
+    // completed: the requeued job runs (resuming from its checkpoint) and completes.
+    let resumed = Paged::default();
+    let outcomes = service(&system, resumed.clone(), Duration::from_secs(30))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(outcomes, [(job_id, Execution::Completed)]);
+    assert_eq!(*resumed.fetched.lock().unwrap(), [3]);
+    assert_eq!(
+        outcome(&enrich(&system, scan_id).await),
+        ("completed", "completed")
+    );
+
+    // created: a completed scan whose job row is gone, with a CVE finding, gets a pending one;
+    // without one it is recorded as completed, not enriched.
+    sqlx::query("DELETE FROM enrichment_jobs WHERE scan_id = $1")
+        .bind(scan_id)
+        .execute(&system.pool)
+        .await
+        .unwrap();
+    let reply = enrich(&system, scan_id).await;
+    assert_eq!(outcome(&reply), ("created", "pending"));
+    assert_ne!(reply.job_id, job_id.to_string());
+    let plain = system.leased_scan(&["alpha"]).await;
+    system.complete_with_findings(&plain, 1).await;
+    let plain_id: Uuid = plain.scan_id.parse().unwrap();
+    sqlx::query("DELETE FROM enrichment_jobs WHERE scan_id = $1")
+        .bind(plain_id)
+        .execute(&system.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome(&enrich(&system, plain_id).await),
+        ("completed", "completed")
+    );
+    assert_eq!(
+        outcome(&enrich(&system, plain_id).await),
+        ("completed", "completed")
+    );
+
+    // Refusals: no such scan; a scan that has not completed.
+    let reply = enrich(&system, Uuid::new_v4()).await;
+    assert_eq!(
+        reply.error.and_then(|e| e.error_code()),
+        Some(messages::ErrorCode::NotFound)
+    );
+    let running = system.leased_scan(&["alpha"]).await;
+    let reply = enrich(&system, running.scan_id.parse().unwrap()).await;
+    assert_eq!(
+        reply.error.and_then(|e| e.error_code()),
+        Some(messages::ErrorCode::ScanNotCompleted)
+    );
+    system.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_concurrent_requests_for_a_failed_job_requeue_it_once() {
+    let system = TestSystem::spawn().await;
+    let (scan_id, job_id) = scan_to_enrich(&system).await;
+    sqlx::query("UPDATE enrichment_jobs SET state = 'failed', attempt_count = 3, finished_at = now() WHERE id = $1")
+        .bind(job_id)
+        .execute(&system.pool)
+        .await
+        .unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let asks: Vec<_> = (0..16)
+        .map(|_| {
+            let (pool, barrier) = (system.pool.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store::enrichment::request(&pool, None, scan_id)
+                    .await
+                    .expect("a decision")
+            })
+        })
+        .collect();
+    let mut outcomes = std::collections::BTreeMap::<&str, usize>::new();
+    for ask in asks {
+        *outcomes.entry(ask.await.unwrap().name()).or_default() += 1;
+    }
+    assert_eq!(
+        outcomes,
+        [("active", 15), ("requeued", 1)].into_iter().collect(),
+        "exactly one requeue"
+    );
+    let (state, attempts, _, _) = job_row(&system, job_id).await;
+    assert_eq!((state.as_str(), attempts), ("pending", 0));
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn a_client_requests_enrichment_of_its_own_organizations_scans_over_the_bus() {
+    let system = TestSystem::spawn().await;
+    system.start(tests::Component::Enrichment);
+    let (scan_id, job_id) = scan_to_enrich(&system).await;
+    let organization_id: Uuid =
+        sqlx::query_scalar("SELECT organization_id FROM scans WHERE id = $1")
+            .bind(scan_id)
+            .fetch_one(&system.pool)
+            .await
+            .unwrap();
+    let client = system.client();
+    // The running service (RecordOnly) completes the pending job; ask until it says so.
+    let reply = system
+        .wait_for("the job to complete", || async {
+            let reply = client
+                .enrich_scan(&organization_id, &scan_id.to_string())
+                .await
+                .expect("an answer");
+            (reply.outcome == "completed").then_some(reply)
+        })
+        .await;
+    assert_eq!(reply.job_id, job_id.to_string());
+    assert_eq!(
+        events(&system, EventKind::EnrichmentCompleted, job_id).await,
+        1
+    );
+
+    // Another organization's subject: as if the scan did not exist.
+    let other = system.organization().await;
+    let reply = client
+        .enrich_scan(&other, &scan_id.to_string())
+        .await
+        .expect("an answer");
+    assert_eq!(
+        reply.error.and_then(|e| e.error_code()),
+        Some(messages::ErrorCode::NotFound)
+    );
+    let reply = client
+        .enrich_scan(&organization_id, "not-a-uuid")
+        .await
+        .expect("an answer");
+    assert_eq!(
+        reply.error.and_then(|e| e.error_code()),
+        Some(messages::ErrorCode::InvalidField)
+    );
+    system.finish().await;
+}
