@@ -6,5 +6,5 @@
 -- $3: EnrichmentJobState::Failed.as_str()
 UPDATE enrichment_jobs
 SET state = $2, attempt_count = 0, available_at = now(), finished_at = NULL, updated_at = now()
-WHERE id = $1 AND $3::text IS NOT NULL
+WHERE id = $1 AND state = $3
 RETURNING id
