@@ -92,7 +92,10 @@ mod tests {
         assert_eq!(counted.count, 10);
         assert!(!counted.is_whole(4));
         assert_eq!(counted.message.capabilities, hello(4).capabilities);
-        assert_eq!(counted.message.capacity, 2, "fields after the dropped ones are kept");
+        assert_eq!(
+            counted.message.capacity, 2,
+            "fields after the dropped ones are kept"
+        );
     }
 
     #[test]

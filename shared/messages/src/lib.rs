@@ -128,7 +128,10 @@ mod tests {
         use proptest::prelude::*;
 
         fn is_lowercase_hex_sha256(text: &str) -> bool {
-            text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            text.len() == 64
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         }
 
         proptest! {

@@ -103,7 +103,10 @@ pub fn scan_request() -> impl Strategy<Value = v1::ScanRequest> {
             1..=PROFILE_PLUGINS_MAX,
         ),
         -1_000..=1_000i32,
-        prop_oneof![Just(0u32), 1..=crate::limits::EXECUTION_DEADLINE_SECONDS_MAX],
+        prop_oneof![
+            Just(0u32),
+            1..=crate::limits::EXECUTION_DEADLINE_SECONDS_MAX
+        ],
         token_text(),
         proptest::string::string_regex(&format!("[ -~]{{1,{IDENTIFIER_BYTES_MAX}}}"))
             .expect("a valid regex"),
