@@ -43,16 +43,26 @@ impl ValidScanRequest {
     }
 }
 
-/// Decodes and validates; the error is what the sender gets back. `wire` is returned too so
-/// a refusal can name the client and key when the message decoded at all.
+/// `ScanRequest.plugins`' field number: an oversized request's plugins are counted, not held.
+const PLUGINS_TAG: u32 = 4;
+
 /// Decodes and validates the request published on `subject`, whose organization and client
-/// tokens must be the request's own.
+/// tokens must be the request's own; the error is what the sender gets back. `wire` is
+/// returned too so a refusal can name the client and key when the message decoded at all
+/// (of a request over the size limit, with at most the profile's limit of plugins: a
+/// megabyte of empty plugin names would otherwise become 12 MB of `String`s).
 pub fn parse(
     subjects: &Subjects,
     subject: &str,
     bytes: &[u8],
 ) -> (Option<v1::ScanRequest>, Result<ValidScanRequest, v1::Error>) {
-    match v1::ScanRequest::decode(bytes) {
+    let decoded = if bytes.len() > SCAN_REQUEST_BYTES_MAX {
+        messages::bounded::decode_counted(bytes, PLUGINS_TAG, PROFILE_PLUGINS_MAX)
+            .map(|counted| counted.message)
+    } else {
+        v1::ScanRequest::decode(bytes)
+    };
+    match decoded {
         // Counted on the bytes, so fields this version does not know count too.
         Ok(wire) if bytes.len() > SCAN_REQUEST_BYTES_MAX => {
             let error = v1::Error::new(
@@ -319,5 +329,160 @@ mod tests {
             result.unwrap_err().error_code(),
             Some(ErrorCode::MalformedMessage)
         );
+    }
+
+    mod hostile {
+        use super::*;
+        use messages::testing::{
+            any_bytes, bad_schema_version, cases, hostile_text, not_a_uuid, scan_request,
+            token_text,
+        };
+        use proptest::prelude::*;
+
+        fn own_subject(wire: &v1::ScanRequest) -> String {
+            let organization = Uuid::parse_str(&wire.organization_id).unwrap();
+            Subjects::new("p")
+                .unwrap()
+                .client(&organization, &wire.client_id, messages::ClientVerb::Submit)
+                .unwrap()
+        }
+
+        fn code(result: &Result<ValidScanRequest, v1::Error>) -> Option<ErrorCode> {
+            result
+                .as_ref()
+                .err()
+                .map(|error| error.error_code().expect("a known code"))
+        }
+
+        proptest! {
+            #![proptest_config(cases(256))]
+
+            /// Any bytes on any subject: no panic, and a refusal with a code admission sends
+            /// before its transaction.
+            #[test]
+            fn hostile_bytes_get_a_documented_code(
+                bytes in prop_oneof![any_bytes(), proptest::collection::vec(any::<u8>(), 4_000..6_000)],
+                subject in prop_oneof![hostile_text(), token_text()],
+            ) {
+                let subjects = Subjects::new("p").unwrap();
+                let (_, result) = parse(&subjects, &subject, &bytes);
+                use ErrorCode::*;
+                prop_assert!(code(&result).is_none_or(|c| [MalformedMessage, TooLarge, UnsupportedSchemaVersion, InvalidField].contains(&c)));
+            }
+
+            /// A well-formed request on its own subject is accepted as sent, and its
+            /// fingerprint is the wire's (with the organization in canonical form).
+            #[test]
+            fn hostile_valid_request_is_accepted_as_sent(wire in scan_request()) {
+                let subjects = Subjects::new("p").unwrap();
+                let bytes = wire.encode_to_vec();
+                let (decoded, result) = parse(&subjects, &own_subject(&wire), &bytes);
+                prop_assert_eq!(decoded.as_ref(), Some(&wire));
+                let valid = result.unwrap();
+                prop_assert_eq!(valid.organization_id.to_string(), wire.organization_id.clone());
+                prop_assert_eq!(&valid.plugins, &wire.plugins);
+                prop_assert_eq!(&valid.target, &wire.target);
+                prop_assert_eq!(valid.fingerprint, messages::scan_request_fingerprint(&wire));
+            }
+
+            /// One bad field of a well-formed request gets the code reference 6.1 gives it.
+            #[test]
+            fn hostile_request_fault_gets_its_code(
+                mut wire in scan_request(),
+                fault in 0..12u8,
+                version in bad_schema_version(),
+                not_uuid in not_a_uuid(),
+                text in hostile_text(),
+                number in any::<i32>(),
+            ) {
+                let subjects = Subjects::new("p").unwrap();
+                let subject = own_subject(&wire);
+                let control = |text: &str| text.chars().any(char::is_control);
+                let expected = match fault {
+                    0 => { wire.schema_version = version; ErrorCode::UnsupportedSchemaVersion }
+                    1 => { wire.organization_id = not_uuid; ErrorCode::InvalidField }
+                    2 => {
+                        prop_assume!(text.is_empty() || control(&text));
+                        wire.target = text;
+                        ErrorCode::InvalidField
+                    }
+                    3 => { wire.target = "x".repeat(TARGET_BYTES_MAX + 1); ErrorCode::TooLarge }
+                    4 => { wire.plugins.clear(); ErrorCode::InvalidField }
+                    5 => {
+                        wire.plugins = (0..=PROFILE_PLUGINS_MAX).map(|i| format!("p{i}")).collect();
+                        ErrorCode::TooLarge
+                    }
+                    6 => {
+                        prop_assume!(!is_identifier(&text));
+                        wire.plugins.truncate(PROFILE_PLUGINS_MAX - 1);
+                        wire.plugins.push(text);
+                        ErrorCode::InvalidField
+                    }
+                    7 => {
+                        let first = wire.plugins[0].clone();
+                        wire.plugins.truncate(PROFILE_PLUGINS_MAX - 1);
+                        wire.plugins.push(first);
+                        ErrorCode::InvalidField
+                    }
+                    8 => {
+                        prop_assume!(!(-PRIORITY_ABS_MAX..=PRIORITY_ABS_MAX).contains(&number));
+                        wire.priority = number;
+                        ErrorCode::InvalidField
+                    }
+                    9 => {
+                        wire.execution_deadline_seconds = EXECUTION_DEADLINE_SECONDS_MAX + 1 + number.unsigned_abs() % 1_000;
+                        ErrorCode::InvalidField
+                    }
+                    10 => {
+                        prop_assume!(messages::subjects::token("c", &text).is_err());
+                        wire.client_id = text;
+                        ErrorCode::InvalidField
+                    }
+                    _ => {
+                        prop_assume!(text.is_empty() || text.len() > IDENTIFIER_BYTES_MAX || control(&text));
+                        wire.idempotency_key = text;
+                        ErrorCode::InvalidField
+                    }
+                };
+                let (_, result) = parse(&subjects, &subject, &wire.encode_to_vec());
+                prop_assert_eq!(code(&result), Some(expected), "{:?}", result);
+            }
+
+            /// A request of another organization or client than its subject's is
+            /// `invalid_field`, whatever the subject holds.
+            #[test]
+            fn hostile_foreign_subject_is_invalid_field(
+                wire in scan_request(),
+                other in prop_oneof![scan_request().prop_map(|other| own_subject(&other)), hostile_text()],
+            ) {
+                let subjects = Subjects::new("p").unwrap();
+                prop_assume!(other != own_subject(&wire));
+                let (_, result) = parse(&subjects, &other, &wire.encode_to_vec());
+                prop_assert_eq!(code(&result), Some(ErrorCode::InvalidField));
+            }
+        }
+
+        /// Padding past the size limit is `too_large`, and a megabyte of empty plugin names
+        /// is decoded without holding them.
+        #[test]
+        fn hostile_an_oversized_request_is_too_large_without_holding_its_plugins() {
+            let mut wire = v1::ScanRequest {
+                schema_version: 1,
+                client_id: "ci".into(),
+                idempotency_key: "k".into(),
+                ..Default::default()
+            };
+            wire.plugins = vec![String::new(); 500_000];
+            let subjects = Subjects::new("p").unwrap();
+            let (decoded, result) = parse(
+                &subjects,
+                "p.v1.org.o.client.ci.submit",
+                &wire.encode_to_vec(),
+            );
+            assert_eq!(code(&result), Some(ErrorCode::TooLarge));
+            let decoded = decoded.expect("it decodes");
+            assert_eq!(decoded.plugins.len(), PROFILE_PLUGINS_MAX);
+            assert_eq!(decoded.client_id, "ci");
+        }
     }
 }

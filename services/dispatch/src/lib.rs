@@ -2,6 +2,7 @@
 //! `<prefix>.v1.worker.<worker_id>.<verb>`. Every decision is one PostgreSQL transaction;
 //! `task.ready` events only wake long-polls early, they never decide anything.
 
+pub mod parse;
 mod waiters;
 
 use std::sync::Arc;
@@ -11,23 +12,15 @@ use anyhow::Context as _;
 use bus::Bus;
 use bytes::Bytes;
 use futures::StreamExt as _;
-use messages::limits::{
-    ACQUIRE_TASKS_MAX, ACQUIRE_WAIT_MS_MAX, IDENTIFIER_BYTES_MAX, WORKER_CAPABILITIES_MAX,
-    WORKER_CAPACITY_MAX,
-};
-use messages::validate::{invalid, malformed, schema_version as schema, worker_id};
 use messages::{ClientVerb, ErrorCode, EventKind, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::{
     BatchLimits, CommonSettings, Connections, LeaseSettings, Plumbing, SettingsError, env,
 };
-use store::cancel::{CancelOutcome, CancelTarget};
-use store::lease::{
-    AcquireOutcome, AcquireParams, HelloOutcome, HelloParams, ReleaseOutcome, RenewClaims,
-    RenewOutcome,
-};
-use store::{LeaseClaim, PgPool, Staged, StoreError};
+use store::cancel::CancelOutcome;
+use store::lease::{AcquireOutcome, AcquireParams, HelloOutcome, ReleaseOutcome, RenewOutcome};
+use store::{PgPool, Staged, StoreError};
 
 use crate::waiters::Waiters;
 use telemetry::cost::{Direction, count_messages, in_lane, inherit, lanes};
@@ -334,38 +327,13 @@ impl Dispatch {
             error: Some(error),
             ..Default::default()
         };
-        let request = match v1::CancelRequest::decode(payload) {
-            Ok(request) => request,
-            Err(error) => return refuse(malformed("CancelRequest", error)),
-        };
-        if let Err(error) = schema(request.schema_version) {
-            return refuse(error);
-        }
-        let Some(organization_id) = self
-            .bus
-            .subjects()
-            .client_of(subject)
-            .and_then(|tokens| Uuid::parse_str(tokens.organization_id).ok())
-        else {
-            return refuse(invalid(format!(
-                "{subject:?} names no organization: cancel on <prefix>.v1.org.<organization_id>.client.<client_id>.cancel"
-            )));
-        };
-        let target = match (request.scan_id.is_empty(), request.task_id.is_empty()) {
-            (false, true) => Uuid::parse_str(&request.scan_id).map(CancelTarget::Scan),
-            (true, false) => Uuid::parse_str(&request.task_id).map(CancelTarget::Task),
-            _ => return refuse(invalid("set exactly one of scan_id and task_id")),
-        };
-        let Ok(target) = target else {
-            return refuse(invalid("scan_id / task_id must be a UUID"));
-        };
-        if request.reason.len() > 512 || request.reason.contains('\0') {
-            return refuse(invalid("reason must be at most 512 bytes without NUL"));
-        }
-        let reason = if request.reason.is_empty() {
-            "cancelled on request"
-        } else {
-            &request.reason
+        let parse::Cancel {
+            organization_id,
+            target,
+            reason,
+        } = match parse::cancel(self.bus.subjects(), subject, payload) {
+            Ok(cancel) => cancel,
+            Err(error) => return refuse(error),
         };
         // A cancel racing a completion can lose a deadlock; the cancel is idempotent, retry it.
         let mut outcome = store::cancel::cancel(
@@ -373,7 +341,7 @@ impl Dispatch {
             self.bus.subjects(),
             Some(organization_id),
             target,
-            reason,
+            &reason,
         )
         .await;
         for _ in 0..CANCEL_TRANSIENT_RETRIES_MAX {
@@ -384,7 +352,7 @@ impl Dispatch {
                         self.bus.subjects(),
                         Some(organization_id),
                         target,
-                        reason,
+                        &reason,
                     )
                     .await;
                 }
@@ -464,50 +432,8 @@ impl Dispatch {
         subject_worker: Option<&str>,
         payload: &[u8],
     ) -> Result<v1::HelloReply, v1::Error> {
-        let request =
-            v1::HelloRequest::decode(payload).map_err(|error| malformed("HelloRequest", error))?;
-        schema(request.schema_version)?;
-        let worker_id = worker_id(subject_worker, &request.worker_id)?;
-        if request.protocol_version != messages::PROTOCOL_VERSION {
-            return Err(v1::Error::new(
-                ErrorCode::UnsupportedSchemaVersion,
-                format!(
-                    "protocol_version {:?} is not supported; this dispatch speaks {:?}",
-                    request.protocol_version,
-                    messages::PROTOCOL_VERSION
-                ),
-            ));
-        }
-        if request.software_version.len() > IDENTIFIER_BYTES_MAX
-            || request.software_version.contains('\0')
-        {
-            return Err(invalid(format!(
-                "software_version must be at most {IDENTIFIER_BYTES_MAX} bytes without NUL"
-            )));
-        }
-        if request.capacity == 0 || request.capacity > WORKER_CAPACITY_MAX {
-            return Err(invalid(format!(
-                "capacity must be 1..={WORKER_CAPACITY_MAX}"
-            )));
-        }
-        if request.capabilities.len() > WORKER_CAPABILITIES_MAX
-            || request
-                .capabilities
-                .iter()
-                .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX || c.contains('\0'))
-        {
-            return Err(invalid(format!(
-                "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
-            )));
-        }
-        let params = HelloParams {
-            worker_id,
-            software_version: &request.software_version,
-            protocol_version: &request.protocol_version,
-            capabilities: &request.capabilities,
-            capacity: request.capacity as i32,
-        };
-        match store::lease::hello(&self.pool, &params).await {
+        let hello = parse::hello(subject_worker, payload)?;
+        match store::lease::hello(&self.pool, &hello.params()).await {
             Ok(HelloOutcome::Accepted { organization_ids }) => Ok(v1::HelloReply {
                 error: None,
                 lease_ttl_ms: self.settings.lease.ttl.as_millis() as u32,
@@ -529,25 +455,10 @@ impl Dispatch {
         subject_worker: Option<&str>,
         payload: &[u8],
     ) -> Result<Vec<v1::Lease>, v1::Error> {
-        let request = v1::AcquireRequest::decode(payload)
-            .map_err(|error| malformed("AcquireRequest", error))?;
-        schema(request.schema_version)?;
-        let worker_id = worker_id(subject_worker, &request.worker_id)?;
-        let request_id = Uuid::parse_str(&request.request_id)
-            .map_err(|_| invalid("request_id must be a UUID"))?;
-        if request.max_tasks == 0 || request.max_tasks > ACQUIRE_TASKS_MAX {
-            return Err(invalid(format!(
-                "max_tasks must be 1..={ACQUIRE_TASKS_MAX}"
-            )));
-        }
-        if request.wait_ms > ACQUIRE_WAIT_MS_MAX {
-            return Err(invalid(format!(
-                "wait_ms must be at most {ACQUIRE_WAIT_MS_MAX}"
-            )));
-        }
+        let request = parse::acquire(subject_worker, payload)?;
         let params = AcquireParams {
-            worker_id,
-            request_id,
+            worker_id: request.worker_id,
+            request_id: request.request_id,
             max_tasks: i64::from(request.max_tasks),
             lease_ttl: self.settings.lease.ttl,
         };
@@ -591,12 +502,7 @@ impl Dispatch {
         subject_worker: Option<&str>,
         payload: &[u8],
     ) -> Result<v1::RenewReply, v1::Error> {
-        let request =
-            v1::RenewRequest::decode(payload).map_err(|error| malformed("RenewRequest", error))?;
-        schema(request.schema_version)?;
-        let worker_id = worker_id(subject_worker, &request.worker_id)?;
-        let claims =
-            RenewClaims::from_wire(worker_id, request.lease.as_ref(), &request.more_leases)?;
+        let parse::Renew { claims, batch } = parse::renew(subject_worker, payload)?;
         let outcomes = store::lease::renew_many(&self.pool, &claims, self.settings.lease.ttl)
             .await
             .map_err(|error| internal(&error))?;
@@ -622,7 +528,7 @@ impl Dispatch {
             })
             .collect();
         let first = renewals[0].clone();
-        if request.more_leases.is_empty() {
+        if !batch {
             // A single renew's reply is what it has always been: no `renewals`.
             renewals.clear();
         }
@@ -634,17 +540,7 @@ impl Dispatch {
     }
 
     async fn release(&self, subject_worker: Option<&str>, payload: &[u8]) -> Result<(), v1::Error> {
-        let request = v1::ReleaseRequest::decode(payload)
-            .map_err(|error| malformed("ReleaseRequest", error))?;
-        schema(request.schema_version)?;
-        let worker_id = worker_id(subject_worker, &request.worker_id)?;
-        let claim = LeaseClaim::from_wire(worker_id, request.lease.as_ref())?;
-        let reason: String = request
-            .reason
-            .chars()
-            .filter(|c| *c != '\0')
-            .take(512)
-            .collect();
+        let parse::Release { claim, reason } = parse::release(subject_worker, payload)?;
         let mut staged = Staged::new(self.settings.common.progress_events);
         let released = store::lease::release(
             &self.pool,

@@ -15,6 +15,9 @@ pub const TEXT_CHARS_MAX: usize = 4_096;
 
 const SEVERITIES: [&str; 5] = ["info", "low", "medium", "high", "critical"];
 
+/// `BatchPayload.findings`' field number: counted before more than the limit are held.
+const FINDINGS_TAG: u32 = 1;
+
 /// A worker message that passed validation.
 #[derive(Debug, Clone)]
 pub enum WorkerMessage {
@@ -345,15 +348,21 @@ fn validate_batch(
                 ),
             ));
         }
-        let batch = v1::BatchPayload::decode(message.payload.as_slice())
-            .map_err(|error| malformed("BatchPayload", error))?;
-        if batch.findings.len() > limits.findings_max {
+        // An empty finding is two bytes on the wire and some 200 decoded: at most the limit
+        // of them is held, the rest only counted.
+        let counted = messages::bounded::decode_counted::<v1::BatchPayload>(
+            &message.payload,
+            FINDINGS_TAG,
+            limits.findings_max,
+        )
+        .map_err(|error| malformed("BatchPayload", error))?;
+        if !counted.is_whole(limits.findings_max) {
             return Err(too_large(format!(
                 "batch has {} findings, at most {} are accepted; send smaller batches",
-                batch.findings.len(),
-                limits.findings_max
+                counted.count, limits.findings_max
             )));
         }
+        let batch = counted.message;
         for finding in &batch.findings {
             validate_finding(finding)?;
         }
@@ -432,6 +441,9 @@ fn is_cve_id(text: &str) -> bool {
             && (4..=7).contains(&number.len()) && number.bytes().all(|b| b.is_ascii_digit())
     )
 }
+
+#[cfg(test)]
+mod hostile;
 
 #[cfg(test)]
 mod tests {

@@ -5,10 +5,13 @@
 //! is defined here and documented in `docs/protocol/`.
 
 pub mod access;
+pub mod bounded;
 pub mod codes;
 pub mod limits;
 pub mod retry;
 pub mod subjects;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod validate;
 
 pub use access::{Identity, Permissions, Service};
@@ -141,6 +144,83 @@ mod tests {
             let mut changed = request();
             change(&mut changed);
             assert_ne!(base, scan_request_fingerprint(&changed));
+        }
+    }
+
+    mod hostile {
+        use super::*;
+        use crate::testing::{any_bytes, cases, hostile_text, scan_request};
+        use proptest::prelude::*;
+
+        fn is_lowercase_hex_sha256(text: &str) -> bool {
+            text.len() == 64
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        }
+
+        proptest! {
+            #![proptest_config(cases(256))]
+
+            /// The fingerprint is a function of the semantic fields alone: the same for any
+            /// client id and key and for either case of the organization id.
+            #[test]
+            fn hostile_fingerprint_ignores_identity_fields(
+                request in scan_request(),
+                client_id in hostile_text(),
+                idempotency_key in hostile_text(),
+            ) {
+                let fingerprint = scan_request_fingerprint(&request);
+                prop_assert!(is_lowercase_hex_sha256(&fingerprint));
+                prop_assert_eq!(&fingerprint, &scan_request_fingerprint(&request.clone()));
+                let other = v1::ScanRequest {
+                    client_id,
+                    idempotency_key,
+                    organization_id: request.organization_id.to_uppercase(),
+                    ..request.clone()
+                };
+                prop_assert_eq!(fingerprint, scan_request_fingerprint(&other));
+            }
+
+            /// Fields are length-prefixed: moving bytes from the target into the first plugin
+            /// (or splitting a plugin in two) is another request.
+            #[test]
+            fn hostile_fingerprint_fields_do_not_run_together(
+                request in scan_request(),
+                split in any::<prop::sample::Index>(),
+            ) {
+                let target = &request.target;
+                let at = split.index(target.len());
+                prop_assume!(target.is_char_boundary(at) && at < target.len());
+                let mut moved = request.clone();
+                moved.target = target[..at].to_owned();
+                moved.plugins[0] = format!("{}{}", &target[at..], request.plugins[0]);
+                prop_assert_ne!(scan_request_fingerprint(&request), scan_request_fingerprint(&moved));
+                let plugin = &request.plugins[0];
+                if plugin.len() > 1 {
+                    let mut split_plugin = request.clone();
+                    split_plugin.plugins.splice(0..1, [plugin[..1].to_owned(), plugin[1..].to_owned()]);
+                    prop_assert_ne!(
+                        scan_request_fingerprint(&request),
+                        scan_request_fingerprint(&split_plugin)
+                    );
+                }
+            }
+
+            /// The batch checksum is 64 lowercase hex digits and changes with any byte.
+            #[test]
+            fn hostile_checksum_is_lowercase_hex_and_sees_every_byte(
+                bytes in any_bytes(),
+                flip in any::<prop::sample::Index>(),
+            ) {
+                let checksum = sha256_hex(&bytes);
+                prop_assert!(is_lowercase_hex_sha256(&checksum));
+                if !bytes.is_empty() {
+                    let mut changed = bytes.clone();
+                    changed[flip.index(bytes.len())] ^= 1;
+                    prop_assert_ne!(checksum, sha256_hex(&changed));
+                }
+            }
         }
     }
 }

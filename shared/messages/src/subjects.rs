@@ -237,16 +237,19 @@ impl Subjects {
         format!("{}.v1.org.*.client.*.{}", self.prefix, verb.name())
     }
 
-    /// The organization and client tokens of a client subject of this installation.
+    /// The organization and client tokens of a client subject of this installation:
+    /// `<prefix>.v1.org.<organization_id>.client.<client_id>.<verb>`, each of the three one
+    /// token as [`token`] defines it, so nothing it returns could make another subject.
     pub fn client_of<'s>(&self, subject: &'s str) -> Option<ClientSubject<'s>> {
         let rest = subject
             .strip_prefix(&self.prefix)?
             .strip_prefix(".v1.org.")?;
         let (organization_id, rest) = rest.split_once('.')?;
-        let (client_id, _verb) = rest.strip_prefix("client.")?.split_once('.')?;
+        let (client_id, verb) = rest.strip_prefix("client.")?.split_once('.')?;
+        token("verb", verb).ok()?;
         Some(ClientSubject {
-            organization_id,
-            client_id,
+            organization_id: token("organization_id", organization_id).ok()?,
+            client_id: token("client_id", client_id).ok()?,
         })
     }
 
@@ -333,13 +336,18 @@ impl Subjects {
         format!("{}.v1.worker.*.{}", self.prefix, verb.name())
     }
 
-    /// The worker id token of a `<prefix>.v1.worker.<worker_id>.<verb>` subject.
+    /// The worker id token of a `<prefix>.v1.worker.<worker_id>.<verb>` subject, when the
+    /// worker id and the verb are each one token as [`token`] defines it. A subject NATS
+    /// delivers on `worker.*.<verb>` may still carry a token of other characters (`{…}`, `:`);
+    /// such a token is no worker's and gets `None`, so no subject built from it (ingestion's ack
+    /// subject) can name anything but a worker.
     pub fn worker_id_of<'s>(&self, subject: &'s str) -> Option<&'s str> {
         let rest = subject
             .strip_prefix(&self.prefix)?
             .strip_prefix(".v1.worker.")?;
-        let (worker_id, _verb) = rest.split_once('.')?;
-        Some(worker_id)
+        let (worker_id, verb) = rest.split_once('.')?;
+        token("verb", verb).ok()?;
+        token("worker_id", worker_id).ok()
     }
 
     fn stream(&self, suffix: &str) -> String {
@@ -421,9 +429,110 @@ mod tests {
     }
 
     #[test]
+    fn parsers_refuse_tokens_the_builders_would_not_build() {
+        let s = Subjects::new("p").unwrap();
+        assert_eq!(s.worker_id_of("p.v1.worker.{a}.result"), None);
+        assert_eq!(s.worker_id_of("p.v1.worker..result"), None);
+        assert_eq!(s.worker_id_of("p.v1.worker.a.result.x"), None);
+        assert_eq!(s.client_of("p.v1.org.o.client.c:d.submit"), None);
+        assert_eq!(s.client_of("p.v1.org.o.client.c.submit.x"), None);
+    }
+
+    #[test]
     fn rejects_prefixes_that_are_not_one_token() {
         for bad in ["", "a.b", "a*", "a>", "a b", &"x".repeat(33)] {
             assert!(Subjects::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    mod hostile {
+        use super::*;
+        use crate::testing::{cases, hostile_text, token_text, uuid_text};
+        use proptest::prelude::*;
+
+        const WORKER_VERBS: [WorkerVerb; 8] = [
+            WorkerVerb::Hello,
+            WorkerVerb::Acquire,
+            WorkerVerb::Renew,
+            WorkerVerb::Release,
+            WorkerVerb::Result,
+            WorkerVerb::Complete,
+            WorkerVerb::Fail,
+            WorkerVerb::Ack,
+        ];
+        const CLIENT_VERBS: [ClientVerb; 3] =
+            [ClientVerb::Request, ClientVerb::Submit, ClientVerb::Cancel];
+
+        /// Subjects made of this installation's words, other tokens and hostile text.
+        fn subject() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("p".to_owned()),
+                Just("v1".to_owned()),
+                Just("worker".to_owned()),
+                Just("org".to_owned()),
+                Just("client".to_owned()),
+                Just("*".to_owned()),
+                Just(">".to_owned()),
+                token_text(),
+                uuid_text(),
+                hostile_text(),
+            ];
+            proptest::collection::vec(piece, 0..9).prop_map(|pieces| pieces.join("."))
+        }
+
+        fn is_one_token(text: &str) -> bool {
+            token("t", text).is_ok()
+        }
+
+        proptest! {
+            #![proptest_config(cases(512))]
+
+            /// Whatever a subject holds, the parsers return only what the builders could
+            /// have put there: one token each, never a wildcard or a separator.
+            #[test]
+            fn hostile_subject_parsers_return_only_tokens(subject in subject()) {
+                let s = Subjects::new("p").unwrap();
+                if let Some(worker_id) = s.worker_id_of(&subject) {
+                    prop_assert!(is_one_token(worker_id), "{worker_id:?}");
+                }
+                if let Some(tokens) = s.client_of(&subject) {
+                    prop_assert!(is_one_token(tokens.organization_id));
+                    prop_assert!(is_one_token(tokens.client_id));
+                }
+                let _ = s.event_kind_of(&subject);
+            }
+
+            /// Every id that becomes a subject token parses back to itself, and the subject
+            /// has exactly the tokens its pattern says, none of them a wildcard.
+            #[test]
+            fn hostile_ids_round_trip_through_subjects(
+                worker_id in token_text(),
+                organization in any::<u128>(),
+                client_id in prop_oneof![token_text(), hostile_text()],
+                worker_verb in proptest::sample::select(WORKER_VERBS.to_vec()),
+                client_verb in proptest::sample::select(CLIENT_VERBS.to_vec()),
+            ) {
+                let s = Subjects::new("p").unwrap();
+                let worker = s.worker(&worker_id, worker_verb);
+                prop_assert_eq!(s.worker_id_of(&worker), Some(worker_id.as_str()));
+                prop_assert_eq!(worker.split('.').count(), 5);
+                let organization = uuid::Uuid::from_u128(organization);
+                match s.client(&organization, &client_id, client_verb) {
+                    Ok(client) => {
+                        prop_assert!(is_one_token(&client_id));
+                        let tokens: Vec<&str> = client.split('.').collect();
+                        prop_assert_eq!(tokens.len(), 7);
+                        prop_assert!(tokens.iter().all(|t| is_one_token(t)), "{client:?}");
+                        let parsed = s.client_of(&client).expect("a client subject");
+                        prop_assert_eq!(parsed.organization_id, organization.to_string());
+                        prop_assert_eq!(parsed.client_id, client_id.as_str());
+                    }
+                    Err(error) => {
+                        prop_assert!(!is_one_token(&client_id));
+                        prop_assert_eq!(error.value, client_id);
+                    }
+                }
+            }
         }
     }
 }

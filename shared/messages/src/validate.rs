@@ -101,4 +101,54 @@ mod tests {
             Some(ErrorCode::UnsupportedSchemaVersion)
         );
     }
+
+    mod hostile {
+        use super::*;
+        use crate::testing::{cases, hostile_text, token_text, uuid_text};
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(cases(512))]
+
+            /// A worker id is accepted exactly when it is the subject's token and a UUID;
+            /// every refusal is `invalid_field`.
+            #[test]
+            fn hostile_worker_id_is_the_subjects_and_a_uuid(
+                subject_worker in proptest::option::of(prop_oneof![uuid_text(), token_text(), hostile_text()]),
+                field in prop_oneof![uuid_text(), token_text(), hostile_text()],
+                same in any::<bool>(),
+            ) {
+                let subject_worker = if same { Some(field.clone()) } else { subject_worker };
+                match worker_id(subject_worker.as_deref(), &field) {
+                    Ok(id) => {
+                        prop_assert_eq!(subject_worker.as_deref(), Some(field.as_str()));
+                        prop_assert_eq!(Ok(id), Uuid::parse_str(&field));
+                    }
+                    Err(error) => {
+                        prop_assert_eq!(error.error_code(), Some(ErrorCode::InvalidField));
+                        prop_assert!(
+                            subject_worker.as_deref() != Some(field.as_str())
+                                || Uuid::parse_str(&field).is_err()
+                        );
+                    }
+                }
+            }
+
+            /// A client subject check never panics, and refuses with `invalid_field`.
+            #[test]
+            fn hostile_client_subject_refuses_with_invalid_field(
+                subject in prop_oneof![hostile_text(), token_text()],
+                organization in any::<u128>(),
+                client_id in prop_oneof![token_text(), hostile_text()],
+            ) {
+                let subjects = crate::Subjects::new("p").unwrap();
+                let organization = Uuid::from_u128(organization);
+                for subject in [format!("p.v1.org.{organization}.client.{subject}.submit"), subject] {
+                    if let Err(error) = client_subject(&subjects, &subject, &organization, &client_id) {
+                        prop_assert_eq!(error.error_code(), Some(ErrorCode::InvalidField));
+                    }
+                }
+            }
+        }
+    }
 }

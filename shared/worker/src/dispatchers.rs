@@ -143,4 +143,48 @@ mod tests {
             Change::Started
         );
     }
+
+    mod hostile {
+        use super::*;
+        use messages::testing::{any_bytes, cases, hostile_text};
+        use proptest::prelude::*;
+
+        /// What arrives on `dispatch.ready`: any bytes, or announcements with any fields.
+        fn payload() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                any_bytes(),
+                (hostile_text(), any::<u32>())
+                    .prop_map(|(id, heartbeat_ms)| ready(&id, heartbeat_ms)),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(cases(256))]
+
+            /// Whatever arrives, and whenever: no panic, one entry per replica heard, and a
+            /// replica is forgotten once its own silence has passed.
+            #[test]
+            fn hostile_dispatch_ready_never_panics(
+                arrivals in proptest::collection::vec((payload(), 0..10_000u64), 0..32),
+            ) {
+                let mut dispatchers = Dispatchers::default();
+                let start = Instant::now();
+                let mut now = start;
+                for (payload, after_ms) in &arrivals {
+                    now += Duration::from_millis(*after_ms);
+                    dispatchers.heard(payload, now);
+                    dispatchers.forget_silent(now);
+                    if let Some(silence) = dispatchers.next_silence() {
+                        prop_assert!(silence > now);
+                    }
+                }
+                prop_assert!(dispatchers.heard.len() <= arrivals.len());
+                let latest = dispatchers.heard.values().map(Heard::silent_at).max();
+                if let Some(latest) = latest {
+                    dispatchers.forget_silent(latest);
+                    prop_assert!(dispatchers.heard.is_empty());
+                }
+            }
+        }
+    }
 }
