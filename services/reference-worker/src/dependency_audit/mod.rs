@@ -287,7 +287,6 @@ fn findings(lockfile: &Lockfile, advisories: &[Advisory]) -> Vec<v1::Finding> {
                     advisory.id
                 ),
                 cve_ids: advisory.cve_ids(),
-                ..Default::default()
             });
         }
     }
