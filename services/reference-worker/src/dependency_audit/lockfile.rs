@@ -424,6 +424,36 @@ checksum = "ca8a50ef2360fbd1eeb0ecd46795a87a19024eb4b53c5dc916ca1fd95fe62438"
     }
 
     #[test]
+    fn package_lock_v2_reads_packages_not_the_legacy_tree() {
+        // Version 2 keeps a version 1 tree for old npm releases; `packages` is the truth.
+        let text = r#"{
+            "lockfileVersion": 2,
+            "packages": {"": {"name": "app"}, "node_modules/a": {"version": "1.0.0"}},
+            "dependencies": {"a": {"version": "1.0.0"}, "stale": {"version": "9.9.9"}}
+        }"#;
+        let lockfile = parse(LockfileKind::Npm, Path::new("/x/package-lock.json"), text).unwrap();
+        assert_eq!(names(&lockfile), [(Ecosystem::Npm, "a", "1.0.0")]);
+    }
+
+    #[test]
+    fn lockfiles_are_known_by_their_file_name() {
+        for (name, kind) in [
+            ("Cargo.lock", Some(LockfileKind::Cargo)),
+            ("package-lock.json", Some(LockfileKind::Npm)),
+            ("npm-shrinkwrap.json", Some(LockfileKind::Npm)),
+            ("package.json", None),
+            ("yarn.lock", None),
+            ("Cargo.toml", None),
+        ] {
+            assert_eq!(
+                LockfileKind::of(&Path::new("/repo").join(name)),
+                kind,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn malformed_lockfiles_are_errors_naming_the_file() {
         let cargo = Path::new("/repo/Cargo.lock");
         let npm = Path::new("/repo/package-lock.json");

@@ -122,8 +122,9 @@ pub enum DatabaseError {
     Cancelled,
 }
 
-/// Reads every advisory under `directory` (recursively, `*.json`, `.git` skipped) that is not
-/// withdrawn and names one of `packages`, in path order.
+/// Reads every advisory under `directory` (recursively, `*.json`, `.git` skipped, symbolic links
+/// inside it not followed) that is not withdrawn and names one of `packages`, in path order.
+/// Every file is parsed, so one malformed advisory fails the read whatever it names.
 pub fn load(
     directory: &Path,
     packages: &BTreeSet<(Ecosystem, String)>,
