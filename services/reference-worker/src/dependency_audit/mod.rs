@@ -85,10 +85,11 @@ impl Plugin for DependencyAudit {
             if cancel.is_cancelled() {
                 return Err(PluginError::retryable("cancelled", "cancelled"));
             }
-            for finding in report.findings.iter().cloned() {
+            let summary = report.summary();
+            for finding in report.findings {
                 sink.finding(finding).await?;
             }
-            Ok(report.summary())
+            Ok(summary)
         })
     }
 }
