@@ -3,14 +3,17 @@
 //!
 //! Every plugin works offline. `tcp_connect` discovers `http_service` assets that
 //! `http_headers` then checks: a profile `[tcp_connect, http_headers]` is the asset-discovery
-//! pipeline.
+//! pipeline. `dependency_audit` reads lockfiles on the worker's disk and matches them against a
+//! local OSV advisory database (`PALISADE_OSV_DIR`); its findings carry CVE ids for enrichment.
 
+pub mod dependency_audit;
 pub mod http_headers;
 pub mod secrets;
 pub mod synthetic;
 pub mod target;
 pub mod tcp_connect;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -18,14 +21,32 @@ use messages::Subjects;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// Every plugin this worker runs; their names are its capabilities.
+/// Every plugin this worker runs, with the default [`PluginSettings`] (no advisory database,
+/// so `dependency_audit` fails its tasks); their names are its capabilities.
 pub fn plugins() -> Vec<Arc<dyn worker::Plugin>> {
+    configured_plugins(&PluginSettings::default())
+}
+
+/// Every plugin this worker runs, configured by `settings`; their names are its capabilities.
+pub fn configured_plugins(settings: &PluginSettings) -> Vec<Arc<dyn worker::Plugin>> {
     vec![
         Arc::new(synthetic::Synthetic),
         Arc::new(tcp_connect::TcpConnect),
         Arc::new(http_headers::HttpHeaders),
         Arc::new(secrets::Secrets),
+        Arc::new(dependency_audit::DependencyAudit::new(
+            settings.osv_dir.clone(),
+        )),
     ]
+}
+
+/// What plugins take from the worker's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginSettings {
+    /// `PALISADE_OSV_DIR`: a directory of OSV JSON advisories (one per file, in any
+    /// subdirectories) that `dependency_audit` matches lockfiles against; unset, that plugin
+    /// fails its tasks.
+    pub osv_dir: Option<PathBuf>,
 }
 
 /// The worker's settings, all from environment variables.
@@ -44,6 +65,8 @@ pub struct Settings {
     pub worker_id: Uuid,
     /// `PALISADE_WORKER_CAPACITY`, default [`Settings::CAPACITY_DEFAULT`].
     pub capacity: u32,
+    /// `PALISADE_OSV_DIR` ([`PluginSettings`]).
+    pub plugins: PluginSettings,
 }
 
 /// A setting that is missing or malformed.
@@ -57,6 +80,10 @@ pub enum SettingsError {
     InvalidWorkerId { value: String },
     #[error("PALISADE_WORKER_CAPACITY {value:?} is not a number in 1..={max}")]
     InvalidCapacity { value: String, max: u32 },
+    #[error(
+        "PALISADE_OSV_DIR {value:?} is not an absolute path to a directory: point it at a directory of OSV JSON advisories, or unset it"
+    )]
+    InvalidOsvDir { value: String },
     #[error("PALISADE_SUBJECT_PREFIX: {0}")]
     InvalidPrefix(#[from] messages::subjects::InvalidPrefix),
     #[error(transparent)]
@@ -94,6 +121,16 @@ impl Settings {
                     max: messages::limits::WORKER_CAPACITY_MAX,
                 })?,
         };
+        let osv_dir = match set("PALISADE_OSV_DIR") {
+            None => None,
+            Some(value) => {
+                let path = PathBuf::from(value.trim());
+                if !(path.is_absolute() && path.is_dir()) {
+                    return Err(SettingsError::InvalidOsvDir { value });
+                }
+                Some(path)
+            }
+        };
         Ok(Self {
             nats_url,
             nats_credentials: set("NATS_CREDS").map(std::path::PathBuf::from),
@@ -101,6 +138,7 @@ impl Settings {
             subjects,
             worker_id,
             capacity,
+            plugins: PluginSettings { osv_dir },
         })
     }
 }
@@ -130,8 +168,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     .context("failed to connect to NATS")?;
     let mut config = worker::WorkerConfig::new(settings.worker_id, settings.capacity);
     config.software_version = format!("palisade-worker/{}", env!("CARGO_PKG_VERSION"));
-    let worker =
-        worker::Worker::new(bus, config, plugins()).context("failed to set up the worker")?;
+    let worker = worker::Worker::new(bus, config, configured_plugins(&settings.plugins))
+        .context("failed to set up the worker")?;
     worker.run(shutdown).await.context("worker stopped")
 }
 
@@ -173,6 +211,30 @@ mod tests {
         assert_eq!(settings.subjects.prefix(), "palisade");
         assert_eq!(settings.worker_id.to_string(), ID);
         assert_eq!(settings.capacity, 4);
+        assert_eq!(settings.plugins, PluginSettings::default());
+    }
+
+    #[test]
+    fn reads_the_advisory_database_directory() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().display().to_string();
+        let configured = settings(&[("PALISADE_WORKER_ID", ID), ("PALISADE_OSV_DIR", &path)]);
+        assert_eq!(
+            configured.unwrap().plugins.osv_dir.as_deref(),
+            Some(directory.path())
+        );
+        let file = directory.path().join("advisory.json");
+        std::fs::write(&file, "{}").unwrap();
+        for bad in [
+            "relative/osv",
+            "/does/not/exist",
+            &file.display().to_string(),
+        ] {
+            let error = settings(&[("PALISADE_WORKER_ID", ID), ("PALISADE_OSV_DIR", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(error.starts_with("PALISADE_OSV_DIR"), "{error}");
+        }
     }
 
     #[test]
@@ -202,5 +264,6 @@ mod tests {
             plugins().iter().map(|plugin| plugin.name()).collect();
         assert_eq!(names.len(), plugins().len());
         assert!(names.contains("synthetic") && names.contains("secrets"));
+        assert!(names.contains("dependency_audit"));
     }
 }

@@ -5,7 +5,7 @@
 //! Bounded: at most [`FILES_MAX`] files, none over [`FILE_BYTES_MAX`], text files only
 //! (binary and non-UTF-8 files are skipped), symbolic links not followed, `.git` skipped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -83,7 +83,7 @@ impl Plugin for Secrets {
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<String, PluginError>> {
         Box::pin(async move {
-            let root = root(&task.target)?;
+            let root = crate::target::local_path(&task.target)?;
             let walk_cancel = cancel.clone();
             let report = tokio::task::spawn_blocking(move || scan_tree(&root, &walk_cancel))
                 .await
@@ -109,30 +109,6 @@ impl Plugin for Secrets {
             ))
         })
     }
-}
-
-/// The directory or file a target names.
-fn root(target: &str) -> Result<PathBuf, PluginError> {
-    let invalid =
-        |why: &str| PluginError::permanent("invalid_target", format!("target {target:?} {why}"));
-    let path = if target.starts_with("file://") {
-        url::Url::parse(target)
-            .ok()
-            .and_then(|url| url.to_file_path().ok())
-            .ok_or_else(|| invalid("is not a local file URL"))?
-    } else {
-        PathBuf::from(target)
-    };
-    if !path.is_absolute() {
-        return Err(invalid("is not file:///path or an absolute path"));
-    }
-    if !path.exists() {
-        return Err(PluginError::permanent(
-            "target_not_found",
-            format!("{} does not exist on this worker", path.display()),
-        ));
-    }
-    Ok(path)
 }
 
 /// What one walk found.
@@ -327,17 +303,6 @@ mod tests {
     fn ordinary_text_is_not_a_secret() {
         let text = "password = \"\"\nlet akia = 1;\nghp_short\nsecret: ${SECRET_FROM_ENV}\n";
         assert!(scan_text("f", text).is_empty());
-    }
-
-    #[test]
-    fn targets_must_be_absolute_and_exist() {
-        assert_eq!(root("relative/dir").unwrap_err().code, "invalid_target");
-        assert_eq!(
-            root("/does/not/exist").unwrap_err().code,
-            "target_not_found"
-        );
-        assert_eq!(root("file:///tmp").unwrap(), PathBuf::from("/tmp"));
-        assert_eq!(root("http://host/").unwrap_err().code, "invalid_target");
     }
 
     #[tokio::test]

@@ -1,7 +1,9 @@
-//! What a network target string names: a URL (`http://host:port/path`), `host:port`, or a
-//! bare host, reduced to a host and the ports to look at.
+//! What a target string names: for network plugins a URL (`http://host:port/path`),
+//! `host:port`, or a bare host, reduced to a host and the ports to look at; for plugins that
+//! read this worker's files, `file:///path` or an absolute path.
 
 use std::net::Ipv6Addr;
+use std::path::PathBuf;
 
 use reqwest::Url;
 use worker::PluginError;
@@ -73,6 +75,32 @@ pub fn parse_endpoint(target: &str) -> Result<Endpoint, PluginError> {
         host: host.to_owned(),
         ports: port.map_or_else(|| PORTS_DEFAULT.to_vec(), |port| vec![port]),
     })
+}
+
+/// The local file or directory a target names: `file:///path` or an absolute path that exists
+/// on this worker. Anything else is a permanent `invalid_target`; a path that does not exist a
+/// permanent `target_not_found`.
+pub fn local_path(target: &str) -> Result<PathBuf, PluginError> {
+    let invalid =
+        |why: &str| PluginError::permanent("invalid_target", format!("target {target:?} {why}"));
+    let path = if target.starts_with("file://") {
+        Url::parse(target)
+            .ok()
+            .and_then(|url| url.to_file_path().ok())
+            .ok_or_else(|| invalid("is not a local file URL"))?
+    } else {
+        PathBuf::from(target)
+    };
+    if !path.is_absolute() {
+        return Err(invalid("is not file:///path or an absolute path"));
+    }
+    if !path.exists() {
+        return Err(PluginError::permanent(
+            "target_not_found",
+            format!("{} does not exist on this worker", path.display()),
+        ));
+    }
+    Ok(path)
 }
 
 /// `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address.
@@ -148,6 +176,24 @@ mod tests {
             assert_eq!(error.code, "invalid_target", "{bad:?}");
             assert!(!error.retryable);
         }
+    }
+
+    #[test]
+    fn local_paths_must_be_absolute_and_exist() {
+        assert_eq!(
+            local_path("relative/dir").unwrap_err().code,
+            "invalid_target"
+        );
+        assert_eq!(
+            local_path("/does/not/exist").unwrap_err().code,
+            "target_not_found"
+        );
+        assert_eq!(local_path("file:///tmp").unwrap(), PathBuf::from("/tmp"));
+        assert_eq!(local_path("/tmp").unwrap(), PathBuf::from("/tmp"));
+        assert_eq!(
+            local_path("http://host/").unwrap_err().code,
+            "invalid_target"
+        );
     }
 
     #[test]

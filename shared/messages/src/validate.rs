@@ -67,9 +67,33 @@ pub fn client_subject(
     Ok(())
 }
 
+/// A CVE id as NVD spells it: `CVE-`, a four-digit year, `-`, 4 to 7 digits
+/// (`CVE-2024-12345`). Ingestion refuses a finding whose `cve_ids` hold anything else, and
+/// plugins use this to pick the CVE ids out of an advisory's aliases.
+pub fn is_cve_id(text: &str) -> bool {
+    let mut parts = text.split('-');
+    matches!(
+        (parts.next(), parts.next(), parts.next(), parts.next()),
+        (Some("CVE"), Some(year), Some(number), None)
+            if year.len() == 4 && year.bytes().all(|b| b.is_ascii_digit())
+            && (4..=7).contains(&number.len()) && number.bytes().all(|b| b.is_ascii_digit())
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cve_ids_are_checked() {
+        assert!(is_cve_id("CVE-2024-12345"));
+        assert!(is_cve_id("CVE-2099-0001"));
+        assert!(!is_cve_id("CVE-24-1"));
+        assert!(!is_cve_id("cve-2024-1234"));
+        assert!(!is_cve_id("CVE-2024-123"));
+        assert!(!is_cve_id("CVE-2024-12345678"));
+        assert!(!is_cve_id("GHSA-xxxx-xxxx-xxxx"));
+    }
 
     #[test]
     fn worker_id_must_match_the_subject_and_be_a_uuid() {
