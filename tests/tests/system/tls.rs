@@ -88,8 +88,7 @@ async fn nats_over_tls_trusts_only_its_authority_and_presents_the_client_certifi
     };
     let error = connect(&url, &foreign_authority)
         .await
-        .err()
-        .expect("a server signed by another authority is not trusted");
+        .expect_err("a server signed by another authority is not trusted");
     assert!(
         error.to_string().contains("NATS_TLS"),
         "the refusal says what to check: {error}"
