@@ -79,3 +79,64 @@ pub fn reply(scan_id: Uuid, outcome: &RequestOutcome) -> v1::EnrichReply {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    mod hostile {
+        use super::*;
+        use messages::testing::{
+            any_bytes, bad_schema_version, cases, hostile_text, not_a_uuid, uuid_text,
+        };
+        use proptest::prelude::*;
+
+        fn subject(organization: &Uuid) -> String {
+            Subjects::new("p")
+                .unwrap()
+                .client(organization, "c", messages::ClientVerb::Enrich)
+                .unwrap()
+        }
+
+        proptest! {
+            #![proptest_config(cases(256))]
+
+            /// Any bytes on any subject: no panic, and only the refusals reference 6.12 lists
+            /// before the decision.
+            #[test]
+            fn hostile_enrich_bytes_get_a_documented_code(bytes in any_bytes(), subject in hostile_text()) {
+                let subjects = Subjects::new("p").unwrap();
+                if let Err(error) = parse(&subjects, &subject, &bytes) {
+                    use ErrorCode::*;
+                    let code = error.error_code().expect("a known code");
+                    prop_assert!([MalformedMessage, UnsupportedSchemaVersion, InvalidField].contains(&code), "{code:?}");
+                }
+            }
+
+            /// A well-formed request on its organization's subject is read as sent; one bad
+            /// field gets its code.
+            #[test]
+            fn hostile_enrich_request_fault_gets_its_code(
+                organization in uuid_text(),
+                scan in uuid_text(),
+                fault in 0..3u8,
+                version in bad_schema_version(),
+                not_uuid in not_a_uuid(),
+            ) {
+                let subjects = Subjects::new("p").unwrap();
+                let organization_id = Uuid::parse_str(&organization).unwrap();
+                let mut request = v1::EnrichRequest { schema_version: 1, scan_id: scan.clone() };
+                let on = subject(&organization_id);
+                let valid = parse(&subjects, &on, &request.encode_to_vec()).unwrap();
+                prop_assert_eq!(valid, EnrichRequest { organization_id, scan_id: Uuid::parse_str(&scan).unwrap() });
+                let (subject, expected) = match fault {
+                    0 => { request.schema_version = version; (on, ErrorCode::UnsupportedSchemaVersion) }
+                    1 => { request.scan_id = not_uuid; (on, ErrorCode::InvalidField) }
+                    _ => (on.replace(&organization, "not-an-org"), ErrorCode::InvalidField),
+                };
+                let error = parse(&subjects, &subject, &request.encode_to_vec()).unwrap_err();
+                prop_assert_eq!(error.error_code(), Some(expected));
+            }
+        }
+    }
+}
