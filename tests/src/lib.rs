@@ -17,6 +17,21 @@ use messages::{ClientVerb, Subjects, WorkerVerb, v1};
 
 /// The client id of [`TestSystem::client`]'s requests.
 pub const TEST_CLIENT_ID: &str = "test-client";
+
+/// The reference worker's test data for `dependency_audit`: lockfiles under `rust/`, `web/`
+/// and `legacy/`, and the OSV advisories they are matched against under `osv/`.
+pub const DEPENDENCY_AUDIT_DATA: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../services/reference-worker/testdata/dependency_audit"
+);
+
+/// The plugins of the test system's reference workers: all of them, `dependency_audit` with
+/// the test advisories.
+pub fn reference_plugins() -> Vec<Arc<dyn worker::Plugin>> {
+    reference_worker::configured_plugins(&reference_worker::PluginSettings {
+        osv_dir: Some(std::path::Path::new(DEPENDENCY_AUDIT_DATA).join("osv")),
+    })
+}
 use palisade::system::SystemSettings;
 use prost::Message as _;
 use runtime::{CommonSettings, Connections};
@@ -593,7 +608,7 @@ impl TestSystem {
         let worker = worker::Worker::new(
             self.worker_bus(id).await,
             worker::WorkerConfig::new(id, capacity),
-            reference_worker::plugins(),
+            reference_plugins(),
         )
         .expect("valid worker");
         let stats = worker.stats();
@@ -615,7 +630,7 @@ impl TestSystem {
         let worker = worker::Worker::new(
             self.worker_bus(worker_id).await,
             config,
-            reference_worker::plugins(),
+            reference_plugins(),
         )
         .expect("valid worker");
         let stop = self.shutdown.child_token();

@@ -160,6 +160,9 @@ impl System {
         count: usize,
         capacity: u32,
     ) -> anyhow::Result<Vec<Arc<worker::WorkerStats>>> {
+        // `PALISADE_OSV_DIR`, as the worker binary reads it, for `dependency_audit`.
+        let plugins = reference_worker::PluginSettings::from_env()
+            .context("invalid settings for the in-process workers' plugins")?;
         let mut stats = Vec::with_capacity(count);
         for index in 0..count {
             let worker_id = Uuid::new_v4();
@@ -174,7 +177,7 @@ impl System {
             let worker = worker::Worker::new(
                 self.connections.bus.clone(),
                 in_process_worker_config(worker_id, capacity),
-                reference_worker::plugins(),
+                reference_worker::configured_plugins(&plugins),
             )?;
             stats.push(worker.stats());
             let shutdown = self.workers_shutdown.clone();

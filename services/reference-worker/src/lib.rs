@@ -49,6 +49,28 @@ pub struct PluginSettings {
     pub osv_dir: Option<PathBuf>,
 }
 
+impl PluginSettings {
+    /// From the process's environment (`PALISADE_OSV_DIR`).
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the plugins' settings through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        let osv_dir = match lookup("PALISADE_OSV_DIR").filter(|value| !value.trim().is_empty()) {
+            None => None,
+            Some(value) => {
+                let path = PathBuf::from(value.trim());
+                if !(path.is_absolute() && path.is_dir()) {
+                    return Err(SettingsError::InvalidOsvDir { value });
+                }
+                Some(path)
+            }
+        };
+        Ok(Self { osv_dir })
+    }
+}
+
 /// The worker's settings, all from environment variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -121,16 +143,7 @@ impl Settings {
                     max: messages::limits::WORKER_CAPACITY_MAX,
                 })?,
         };
-        let osv_dir = match set("PALISADE_OSV_DIR") {
-            None => None,
-            Some(value) => {
-                let path = PathBuf::from(value.trim());
-                if !(path.is_absolute() && path.is_dir()) {
-                    return Err(SettingsError::InvalidOsvDir { value });
-                }
-                Some(path)
-            }
-        };
+        let plugins = PluginSettings::from_lookup(&lookup)?;
         Ok(Self {
             nats_url,
             nats_credentials: set("NATS_CREDS").map(std::path::PathBuf::from),
@@ -138,7 +151,7 @@ impl Settings {
             subjects,
             worker_id,
             capacity,
-            plugins: PluginSettings { osv_dir },
+            plugins,
         })
     }
 }

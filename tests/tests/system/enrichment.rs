@@ -592,3 +592,56 @@ async fn a_client_requests_enrichment_of_its_own_organizations_scans_over_the_bu
     );
     system.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependency_audit_gives_its_scan_cve_findings_that_enrichment_takes_up() {
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    let _stats = system.reference_worker(organization, 2).await;
+    let lockfile = format!("{}/rust/Cargo.lock", tests::DEPENDENCY_AUDIT_DATA);
+    let lockfile = std::fs::canonicalize(lockfile).expect("the test lockfile");
+    let reply = system
+        .submit(&system.request(
+            organization,
+            &lockfile.display().to_string(),
+            &["dependency_audit"],
+        ))
+        .await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    system.wait_scan_state(&reply.scan_id, "completed").await;
+    let scan_id: Uuid = reply.scan_id.parse().unwrap();
+
+    // The audit's findings carry their advisories' CVE ids, so the scan's job is pending.
+    let mut cves: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT unnest(cve_ids) FROM findings WHERE scan_id = $1")
+            .bind(scan_id)
+            .fetch_all(&system.pool)
+            .await
+            .unwrap();
+    cves.sort();
+    assert_eq!(cves, ["CVE-2099-0001", "CVE-2099-0002"]);
+    let job_id: Uuid = sqlx::query_scalar(
+        "SELECT id FROM enrichment_jobs WHERE scan_id = $1 AND state = 'pending'",
+    )
+    .bind(scan_id)
+    .fetch_one(&system.pool)
+    .await
+    .expect("a pending enrichment job");
+
+    let mut settings = system.settings.enrichment.clone();
+    settings.http_addr = None;
+    let enrichment = enrichment::Service::from_connections(
+        settings,
+        runtime::Connections {
+            pool: system.pool.clone(),
+            bus: system.bus.clone(),
+        },
+    );
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job_id, Execution::Completed)]
+    );
+    let (_, _, checkpoint, _) = job_row(&system, job_id).await;
+    assert_eq!(checkpoint["cve_ids"], serde_json::json!(cves));
+    system.finish().await;
+}
