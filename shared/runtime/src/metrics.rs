@@ -90,6 +90,9 @@ struct DatabaseGauges {
     last_completed_scan_age_seconds: SecondsGauge,
     workers_live: Gauge,
     enrichment_jobs_pending: Gauge,
+    enrichment_jobs_due_oldest_age_seconds: SecondsGauge,
+    enrichment_jobs_running: Gauge,
+    enrichment_renewal_age_max_seconds: SecondsGauge,
     task_retries: Counter,
     tasks_failed_terminal: Counter,
     refresh_failures: Counter,
@@ -107,6 +110,9 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         last_completed_scan_age_seconds: SecondsGauge::default(),
         workers_live: Gauge::default(),
         enrichment_jobs_pending: Gauge::default(),
+        enrichment_jobs_due_oldest_age_seconds: SecondsGauge::default(),
+        enrichment_jobs_running: Gauge::default(),
+        enrichment_renewal_age_max_seconds: SecondsGauge::default(),
         task_retries: Counter::default(),
         tasks_failed_terminal: Counter::default(),
         refresh_failures: Counter::default(),
@@ -176,6 +182,21 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         gauges.enrichment_jobs_pending.clone(),
     );
     registry.register(
+        "enrichment_jobs_due_oldest_age_seconds",
+        "Seconds since the oldest due enrichment job became due; 0 when none is due",
+        gauges.enrichment_jobs_due_oldest_age_seconds.clone(),
+    );
+    registry.register(
+        "enrichment_jobs_running",
+        "Enrichment jobs running under a claim",
+        gauges.enrichment_jobs_running.clone(),
+    );
+    registry.register(
+        "enrichment_renewal_age_max_seconds",
+        "Seconds since the stalest running enrichment job was renewed or checkpointed; 0 when none runs",
+        gauges.enrichment_renewal_age_max_seconds.clone(),
+    );
+    registry.register(
         "metrics_refresh_failures",
         "Database gauge refreshes that failed or timed out (previous values kept)",
         gauges.refresh_failures.clone(),
@@ -207,6 +228,12 @@ impl DatabaseGauges {
         self.workers_live.set(snapshot.workers_live);
         self.enrichment_jobs_pending
             .set(snapshot.enrichment_pending);
+        self.enrichment_jobs_due_oldest_age_seconds
+            .set(snapshot.enrichment_oldest_due_age_seconds);
+        self.enrichment_jobs_running
+            .set(snapshot.enrichment_running);
+        self.enrichment_renewal_age_max_seconds
+            .set(snapshot.enrichment_stalest_heartbeat_age_seconds);
         mirror(&self.task_retries, snapshot.task_retries);
         mirror(&self.tasks_failed_terminal, snapshot.tasks_failed_terminal);
     }

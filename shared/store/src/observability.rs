@@ -38,6 +38,13 @@ pub struct Snapshot {
     pub workers_live: i64,
     /// Enrichment jobs in `pending` (`enrichment_jobs_due_idx`).
     pub enrichment_pending: i64,
+    /// Seconds since the oldest due pending enrichment job became due; 0 when none is due.
+    pub enrichment_oldest_due_age_seconds: f64,
+    /// Enrichment jobs `running` under a claim (`enrichment_jobs_running_expiry_idx`).
+    pub enrichment_running: i64,
+    /// Seconds since the stalest running enrichment job was renewed or checkpointed; 0 when
+    /// none runs. Grows while a crashed process's claim awaits the reaper.
+    pub enrichment_stalest_heartbeat_age_seconds: f64,
     /// Times a task entered `retry_wait` since the counters' migration
     /// (`worker_tasks_retries_seq`); may over-count, never decreases.
     pub task_retries: i64,
@@ -56,6 +63,7 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
         .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
         .bind(ScanState::Completed.as_str())
         .bind(EnrichmentJobState::Pending.as_str())
+        .bind(EnrichmentJobState::Running.as_str())
         .fetch_one(pool)
         .await?;
     Ok(snapshot)

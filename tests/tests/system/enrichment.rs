@@ -338,9 +338,11 @@ async fn a_crashed_execution_is_recovered_by_the_reaper_and_resumes_from_its_che
 async fn a_long_execution_keeps_its_lease_by_renewing() {
     let system = TestSystem::spawn().await;
     let (_scan_id, job_id) = scan_to_enrich(&system).await;
-    let lease_ttl = Duration::from_millis(600);
+    // Long enough that a renewal delayed by a loaded machine still lands in time (one every
+    // 0.5 s, each with 1 s to spare).
+    let lease_ttl = Duration::from_millis(1_500);
 
-    /// Takes three lease TTLs over one step.
+    /// Takes two and a half lease TTLs over one step.
     struct Slow(Duration);
     impl Enricher for Slow {
         fn step<'a>(
@@ -354,7 +356,7 @@ async fn a_long_execution_keeps_its_lease_by_renewing() {
             })
         }
     }
-    let service = service(&system, Slow(lease_ttl * 3), lease_ttl);
+    let service = service(&system, Slow(lease_ttl * 5 / 2), lease_ttl);
     let sweeping = async {
         loop {
             let recovered = store::enrichment::recover_expired(
@@ -643,5 +645,56 @@ async fn a_dependency_audit_gives_its_scan_cve_findings_that_enrichment_takes_up
     );
     let (_, _, checkpoint, _) = job_row(&system, job_id).await;
     assert_eq!(checkpoint["cve_ids"], serde_json::json!(cves));
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn the_metrics_snapshot_follows_the_enrichment_backlog_and_its_stalest_claim() {
+    let system = TestSystem::spawn().await;
+    let snapshot = || async {
+        store::observability::snapshot(&system.pool, Duration::from_secs(60))
+            .await
+            .expect("a snapshot")
+    };
+    let (_scan_id, job_id) = scan_to_enrich(&system).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiting = snapshot().await;
+    assert_eq!(
+        (waiting.enrichment_pending, waiting.enrichment_running),
+        (1, 0)
+    );
+    assert!(
+        waiting.enrichment_oldest_due_age_seconds > 0.0,
+        "{waiting:?}"
+    );
+    assert_eq!(waiting.enrichment_stalest_heartbeat_age_seconds, 0.0);
+
+    let claim = store::enrichment::claim(&system.pool, "holder", Duration::from_secs(30), 1)
+        .await
+        .unwrap()
+        .pop()
+        .expect("claimed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let running = snapshot().await;
+    assert_eq!(
+        (running.enrichment_pending, running.enrichment_running),
+        (0, 1)
+    );
+    assert_eq!(running.enrichment_oldest_due_age_seconds, 0.0);
+    assert!(
+        running.enrichment_stalest_heartbeat_age_seconds > 0.0,
+        "{running:?}"
+    );
+
+    let done = serde_json::json!({});
+    assert_eq!(
+        store::enrichment::complete(&system.pool, &system.subjects, &[(&claim, done)])
+            .await
+            .unwrap(),
+        [job_id]
+    );
+    let idle = snapshot().await;
+    assert_eq!((idle.enrichment_pending, idle.enrichment_running), (0, 0));
+    assert_eq!(idle.enrichment_stalest_heartbeat_age_seconds, 0.0);
     system.finish().await;
 }

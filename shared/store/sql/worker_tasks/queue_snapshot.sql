@@ -1,12 +1,13 @@
 -- Everything `/metrics` samples in one statement: due and waiting tasks and the oldest's age,
 -- live leases and the stalest renewal, the outbox backlog, the newest completion's age and the
--- enrichment backlog.
+-- enrichment backlog (due age, running jobs and their stalest renewal).
 -- $1: crate::seconds(worker_seen_within)
 -- $2: TaskState::Pending.as_str()
 -- $3: TaskState::RetryWait.as_str()
 -- $4: AttemptStatus::LIVE.map(AttemptStatus::as_str)
 -- $5: ScanState::Completed.as_str()
 -- $6: EnrichmentJobState::Pending.as_str()
+-- $7: EnrichmentJobState::Running.as_str()
 WITH waiting AS (
     SELECT
         count(*) FILTER (WHERE state = $2 AND available_at <= now()) AS due_pending,
@@ -20,6 +21,18 @@ live AS (
     SELECT count(*) AS n, min(coalesce(last_renewed_at, started_at)) AS stalest
     FROM worker_task_attempts
     WHERE status = ANY($4)
+),
+enrichment_pending AS (
+    -- Each part reads one partial index of enrichment_jobs (`state IN (…)` would match
+    -- neither and read the whole table): the backlog, not the history.
+    SELECT count(*) AS n, min(available_at) FILTER (WHERE available_at <= now()) AS oldest_due
+    FROM enrichment_jobs
+    WHERE state = $6
+),
+enrichment_running AS (
+    SELECT count(*) AS n, min(last_heartbeat_at) AS stalest
+    FROM enrichment_jobs
+    WHERE state = $7
 ),
 outbox_backlog AS (
     SELECT count(*) AS n, min(created_at) AS oldest
@@ -46,10 +59,13 @@ SELECT
         SELECT count(*) FROM workers
         WHERE last_seen_at > now() - make_interval(secs => $1)
     ) AS workers_live,
-    (SELECT count(*) FROM enrichment_jobs WHERE state = $6) AS enrichment_pending,
+    enrichment_pending.n AS enrichment_pending,
+    coalesce(extract(epoch FROM now() - enrichment_pending.oldest_due)::float8, 0) AS enrichment_oldest_due_age_seconds,
+    enrichment_running.n AS enrichment_running,
+    greatest(coalesce(extract(epoch FROM now() - enrichment_running.stalest)::float8, 0), 0) AS enrichment_stalest_heartbeat_age_seconds,
     (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM worker_tasks_retries_seq) AS task_retries,
     (
         SELECT CASE WHEN is_called THEN last_value ELSE 0 END
         FROM worker_tasks_failed_terminal_seq
     ) AS tasks_failed_terminal
-FROM waiting, live, outbox_backlog
+FROM waiting, live, outbox_backlog, enrichment_pending, enrichment_running
