@@ -344,11 +344,6 @@ impl Service {
         }
     }
 
-    /// Answers one request for a scan's enrichment (the subject names its organization).
-    pub async fn answer(&self, subject: &str, payload: &[u8]) -> v1::EnrichReply {
-        answer(&self.pool, &self.subjects, &self.due, subject, payload).await
-    }
-
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         in_lane(lanes::ENRICHMENT, self.serve_until_stopped(shutdown)).await
     }

@@ -109,7 +109,7 @@ pub enum SettingsError {
     #[error("PALISADE_SUBJECT_PREFIX: {0}")]
     InvalidPrefix(#[from] messages::subjects::InvalidPrefix),
     #[error(transparent)]
-    Tls(#[from] bus::BusError),
+    Tls(#[from] bus::TlsSettingError),
 }
 
 impl Settings {

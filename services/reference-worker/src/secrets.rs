@@ -84,15 +84,10 @@ impl Plugin for Secrets {
     ) -> BoxFuture<'a, Result<String, PluginError>> {
         Box::pin(async move {
             let root = crate::target::local_path(&task.target)?;
-            let walk_cancel = cancel.clone();
-            let report = tokio::task::spawn_blocking(move || scan_tree(&root, &walk_cancel))
-                .await
-                .map_err(|error| {
-                    PluginError::retryable("internal", format!("the scan panicked: {error}"))
-                })??;
-            if cancel.is_cancelled() {
-                return Err(PluginError::retryable("cancelled", "cancelled"));
-            }
+            let report = crate::target::run_blocking("scan", &cancel, move |cancel| {
+                scan_tree(&root, cancel)
+            })
+            .await?;
             for finding in report.findings.iter().cloned() {
                 sink.finding(finding).await?;
             }

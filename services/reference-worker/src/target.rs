@@ -126,6 +126,30 @@ fn parse_port(text: &str) -> Option<u16> {
     text.parse().ok().filter(|port| *port != 0)
 }
 
+/// Runs `work` (a walk of local files) on a blocking thread with a clone of `cancel`, and
+/// ends it as a plugin does: a panic of `what` is a retryable `internal` failure, and a
+/// cancellation that arrived meanwhile wins over the result.
+pub async fn run_blocking<T, F>(
+    what: &str,
+    cancel: &tokio_util::sync::CancellationToken,
+    work: F,
+) -> Result<T, PluginError>
+where
+    T: Send + 'static,
+    F: FnOnce(&tokio_util::sync::CancellationToken) -> Result<T, PluginError> + Send + 'static,
+{
+    let work_cancel = cancel.clone();
+    let result = tokio::task::spawn_blocking(move || work(&work_cancel))
+        .await
+        .map_err(|error| {
+            PluginError::retryable("internal", format!("the {what} panicked: {error}"))
+        })??;
+    if cancel.is_cancelled() {
+        return Err(PluginError::retryable("cancelled", "cancelled"));
+    }
+    Ok(result)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@ use tracing::Instrument as _;
 
 pub use async_nats;
 pub use consume::{BatchHandler, ConsumerSpec, Decision, Delivery};
-pub use tls::{ClientCertificate, NatsTls};
+pub use tls::{ClientCertificate, NatsTls, TlsSettingError};
 
 /// The oldest server palisade runs on. Nothing palisade relies on is newer than 2.9
 /// (no `filter_subjects`, per-message TTL, priority groups or atomic batches).
@@ -65,11 +65,6 @@ pub enum BusError {
         "cannot read the NATS credentials {path}: {reason}; NATS_CREDS names the .creds file `palisade nats init`, `worker add` or `client add` wrote"
     )]
     Credentials { path: String, reason: String },
-    #[error("invalid {setting}: {reason}")]
-    Tls {
-        setting: &'static str,
-        reason: String,
-    },
     #[error("NATS server {found} is too old: palisade needs {}.{}.{} or newer with JetStream enabled", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
     ServerTooOld { found: String },
     #[error(

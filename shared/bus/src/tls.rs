@@ -3,7 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::BusError;
+/// A TLS setting that is malformed: which one, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {setting}: {reason}")]
+pub struct TlsSettingError {
+    pub setting: &'static str,
+    pub reason: String,
+}
 
 /// `NATS_TLS_CA`, `NATS_TLS_CERT`, `NATS_TLS_KEY`, `NATS_TLS_REQUIRED`. A `tls://` URL in
 /// `NATS_URL` requires TLS too; the default (nothing set) trusts the platform's roots for
@@ -28,8 +34,8 @@ pub struct ClientCertificate {
 
 impl NatsTls {
     /// Reads the four settings through `var` (the environment, in a process).
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, BusError> {
-        let path = |name: &'static str| -> Result<Option<PathBuf>, BusError> {
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, TlsSettingError> {
+        let path = |name: &'static str| -> Result<Option<PathBuf>, TlsSettingError> {
             let Some(value) = var(name).filter(|value| !value.is_empty()) else {
                 return Ok(None);
             };
@@ -42,7 +48,7 @@ impl NatsTls {
             (Some(cert), Some(key)) => Some(ClientCertificate { cert, key }),
             (None, None) => None,
             (Some(_), None) | (None, Some(_)) => {
-                return Err(BusError::Tls {
+                return Err(TlsSettingError {
                     setting: "NATS_TLS_CERT",
                     reason: "NATS_TLS_CERT and NATS_TLS_KEY go together: set both (a client \
                              certificate and its key) or neither"
@@ -54,7 +60,7 @@ impl NatsTls {
             None | Some("" | "false" | "0" | "off") => false,
             Some("true" | "1" | "on") => true,
             Some(other) => {
-                return Err(BusError::Tls {
+                return Err(TlsSettingError {
                     setting: "NATS_TLS_REQUIRED",
                     reason: format!("{other:?} is not a boolean: use true or false"),
                 });
@@ -68,7 +74,7 @@ impl NatsTls {
     }
 
     /// From the process's environment.
-    pub fn from_env() -> Result<Self, BusError> {
+    pub fn from_env() -> Result<Self, TlsSettingError> {
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
@@ -97,10 +103,10 @@ impl NatsTls {
     }
 }
 
-fn readable(setting: &'static str, path: &Path) -> Result<(), BusError> {
+fn readable(setting: &'static str, path: &Path) -> Result<(), TlsSettingError> {
     std::fs::File::open(path)
         .map(drop)
-        .map_err(|error| BusError::Tls {
+        .map_err(|error| TlsSettingError {
             setting,
             reason: format!("cannot read {}: {error}", path.display()),
         })

@@ -110,17 +110,10 @@ pub fn retry_policy_from_env() -> Result<messages::retry::RetryPolicy, SettingsE
 
 /// [`bus::NatsTls::from_env`], its refusal as a settings error naming the variable.
 pub fn nats_tls_from_env() -> Result<bus::NatsTls, SettingsError> {
-    bus::NatsTls::from_env().map_err(|error| match error {
-        bus::BusError::Tls { setting, reason } => SettingsError::Invalid {
-            name: setting,
-            value: std::env::var(setting).unwrap_or_default(),
-            reason,
-        },
-        other => SettingsError::Invalid {
-            name: "NATS_TLS_CA",
-            value: String::new(),
-            reason: other.to_string(),
-        },
+    bus::NatsTls::from_env().map_err(|error| SettingsError::Invalid {
+        name: error.setting,
+        value: std::env::var(error.setting).unwrap_or_default(),
+        reason: error.reason,
     })
 }
 

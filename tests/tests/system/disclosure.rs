@@ -90,6 +90,18 @@ async fn fail_on(system: &TestSystem, table: &str, operation: &str, detail: &str
     .expect("fault installed");
 }
 
+/// `error` is an `internal` answer that tells nothing of `detail` (the database's words),
+/// and the one log line naming its error id carries it.
+fn masked_and_logged(logs: &Captured, error: &v1::Error, detail: &str) {
+    let id = error_id(error);
+    assert!(
+        !error.message.contains("secret") && !error.message.contains("acme"),
+        "the answer tells nothing of the cause: {}",
+        error.message
+    );
+    logged_cause(logs, &id, detail);
+}
+
 /// The one log line naming `error_id`; it must carry `detail`.
 fn logged_cause(logs: &Captured, error_id: &str, detail: &str) {
     let text = logs.text();
@@ -117,13 +129,7 @@ async fn an_internal_answer_names_an_error_id_whose_log_line_holds_the_cause() {
     fail_on(&system, "workers", "UPDATE", detail).await;
     let reply = worker.hello(&["alpha"]).await;
     let error = reply.error.expect("the hello could not be decided");
-    let id = error_id(&error);
-    assert!(
-        !error.message.contains("secret") && !error.message.contains("acme"),
-        "the answer tells nothing of the cause: {}",
-        error.message
-    );
-    logged_cause(&logs, &id, detail);
+    masked_and_logged(&logs, &error, detail);
 
     // Admission, request/reply: a request whose scan the database refuses to insert.
     let detail = "relation scans_secret_detail of tenant acme";
@@ -144,13 +150,7 @@ async fn an_internal_answer_names_an_error_id_whose_log_line_holds_the_cause() {
         .expect("admission answers");
     let reply = v1::ScanRequestReply::decode(reply.payload).expect("ScanRequestReply");
     let error = reply.error.expect("the request could not be decided");
-    let id = error_id(&error);
-    assert!(
-        !error.message.contains("secret") && !error.message.contains("acme"),
-        "the answer tells nothing of the cause: {}",
-        error.message
-    );
-    logged_cause(&logs, &id, detail);
+    masked_and_logged(&logs, &error, detail);
     system.finish().await;
 }
 

@@ -16,9 +16,8 @@ use store::enrichment::FailOutcome;
 use tests::TestSystem;
 use uuid::Uuid;
 
-/// Backoff short enough that a retried job is due again at once.
-const QUICK_RETRY: RetryPolicy =
-    RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(1));
+/// No backoff: a retried job is due again at once.
+const QUICK_RETRY: RetryPolicy = RetryPolicy::new(Duration::ZERO, Duration::ZERO);
 
 /// A completed scan whose enrichment job is pending with `{}` as its checkpoint and a finding
 /// naming a CVE, as a dependency audit's would.
@@ -129,7 +128,6 @@ async fn a_job_that_always_fails_runs_exactly_max_attempts_times_then_fails() {
         if job_row(&system, job_id).await.0 == "failed" {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
         executions,
@@ -185,7 +183,6 @@ async fn a_stale_claim_is_fenced_on_renewal_checkpoint_failure_and_completion() 
             .await
             .expect("a sweep");
     assert_eq!(recovered.retried, [job_id]);
-    tokio::time::sleep(Duration::from_millis(5)).await;
     let fresh = store::enrichment::claim(&system.pool, "enrichment-b", ttl, 8)
         .await
         .expect("a claim")
@@ -371,6 +368,7 @@ async fn a_long_execution_keeps_its_lease_by_renewing() {
                 recovered.is_empty(),
                 "a renewed lease was recovered: {recovered:?}"
             );
+            // The reaper's cadence, faster.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
@@ -389,6 +387,11 @@ async fn enrich(system: &TestSystem, scan_id: Uuid) -> v1::EnrichReply {
         .await
         .expect("a decision");
     enrichment::request::reply(scan_id, &outcome)
+}
+
+/// The code of a refused request.
+fn refusal(reply: v1::EnrichReply) -> Option<messages::ErrorCode> {
+    reply.error.and_then(|error| error.error_code())
 }
 
 fn outcome(reply: &v1::EnrichReply) -> (&str, &str) {
@@ -498,16 +501,10 @@ async fn requesting_enrichment_answers_each_of_the_four_outcomes() {
 
     // Refusals: no such scan; a scan that has not completed.
     let reply = enrich(&system, Uuid::new_v4()).await;
-    assert_eq!(
-        reply.error.and_then(|e| e.error_code()),
-        Some(messages::ErrorCode::NotFound)
-    );
+    assert_eq!(refusal(reply), Some(messages::ErrorCode::NotFound));
     let running = system.leased_scan(&["alpha"]).await;
     let reply = enrich(&system, running.scan_id.parse().unwrap()).await;
-    assert_eq!(
-        reply.error.and_then(|e| e.error_code()),
-        Some(messages::ErrorCode::ScanNotCompleted)
-    );
+    assert_eq!(refusal(reply), Some(messages::ErrorCode::ScanNotCompleted));
     system.finish().await;
 }
 
@@ -580,18 +577,12 @@ async fn a_client_requests_enrichment_of_its_own_organizations_scans_over_the_bu
         .enrich_scan(&other, &scan_id.to_string())
         .await
         .expect("an answer");
-    assert_eq!(
-        reply.error.and_then(|e| e.error_code()),
-        Some(messages::ErrorCode::NotFound)
-    );
+    assert_eq!(refusal(reply), Some(messages::ErrorCode::NotFound));
     let reply = client
         .enrich_scan(&organization_id, "not-a-uuid")
         .await
         .expect("an answer");
-    assert_eq!(
-        reply.error.and_then(|e| e.error_code()),
-        Some(messages::ErrorCode::InvalidField)
-    );
+    assert_eq!(refusal(reply), Some(messages::ErrorCode::InvalidField));
     system.finish().await;
 }
 
@@ -630,15 +621,7 @@ async fn a_dependency_audit_gives_its_scan_cve_findings_that_enrichment_takes_up
     .await
     .expect("a pending enrichment job");
 
-    let mut settings = system.settings.enrichment.clone();
-    settings.http_addr = None;
-    let enrichment = enrichment::Service::from_connections(
-        settings,
-        runtime::Connections {
-            pool: system.pool.clone(),
-            bus: system.bus.clone(),
-        },
-    );
+    let enrichment = service(&system, enrichment::RecordOnly, Duration::from_secs(30));
     assert_eq!(
         enrichment.run_once().await.unwrap(),
         [(job_id, Execution::Completed)]
@@ -657,7 +640,19 @@ async fn the_metrics_snapshot_follows_the_enrichment_backlog_and_its_stalest_cla
             .expect("a snapshot")
     };
     let (_scan_id, job_id) = scan_to_enrich(&system).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Ages measured from a minute ago, not from a sleep.
+    let age_by_a_minute = |column: &'static str| {
+        let pool = system.pool.clone();
+        async move {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "UPDATE enrichment_jobs SET {column} = now() - interval '1 minute' WHERE id = '{job_id}'"
+            )))
+            .execute(&pool)
+            .await
+            .expect("aged");
+        }
+    };
+    age_by_a_minute("available_at").await;
     let waiting = snapshot().await;
     assert_eq!(
         (waiting.enrichment_pending, waiting.enrichment_running),
@@ -674,7 +669,7 @@ async fn the_metrics_snapshot_follows_the_enrichment_backlog_and_its_stalest_cla
         .unwrap()
         .pop()
         .expect("claimed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    age_by_a_minute("last_heartbeat_at").await;
     let running = snapshot().await;
     assert_eq!(
         (running.enrichment_pending, running.enrichment_running),

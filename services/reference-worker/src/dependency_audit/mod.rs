@@ -76,15 +76,10 @@ impl Plugin for DependencyAudit {
                     "this worker has no advisory database: set PALISADE_OSV_DIR to a directory of OSV JSON advisories and restart it",
                 )
             })?;
-            let audit_cancel = cancel.clone();
-            let report = tokio::task::spawn_blocking(move || audit(&root, &osv_dir, &audit_cancel))
-                .await
-                .map_err(|error| {
-                    PluginError::retryable("internal", format!("the audit panicked: {error}"))
-                })??;
-            if cancel.is_cancelled() {
-                return Err(PluginError::retryable("cancelled", "cancelled"));
-            }
+            let report = crate::target::run_blocking("audit", &cancel, move |cancel| {
+                audit(&root, &osv_dir, cancel)
+            })
+            .await?;
             let summary = report.summary();
             for finding in report.findings {
                 sink.finding(finding).await?;
