@@ -372,6 +372,8 @@ impl TestSystem {
         settings.reaper.retry = settings.ingestion.retry;
         settings.reaper.interval = Duration::from_millis(100);
         settings.enrichment.poll = Duration::from_millis(100);
+        // No network here: the local CVE table alone, unless a test serves NVD pages.
+        settings.enrichment.cve.source = enrichment::cve::CveSource::Local;
         // Tests run in parallel: no health server unless a test asks for one on a free port.
         settings.http_addr = None;
         let secured_url = settings.common.nats_url.clone();
@@ -502,7 +504,8 @@ impl TestSystem {
                 let service = enrichment::Service::from_connections(
                     settings,
                     self.connections(Component::Enrichment),
-                );
+                )
+                .expect("an enrichment service");
                 tokio::spawn(service.run_until_stopped(token))
             }
         };

@@ -7,10 +7,13 @@
 //! It also answers requests for a scan's enrichment ([`request`]: `created`, `requeued`,
 //! `active`, `completed`), which wake the job loop at once.
 //!
-//! Scope today: the job lifecycle and its requests. The enricher that looks CVE ids up in NVD or a local CVE
-//! table arrives with the enrichment issue's sources; until then [`RecordOnly`] completes a
-//! job recording the CVE ids it found and `"source": "none"`.
+//! The enricher is chosen by configuration ([`cve`]): the local CVE table synced from the NVD
+//! CVE API 2.0 ([`nvd`]), the local table alone (filled offline by [`import`]), or none.
 
+pub mod cve;
+pub mod import;
+pub mod metrics;
+pub mod nvd;
 pub mod request;
 
 use std::sync::Arc;
@@ -42,6 +45,8 @@ pub struct Settings {
     /// Backoff between executions of a failed job (`PALISADE_RETRY_BASE_MS` /
     /// `PALISADE_RETRY_CAP_MS`, as for tasks).
     pub retry: RetryPolicy,
+    /// Where CVE data comes from.
+    pub cve: cve::CveSettings,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -63,6 +68,7 @@ impl Settings {
             )?),
             concurrency: env::parse_in("PALISADE_ENRICHMENT_CONCURRENCY", 16_i64, 1..=256)?,
             retry: runtime::retry_policy_from_env()?,
+            cve: cve::CveSettings::from_env()?,
             http_addr: runtime::health::http_addr_from_env()?,
         })
     }
@@ -76,6 +82,8 @@ pub struct JobInput {
     pub organization_id: uuid::Uuid,
     /// The distinct CVE ids of the scan's findings, sorted.
     pub cve_ids: Vec<String>,
+    /// The claim every write of the job names.
+    pub fence: store::cves::JobFence,
 }
 
 /// One step of a job's work.
@@ -86,6 +94,9 @@ pub enum Step {
     Progress(serde_json::Value),
     /// The job's work is done; its final checkpoint.
     Done(serde_json::Value),
+    /// A fenced write of the step found the job lost (a newer claim holds it, or its lease
+    /// lapsed): it wrote nothing, and the execution ends without another write.
+    Lost,
 }
 
 /// A step that failed: the job's execution ends, and is retried when `retryable` and
@@ -163,11 +174,13 @@ impl Service {
         )
         .await
         .context("failed to connect")?;
-        Ok(Self::from_connections(settings, connections))
+        Self::from_connections(settings, connections)
     }
 
-    pub fn from_connections(settings: Settings, connections: Connections) -> Self {
-        Self::with_enricher(settings, connections, Arc::new(RecordOnly))
+    /// A service whose enricher is the one its settings choose (`PALISADE_CVE_SOURCE`).
+    pub fn from_connections(settings: Settings, connections: Connections) -> anyhow::Result<Self> {
+        let enricher = settings.cve.enricher(&connections.pool)?;
+        Ok(Self::with_enricher(settings, connections, enricher))
     }
 
     /// A service whose jobs `enricher` works on.
@@ -176,6 +189,7 @@ impl Service {
         connections: Connections,
         enricher: Arc<dyn Enricher>,
     ) -> Self {
+        metrics::register();
         let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
         let relay = plumbing.relay_outbox(&connections);
         Self {
@@ -212,6 +226,7 @@ impl Service {
                 scan_id: job.scan_id,
                 organization_id: job.organization_id,
                 cve_ids: cve_ids.remove(&job.scan_id).unwrap_or_default(),
+                fence: job.fence(),
             };
             self.execute(job, input)
         });
@@ -250,6 +265,7 @@ impl Service {
                 outcome = &mut working => outcome,
                 () = &mut renewing => Execution::Lost,
             };
+            metrics::execution(outcome);
             if outcome == Execution::Lost {
                 tracing::warn!(
                     job_id = %job.id,
@@ -294,6 +310,7 @@ impl Service {
                         }
                     }
                 }
+                Ok(Step::Lost) => return Execution::Lost,
                 Ok(Step::Done(result)) => {
                     return match store::enrichment::complete(
                         &self.pool,
@@ -471,7 +488,7 @@ async fn answer(
 
 /// A database failure during an execution: retryable. Its detail goes to the log line only:
 /// the error is published in `enrichment.failed`, which tenants read.
-fn store_failure(error: &store::StoreError) -> StepError {
+pub(crate) fn store_failure(error: &store::StoreError) -> StepError {
     tracing::warn!(error = %telemetry::chain(error), "enrichment could not write its progress");
     StepError {
         error: v1::Error {

@@ -118,6 +118,9 @@ enum Command {
     /// Identity on NATS: the authority that issues every credential, and revocations.
     #[command(subcommand)]
     Nats(NatsCommand),
+    /// The local CVE table enrichment reads.
+    #[command(subcommand)]
+    Cve(CveCommand),
     /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
     /// the failing checks otherwise.
     Health {
@@ -125,6 +128,14 @@ enum Command {
         #[arg(long)]
         url: Option<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum CveCommand {
+    /// Import NVD JSON 2.0 files (data feeds such as nvdcve-2.0-2024.json, .json.gz too, or
+    /// saved API pages) into the local CVE table, for sites without internet; a file or a
+    /// folder of them. Prints a line per file on stderr, then a JSON summary.
+    Import { path: std::path::PathBuf },
 }
 
 #[derive(Debug, Subcommand)]
@@ -580,6 +591,7 @@ async fn main() -> anyhow::Result<()> {
             println!("client {id} enabled");
             push_revocations(&common, &pool).await
         }
+        Command::Cve(CveCommand::Import { path }) => import_cves(&common, &path).await,
         Command::Nats(NatsCommand::Init { dir, resolver_dir }) => {
             nats_init(&common, &dir, &resolver_dir)
         }
@@ -779,6 +791,30 @@ async fn enrich(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {
             "outcome": reply.outcome,
             "message": reply.message,
         })
+    );
+    Ok(())
+}
+
+async fn import_cves(common: &CommonSettings, path: &std::path::Path) -> anyhow::Result<()> {
+    let files = enrichment::import::files(path)?;
+    let pool = store::connect(&common.database).await?;
+    let (mut records, mut written) = (0, 0);
+    for (number, file) in files.iter().enumerate() {
+        let imported = enrichment::import::import_file(&pool, file).await?;
+        eprintln!(
+            "[{}/{}] {}: {} CVE records, {} written",
+            number + 1,
+            files.len(),
+            file.display(),
+            imported.records,
+            imported.written
+        );
+        records += imported.records;
+        written += imported.written;
+    }
+    println!(
+        "{}",
+        serde_json::json!({ "files": files.len(), "records": records, "written": written })
     );
     Ok(())
 }

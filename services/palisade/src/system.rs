@@ -124,7 +124,7 @@ impl System {
         );
         system.spawn(
             "enrichment",
-            enrichment::Service::from_connections(settings.enrichment, c())
+            enrichment::Service::from_connections(settings.enrichment, c())?
                 .run_until_stopped(shutdown.clone()),
         );
         if settings.reaper_enabled {

@@ -96,13 +96,25 @@ impl CommonSettings {
 /// The backoff of retried work (`PALISADE_RETRY_BASE_MS`, default 5000, and
 /// `PALISADE_RETRY_CAP_MS`, default 300000): failed tasks and enrichment jobs.
 pub fn retry_policy_from_env() -> Result<messages::retry::RetryPolicy, SettingsError> {
-    let base = Duration::from_millis(env::parse("PALISADE_RETRY_BASE_MS", 5_000_u64)?);
-    let cap = Duration::from_millis(env::parse("PALISADE_RETRY_CAP_MS", 300_000_u64)?);
+    retry_policy_from_vars(
+        ("PALISADE_RETRY_BASE_MS", 5_000),
+        ("PALISADE_RETRY_CAP_MS", 300_000),
+    )
+}
+
+/// A backoff policy read from a base and a cap variable (milliseconds, with their defaults):
+/// the base above 0, the cap at least the base.
+pub fn retry_policy_from_vars(
+    (base_name, base_default): (&'static str, u64),
+    (cap_name, cap_default): (&'static str, u64),
+) -> Result<messages::retry::RetryPolicy, SettingsError> {
+    let base = Duration::from_millis(env::parse(base_name, base_default)?);
+    let cap = Duration::from_millis(env::parse(cap_name, cap_default)?);
     if base.is_zero() || cap < base {
         return Err(SettingsError::Invalid {
-            name: "PALISADE_RETRY_CAP_MS",
+            name: cap_name,
             value: cap.as_millis().to_string(),
-            reason: "the cap must be at least PALISADE_RETRY_BASE_MS, and the base above 0".into(),
+            reason: format!("the cap must be at least {base_name}, and the base above 0"),
         });
     }
     Ok(messages::retry::RetryPolicy::new(base, cap))

@@ -39,6 +39,14 @@ impl ClaimedJob {
     pub fn has_executions_left(&self) -> bool {
         self.attempt_count < self.max_attempts
     }
+
+    /// The claim this job's writes elsewhere (CVE rows, findings) name.
+    pub fn fence(&self) -> crate::cves::JobFence {
+        crate::cves::JobFence {
+            job_id: self.id,
+            fencing_token: self.fencing_token,
+        }
+    }
 }
 
 /// Claims up to `limit` of the oldest due pending jobs in one statement, `SKIP LOCKED`, each

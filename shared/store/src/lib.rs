@@ -12,6 +12,7 @@ pub mod admin;
 pub mod admit;
 pub mod bus_identities;
 pub mod cancel;
+pub mod cves;
 pub mod dead_letters;
 pub mod enrichment;
 pub mod evidence;

@@ -727,7 +727,8 @@ async fn enrichment_pass(jobs: usize) -> (i64, u64, Vec<String>) {
             pool: system.pool.clone(),
             bus: system.bus.clone(),
         },
-    );
+    )
+    .expect("an enrichment service");
     let before = cost::snapshot();
     let worked = cost::in_lane(lanes::ENRICHMENT, enrichment.run_once())
         .await

@@ -55,7 +55,8 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
             pool: system.pool.clone(),
             bus: system.bus.clone(),
         },
-    );
+    )
+    .expect("an enrichment service");
     system
         .wait_for("enrichment to run", || async {
             (!enrichment.run_once().await.unwrap().is_empty()).then_some(())

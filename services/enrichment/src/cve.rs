@@ -1,0 +1,419 @@
+//! The CVE sources (issue 11, item 3), each an [`Enricher`] chosen by `PALISADE_CVE_SOURCE`:
+//!
+//! - `nvd` (the default): the local CVE table, kept current by an incremental sync from the
+//!   NVD CVE API 2.0 (`lastModStartDate`/`lastModEndDate` windows of at most 120 days, at most
+//!   once per sync interval, by one job at a time), with the ids it lacks looked up by id;
+//! - `local`: the local CVE table only, filled by `palisade cve import` (sites without
+//!   internet); an id it lacks is recorded `missing`;
+//! - `none`: records the job's CVE ids and writes nothing ([`crate::RecordOnly`]).
+//!
+//! A job's steps, each checkpointed (fenced) before the next, so a job resumed after a crash
+//! fetches no page it had already written: `start` (take the sync when it is due), `sync` (one
+//! page of the window), `lookup` (up to [`LOOKUP_BATCH`] missing ids by id), `write` (every
+//! CVE finding of the scan gets its CVE data, in one statement). Every write names the
+//! job's claim and changes nothing once a newer claim holds it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use messages::v1;
+use runtime::{SettingsError, env};
+use serde::{Deserialize, Serialize};
+use store::PgPool;
+use store::cves::{CveOrigin, CveRecord, FindingsWritten, JobFence, Written};
+
+use crate::nvd::{self, Nvd, NvdError, NvdSettings, Query};
+use crate::{Enricher, JobInput, Step, StepError, metrics};
+
+/// Missing ids looked up by id per step.
+pub const LOOKUP_BATCH: usize = 8;
+/// Each sync window starts this much before the watermark: a CVE NVD modified just before
+/// the last window closed, but published to the API after, is not missed.
+const SYNC_OVERLAP: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+/// Which source enriches jobs (`PALISADE_CVE_SOURCE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CveSource {
+    Nvd,
+    Local,
+    None,
+}
+
+impl std::str::FromStr for CveSource {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "nvd" => Ok(CveSource::Nvd),
+            "local" => Ok(CveSource::Local),
+            "none" => Ok(CveSource::None),
+            _ => Err("must be nvd, local or none".into()),
+        }
+    }
+}
+
+impl CveSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CveSource::Nvd => "nvd",
+            CveSource::Local => "local",
+            CveSource::None => "none",
+        }
+    }
+}
+
+/// The CVE source's settings.
+#[derive(Debug, Clone)]
+pub struct CveSettings {
+    pub source: CveSource,
+    pub nvd: NvdSettings,
+    /// How often the local table is synced from NVD (`PALISADE_NVD_SYNC_INTERVAL_MS`, default
+    /// 7200000: NVD asks for no more than once every two hours; `0`: never, lookups by id only).
+    pub sync_interval: Option<Duration>,
+    /// Where the first sync of a never-synced table starts (`PALISADE_NVD_SYNC_FROM`, an
+    /// RFC 3339 instant); unset: at that first sync, so nothing older is fetched except by id.
+    pub sync_from: Option<DateTime<Utc>>,
+    /// An id NVD did not know is looked up again after this (`PALISADE_NVD_UNKNOWN_RECHECK_MS`,
+    /// default 86400000); the sync brings it sooner once NVD publishes it.
+    pub recheck_unknown_after: Duration,
+}
+
+impl CveSettings {
+    pub fn from_env() -> Result<Self, SettingsError> {
+        let sync_interval = env::parse("PALISADE_NVD_SYNC_INTERVAL_MS", 7_200_000_u64)?;
+        let sync_from = env::optional_string("PALISADE_NVD_SYNC_FROM")
+            .map(|text| {
+                DateTime::parse_from_rfc3339(text.trim())
+                    .map(|at| at.to_utc())
+                    .map_err(|error| SettingsError::Invalid {
+                        name: "PALISADE_NVD_SYNC_FROM",
+                        value: text.clone(),
+                        reason: format!(
+                            "{error}: an RFC 3339 instant such as 2024-01-01T00:00:00Z"
+                        ),
+                    })
+            })
+            .transpose()?;
+        Ok(Self {
+            source: env::parse("PALISADE_CVE_SOURCE", CveSource::Nvd)?,
+            nvd: NvdSettings::from_env()?,
+            sync_interval: (sync_interval > 0).then(|| Duration::from_millis(sync_interval)),
+            sync_from,
+            recheck_unknown_after: Duration::from_millis(env::parse(
+                "PALISADE_NVD_UNKNOWN_RECHECK_MS",
+                86_400_000_u64,
+            )?),
+        })
+    }
+
+    /// The enricher these settings choose.
+    pub fn enricher(&self, pool: &PgPool) -> anyhow::Result<Arc<dyn Enricher>> {
+        Ok(match self.source {
+            CveSource::None => Arc::new(crate::RecordOnly),
+            CveSource::Local => Arc::new(CveEnricher {
+                pool: pool.clone(),
+                nvd: None,
+                settings: self.clone(),
+            }),
+            CveSource::Nvd => Arc::new(CveEnricher {
+                pool: pool.clone(),
+                nvd: Some(Nvd::new(self.nvd.clone()).map_err(|error| {
+                    anyhow::anyhow!("cannot build the NVD API client: {error}")
+                })?),
+                settings: self.clone(),
+            }),
+        })
+    }
+}
+
+/// Enriches jobs from the local CVE table, synced from and completed by NVD when `nvd` is set.
+pub struct CveEnricher {
+    pool: PgPool,
+    nvd: Option<Nvd>,
+    settings: CveSettings,
+}
+
+/// Where a job stands: its checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub phase: Phase,
+    /// The sync this job holds, while in `sync`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<SyncProgress>,
+    /// CVE rows this job wrote (sync and lookups): rows already holding the same record are
+    /// not written again.
+    #[serde(default)]
+    pub written: u64,
+    /// Ids this job looked up by id.
+    #[serde(default)]
+    pub looked_up: u64,
+    /// Once done: the CVE findings of the scan, and how many changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub findings: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub findings_written: Option<u64>,
+    /// Once done: the source and the scan's CVE ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cve_ids: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    #[default]
+    Start,
+    Sync,
+    Lookup,
+    Write,
+    Done,
+}
+
+/// A sync in progress: the window `[window_start, min(window_start + 120 days, until)]`, its
+/// next page at `start_index`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncProgress {
+    pub until: DateTime<Utc>,
+    pub window_start: DateTime<Utc>,
+    pub start_index: u64,
+    /// Pages fetched by this sync so far.
+    #[serde(default)]
+    pub pages: u64,
+}
+
+impl SyncProgress {
+    fn window_end(&self) -> DateTime<Utc> {
+        (self.window_start + chrono::TimeDelta::days(nvd::MAX_WINDOW_DAYS)).min(self.until)
+    }
+}
+
+impl Enricher for CveEnricher {
+    fn step<'a>(
+        &'a self,
+        job: &'a JobInput,
+        checkpoint: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Step, StepError>> {
+        Box::pin(async move {
+            // A checkpoint of another shape (another source's) starts the job over: every
+            // step is idempotent.
+            let progress: Progress = serde_json::from_value(checkpoint.clone()).unwrap_or_default();
+            self.advance(job, progress).await
+        })
+    }
+}
+
+impl CveEnricher {
+    async fn advance(&self, job: &JobInput, mut progress: Progress) -> Result<Step, StepError> {
+        let fence = job.fence;
+        match progress.phase {
+            Phase::Start => {
+                let misses = store::cves::misses(
+                    &self.pool,
+                    &job.cve_ids,
+                    self.settings.recheck_unknown_after,
+                )
+                .await
+                .map_err(store_failure)?;
+                let valid = job
+                    .cve_ids
+                    .iter()
+                    .filter(|id| store::cves::is_cve_id(id))
+                    .count() as u64;
+                metrics::lookups(
+                    valid.saturating_sub(misses.len() as u64),
+                    misses.len() as u64,
+                );
+                progress.phase = match (&self.nvd, self.settings.sync_interval) {
+                    (Some(_), Some(interval)) => match self.begin_sync(fence, interval).await? {
+                        Some(sync) => {
+                            progress.sync = Some(sync);
+                            Phase::Sync
+                        }
+                        None => Phase::Lookup,
+                    },
+                    (Some(_), None) => Phase::Lookup,
+                    (None, _) => Phase::Write,
+                };
+            }
+            Phase::Sync => {
+                let (Some(nvd), Some(mut sync)) = (&self.nvd, progress.sync.take()) else {
+                    progress.phase = Phase::Lookup;
+                    return Ok(Step::Progress(to_value(&progress)));
+                };
+                let query = Query::Modified {
+                    start: sync.window_start,
+                    end: sync.window_end(),
+                };
+                let page = nvd
+                    .page(&query, sync.start_index)
+                    .await
+                    .map_err(nvd_failure)?;
+                match self.write(fence, &page.records).await? {
+                    Some(written) => progress.written += written,
+                    None => return Ok(Step::Lost),
+                }
+                sync.pages += 1;
+                let next = sync.start_index + page.count;
+                if page.count > 0 && next < page.total_results {
+                    sync.start_index = next;
+                    progress.sync = Some(sync);
+                } else if page.count == 0 && sync.start_index < page.total_results {
+                    return Err(StepError {
+                        error: v1::Error {
+                            code: "nvd_unavailable".into(),
+                            message: format!(
+                                "the NVD API answered an empty page at startIndex {} of {} results",
+                                sync.start_index, page.total_results
+                            ),
+                            ..Default::default()
+                        },
+                        retryable: true,
+                    });
+                } else if sync.window_end() < sync.until {
+                    sync.window_start = sync.window_end();
+                    sync.start_index = 0;
+                    progress.sync = Some(sync);
+                } else {
+                    self.finish_sync(fence, sync.until).await?;
+                    progress.phase = Phase::Lookup;
+                }
+            }
+            Phase::Lookup => {
+                let Some(nvd) = &self.nvd else {
+                    progress.phase = Phase::Write;
+                    return Ok(Step::Progress(to_value(&progress)));
+                };
+                let misses = store::cves::misses(
+                    &self.pool,
+                    &job.cve_ids,
+                    self.settings.recheck_unknown_after,
+                )
+                .await
+                .map_err(store_failure)?;
+                if misses.is_empty() {
+                    progress.phase = Phase::Write;
+                } else {
+                    let mut records = Vec::new();
+                    for id in misses.iter().take(LOOKUP_BATCH) {
+                        let page = nvd
+                            .page(&Query::Id(id.clone()), 0)
+                            .await
+                            .map_err(nvd_failure)?;
+                        records.push(
+                            page.records
+                                .into_iter()
+                                .find(|record| record.id == *id)
+                                .unwrap_or_else(|| CveRecord::unknown(id)),
+                        );
+                    }
+                    progress.looked_up += records.len() as u64;
+                    match self.write(fence, &records).await? {
+                        Some(written) => progress.written += written,
+                        None => return Ok(Step::Lost),
+                    }
+                }
+            }
+            Phase::Write | Phase::Done => {
+                match store::cves::write_findings(&self.pool, fence)
+                    .await
+                    .map_err(store_failure)?
+                {
+                    FindingsWritten::Fenced => return Ok(Step::Lost),
+                    FindingsWritten::Written { findings, written } => {
+                        progress.phase = Phase::Done;
+                        progress.findings = Some(findings);
+                        progress.findings_written = Some(written);
+                        progress.source = Some(self.settings.source.as_str().to_owned());
+                        progress.cve_ids = job.cve_ids.clone();
+                        return Ok(Step::Done(to_value(&progress)));
+                    }
+                }
+            }
+        }
+        Ok(Step::Progress(to_value(&progress)))
+    }
+
+    /// Takes the sync when it is due; the window to fetch, or `None` (not due, another job
+    /// syncs, or nothing to fetch: a never-synced table without `PALISADE_NVD_SYNC_FROM`
+    /// starts its watermark now).
+    async fn begin_sync(
+        &self,
+        fence: JobFence,
+        interval: Duration,
+    ) -> Result<Option<SyncProgress>, StepError> {
+        let Some(taken) =
+            store::cves::take_sync(&self.pool, fence, store::cves::NVD_SYNC, interval)
+                .await
+                .map_err(store_failure)?
+        else {
+            return Ok(None);
+        };
+        let start = taken
+            .synced_through
+            .map(|through| through - SYNC_OVERLAP)
+            .or(self.settings.sync_from);
+        match start {
+            Some(start) if start < taken.until => Ok(Some(SyncProgress {
+                until: taken.until,
+                window_start: start,
+                start_index: 0,
+                pages: 0,
+            })),
+            _ => {
+                self.finish_sync(fence, taken.until).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn finish_sync(&self, fence: JobFence, through: DateTime<Utc>) -> Result<(), StepError> {
+        // Lost meanwhile: the next checkpoint finds it out.
+        store::cves::finish_sync(&self.pool, fence, store::cves::NVD_SYNC, through)
+            .await
+            .map_err(store_failure)?;
+        Ok(())
+    }
+
+    /// Writes CVE records, fenced; `None` when the job was lost.
+    async fn write(
+        &self,
+        fence: JobFence,
+        records: &[CveRecord],
+    ) -> Result<Option<u64>, StepError> {
+        if records.is_empty() {
+            return Ok(Some(0));
+        }
+        match store::cves::upsert(&self.pool, Some(fence), CveOrigin::Nvd, records)
+            .await
+            .map_err(store_failure)?
+        {
+            Written::Rows(rows) => Ok(Some(rows)),
+            Written::Fenced => Ok(None),
+        }
+    }
+}
+
+fn to_value(progress: &Progress) -> serde_json::Value {
+    serde_json::to_value(progress).expect("a Progress is plain data")
+}
+
+fn nvd_failure(error: NvdError) -> StepError {
+    let code = match error {
+        NvdError::Unavailable { .. } => "nvd_unavailable",
+        NvdError::Refused { .. } => "nvd_refused",
+    };
+    StepError {
+        retryable: matches!(error, NvdError::Unavailable { .. }),
+        error: v1::Error {
+            code: code.into(),
+            message: error.to_string(),
+            ..Default::default()
+        },
+    }
+}
+
+fn store_failure(error: store::StoreError) -> StepError {
+    crate::store_failure(&error)
+}

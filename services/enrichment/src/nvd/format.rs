@@ -1,0 +1,264 @@
+//! The NVD CVE API 2.0 response format, which NVD's JSON 2.0 data feeds share: one page of
+//! `vulnerabilities` with `startIndex`, `resultsPerPage` and `totalResults`. Only what palisade
+//! keeps is read; a record without a CVE id's shape is skipped.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use serde::Deserialize;
+use store::cves::{CveRecord, Cvss};
+
+/// One page of CVEs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    pub start_index: u64,
+    pub total_results: u64,
+    /// How many vulnerabilities the page held, the skipped ones included: the next page
+    /// starts this much further.
+    pub count: u64,
+    pub records: Vec<CveRecord>,
+}
+
+/// Why a body is not an NVD page.
+#[derive(Debug, thiserror::Error)]
+#[error("not an NVD CVE API 2.0 page: {0}")]
+pub struct FormatError(#[from] serde_json::Error);
+
+/// Parses an API response or a data feed file.
+pub fn parse(body: &[u8]) -> Result<Page, FormatError> {
+    let response: Response = serde_json::from_slice(body)?;
+    let count = response.vulnerabilities.len() as u64;
+    let records = response
+        .vulnerabilities
+        .into_iter()
+        .filter(|vulnerability| store::cves::is_cve_id(&vulnerability.cve.id))
+        .map(|vulnerability| vulnerability.cve.record())
+        .collect();
+    Ok(Page {
+        start_index: response.start_index,
+        total_results: response.total_results,
+        count,
+        records,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Response {
+    #[serde(default)]
+    start_index: u64,
+    total_results: u64,
+    #[serde(default)]
+    vulnerabilities: Vec<Vulnerability>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Vulnerability {
+    cve: Cve,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Cve {
+    id: String,
+    published: Option<String>,
+    last_modified: Option<String>,
+    #[serde(default)]
+    vuln_status: String,
+    #[serde(default)]
+    descriptions: Vec<LangString>,
+    #[serde(default)]
+    metrics: Metrics,
+    #[serde(default)]
+    weaknesses: Vec<Weakness>,
+    #[serde(default)]
+    references: Vec<Reference>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LangString {
+    lang: String,
+    value: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metrics {
+    #[serde(default, rename = "cvssMetricV31")]
+    v31: Vec<Metric>,
+    #[serde(default, rename = "cvssMetricV40")]
+    v40: Vec<Metric>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metric {
+    #[serde(default, rename = "type")]
+    kind: String,
+    cvss_data: CvssData,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CvssData {
+    vector_string: String,
+    base_score: f64,
+    #[serde(default)]
+    base_severity: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Weakness {
+    #[serde(default)]
+    description: Vec<LangString>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Reference {
+    url: String,
+}
+
+impl Cve {
+    fn record(self) -> CveRecord {
+        let description = self
+            .descriptions
+            .iter()
+            .find(|text| text.lang == "en")
+            .map(|text| text.value.clone())
+            .unwrap_or_default();
+        let mut cwe_ids: Vec<String> = Vec::new();
+        for value in self
+            .weaknesses
+            .iter()
+            .flat_map(|weakness| &weakness.description)
+            .map(|text| text.value.as_str())
+        {
+            // NVD also says `NVD-CWE-Other` and `NVD-CWE-noinfo`: not CWE ids.
+            let is_cwe = value.strip_prefix("CWE-").is_some_and(|number| {
+                !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())
+            });
+            if is_cwe && !cwe_ids.iter().any(|kept| kept == value) {
+                cwe_ids.push(value.to_owned());
+            }
+        }
+        CveRecord {
+            known: true,
+            published: self.published.as_deref().and_then(timestamp),
+            last_modified: self.last_modified.as_deref().and_then(timestamp),
+            vuln_status: self.vuln_status,
+            description,
+            cvss_v31: primary(&self.metrics.v31),
+            cvss_v40: primary(&self.metrics.v40),
+            cwe_ids,
+            references: self
+                .references
+                .into_iter()
+                .map(|reference| reference.url)
+                .collect(),
+            id: self.id,
+        }
+    }
+}
+
+/// The primary metric (NVD's own), else the first; a score outside 0..=10 is not kept.
+fn primary(metrics: &[Metric]) -> Option<Cvss> {
+    metrics
+        .iter()
+        .find(|metric| metric.kind == "Primary")
+        .or_else(|| metrics.first())
+        .filter(|metric| (0.0..=10.0).contains(&metric.cvss_data.base_score))
+        .map(|metric| Cvss {
+            score: metric.cvss_data.base_score,
+            severity: metric.cvss_data.base_severity.clone(),
+            vector: metric.cvss_data.vector_string.clone(),
+        })
+}
+
+/// NVD's timestamps are UTC without an offset (`2021-12-10T10:15:09.143`); an offset is
+/// accepted too.
+fn timestamp(text: &str) -> Option<DateTime<Utc>> {
+    NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f")
+        .map(|naive| naive.and_utc())
+        .ok()
+        .or_else(|| {
+            DateTime::parse_from_rfc3339(text)
+                .ok()
+                .map(|at| at.with_timezone(&Utc))
+        })
+}
+
+/// Formats an instant as the API's date parameters take it.
+pub fn api_date(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S%.3f+00:00").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = r#"{
+      "resultsPerPage": 2, "startIndex": 4, "totalResults": 7, "format": "NVD_CVE",
+      "version": "2.0", "timestamp": "2024-01-01T00:00:00.000",
+      "vulnerabilities": [
+        {"cve": {"id": "CVE-2021-44228", "published": "2021-12-10T10:15:09.143",
+          "lastModified": "2024-04-03T17:35:15.857", "vulnStatus": "Analyzed",
+          "descriptions": [{"lang": "es", "value": "no"}, {"lang": "en", "value": "Log4Shell"}],
+          "metrics": {
+            "cvssMetricV31": [
+              {"source": "other", "type": "Secondary", "cvssData": {"version": "3.1",
+                "vectorString": "CVSS:3.1/AV:N/AC:H/PR:N/UI:N/S:U/C:L/I:L/A:L", "baseScore": 5.6,
+                "baseSeverity": "MEDIUM"}},
+              {"source": "nvd@nist.gov", "type": "Primary", "cvssData": {"version": "3.1",
+                "vectorString": "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:C/C:H/I:H/A:H", "baseScore": 10.0,
+                "baseSeverity": "CRITICAL"}}],
+            "cvssMetricV40": [{"source": "x", "type": "Secondary", "cvssData": {"version": "4.0",
+                "vectorString": "CVSS:4.0/AV:N/AC:L/AT:N/PR:N/UI:N/VC:H/VI:H/VA:H/SC:N/SI:N/SA:N",
+                "baseScore": 9.3, "baseSeverity": "CRITICAL"}}]},
+          "weaknesses": [
+            {"source": "nvd@nist.gov", "type": "Primary", "description": [
+              {"lang": "en", "value": "CWE-917"}, {"lang": "en", "value": "NVD-CWE-Other"}]},
+            {"source": "x", "type": "Secondary", "description": [
+              {"lang": "en", "value": "CWE-502"}, {"lang": "en", "value": "CWE-917"}]}],
+          "references": [{"url": "https://logging.apache.org/log4j/2.x/security.html"}]}},
+        {"cve": {"id": "not-a-cve"}}
+      ]
+    }"#;
+
+    #[test]
+    fn a_page_gives_its_records_with_the_primary_metrics_and_cwe_ids() {
+        let page = parse(PAGE.as_bytes()).unwrap();
+        assert_eq!(
+            (page.start_index, page.total_results, page.count),
+            (4, 7, 2)
+        );
+        assert_eq!(
+            page.records.len(),
+            1,
+            "the id without a CVE id's shape is skipped"
+        );
+        let record = &page.records[0];
+        assert_eq!(record.id, "CVE-2021-44228");
+        assert_eq!(record.description, "Log4Shell");
+        let v31 = record.cvss_v31.as_ref().unwrap();
+        assert_eq!((v31.score, v31.severity.as_str()), (10.0, "CRITICAL"));
+        assert!(v31.vector.starts_with("CVSS:3.1/AV:N/AC:L"));
+        assert_eq!(record.cvss_v40.as_ref().unwrap().score, 9.3);
+        assert_eq!(record.cwe_ids, ["CWE-917", "CWE-502"]);
+        assert_eq!(
+            record.published.unwrap().to_rfc3339(),
+            "2021-12-10T10:15:09.143+00:00"
+        );
+        assert_eq!(record.references.len(), 1);
+    }
+
+    #[test]
+    fn a_truncated_body_is_not_a_page() {
+        assert!(parse(&PAGE.as_bytes()[..PAGE.len() / 2]).is_err());
+        assert!(parse(b"<html>busy</html>").is_err());
+    }
+
+    #[test]
+    fn api_dates_carry_their_offset() {
+        let at = DateTime::parse_from_rfc3339("2024-01-02T03:04:05Z")
+            .unwrap()
+            .to_utc();
+        assert_eq!(api_date(at), "2024-01-02T03:04:05.000+00:00");
+    }
+}

@@ -1,0 +1,324 @@
+//! The local CVE table (issue 11): CVE records from the NVD CVE API 2.0 or imported NVD JSON
+//! files, the incremental sync's watermark, and the CVE data each finding is enriched with.
+//!
+//! Every write an enrichment job makes here names its claim ([`JobFence`]) and changes
+//! nothing once a newer claim holds the job: the job's row is locked `FOR SHARE` in the
+//! writing statement, so a newer claim either waits for the write to commit or the write sees
+//! it and does nothing. Writing the same records again writes nothing (idempotent).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::sql;
+use crate::states::EnrichmentJobState;
+
+/// At most this many of a CVE's references are kept, in NVD's order.
+pub const MAX_REFERENCES: usize = 32;
+/// At most this many CWE ids are kept per CVE.
+pub const MAX_CWE_IDS: usize = 16;
+/// Descriptions are cut to this many characters.
+pub const MAX_DESCRIPTION_CHARS: usize = 8_192;
+
+/// The sync row of the NVD API (`cve_sync.source`).
+pub const NVD_SYNC: &str = "nvd";
+
+/// Where a CVE record came from (`cves.source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CveOrigin {
+    /// The NVD API, by the sync or a lookup by id.
+    Nvd,
+    /// `palisade cve import`.
+    Import,
+}
+
+impl CveOrigin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CveOrigin::Nvd => "nvd",
+            CveOrigin::Import => "import",
+        }
+    }
+}
+
+/// A CVSS base score with its severity and vector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cvss {
+    pub score: f64,
+    pub severity: String,
+    pub vector: String,
+}
+
+/// One CVE as palisade keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CveRecord {
+    pub id: String,
+    /// False: NVD answered that it has no such CVE.
+    pub known: bool,
+    pub published: Option<DateTime<Utc>>,
+    pub last_modified: Option<DateTime<Utc>>,
+    pub vuln_status: String,
+    pub description: String,
+    pub cvss_v31: Option<Cvss>,
+    pub cvss_v40: Option<Cvss>,
+    pub cwe_ids: Vec<String>,
+    pub references: Vec<String>,
+}
+
+impl CveRecord {
+    /// The record of an id NVD does not know.
+    pub fn unknown(id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            known: false,
+            published: None,
+            last_modified: None,
+            vuln_status: String::new(),
+            description: String::new(),
+            cvss_v31: None,
+            cvss_v40: None,
+            cwe_ids: Vec::new(),
+            references: Vec::new(),
+        }
+    }
+
+    /// The record in the shape `cves/upsert.sql` reads, cut to the table's bounds.
+    fn row(&self) -> serde_json::Value {
+        let cvss = |cvss: &Option<Cvss>| {
+            cvss.as_ref().map(|cvss| {
+                (
+                    cvss.score,
+                    cvss.severity.clone(),
+                    bounded(&cvss.vector, 256),
+                )
+            })
+        };
+        let (v31_score, v31_severity, v31_vector) = split(cvss(&self.cvss_v31));
+        let (v40_score, v40_severity, v40_vector) = split(cvss(&self.cvss_v40));
+        serde_json::json!({
+            "id": self.id,
+            "known": self.known,
+            "published_at": self.published.map(|at| at.to_rfc3339()),
+            "last_modified_at": self.last_modified.map(|at| at.to_rfc3339()),
+            "vuln_status": bounded(&self.vuln_status, 64),
+            "description": bounded(&self.description, MAX_DESCRIPTION_CHARS),
+            "cvss_v31_score": v31_score,
+            "cvss_v31_severity": v31_severity,
+            "cvss_v31_vector": v31_vector,
+            "cvss_v40_score": v40_score,
+            "cvss_v40_severity": v40_severity,
+            "cvss_v40_vector": v40_vector,
+            "cwe_ids": self.cwe_ids.iter().take(MAX_CWE_IDS).collect::<Vec<_>>(),
+            "reference_urls": self
+                .references
+                .iter()
+                .take(MAX_REFERENCES)
+                .map(|url| bounded(url, 2_048))
+                .collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn split<A, B, C>(triple: Option<(A, B, C)>) -> (Option<A>, Option<B>, Option<C>) {
+    match triple {
+        Some((a, b, c)) => (Some(a), Some(b), Some(c)),
+        None => (None, None, None),
+    }
+}
+
+fn bounded(text: &str, chars: usize) -> String {
+    text.chars().take(chars).collect()
+}
+
+/// Whether `id` has a CVE id's shape (`CVE-YYYY-NNNN…`), as the table requires.
+pub fn is_cve_id(id: &str) -> bool {
+    let Some(rest) = id.strip_prefix("CVE-") else {
+        return false;
+    };
+    let Some((year, number)) = rest.split_once('-') else {
+        return false;
+    };
+    year.len() == 4
+        && year.bytes().all(|b| b.is_ascii_digit())
+        && (4..=19).contains(&number.len())
+        && number.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The claim an enrichment job's writes name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobFence {
+    pub job_id: Uuid,
+    pub fencing_token: i64,
+}
+
+/// What a fenced write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The claim holds the job: this many rows were written (the rest were unchanged).
+    Rows(u64),
+    /// The job was lost (a newer claim holds it, or its lease lapsed): nothing was written.
+    Fenced,
+}
+
+/// Writes `records` (deduplicated by id, the latest modified kept) in one statement; fenced by
+/// `fence` when given (an enrichment job's write), unfenced for an operator's import.
+pub async fn upsert(
+    pool: &PgPool,
+    fence: Option<JobFence>,
+    origin: CveOrigin,
+    records: &[CveRecord],
+) -> Result<Written, StoreError> {
+    let mut latest: HashMap<&str, &CveRecord> = HashMap::with_capacity(records.len());
+    for record in records.iter().filter(|record| is_cve_id(&record.id)) {
+        let keep = latest.get(record.id.as_str()).is_none_or(|kept| {
+            (record.known, record.last_modified) > (kept.known, kept.last_modified)
+        });
+        if keep {
+            latest.insert(&record.id, record);
+        }
+    }
+    let rows = serde_json::Value::Array(latest.values().map(|record| record.row()).collect());
+    let (holds, written): (bool, i64) = sql::query_as(sql::cves::UPSERT)
+        .bind(fence.map(|fence| fence.job_id))
+        .bind(fence.map(|fence| fence.fencing_token))
+        .bind(EnrichmentJobState::Running.as_str())
+        .bind(rows)
+        .bind(origin.as_str())
+        .fetch_one(pool)
+        .await?;
+    Ok(if holds {
+        Written::Rows(written.max(0) as u64)
+    } else {
+        Written::Fenced
+    })
+}
+
+/// Of `ids`, those to look up: absent from the table, or unknown to NVD at a check more than
+/// `recheck_unknown_after` ago; sorted. Ids without a CVE id's shape are never looked up.
+pub async fn misses(
+    pool: &PgPool,
+    ids: &[String],
+    recheck_unknown_after: Duration,
+) -> Result<Vec<String>, StoreError> {
+    let ids: Vec<&str> = ids
+        .iter()
+        .map(String::as_str)
+        .filter(|id| is_cve_id(id))
+        .collect();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sql::query_scalar(sql::cves::MISSES)
+        .bind(&ids)
+        .bind(crate::seconds(recheck_unknown_after))
+        .fetch_all(pool)
+        .await?)
+}
+
+/// A sync window a job took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncTaken {
+    /// Everything modified before this is in the table; `None`: never synced.
+    pub synced_through: Option<DateTime<Utc>>,
+    /// The database's clock when taken: the window's end.
+    pub until: DateTime<Utc>,
+}
+
+/// The job `fence` takes the sync of `source` when it is due (never synced, or synced through
+/// more than `interval` ago) and no other live job holds it; `None` when not taken.
+pub async fn take_sync(
+    pool: &PgPool,
+    fence: JobFence,
+    source: &str,
+    interval: Duration,
+) -> Result<Option<SyncTaken>, StoreError> {
+    let taken: Option<(Option<DateTime<Utc>>, DateTime<Utc>)> = sql::query_as(sql::cve_sync::TAKE)
+        .bind(fence.job_id)
+        .bind(fence.fencing_token)
+        .bind(EnrichmentJobState::Running.as_str())
+        .bind(source)
+        .bind(crate::seconds(interval))
+        .fetch_optional(pool)
+        .await?;
+    Ok(taken.map(|(synced_through, until)| SyncTaken {
+        synced_through,
+        until,
+    }))
+}
+
+/// The job `fence` synced `source` through `through`: the watermark moves there (never back)
+/// and the job lets the sync go. `Fenced` when the claim was lost (nothing moved).
+pub async fn finish_sync(
+    pool: &PgPool,
+    fence: JobFence,
+    source: &str,
+    through: DateTime<Utc>,
+) -> Result<Written, StoreError> {
+    let moved: Option<Option<DateTime<Utc>>> = sql::query_scalar(sql::cve_sync::FINISH)
+        .bind(fence.job_id)
+        .bind(fence.fencing_token)
+        .bind(EnrichmentJobState::Running.as_str())
+        .bind(source)
+        .bind(through)
+        .fetch_optional(pool)
+        .await?;
+    Ok(match moved {
+        Some(_) => Written::Rows(1),
+        None => Written::Fenced,
+    })
+}
+
+/// What writing a scan's findings their CVE data did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FindingsWritten {
+    /// `findings` CVE findings, of which `written` changed (the rest already held their data).
+    Written { findings: u64, written: u64 },
+    /// The job was lost: nothing was written.
+    Fenced,
+}
+
+/// Writes each CVE finding of the job's scan its CVE data from the table, fenced, in one
+/// statement.
+pub async fn write_findings(pool: &PgPool, fence: JobFence) -> Result<FindingsWritten, StoreError> {
+    let (holds, findings, written): (bool, i64, i64) = sql::query_as(sql::findings::WRITE_CVE_DATA)
+        .bind(fence.job_id)
+        .bind(fence.fencing_token)
+        .bind(EnrichmentJobState::Running.as_str())
+        .fetch_one(pool)
+        .await?;
+    Ok(if holds {
+        FindingsWritten::Written {
+            findings: findings.max(0) as u64,
+            written: written.max(0) as u64,
+        }
+    } else {
+        FindingsWritten::Fenced
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cve_ids_have_their_shape() {
+        for id in ["CVE-2021-44228", "CVE-1999-0001", "CVE-2024-1234567"] {
+            assert!(is_cve_id(id), "{id}");
+        }
+        for id in [
+            "",
+            "cve-2021-44228",
+            "CVE-21-44228",
+            "CVE-2021-123",
+            "CVE-2021-44228 ",
+            "GHSA-xxxx-yyyy",
+            "CVE-2021-4422a",
+        ] {
+            assert!(!is_cve_id(id), "{id}");
+        }
+    }
+}
