@@ -207,132 +207,161 @@ impl Enricher for CveEnricher {
 impl CveEnricher {
     async fn advance(&self, job: &JobInput, mut progress: Progress) -> Result<Step, StepError> {
         let fence = job.fence;
-        match progress.phase {
-            Phase::Start => {
-                let misses = store::cves::misses(
-                    &self.pool,
-                    &job.cve_ids,
-                    self.settings.recheck_unknown_after,
-                )
-                .await
-                .map_err(store_failure)?;
-                let valid = job
-                    .cve_ids
-                    .iter()
-                    .filter(|id| store::cves::is_cve_id(id))
-                    .count() as u64;
-                metrics::lookups(
-                    valid.saturating_sub(misses.len() as u64),
-                    misses.len() as u64,
-                );
-                progress.phase = match (&self.nvd, self.settings.sync_interval) {
-                    (Some(_), Some(interval)) => match self.begin_sync(fence, interval).await? {
-                        Some(sync) => {
-                            progress.sync = Some(sync);
-                            Phase::Sync
+        // Phases that fetch nothing run on within the step; a checkpoint is written before
+        // each that fetches from NVD.
+        loop {
+            progress.phase = match progress.phase {
+                Phase::Start => {
+                    if job.cve_ids.is_empty() {
+                        return Ok(Step::Done(self.summary(job, progress, 0, 0)));
+                    }
+                    let misses = self.misses(job).await?;
+                    let valid = job
+                        .cve_ids
+                        .iter()
+                        .filter(|id| store::cves::is_cve_id(id))
+                        .count() as u64;
+                    let missed = misses.len() as u64;
+                    metrics::lookups(valid.saturating_sub(missed), missed);
+                    if self.nvd.is_none() {
+                        Phase::Write
+                    } else if let Some(interval) = self.settings.sync_interval
+                        && let Some(sync) = self.begin_sync(fence, interval).await?
+                    {
+                        progress.sync = Some(sync);
+                        progress.phase = Phase::Sync;
+                        return Ok(Step::Progress(to_value(&progress)));
+                    } else if misses.is_empty() {
+                        Phase::Write
+                    } else {
+                        progress.phase = Phase::Lookup;
+                        return Ok(Step::Progress(to_value(&progress)));
+                    }
+                }
+                Phase::Sync => {
+                    let (Some(nvd), Some(sync)) = (&self.nvd, progress.sync.take()) else {
+                        progress.phase = Phase::Lookup;
+                        continue;
+                    };
+                    return self.sync_page(nvd, fence, sync, progress).await;
+                }
+                Phase::Lookup => {
+                    let Some(nvd) = &self.nvd else {
+                        progress.phase = Phase::Write;
+                        continue;
+                    };
+                    let misses = self.misses(job).await?;
+                    if misses.is_empty() {
+                        Phase::Write
+                    } else {
+                        let mut records = Vec::new();
+                        for id in misses.iter().take(LOOKUP_BATCH) {
+                            let page = nvd
+                                .page(&Query::Id(id.clone()), 0)
+                                .await
+                                .map_err(nvd_failure)?;
+                            records.push(
+                                page.records
+                                    .into_iter()
+                                    .find(|record| record.id == *id)
+                                    .unwrap_or_else(|| CveRecord::unknown(id)),
+                            );
                         }
-                        None => Phase::Lookup,
-                    },
-                    (Some(_), None) => Phase::Lookup,
-                    (None, _) => Phase::Write,
-                };
-            }
-            Phase::Sync => {
-                let (Some(nvd), Some(mut sync)) = (&self.nvd, progress.sync.take()) else {
-                    progress.phase = Phase::Lookup;
-                    return Ok(Step::Progress(to_value(&progress)));
-                };
-                let query = Query::Modified {
-                    start: sync.window_start,
-                    end: sync.window_end(),
-                };
-                let page = nvd
-                    .page(&query, sync.start_index)
-                    .await
-                    .map_err(nvd_failure)?;
-                match self.write(fence, &page.records).await? {
-                    Some(written) => progress.written += written,
-                    None => return Ok(Step::Lost),
-                }
-                sync.pages += 1;
-                let next = sync.start_index + page.count;
-                if page.count > 0 && next < page.total_results {
-                    sync.start_index = next;
-                    progress.sync = Some(sync);
-                } else if page.count == 0 && sync.start_index < page.total_results {
-                    return Err(StepError {
-                        error: v1::Error {
-                            code: "nvd_unavailable".into(),
-                            message: format!(
-                                "the NVD API answered an empty page at startIndex {} of {} results",
-                                sync.start_index, page.total_results
-                            ),
-                            ..Default::default()
-                        },
-                        retryable: true,
-                    });
-                } else if sync.window_end() < sync.until {
-                    sync.window_start = sync.window_end();
-                    sync.start_index = 0;
-                    progress.sync = Some(sync);
-                } else {
-                    self.finish_sync(fence, sync.until).await?;
-                    progress.phase = Phase::Lookup;
-                }
-            }
-            Phase::Lookup => {
-                let Some(nvd) = &self.nvd else {
-                    progress.phase = Phase::Write;
-                    return Ok(Step::Progress(to_value(&progress)));
-                };
-                let misses = store::cves::misses(
-                    &self.pool,
-                    &job.cve_ids,
-                    self.settings.recheck_unknown_after,
-                )
-                .await
-                .map_err(store_failure)?;
-                if misses.is_empty() {
-                    progress.phase = Phase::Write;
-                } else {
-                    let mut records = Vec::new();
-                    for id in misses.iter().take(LOOKUP_BATCH) {
-                        let page = nvd
-                            .page(&Query::Id(id.clone()), 0)
-                            .await
-                            .map_err(nvd_failure)?;
-                        records.push(
-                            page.records
-                                .into_iter()
-                                .find(|record| record.id == *id)
-                                .unwrap_or_else(|| CveRecord::unknown(id)),
-                        );
-                    }
-                    progress.looked_up += records.len() as u64;
-                    match self.write(fence, &records).await? {
-                        Some(written) => progress.written += written,
-                        None => return Ok(Step::Lost),
+                        progress.looked_up += records.len() as u64;
+                        match self.write(fence, &records).await? {
+                            Some(written) => progress.written += written,
+                            None => return Ok(Step::Lost),
+                        }
+                        return Ok(Step::Progress(to_value(&progress)));
                     }
                 }
-            }
-            Phase::Write | Phase::Done => {
-                match store::cves::write_findings(&self.pool, fence)
-                    .await
-                    .map_err(store_failure)?
-                {
-                    FindingsWritten::Fenced => return Ok(Step::Lost),
-                    FindingsWritten::Written { findings, written } => {
-                        progress.phase = Phase::Done;
-                        progress.findings = Some(findings);
-                        progress.findings_written = Some(written);
-                        progress.source = Some(self.settings.source.as_str().to_owned());
-                        progress.cve_ids = job.cve_ids.clone();
-                        return Ok(Step::Done(to_value(&progress)));
-                    }
+                Phase::Write | Phase::Done => {
+                    return match store::cves::write_findings(&self.pool, fence)
+                        .await
+                        .map_err(store_failure)?
+                    {
+                        FindingsWritten::Fenced => Ok(Step::Lost),
+                        FindingsWritten::Written { findings, written } => {
+                            Ok(Step::Done(self.summary(job, progress, findings, written)))
+                        }
+                    };
                 }
-            }
+            };
+        }
+    }
+
+    /// One page of the sync's window written, and where the sync goes next.
+    async fn sync_page(
+        &self,
+        nvd: &Nvd,
+        fence: JobFence,
+        mut sync: SyncProgress,
+        mut progress: Progress,
+    ) -> Result<Step, StepError> {
+        let query = Query::Modified {
+            start: sync.window_start,
+            end: sync.window_end(),
+        };
+        let page = nvd
+            .page(&query, sync.start_index)
+            .await
+            .map_err(nvd_failure)?;
+        match self.write(fence, &page.records).await? {
+            Some(written) => progress.written += written,
+            None => return Ok(Step::Lost),
+        }
+        sync.pages += 1;
+        let next = sync.start_index + page.count;
+        if page.count > 0 && next < page.total_results {
+            sync.start_index = next;
+            progress.sync = Some(sync);
+        } else if page.count == 0 && sync.start_index < page.total_results {
+            return Err(StepError {
+                error: v1::Error {
+                    code: "nvd_unavailable".into(),
+                    message: format!(
+                        "the NVD API answered an empty page at startIndex {} of {} results",
+                        sync.start_index, page.total_results
+                    ),
+                    ..Default::default()
+                },
+                retryable: true,
+            });
+        } else if sync.window_end() < sync.until {
+            sync.window_start = sync.window_end();
+            sync.start_index = 0;
+            progress.sync = Some(sync);
+        } else {
+            self.finish_sync(fence, sync.until).await?;
+            progress.phase = Phase::Lookup;
         }
         Ok(Step::Progress(to_value(&progress)))
+    }
+
+    async fn misses(&self, job: &JobInput) -> Result<Vec<String>, StepError> {
+        store::cves::misses(
+            &self.pool,
+            &job.cve_ids,
+            self.settings.recheck_unknown_after,
+        )
+        .await
+        .map_err(store_failure)
+    }
+
+    /// The final checkpoint.
+    fn summary(
+        &self,
+        job: &JobInput,
+        mut progress: Progress,
+        findings: u64,
+        written: u64,
+    ) -> serde_json::Value {
+        progress.phase = Phase::Done;
+        progress.findings = Some(findings);
+        progress.findings_written = Some(written);
+        progress.source = Some(self.settings.source.as_str().to_owned());
+        progress.cve_ids = job.cve_ids.clone();
+        to_value(&progress)
     }
 
     /// Takes the sync when it is due; the window to fetch, or `None` (not due, another job
