@@ -47,6 +47,7 @@ pub const WAIT_MAX: Duration = Duration::from_secs(20);
 pub use store::testing::TABLES;
 
 pub mod chaos;
+pub mod nvd;
 pub mod servers;
 pub mod tls;
 
@@ -1096,6 +1097,24 @@ impl TestSystem {
         assert!(ack.error.is_none(), "{ack:?}");
         self.wait_scan_state(&scan.scan_id, "completed").await;
         self.wait_outbox_drained().await;
+    }
+
+    /// A completed scan with two findings naming `cve_ids`, whose enrichment job is pending
+    /// with `{}` as its checkpoint, as a dependency audit's would be: (scan id, job id).
+    pub async fn scan_to_enrich(&self, cve_ids: &[&str]) -> (Uuid, Uuid) {
+        let scan = self.leased_scan(&["alpha"]).await;
+        self.complete_with_findings(&scan, 2).await;
+        let job_id: Uuid = sqlx::query_scalar(
+            "WITH cve AS (UPDATE findings SET cve_ids = $2 WHERE scan_id = $1::uuid) \
+             UPDATE enrichment_jobs SET state = 'pending', finished_at = NULL, checkpoint = '{}' \
+             WHERE scan_id = $1::uuid RETURNING id",
+        )
+        .bind(&scan.scan_id)
+        .bind(cve_ids)
+        .fetch_one(&self.pool)
+        .await
+        .expect("a job to enrich");
+        (scan.scan_id.parse().expect("a scan id"), job_id)
     }
 
     /// Cancels the task `task_id` (and its scan) as dispatch's cancel does.

@@ -1,6 +1,6 @@
 //! The enrichment job lifecycle (SPEC §4.4, I11; issue 11, item 1): exactly `max_attempts`
 //! executions of a job that always fails, then `failed` with one `enrichment.failed`; a stale
-//! claim fenced on renewal, checkpoint, failure and completion by a newer one (two claims,
+//! claim fenced on renewal, checkpoint, CVE writes, failure and completion by a newer one (two claims,
 //! no race left to chance); a crashed execution recovered by the reaper's sweep and resumed
 //! from its checkpoint, without redoing the steps before it.
 
@@ -19,21 +19,9 @@ use uuid::Uuid;
 /// No backoff: a retried job is due again at once.
 const QUICK_RETRY: RetryPolicy = RetryPolicy::new(Duration::ZERO, Duration::ZERO);
 
-/// A completed scan whose enrichment job is pending with `{}` as its checkpoint and a finding
-/// naming a CVE, as a dependency audit's would.
+/// A completed scan whose enrichment job is pending, its findings naming a CVE.
 async fn scan_to_enrich(system: &TestSystem) -> (Uuid, Uuid) {
-    let scan = system.leased_scan(&["alpha"]).await;
-    system.complete_with_findings(&scan, 2).await;
-    let job_id: Uuid = sqlx::query_scalar(
-        "WITH cve AS (UPDATE findings SET cve_ids = '{CVE-2021-44228}' WHERE scan_id = $1::uuid) \
-         UPDATE enrichment_jobs SET state = 'pending', finished_at = NULL, checkpoint = '{}' \
-         WHERE scan_id = $1::uuid RETURNING id",
-    )
-    .bind(&scan.scan_id)
-    .fetch_one(&system.pool)
-    .await
-    .expect("a job to enrich");
-    (scan.scan_id.parse().expect("a scan id"), job_id)
+    system.scan_to_enrich(&["CVE-2021-44228"]).await
 }
 
 async fn job_row(system: &TestSystem, job_id: Uuid) -> (String, i32, serde_json::Value, String) {
@@ -154,7 +142,7 @@ async fn a_job_that_always_fails_runs_exactly_max_attempts_times_then_fails() {
 }
 
 #[tokio::test]
-async fn a_stale_claim_is_fenced_on_renewal_checkpoint_failure_and_completion() {
+async fn a_stale_claim_is_fenced_on_renewal_checkpoint_cve_writes_failure_and_completion() {
     let system = TestSystem::spawn().await;
     let (_scan_id, job_id) = scan_to_enrich(&system).await;
     let ttl = Duration::from_secs(30);
@@ -222,7 +210,72 @@ async fn a_stale_claim_is_fenced_on_renewal_checkpoint_failure_and_completion() 
     assert_eq!(checkpoint, serde_json::json!({"page": 1}));
     assert!(last_error.starts_with("lease_expired"), "{last_error}");
 
+    // Nor do its CVE writes: no CVE row, no finding's CVE data, no hold on the sync or move
+    // of its watermark.
+    let record = store::cves::CveRecord::unknown("CVE-2021-44228");
+    let origin = store::cves::CveOrigin::Nvd;
+    let (sync, forever) = (store::cves::NVD_SYNC, Duration::ZERO);
+    assert_eq!(
+        store::cves::upsert(
+            pool,
+            Some(stale.fence()),
+            origin,
+            std::slice::from_ref(&record)
+        )
+        .await
+        .unwrap(),
+        store::cves::Written::Fenced
+    );
+    assert_eq!(
+        store::cves::write_findings(pool, stale.fence())
+            .await
+            .unwrap(),
+        store::cves::FindingsWritten::Fenced
+    );
+    assert_eq!(
+        store::cves::take_sync(pool, stale.fence(), sync, forever)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store::cves::finish_sync(pool, stale.fence(), sync, chrono::Utc::now())
+            .await
+            .unwrap(),
+        store::cves::Written::Fenced
+    );
+    let cve_writes: (i64, i64, bool) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM cves), \
+                (SELECT count(*) FROM findings WHERE cve_data IS NOT NULL), \
+                (SELECT synced_through IS NULL AND holder_job_id IS NULL FROM cve_sync)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(cve_writes, (0, 0, true));
+
     // The holder's writes go through.
+    assert_eq!(
+        store::cves::upsert(pool, Some(fresh.fence()), origin, &[record])
+            .await
+            .unwrap(),
+        store::cves::Written::Rows(1)
+    );
+    assert_eq!(
+        store::cves::write_findings(pool, fresh.fence())
+            .await
+            .unwrap(),
+        store::cves::FindingsWritten::Written {
+            findings: 2,
+            written: 2
+        }
+    );
+    assert!(
+        store::cves::take_sync(pool, fresh.fence(), sync, forever)
+            .await
+            .unwrap()
+            .is_some()
+    );
     assert!(store::enrichment::renew(pool, &fresh, ttl).await.unwrap());
     let done = serde_json::json!({"source": "fresh"});
     assert_eq!(

@@ -7,6 +7,7 @@ mod bad_input;
 mod cluster;
 mod control;
 mod cost;
+mod cve;
 mod decide;
 mod disclosure;
 mod end_to_end;
