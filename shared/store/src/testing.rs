@@ -14,7 +14,7 @@ fn live() -> [&'static str; 2] {
 }
 
 /// Every table palisade writes, for "nothing was written" checks.
-pub const TABLES: [&str; 19] = [
+pub const TABLES: [&str; 21] = [
     "organizations",
     "targets",
     "workers",
@@ -34,6 +34,8 @@ pub const TABLES: [&str; 19] = [
     "leader_leases",
     "clients",
     "nats_users",
+    "cves",
+    "cve_sync",
 ];
 
 /// Rows in one of [`TABLES`].

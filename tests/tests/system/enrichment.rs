@@ -296,6 +296,56 @@ async fn a_stale_claim_is_fenced_on_renewal_checkpoint_cve_writes_failure_and_co
     system.finish().await;
 }
 
+/// A CVE write that began before a newer claim committed, and would commit after it, writes
+/// nothing: the write locks the job's row `FOR SHARE`, so it waits for the newer claim, then
+/// sees its token and stands down (without the lock it reads the old token and writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cve_write_racing_a_newer_claim_waits_for_it_and_writes_nothing() {
+    let system = TestSystem::spawn().await;
+    let (_scan_id, job_id) = scan_to_enrich(&system).await;
+    let stale = store::enrichment::claim(&system.pool, "enrichment-a", Duration::from_secs(30), 1)
+        .await
+        .expect("a claim")
+        .pop()
+        .expect("the job");
+    // A newer claim, written but not committed.
+    let mut newer = system.pool.begin().await.unwrap();
+    sqlx::query("UPDATE enrichment_jobs SET fencing_token = fencing_token + 1 WHERE id = $1")
+        .bind(job_id)
+        .execute(&mut *newer)
+        .await
+        .unwrap();
+    let writing = {
+        let pool = system.pool.clone();
+        let fence = stale.fence();
+        tokio::spawn(async move {
+            let record = store::cves::CveRecord::unknown("CVE-2021-44228");
+            store::cves::upsert(&pool, Some(fence), store::cves::CveOrigin::Nvd, &[record]).await
+        })
+    };
+    system
+        .wait_for("the write to wait on the job's row", || async {
+            (store::testing::backends_waiting_for_locks(&system.pool)
+                .await
+                .unwrap()
+                == 1)
+                .then_some(())
+        })
+        .await;
+    newer.commit().await.unwrap();
+    assert_eq!(
+        writing.await.unwrap().unwrap(),
+        store::cves::Written::Fenced
+    );
+    assert_eq!(
+        store::testing::count_rows(&system.pool, "cves")
+            .await
+            .unwrap(),
+        0
+    );
+    system.finish().await;
+}
+
 /// Three pages: checkpoints `{"page": n}` after each of the first two, done after the third;
 /// records every page it fetched. With `hang_after`, it never returns after fetching that
 /// page, as a process that crashed there.
