@@ -3,6 +3,7 @@
 -- per finding, the CVE data its enrichment wrote.
 
 CREATE TABLE IF NOT EXISTS cves (
+    -- As messages::validate::is_cve_id checks it.
     id TEXT PRIMARY KEY,
     -- false: NVD answered that it has no such CVE (looked up at checked_at).
     known BOOLEAN NOT NULL,
@@ -23,7 +24,7 @@ CREATE TABLE IF NOT EXISTS cves (
     -- Where the row came from: the NVD API or an imported file.
     source TEXT NOT NULL,
     checked_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    CONSTRAINT cves_id_format CHECK (id ~ '^CVE-[0-9]{4}-[0-9]{4,19}$'),
+    CONSTRAINT cves_id_format CHECK (id ~ '^CVE-[0-9]{4}-[0-9]{4,7}$'),
     CONSTRAINT cves_source_check CHECK (source IN ('nvd', 'import')),
     CONSTRAINT cves_bounded_references CHECK (cardinality(reference_urls) <= 32)
 );

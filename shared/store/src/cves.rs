@@ -134,19 +134,7 @@ fn bounded(text: &str, chars: usize) -> String {
     text.chars().take(chars).collect()
 }
 
-/// Whether `id` has a CVE id's shape (`CVE-YYYY-NNNN…`), as the table requires.
-pub fn is_cve_id(id: &str) -> bool {
-    let Some(rest) = id.strip_prefix("CVE-") else {
-        return false;
-    };
-    let Some((year, number)) = rest.split_once('-') else {
-        return false;
-    };
-    year.len() == 4
-        && year.bytes().all(|b| b.is_ascii_digit())
-        && (4..=19).contains(&number.len())
-        && number.bytes().all(|b| b.is_ascii_digit())
-}
+pub use messages::validate::is_cve_id;
 
 /// The claim an enrichment job's writes name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,27 +286,4 @@ pub async fn write_findings(pool: &PgPool, fence: JobFence) -> Result<FindingsWr
     } else {
         FindingsWritten::Fenced
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cve_ids_have_their_shape() {
-        for id in ["CVE-2021-44228", "CVE-1999-0001", "CVE-2024-1234567"] {
-            assert!(is_cve_id(id), "{id}");
-        }
-        for id in [
-            "",
-            "cve-2021-44228",
-            "CVE-21-44228",
-            "CVE-2021-123",
-            "CVE-2021-44228 ",
-            "GHSA-xxxx-yyyy",
-            "CVE-2021-4422a",
-        ] {
-            assert!(!is_cve_id(id), "{id}");
-        }
-    }
 }
