@@ -777,45 +777,14 @@ async fn cancel(
 /// `palisade scan enrich`: the answer a client gets on the wire, for any organization's scan.
 async fn enrich(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
-    let outcome = store::enrichment::request(&pool, None, scan_id).await?;
-    let reply = enrichment::request::reply(scan_id, &outcome);
-    if let Some(error) = reply.error {
-        anyhow::bail!("{} ({})", error.message, error.code);
-    }
-    println!(
-        "{}",
-        serde_json::json!({
-            "scan_id": reply.scan_id,
-            "job_id": reply.job_id,
-            "status": reply.status,
-            "outcome": reply.outcome,
-            "message": reply.message,
-        })
-    );
+    println!("{}", palisade::commands::enrich(&pool, scan_id).await?);
     Ok(())
 }
 
 async fn import_cves(common: &CommonSettings, path: &std::path::Path) -> anyhow::Result<()> {
-    let files = enrichment::import::files(path)?;
     let pool = store::connect(&common.database).await?;
-    let (mut records, mut written) = (0, 0);
-    for (number, file) in files.iter().enumerate() {
-        let imported = enrichment::import::import_file(&pool, file).await?;
-        eprintln!(
-            "[{}/{}] {}: {} CVE records, {} written",
-            number + 1,
-            files.len(),
-            file.display(),
-            imported.records,
-            imported.written
-        );
-        records += imported.records;
-        written += imported.written;
-    }
-    println!(
-        "{}",
-        serde_json::json!({ "files": files.len(), "records": records, "written": written })
-    );
+    let summary = palisade::commands::import_cves(&pool, path, |line| eprintln!("{line}")).await?;
+    println!("{summary}");
     Ok(())
 }
 

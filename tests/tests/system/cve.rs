@@ -348,17 +348,23 @@ async fn the_offline_import_fills_the_local_table_that_the_local_source_enriches
     encoder.finish().unwrap();
     std::fs::write(folder.path().join("notes.txt"), "not a feed").unwrap();
 
-    let files = enrichment::import::files(folder.path()).unwrap();
-    assert_eq!(files.len(), 2, "{files:?}");
-    let mut written = Vec::new();
-    for file in &files {
-        let imported = enrichment::import::import_file(&system.pool, file)
+    // As `palisade cve import <folder>` does: a line per file, then the summary.
+    let mut lines = Vec::new();
+    let summary =
+        palisade::commands::import_cves(&system.pool, folder.path(), |line| lines.push(line))
             .await
             .unwrap();
-        written.push((imported.records, imported.written));
-    }
     // The second file repeats one CVE of the first: as new already, not written again.
-    assert_eq!(written, [(3, 3), (3, 2)]);
+    assert_eq!(
+        summary,
+        serde_json::json!({"files": 2, "records": 6, "written": 5})
+    );
+    assert_eq!(lines.len(), 2);
+    assert!(
+        lines[1].starts_with("[2/2] ")
+            && lines[1].ends_with("nvdcve-2.0-modified.json.gz: 3 CVE records, 2 written"),
+        "{lines:?}"
+    );
     assert_eq!(
         count(
             &system,
@@ -367,6 +373,7 @@ async fn the_offline_import_fills_the_local_table_that_the_local_source_enriches
         .await,
         5
     );
+    let files = enrichment::import::files(folder.path()).unwrap();
     let again = enrichment::import::import_file(&system.pool, &files[0])
         .await
         .unwrap();

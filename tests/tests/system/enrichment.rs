@@ -76,6 +76,10 @@ fn service(
     )
 }
 
+fn service_with(system: &TestSystem, enricher: impl Enricher) -> enrichment::Service {
+    service(system, enricher, Duration::from_secs(30))
+}
+
 /// Fails every step, retryably, counting them.
 #[derive(Default, Clone)]
 struct AlwaysFails(Arc<AtomicUsize>);
@@ -101,9 +105,9 @@ impl Enricher for AlwaysFails {
 }
 
 #[tokio::test]
-async fn a_job_that_always_fails_runs_exactly_max_attempts_times_then_fails() {
+async fn a_job_that_always_fails_runs_exactly_max_attempts_times_then_fails_until_requeued() {
     let system = TestSystem::spawn().await;
-    let (_scan_id, job_id) = scan_to_enrich(&system).await;
+    let (scan_id, job_id) = scan_to_enrich(&system).await;
     let enricher = AlwaysFails::default();
     let service = service(&system, enricher.clone(), Duration::from_secs(30));
 
@@ -138,6 +142,28 @@ async fn a_job_that_always_fails_runs_exactly_max_attempts_times_then_fails() {
         events(&system, EventKind::EnrichmentCompleted, job_id).await,
         0
     );
+
+    // Requeued from the command line (`palisade scan enrich`), it runs again and completes.
+    let answer = palisade::commands::enrich(&system.pool, scan_id)
+        .await
+        .expect("an answer");
+    assert_eq!(
+        (&answer["outcome"], &answer["status"], &answer["job_id"]),
+        (
+            &"requeued".into(),
+            &"pending".into(),
+            &job_id.to_string().into()
+        )
+    );
+    let again = service_with(&system, enrichment::RecordOnly);
+    assert_eq!(
+        again.run_once().await.expect("a pass"),
+        [(job_id, Execution::Completed)]
+    );
+    let answer = palisade::commands::enrich(&system.pool, scan_id)
+        .await
+        .expect("an answer");
+    assert_eq!(answer["outcome"], "completed");
     system.finish().await;
 }
 
