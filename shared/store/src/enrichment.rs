@@ -470,10 +470,10 @@ pub async fn request(
         .await?
         .and_then(|row: ForRequest| row.job_id.zip(row.job_state));
     match found {
-        Some((job_id, state)) => Ok(RequestOutcome::Active {
-            job_id,
-            state: job_state_of(&state)?,
-        }),
+        Some((job_id, state)) => match job_state_of(&state)? {
+            EnrichmentJobState::Completed => Ok(RequestOutcome::Completed { job_id }),
+            state => Ok(RequestOutcome::Active { job_id, state }),
+        },
         None => Ok(RequestOutcome::NotFound),
     }
 }

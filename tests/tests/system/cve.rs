@@ -432,6 +432,7 @@ async fn a_dependency_audit_scan_ends_with_cvss_and_cwe_from_the_nvd_server() {
         cve.nvd.base_url = base_url;
         cve.nvd.timeout = Duration::from_secs(5);
         cve.nvd.requests_per_window = 50;
+        cve.nvd.api_key = Some("test-api-key".into());
     })
     .await;
     system.start(tests::Component::Enrichment);
@@ -484,5 +485,13 @@ async fn a_dependency_audit_scan_ends_with_cvss_and_cwe_from_the_nvd_server() {
     named.sort();
     named.dedup();
     assert_eq!(named, advisories);
+    let requests = nvd.requests();
+    assert!(!requests.is_empty());
+    assert!(
+        requests
+            .iter()
+            .all(|request| request.api_key.as_deref() == Some("test-api-key")),
+        "every request carries the apiKey header"
+    );
     system.finish().await;
 }
