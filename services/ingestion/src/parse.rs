@@ -13,7 +13,7 @@ use uuid::Uuid;
 /// Longest text kept from a completion summary or failure message.
 pub const TEXT_CHARS_MAX: usize = 4_096;
 
-const SEVERITIES: [&str; 5] = ["info", "low", "medium", "high", "critical"];
+const SEVERITIES: &[&str] = store::states::Severity::NAMES;
 
 /// `BatchPayload.findings`' field number: counted before more than the limit are held.
 const FINDINGS_TAG: u32 = 1;

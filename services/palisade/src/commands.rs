@@ -47,3 +47,89 @@ pub async fn import_cves(
     }
     Ok(serde_json::json!({ "files": files.len(), "records": records, "written": written }))
 }
+
+/// A refusal of a `palisade finding` change, with what to do.
+fn refused(outcome: &store::findings::ChangeOutcome, finding_id: Uuid) -> Option<anyhow::Error> {
+    use store::findings::ChangeOutcome;
+    Some(match outcome {
+        ChangeOutcome::Changed { .. } => return None,
+        ChangeOutcome::RevisionConflict {
+            current_revision,
+            current_collection_revision,
+        } => anyhow::anyhow!(
+            "revision_conflict: finding {finding_id} is at revision {current_revision} (its \
+             scan's findings at collection revision {current_collection_revision}) since you \
+             read it: nothing changed; read it again (palisade finding show {finding_id}) and \
+             decide on what it holds now"
+        ),
+        ChangeOutcome::ReasonRequired => anyhow::anyhow!(
+            "reason_required: gate_exempt, accepted_risk, ignore, false_positive and fixed \
+             need a non-blank --reason"
+        ),
+        ChangeOutcome::ScanActive => anyhow::anyhow!(
+            "scan_active: finding {finding_id}'s scan is still pending or running, and its \
+             plugin could write the finding again; delete it once the scan ended"
+        ),
+        ChangeOutcome::NotFound => anyhow::anyhow!("not_found: no finding {finding_id}"),
+    })
+}
+
+/// `palisade finding set`: the finding's new revision and its scan's collection revision, or
+/// the refusal as an error.
+pub async fn set_finding_status(
+    pool: &PgPool,
+    change: &store::findings::Change,
+    status: store::states::FindingStatus,
+) -> anyhow::Result<serde_json::Value> {
+    let outcome = store::findings::set_status(pool, change, status).await?;
+    if let Some(error) = refused(&outcome, change.finding_id) {
+        return Err(error);
+    }
+    Ok(serde_json::to_value(&outcome)?)
+}
+
+/// `palisade finding delete`.
+pub async fn delete_finding(
+    pool: &PgPool,
+    change: &store::findings::Change,
+) -> anyhow::Result<serde_json::Value> {
+    let outcome = store::findings::delete(pool, change).await?;
+    if let Some(error) = refused(&outcome, change.finding_id) {
+        return Err(error);
+    }
+    Ok(serde_json::to_value(&outcome)?)
+}
+
+/// `palisade finding list`: one page.
+pub async fn list_findings(
+    pool: &PgPool,
+    scan_id: Uuid,
+    filter: &store::findings::Filter,
+    after: &str,
+    limit: i64,
+) -> anyhow::Result<store::findings::Page> {
+    store::findings::page(pool, None, scan_id, filter, after, limit)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("not_found: no scan {scan_id}"))
+}
+
+/// `palisade finding show`.
+pub async fn show_finding(
+    pool: &PgPool,
+    finding_id: Uuid,
+) -> anyhow::Result<store::findings::Detail> {
+    store::findings::show(pool, None, finding_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("not_found: no finding {finding_id}"))
+}
+
+/// `palisade scan gate`.
+pub async fn scan_gate(
+    pool: &PgPool,
+    scan_id: Uuid,
+    threshold: store::states::Severity,
+) -> anyhow::Result<store::findings::Summary> {
+    store::findings::summary(pool, None, scan_id, threshold)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("not_found: no scan {scan_id}"))
+}

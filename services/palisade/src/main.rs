@@ -121,6 +121,9 @@ enum Command {
     /// The local CVE table enrichment reads.
     #[command(subcommand)]
     Cve(CveCommand),
+    /// Findings: read them, set their dispositions, delete them.
+    #[command(subcommand)]
+    Finding(FindingCommand),
     /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
     /// the failing checks otherwise.
     Health {
@@ -185,6 +188,105 @@ enum ScanCommand {
     /// message} as JSON. A failed job is requeued with a fresh retry budget; a pending,
     /// running or completed one is left as it is.
     Enrich { scan_id: Uuid },
+    /// The scan's finding summary and gate: its state, whether it is complete (every plugin
+    /// completed with its evidence), and whether the gate passes (complete, and no open or
+    /// needs_review finding at or above --threshold).
+    Gate {
+        scan_id: Uuid,
+        #[arg(long, default_value = "high", value_parser = parse_severity)]
+        threshold: store::states::Severity,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+}
+
+/// How a command prints its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+fn parse_severity(text: &str) -> Result<store::states::Severity, String> {
+    store::states::Severity::parse(text).ok_or_else(|| {
+        format!(
+            "{text:?} is not a severity: {}",
+            store::states::Severity::NAMES.join(", ")
+        )
+    })
+}
+
+fn parse_status(text: &str) -> Result<store::states::FindingStatus, String> {
+    store::states::FindingStatus::parse(text).ok_or_else(|| {
+        format!(
+            "{text:?} is not a disposition: {}",
+            store::states::FindingStatus::NAMES.join(", ")
+        )
+    })
+}
+
+#[derive(Debug, Subcommand)]
+enum FindingCommand {
+    /// A page of a scan's findings in finding-key order, with the collection revision it was
+    /// read at (pass it to `set --collection-revision` to refuse a change if any finding of the
+    /// scan changed since).
+    List {
+        #[arg(long)]
+        scan: Uuid,
+        /// Only these dispositions (comma-separated).
+        #[arg(long, value_delimiter = ',', value_parser = parse_status)]
+        status: Vec<store::states::FindingStatus>,
+        /// Only these severities (comma-separated).
+        #[arg(long, value_delimiter = ',', value_parser = parse_severity)]
+        severity: Vec<store::states::Severity>,
+        /// The finding key after which the page starts (the previous page's `next_after`).
+        #[arg(long, default_value = "")]
+        after: String,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// One finding with its history and its occurrences in the target's scans.
+    Show {
+        finding_id: Uuid,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Set a finding's disposition: open, needs_review, gate_exempt, accepted_risk, ignore,
+    /// false_positive or fixed (the last five need --reason). --revision is the finding's
+    /// revision you decided on; a stale one is refused (revision_conflict).
+    Set {
+        finding_id: Uuid,
+        #[arg(long, value_parser = parse_status)]
+        status: store::states::FindingStatus,
+        #[arg(long)]
+        revision: i32,
+        /// Also refuse unless the scan's findings are still at this collection revision.
+        #[arg(long)]
+        collection_revision: Option<i32>,
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Who decides (recorded in the history); by default $USER.
+        #[arg(long, env = "USER")]
+        actor: String,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Delete a finding (its history stays); refused while its scan is pending or running.
+    Delete {
+        finding_id: Uuid,
+        #[arg(long)]
+        revision: i32,
+        #[arg(long)]
+        collection_revision: Option<i32>,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[arg(long, env = "USER")]
+        actor: String,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -475,6 +577,40 @@ async fn main() -> anyhow::Result<()> {
             cancel(&common, store::cancel::CancelTarget::Scan(scan_id), &reason).await
         }
         Command::Scan(ScanCommand::Enrich { scan_id }) => enrich(&common, scan_id).await,
+        Command::Scan(ScanCommand::Gate {
+            scan_id,
+            threshold,
+            output,
+        }) => {
+            let pool = store::connect(&common.database).await?;
+            let gate = palisade::commands::scan_gate(&pool, scan_id, threshold).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&gate)?),
+                Output::Text => println!(
+                    "scan {scan_id}: {} ({}), {} of {} plugins complete; gate at {}: {} ({} blocking; counted {:?}, exempt {}, suppressed {})",
+                    gate.scan_state,
+                    if gate.complete {
+                        "complete"
+                    } else {
+                        "incomplete"
+                    },
+                    gate.plugins_complete,
+                    gate.plugins,
+                    gate.threshold,
+                    if gate.gate_passed {
+                        "passed"
+                    } else {
+                        "not passed"
+                    },
+                    gate.blocking,
+                    gate.gate_counted,
+                    gate.gate_exempt,
+                    gate.suppressed
+                ),
+            }
+            Ok(())
+        }
+        Command::Finding(command) => finding(&common, command).await,
         Command::Task(TaskCommand::Cancel { task_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Task(task_id), &reason).await
         }
@@ -779,6 +915,143 @@ async fn enrich(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
     println!("{}", palisade::commands::enrich(&pool, scan_id).await?);
     Ok(())
+}
+
+async fn finding(common: &CommonSettings, command: FindingCommand) -> anyhow::Result<()> {
+    let pool = store::connect(&common.database).await?;
+    match command {
+        FindingCommand::List {
+            scan,
+            status,
+            severity,
+            after,
+            limit,
+            output,
+        } => {
+            let filter = store::findings::Filter {
+                statuses: status,
+                severities: severity,
+            };
+            let page =
+                palisade::commands::list_findings(&pool, scan, &filter, &after, limit).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&page)?),
+                Output::Text => {
+                    println!(
+                        "scan {scan} ({}), collection revision {}",
+                        page.scan_state, page.collection_revision
+                    );
+                    for finding in &page.findings {
+                        println!(
+                            "{}  r{}  {:<14} {:<8} {}  {}",
+                            finding.id,
+                            finding.revision,
+                            finding.status,
+                            finding.severity,
+                            finding.title,
+                            finding.resource
+                        );
+                    }
+                    if let Some(next) = &page.next_after {
+                        println!("more: --after {next}");
+                    }
+                }
+            }
+        }
+        FindingCommand::Show { finding_id, output } => {
+            let detail = palisade::commands::show_finding(&pool, finding_id).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&detail)?),
+                Output::Text => {
+                    let finding = &detail.finding;
+                    println!(
+                        "{} [{}] {}\n  {} at revision {} (collection revision {}){}\n  {} {} {}",
+                        finding.id,
+                        finding.severity,
+                        finding.title,
+                        finding.status,
+                        finding.revision,
+                        detail.collection_revision,
+                        if finding.status_reason.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {}", finding.status_reason)
+                        },
+                        finding.plugin,
+                        finding.rule_id,
+                        finding.resource
+                    );
+                    for entry in &detail.history {
+                        println!(
+                            "  {} r{} {} -> {} by {} at {}: {}",
+                            entry.action,
+                            entry.revision,
+                            entry.from_status,
+                            entry.to_status,
+                            entry.actor,
+                            entry.changed_at,
+                            entry.reason
+                        );
+                    }
+                    println!(
+                        "  occurrences in this target's scans: {}",
+                        detail.occurrences.len()
+                    );
+                }
+            }
+        }
+        FindingCommand::Set {
+            finding_id,
+            status,
+            revision,
+            collection_revision,
+            reason,
+            actor,
+            output,
+        } => {
+            let change = store::findings::Change {
+                finding_id,
+                organization_id: None,
+                expected_revision: revision,
+                expected_collection_revision: collection_revision,
+                reason,
+                actor,
+            };
+            let answer = palisade::commands::set_finding_status(&pool, &change, status).await?;
+            print_answer(
+                output,
+                &answer,
+                &format!("finding {finding_id} is {status}"),
+            );
+        }
+        FindingCommand::Delete {
+            finding_id,
+            revision,
+            collection_revision,
+            reason,
+            actor,
+            output,
+        } => {
+            let change = store::findings::Change {
+                finding_id,
+                organization_id: None,
+                expected_revision: revision,
+                expected_collection_revision: collection_revision,
+                reason,
+                actor,
+            };
+            let answer = palisade::commands::delete_finding(&pool, &change).await?;
+            print_answer(output, &answer, &format!("finding {finding_id} deleted"));
+        }
+    }
+    Ok(())
+}
+
+fn print_answer(output: Output, answer: &serde_json::Value, text: &str) {
+    match output {
+        Output::Json => println!("{answer}"),
+        Output::Text => println!("{text}: {answer}"),
+    }
 }
 
 async fn import_cves(common: &CommonSettings, path: &std::path::Path) -> anyhow::Result<()> {

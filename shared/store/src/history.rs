@@ -11,7 +11,8 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::sql;
 use crate::states::{
-    AttemptStatus, EnrichmentJobState, ResultBatchStatus, ScanJobState, ScanState, TaskState,
+    AttemptStatus, EnrichmentJobState, ResultBatchStatus, ScanJobState, ScanState, Severity,
+    TaskState,
 };
 
 /// Scans written per statement: one statement's work stays a few seconds.
@@ -44,6 +45,7 @@ pub async fn seed(
             .bind(AttemptStatus::Succeeded.as_str())
             .bind(ResultBatchStatus::Persisted.as_str())
             .bind(EnrichmentJobState::Completed.as_str())
+            .bind(Severity::Low.as_str())
             .execute(pool)
             .await?;
         written += chunk;

@@ -16,6 +16,7 @@ pub mod cves;
 pub mod dead_letters;
 pub mod enrichment;
 pub mod evidence;
+pub mod findings;
 pub mod history;
 pub mod ingest;
 pub mod lease;

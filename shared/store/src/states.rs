@@ -203,6 +203,97 @@ impl UploadStatus {
     pub const OPEN: [UploadStatus; 2] = [UploadStatus::Prepared, UploadStatus::Uploaded];
 }
 
+string_enum! {
+    /// A finding's disposition: the evidence guide's seven review states, each selectable from
+    /// any other (not a workflow). `palisade finding set` (`store::findings::set_status`)
+    /// moves a finding between them; ingestion creates every finding `open`.
+    FindingStatus, "findings.findings_status_check" {
+        /// Every new finding, at revision 1. Counts toward the gate.
+        Open => "open",
+        /// Counts toward the gate.
+        NeedsReview => "needs_review",
+        /// Shown, not counted toward the gate. Needs a reason.
+        GateExempt => "gate_exempt",
+        /// Shown, not counted toward the gate. Needs a reason.
+        AcceptedRisk => "accepted_risk",
+        /// Suppressed. Needs a reason.
+        Ignore => "ignore",
+        /// Suppressed. Needs a reason.
+        FalsePositive => "false_positive",
+        /// Suppressed. Needs a reason. Marking it does not look at the target: the next scan's
+        /// finding starts `open` again if the issue is still there.
+        Fixed => "fixed",
+    }
+}
+
+impl FindingStatus {
+    /// `open` and `needs_review` count toward the gate.
+    pub const GATE_COUNTED: [FindingStatus; 2] = [FindingStatus::Open, FindingStatus::NeedsReview];
+    /// `ignore`, `false_positive` and `fixed` suppress the finding.
+    pub const SUPPRESSING: [FindingStatus; 3] = [
+        FindingStatus::Ignore,
+        FindingStatus::FalsePositive,
+        FindingStatus::Fixed,
+    ];
+
+    pub fn counts_toward_gate(self) -> bool {
+        Self::GATE_COUNTED.contains(&self)
+    }
+
+    pub fn suppresses(self) -> bool {
+        Self::SUPPRESSING.contains(&self)
+    }
+
+    /// The five exclusions need a non-blank reason.
+    pub fn needs_reason(self) -> bool {
+        !self.counts_toward_gate()
+    }
+}
+
+string_enum! {
+    /// A finding's severity, lowest first.
+    Severity, "findings.findings_severity_check" {
+        Info => "info",
+        Low => "low",
+        Medium => "medium",
+        High => "high",
+        Critical => "critical",
+    }
+}
+
+impl Severity {
+    /// The severities at or above `self`.
+    pub fn and_above(self) -> Vec<Severity> {
+        Self::ALL
+            .iter()
+            .copied()
+            .filter(|severity| *severity >= self)
+            .collect()
+    }
+}
+
+impl PartialOrd for Severity {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Severity {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (*self as u8).cmp(&(*other as u8))
+    }
+}
+
+string_enum! {
+    /// A change in a finding's history (`finding_history.action`).
+    FindingChange, "finding_history.finding_history_action_check" {
+        /// Its disposition was set.
+        Set => "set",
+        /// It was deleted (the row is gone; its history stays).
+        Delete => "delete",
+    }
+}
+
 /// The text of every state of every enum above, sorted, each once: what SQL must never spell.
 pub fn all_names() -> Vec<&'static str> {
     let mut names = [
@@ -213,6 +304,9 @@ pub fn all_names() -> Vec<&'static str> {
         EnrichmentJobState::NAMES,
         ResultBatchStatus::NAMES,
         UploadStatus::NAMES,
+        FindingStatus::NAMES,
+        Severity::NAMES,
+        FindingChange::NAMES,
     ]
     .concat();
     names.sort_unstable();

@@ -12,6 +12,7 @@ mod decide;
 mod disclosure;
 mod end_to_end;
 mod enrichment;
+mod findings;
 mod flat;
 mod health;
 mod ingestion;

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 
 use store::states::{
-    AttemptStatus, EnrichmentJobState, ResultBatchStatus, ScanJobState, ScanState, TaskState,
-    UploadStatus,
+    AttemptStatus, EnrichmentJobState, FindingChange, FindingStatus, ResultBatchStatus,
+    ScanJobState, ScanState, Severity, TaskState, UploadStatus,
 };
 use tests::TestSystem;
 
@@ -21,7 +21,7 @@ fn quoted_values(definition: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn state_enums_match_the_check_constraints() {
     let system = TestSystem::spawn().await;
-    let cases: [(&str, &[&str]); 7] = [
+    let cases: [(&str, &[&str]); 10] = [
         (ScanState::CHECK_CONSTRAINT, ScanState::NAMES),
         (ScanJobState::CHECK_CONSTRAINT, ScanJobState::NAMES),
         (TaskState::CHECK_CONSTRAINT, TaskState::NAMES),
@@ -35,6 +35,9 @@ async fn state_enums_match_the_check_constraints() {
             ResultBatchStatus::NAMES,
         ),
         (UploadStatus::CHECK_CONSTRAINT, UploadStatus::NAMES),
+        (FindingStatus::CHECK_CONSTRAINT, FindingStatus::NAMES),
+        (Severity::CHECK_CONSTRAINT, Severity::NAMES),
+        (FindingChange::CHECK_CONSTRAINT, FindingChange::NAMES),
     ];
     for (constraint, expected) in cases {
         let (table, name) = constraint.split_once('.').unwrap();

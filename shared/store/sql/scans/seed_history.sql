@@ -11,6 +11,7 @@
 -- $8: AttemptStatus::Succeeded.as_str()
 -- $9: ResultBatchStatus::Persisted.as_str()
 -- $10: EnrichmentJobState::Completed.as_str()
+-- $11: Severity::Low.as_str()
 WITH s AS (
     SELECT i, gen_random_uuid() AS scan_id, gen_random_uuid() AS target_id,
            gen_random_uuid() AS job_id, gen_random_uuid() AS task_id,
@@ -55,7 +56,7 @@ WITH s AS (
     INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
                           rule_id, resource, severity, title, created_at, updated_at)
     SELECT gen_random_uuid(), $1, scan_id, job_id, attempt_id, md5(i::text) || md5(i::text),
-           'synthetic', 'synthetic-0', 'synthetic://history/' || i, 'low', 'history', at, at
+           'synthetic', 'synthetic-0', 'synthetic://history/' || i, $11, 'history', at, at
     FROM s
 ), assets AS (
     INSERT INTO assets (id, organization_id, kind, value, first_seen_at, last_seen_at)
