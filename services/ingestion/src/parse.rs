@@ -5,6 +5,7 @@ use messages::validate::{invalid, is_cve_id, malformed, schema_version as schema
 use messages::{ErrorCode, WorkerVerb, v1};
 use prost::Message as _;
 use runtime::BatchLimits;
+use store::evidence::redact;
 use store::ingest;
 use store::ingest::{BatchParams, FailParams};
 use store::{LeaseClaim, RetryPolicy};
@@ -212,12 +213,7 @@ pub fn parse(
                         claim,
                         batch_count: message.batch_count as i32,
                         final_batch,
-                        summary: message
-                            .summary
-                            .chars()
-                            .filter(|c| *c != '\0')
-                            .take(TEXT_CHARS_MAX)
-                            .collect(),
+                        summary: worker_text(&message.summary),
                     })
                 })();
                 (address, parsed)
@@ -250,12 +246,7 @@ pub fn parse(
                     Ok(WorkerMessage::Fail {
                         claim,
                         error_code,
-                        error_message: error
-                            .message
-                            .chars()
-                            .filter(|c| *c != '\0')
-                            .take(TEXT_CHARS_MAX)
-                            .collect(),
+                        error_message: worker_text(&error.message),
                         retryable: message.retryable,
                     })
                 })();
@@ -271,6 +262,14 @@ pub fn parse(
             Err(invalid("unexpected subject on the results stream")),
         ),
     }
+}
+
+/// A worker's free text (a completion summary, a failure message) as it is kept, logged and
+/// published: without NUL, redacted, then cut to [`TEXT_CHARS_MAX`] characters (redacted
+/// first, so a secret across the cut is not half kept).
+fn worker_text(text: &str) -> String {
+    let clean: String = text.chars().filter(|c| *c != '\0').collect();
+    redact(&clean).chars().take(TEXT_CHARS_MAX).collect()
 }
 
 fn parse_result(
@@ -362,7 +361,7 @@ fn validate_batch(
                 counted.count, limits.findings_max
             )));
         }
-        let batch = counted.message;
+        let mut batch = counted.message;
         for finding in &batch.findings {
             validate_finding(finding)?;
         }
@@ -378,6 +377,11 @@ fn validate_batch(
                     "asset kind must be 1..=64 bytes and value 1..=2048 bytes",
                 ));
             }
+        }
+        // Asset values are stored and de-duplicated as redacted; a finding's text fields are
+        // redacted by the store, after its key is computed from what the worker sent.
+        for asset in &mut batch.assets {
+            asset.value = redact(&asset.value);
         }
         Ok(WorkerMessage::Result {
             claim,

@@ -617,7 +617,7 @@ async fn write_findings(
         plugins.push(batch.plugin);
         rule_ids.push(finding.rule_id.as_str());
         resources.push(redact(&finding.resource));
-        discriminators.push(finding.discriminator.as_str());
+        discriminators.push(redact(&finding.discriminator));
         severities.push(finding.severity.as_str());
         titles.push(redact(&finding.title));
         descriptions.push(redact(&finding.description));

@@ -17,7 +17,7 @@ use super::otlp::start_collector;
 
 /// Everything the process logged, as the log layer wrote it.
 #[derive(Debug, Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl io::Write for Captured {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
@@ -34,14 +34,14 @@ impl io::Write for Captured {
 }
 
 impl Captured {
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
     }
 }
 
 /// Installs the process's telemetry with its log lines captured at `filter` and, with a
 /// collector's address, spans exported to it.
-fn capture_logs(
+pub(crate) fn capture_logs(
     filter: &str,
     collector: Option<std::net::SocketAddr>,
 ) -> (Captured, telemetry::TelemetryGuard) {

@@ -23,6 +23,7 @@ mod outage;
 mod outbox;
 mod processes;
 mod recovery;
+mod redaction;
 mod redelivery;
 mod renew;
 mod schema;
