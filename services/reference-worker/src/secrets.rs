@@ -37,7 +37,7 @@ struct Pattern {
     visible_prefix_chars: usize,
 }
 
-const PATTERNS: [Pattern; 4] = [
+const PATTERNS: [Pattern; 7] = [
     Pattern {
         rule_id: "aws-access-key-id",
         title: "AWS access key id",
@@ -57,9 +57,30 @@ const PATTERNS: [Pattern; 4] = [
         visible_prefix_chars: 4,
     },
     Pattern {
+        rule_id: "aws-secret-access-key",
+        title: "AWS secret access key",
+        regex: r#"(?i)\baws_?secret_?access_?key["']?\s*[:=]\s*["']?(?P<secret>[A-Za-z0-9/+=]{40})\b"#,
+        visible_prefix_chars: 0,
+    },
+    Pattern {
+        rule_id: "gitlab-token",
+        title: "GitLab token",
+        regex: r"\b(?P<secret>glpat-[A-Za-z0-9_-]{20,255})\b",
+        visible_prefix_chars: 6,
+    },
+    Pattern {
+        rule_id: "slack-token",
+        title: "Slack token",
+        regex: r"\b(?P<secret>xox[abposre]-[A-Za-z0-9-]{10,255})\b",
+        visible_prefix_chars: 5,
+    },
+    // A quoted value assigned to a key whose last word is password, passwd, pwd, secret,
+    // token or api key (`db_password`, `clientSecret`, `"apiKey"`), but not an AWS secret
+    // access key (its own rule above).
+    Pattern {
         rule_id: "hardcoded-password",
         title: "Hard-coded password",
-        regex: r#"(?i)\b(?:password|passwd|pwd|secret)\s*[:=]\s*["'](?P<secret>[^"'\s]{4,})["']"#,
+        regex: r#"(?i)\b(?:[A-Za-z0-9]+[_.-]?)*?(?:password|passwd|pwd|secret|token|api_?key)["']?\s*[:=]\s*["'](?P<secret>[^"'\s$]{4,})["']"#,
         visible_prefix_chars: 0,
     },
 ];
@@ -281,6 +302,48 @@ mod tests {
         for finding in &findings {
             assert_eq!(finding.severity, "high");
             assert!(!finding.evidence.contains("hunter22") && !finding.evidence.contains(AWS_KEY));
+        }
+    }
+
+    /// The line the issue found missed, next to a token, and the other kinds the reference
+    /// worker knows.
+    #[test]
+    fn finds_aws_secret_keys_forge_and_chat_tokens_and_named_passwords() {
+        let text = concat!(
+            "aws_secret_access_key = \"wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\"\n",
+            "token: ghp_abcdefghijklmnopqrstuvwxyz0123456789\n",
+            "CI_TOKEN=glpat-xR7vQm2Lz9TkWp4Bn8Yc\n",
+            "slack = xoxb-2048204820-4096409640-Zx9Yw8Xv7Ut6\n",
+            "db_password: 'Tr0ub4dor&3'\n",
+            "\"clientSecret\": \"s3cr3t-v4lue\"\n",
+            "secretary = \"Bob\"\n",
+        );
+        let findings = scan_text("/repo/.env", text);
+        let rules: Vec<&str> = findings
+            .iter()
+            .map(|finding| finding.rule_id.as_str())
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                "aws-secret-access-key",
+                "github-token",
+                "gitlab-token",
+                "slack-token",
+                "hardcoded-password",
+                "hardcoded-password",
+            ]
+        );
+        for finding in &findings {
+            for secret in [
+                "wJalrXUtnFEMI",
+                "xR7vQm2Lz9",
+                "Zx9Yw8Xv7",
+                "Tr0ub4dor",
+                "s3cr3t",
+            ] {
+                assert!(!finding.evidence.contains(secret), "{finding:?}");
+            }
         }
     }
 
