@@ -2,6 +2,7 @@
 //! stream, decides each under the fence in one transaction per fetched batch (a savepoint per
 //! message), and only after the commit answers the worker and acknowledges JetStream.
 
+pub mod findings;
 pub mod parse;
 
 use std::sync::Arc;
@@ -67,6 +68,10 @@ impl Settings {
     }
 }
 
+/// The findings request server's name in `palisade_requests_total` and its queue group.
+const REQUEST_SERVER: &str = "ingestion.findings";
+const QUEUE_GROUP: &str = "ingestion";
+
 /// A built ingestion service.
 pub struct Service {
     settings: Settings,
@@ -124,9 +129,56 @@ impl Service {
             .start(&stop)
             .await
             .context("failed to serve the health endpoints")?;
+        let requests = bus::serve::subscribe(
+            &self.bus,
+            subjects.client_wildcard(messages::ClientVerb::Findings),
+            QUEUE_GROUP,
+        )
+        .await
+        .context("failed to listen for findings requests")?;
+        let serving = {
+            let (bus, pool, subjects) = (
+                self.bus.clone(),
+                self.ingestion.pool.clone(),
+                subjects.clone(),
+            );
+            let stop = stop.clone();
+            tokio::spawn(telemetry::cost::inherit(async move {
+                bus::serve::serve_subscribed(
+                    &bus,
+                    REQUEST_SERVER,
+                    requests,
+                    QUEUE_GROUP,
+                    move |message| {
+                        let (pool, subjects) = (pool.clone(), subjects.clone());
+                        async move {
+                            use prost::Message as _;
+                            let reply = findings::reply(
+                                &pool,
+                                &subjects,
+                                message.subject.as_str(),
+                                &message.payload,
+                            )
+                            .await;
+                            Some(reply.encode_to_vec().into())
+                        }
+                    },
+                    stop,
+                )
+                .await
+            }))
+        };
         let result = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone())
             .await
             .context("ingestion consumer stopped");
+        stop.cancel();
+        match serving.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %telemetry::chain(&error), "findings request server failed")
+            }
+            Err(error) => tracing::warn!(%error, "findings request server panicked"),
+        }
         plumbing.stop().await;
         result
     }

@@ -279,6 +279,33 @@ impl Client {
         v1::EnrichReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
     }
 
+    /// Asks ingestion about `organization_id`'s findings (one request/reply, not retried):
+    /// a page of a scan's findings, one finding with its history, a disposition change, or a
+    /// scan's gate, as `query` says. The answer is in the reply's `answer`; a refusal in
+    /// `error` (`not_found`, `invalid_field`, `revision_conflict`, `internal`). A disposition
+    /// change names the finding's revision, so repeating it after a lost reply answers
+    /// `revision_conflict` once it was applied: read the finding again to know.
+    pub async fn findings(
+        &self,
+        organization_id: &Uuid,
+        query: v1::findings_request::Query,
+    ) -> Result<v1::FindingsReply, ClientError> {
+        let subject = self
+            .bus
+            .subjects()
+            .client(organization_id, &self.client_id, ClientVerb::Findings)
+            .map_err(|error| ClientError::InvalidRequest(error.to_string()))?;
+        let request = v1::FindingsRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            query: Some(query),
+        };
+        let reply = self
+            .bus
+            .request(subject, request.encode_to_vec().into(), self.timeout)
+            .await?;
+        v1::FindingsReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
+    }
+
     /// Scan outcome events of `organization_id` from now on (deduplicated: read from the
     /// events stream).
     ///

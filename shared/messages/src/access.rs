@@ -217,6 +217,8 @@ impl Subjects {
             Service::Ingestion => {
                 consumer_of(self.results_stream(), &mut publish);
                 publish.push(self.worker_wildcard(WorkerVerb::Ack));
+                subscribe.push(self.client_wildcard(ClientVerb::Findings));
+                responses = true;
             }
             Service::Enrichment => {
                 subscribe.push(self.client_wildcard(ClientVerb::Enrich));

@@ -47,13 +47,16 @@ pub enum ErrorCode {
     /// Enrichment was asked for a scan that has not completed (pending, running, failed or
     /// cancelled): only a completed scan's findings are enriched.
     ScanNotCompleted,
+    /// A finding changed since the revision (or its scan's findings since the collection
+    /// revision) the change named: nothing was changed.
+    RevisionConflict,
     /// Something failed inside palisade; the sender may retry.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::MalformedMessage,
         ErrorCode::UnsupportedSchemaVersion,
         ErrorCode::InvalidField,
@@ -75,6 +78,7 @@ impl ErrorCode {
         ErrorCode::EvidenceConflict,
         ErrorCode::NotFound,
         ErrorCode::ScanNotCompleted,
+        ErrorCode::RevisionConflict,
         ErrorCode::Internal,
     ];
 
@@ -102,6 +106,7 @@ impl ErrorCode {
             ErrorCode::EvidenceConflict => "evidence_conflict",
             ErrorCode::NotFound => "not_found",
             ErrorCode::ScanNotCompleted => "scan_not_completed",
+            ErrorCode::RevisionConflict => "revision_conflict",
             ErrorCode::Internal => "internal",
         }
     }

@@ -167,6 +167,8 @@ pub enum ClientVerb {
     Cancel,
     /// Request/reply to enrichment: enrich a completed scan of this organization.
     Enrich,
+    /// Request/reply to ingestion: read this organization's findings, set their dispositions.
+    Findings,
 }
 
 impl ClientVerb {
@@ -176,6 +178,7 @@ impl ClientVerb {
             ClientVerb::Submit => "submit",
             ClientVerb::Cancel => "cancel",
             ClientVerb::Enrich => "enrich",
+            ClientVerb::Findings => "findings",
         }
     }
 }

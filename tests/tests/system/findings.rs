@@ -5,6 +5,7 @@
 //! deleting is refused while the scan runs and keeps the history.
 
 use futures::future::join_all;
+use messages::v1;
 use store::findings::{Change, ChangeOutcome, Filter};
 use store::states::{FindingStatus, Severity};
 use tests::TestSystem;
@@ -338,5 +339,97 @@ async fn a_new_scan_starts_open_with_the_older_as_an_occurrence_and_deleting_kee
     let gate = summary(&system, first_scan).await;
     assert_eq!(gate.collection_revision, 2);
     assert!(gate.by_status.is_empty());
+    system.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reads_and_decides_its_organizations_findings_over_the_bus() {
+    use v1::findings_reply::Answer;
+    use v1::findings_request::Query;
+    let system = TestSystem::spawn().await;
+    let (scan, scan_id) = completed_scan(&system, 3).await;
+    let client = system.client();
+    let organization = scan.organization_id;
+    let ask = |organization: Uuid, query: Query| {
+        let client = client.clone();
+        async move {
+            client
+                .findings(&organization, query)
+                .await
+                .expect("an answer")
+        }
+    };
+    let list = Query::List(v1::ListFindings {
+        scan_id: scan_id.to_string(),
+        limit: 2,
+        ..Default::default()
+    });
+    let Some(Answer::Page(page)) = ask(organization, list.clone()).await.answer else {
+        panic!("a page")
+    };
+    assert_eq!((page.findings.len(), page.collection_revision), (2, 0));
+    assert!(!page.next_after.is_empty());
+    let first = page.findings[0].clone();
+    assert_eq!((first.status.as_str(), first.revision), ("open", 1));
+
+    let set = |revision: u32| {
+        Query::Set(v1::SetDisposition {
+            finding_id: first.id.clone(),
+            status: "accepted_risk".into(),
+            expected_revision: revision,
+            expected_collection_revision: Some(0),
+            reason: "compensating control in front".into(),
+            actor: "alice".into(),
+        })
+    };
+    let Some(Answer::Set(done)) = ask(organization, set(1)).await.answer else {
+        panic!("set")
+    };
+    assert_eq!((done.revision, done.collection_revision), (2, 1));
+    let stale = ask(organization, set(1)).await;
+    assert_eq!(
+        stale.error.map(|error| error.code),
+        Some("revision_conflict".to_owned())
+    );
+
+    let show = Query::Show(v1::ShowFinding {
+        finding_id: first.id.clone(),
+    });
+    let Some(Answer::Finding(detail)) = ask(organization, show.clone()).await.answer else {
+        panic!("a finding")
+    };
+    assert_eq!(detail.history.len(), 1);
+    assert_eq!(
+        detail.history[0].actor,
+        format!("{}:alice", tests::TEST_CLIENT_ID)
+    );
+    assert_eq!(detail.finding.unwrap().status, "accepted_risk");
+
+    let gate = Query::Gate(v1::ScanGate {
+        scan_id: scan_id.to_string(),
+        threshold: "low".into(),
+    });
+    let Some(Answer::Gate(result)) = ask(organization, gate.clone()).await.answer else {
+        panic!("a gate")
+    };
+    assert_eq!(
+        (
+            result.blocking,
+            result.gate_exempt,
+            result.passed,
+            result.complete
+        ),
+        (2, 1, false, true)
+    );
+
+    // Another organization's subject: every query answers not_found.
+    let other = system.organization().await;
+    for query in [list, show, set(2), gate] {
+        let reply = ask(other, query).await;
+        assert_eq!(
+            reply.error.map(|error| error.code),
+            Some("not_found".to_owned())
+        );
+    }
     system.finish().await;
 }
