@@ -164,3 +164,39 @@ async fn every_statement_is_planned_against_the_migrated_schema() {
     drop(conn); // `finish` closes the pool, which waits for every connection to come back
     system.finish().await;
 }
+
+/// The protocol reference is a contract other languages implement from the text alone: every
+/// error code is in its table of codes (7), and every message of the proto in its table of
+/// messages (4).
+#[test]
+fn the_protocol_reference_names_every_error_code_and_message() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let reference = std::fs::read_to_string(root.join("docs/protocol/reference.md")).unwrap();
+    let section = |start: &str, end: &str| {
+        let from = reference.find(start).expect(start);
+        let to = reference[from..].find(end).expect(end) + from;
+        reference[from..to].to_owned()
+    };
+    let codes = section("## 7. Error codes", "## 8. Limits");
+    for code in messages::ErrorCode::ALL {
+        assert!(
+            codes.contains(&format!("| `{}` |", code.as_str())),
+            "error code {code} is not in reference 7"
+        );
+    }
+    let messages_table = section("## 4. Messages", "## 5. Events");
+    let proto =
+        std::fs::read_to_string(root.join("shared/messages/proto/palisade/v1/palisade.proto"))
+            .unwrap();
+    for line in proto.lines() {
+        if let Some(name) = line
+            .strip_prefix("message ")
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            assert!(
+                messages_table.contains(&format!("`{name}`")),
+                "message {name} is not in reference 4"
+            );
+        }
+    }
+}
