@@ -2,8 +2,9 @@
 //! `http_service` asset an earlier plugin discovered (or the target itself when it is an
 //! http(s) URL and nothing was discovered), with one `GET /` each.
 //!
-//! Plain HTTP only: this build carries no TLS stack, so an https service gets an
-//! informational `https-not-checked` finding instead of a check.
+//! Over https the certificate is not verified: a service with a self-signed or expired
+//! certificate still has its headers checked (judging the certificate is the
+//! `tls_certificate` plugin's work), and HSTS is expected there.
 
 use std::time::Duration;
 
@@ -45,6 +46,8 @@ impl Plugin for HttpHeaders {
                 // talks to the target directly, never through the environment's proxy.
                 .redirect(reqwest::redirect::Policy::none())
                 .no_proxy()
+                // Headers, not certificates, are checked here (module documentation).
+                .danger_accept_invalid_certs(true)
                 .build()
                 .map_err(|error| PluginError::retryable("internal", error.to_string()))?;
             let mut checked = 0;
@@ -114,16 +117,6 @@ async fn check(
     service: &Service,
 ) -> Result<Vec<v1::Finding>, PluginError> {
     let resource = service.resource.clone();
-    if service.url.scheme() == "https" {
-        return Ok(vec![v1::Finding {
-            rule_id: "https-not-checked".into(),
-            resource,
-            severity: "info".into(),
-            title: "HTTPS service not checked".into(),
-            description: "This worker has no TLS support; check this service's headers with a worker that has.".into(),
-            ..Default::default()
-        }]);
-    }
     let url = &service.url;
     let response = client.get(url.clone()).send().await.map_err(|error| {
         let code = if error.is_connect() {
@@ -135,7 +128,11 @@ async fn check(
         };
         PluginError::retryable(code, format!("GET {url} failed: {error}"))
     })?;
-    Ok(header_findings(&resource, false, response.headers()))
+    Ok(header_findings(
+        &resource,
+        url.scheme() == "https",
+        response.headers(),
+    ))
 }
 
 /// A security header a response should carry, and what its absence costs.
@@ -388,14 +385,46 @@ mod tests {
         );
     }
 
+    /// Serves one canned response over TLS, with a fresh self-signed certificate (which a
+    /// header check does not judge).
+    async fn serve_tls(response: &'static str) -> u16 {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let certificate = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![certificate.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut stream = acceptor.accept(stream).await.unwrap();
+            let mut request = vec![0; 4096];
+            let _ = stream.read(&mut request).await.unwrap();
+            stream.write_all(response.as_bytes()).await.unwrap();
+            stream.shutdown().await.unwrap();
+        });
+        port
+    }
+
     #[tokio::test]
-    async fn https_services_are_noted_not_checked() {
-        let (result, findings) = run(TaskInput::for_target(
-            "http_headers",
-            "https://127.0.0.1:1/",
-        ))
+    async fn checks_a_service_over_https_expecting_hsts_whatever_its_certificate() {
+        let port = serve_tls(
+            "HTTP/1.1 200 OK\r\nContent-Security-Policy: default-src 'self'; frame-ancestors 'none'\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
         .await;
-        assert!(result.is_ok());
-        assert_eq!(rules(&findings), ["https-not-checked"]);
+        let target = format!("https://127.0.0.1:{port}/");
+        let (result, findings) = run(TaskInput::for_target("http_headers", &target)).await;
+        assert_eq!(result.unwrap(), "checked the headers of 1 http services");
+        assert_eq!(rules(&findings), ["missing-strict-transport-security"]);
+        assert_eq!(findings[0].resource, format!("https://127.0.0.1:{port}"));
     }
 }
