@@ -12,6 +12,7 @@ pub mod secrets;
 pub mod synthetic;
 pub mod target;
 pub mod tcp_connect;
+pub mod tls_certificate;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +38,9 @@ pub fn configured_plugins(settings: &PluginSettings) -> Vec<Arc<dyn worker::Plug
         Arc::new(dependency_audit::DependencyAudit::new(
             settings.osv_dir.clone(),
         )),
+        Arc::new(tls_certificate::TlsCertificate::new(
+            settings.tls_trust.clone(),
+        )),
     ]
 }
 
@@ -47,6 +51,9 @@ pub struct PluginSettings {
     /// subdirectories) that `dependency_audit` matches lockfiles against; unset, that plugin
     /// fails its tasks.
     pub osv_dir: Option<PathBuf>,
+    /// `PALISADE_TLS_TRUST`: a PEM file of authorities `tls_certificate` trusts besides the
+    /// web's roots (an organization's internal CA); its certificates, read once.
+    pub tls_trust: Vec<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl PluginSettings {
@@ -67,7 +74,32 @@ impl PluginSettings {
                 Some(path)
             }
         };
-        Ok(Self { osv_dir })
+        let tls_trust = match lookup("PALISADE_TLS_TRUST").filter(|value| !value.trim().is_empty())
+        {
+            None => Vec::new(),
+            Some(value) => {
+                use rustls::pki_types::pem::PemObject as _;
+                let certificates: Result<Vec<_>, _> =
+                    rustls::pki_types::CertificateDer::pem_file_iter(value.trim())
+                        .and_then(|certificates| certificates.collect());
+                match certificates {
+                    Ok(certificates) if !certificates.is_empty() => certificates,
+                    Ok(_) => {
+                        return Err(SettingsError::InvalidTlsTrust {
+                            value,
+                            reason: "it holds no certificate".into(),
+                        });
+                    }
+                    Err(error) => {
+                        return Err(SettingsError::InvalidTlsTrust {
+                            value,
+                            reason: error.to_string(),
+                        });
+                    }
+                }
+            }
+        };
+        Ok(Self { osv_dir, tls_trust })
     }
 }
 
@@ -87,7 +119,7 @@ pub struct Settings {
     pub worker_id: Uuid,
     /// `PALISADE_WORKER_CAPACITY`, default [`Settings::CAPACITY_DEFAULT`].
     pub capacity: u32,
-    /// `PALISADE_OSV_DIR` ([`PluginSettings`]).
+    /// `PALISADE_OSV_DIR`, `PALISADE_TLS_TRUST` ([`PluginSettings`]).
     pub plugins: PluginSettings,
 }
 
@@ -106,6 +138,10 @@ pub enum SettingsError {
         "PALISADE_OSV_DIR {value:?} is not an absolute path to a directory: point it at a directory of OSV JSON advisories, or unset it"
     )]
     InvalidOsvDir { value: String },
+    #[error(
+        "PALISADE_TLS_TRUST {value:?} is not a PEM file of certificates ({reason}): point it at the authorities tls_certificate should trust, or unset it"
+    )]
+    InvalidTlsTrust { value: String, reason: String },
     #[error("PALISADE_SUBJECT_PREFIX: {0}")]
     InvalidPrefix(#[from] messages::subjects::InvalidPrefix),
     #[error(transparent)]

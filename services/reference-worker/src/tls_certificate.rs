@@ -1,0 +1,744 @@
+//! `tls_certificate`: the certificate and protocol versions of each TLS service of a scan: the
+//! `https` services an earlier plugin discovered, or the target itself (`https://host:port`,
+//! or `host:port`, 443 by default). One handshake reads the chain the server presents; the
+//! leaf is then judged on its own, so each condition is reported whatever the others:
+//!
+//! | rule | severity | when |
+//! |---|---|---|
+//! | `certificate-expired` | high | the leaf's `notAfter` has passed |
+//! | `certificate-not-yet-valid` | high | its `notBefore` is still to come |
+//! | `certificate-expires-soon` | medium | it expires within [`EXPIRY_WARNING_DAYS`] days |
+//! | `certificate-hostname-mismatch` | high | it is not valid for the host asked for |
+//! | `certificate-self-signed` | high | it is its own issuer |
+//! | `certificate-untrusted` | high | its chain leads to no trusted authority (the web's roots, and `PALISADE_TLS_TRUST`'s) |
+//! | `certificate-weak-key` | high | an RSA key under 2048 bits, or an EC key under 256 |
+//! | `certificate-weak-signature` | medium | signed with MD5 or SHA-1 |
+//! | `legacy-protocol-tls1.0`, `legacy-protocol-tls1.1` | medium | the server accepts a TLS 1.0 or 1.1 handshake |
+//!
+//! The legacy probes send a TLS 1.0 or 1.1 ClientHello and read the server's first record: a
+//! ServerHello of that version means the server would talk it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_util::sync::CancellationToken;
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+
+/// A certificate expiring within this many days is reported.
+pub const EXPIRY_WARNING_DAYS: i64 = 30;
+/// One connection's budget, connect to last byte read.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Services checked per task.
+pub const SERVICES_MAX: usize = 64;
+
+pub struct TlsCertificate {
+    /// The web's roots and the extra authorities configured.
+    roots: Arc<rustls::RootCertStore>,
+}
+
+impl TlsCertificate {
+    /// Trusting the web's roots (webpki-roots) and `extra` authorities.
+    pub fn new(extra: Vec<CertificateDer<'static>>) -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let (_added, _ignored) = roots.add_parsable_certificates(extra);
+        Self {
+            roots: Arc::new(roots),
+        }
+    }
+}
+
+impl Plugin for TlsCertificate {
+    fn name(&self) -> &'static str {
+        "tls_certificate"
+    }
+
+    fn run<'a>(
+        &'a self,
+        task: TaskInput,
+        sink: ResultSink,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<String, PluginError>> {
+        Box::pin(async move {
+            let services = services(&task);
+            if services.is_empty() {
+                return Ok("no TLS services to check".into());
+            }
+            let mut checked = 0;
+            for (host, port) in &services {
+                let findings = tokio::select! {
+                    () = cancel.cancelled() => return Err(PluginError::retryable("cancelled", "cancelled")),
+                    findings = self.check(host, *port) => findings?,
+                };
+                checked += 1;
+                for finding in findings {
+                    sink.finding(finding).await?;
+                }
+            }
+            Ok(format!("checked {checked} TLS services"))
+        })
+    }
+}
+
+/// The services to check: discovered `https` services, else the target.
+fn services(task: &TaskInput) -> Vec<(String, u16)> {
+    let mut services: Vec<(String, u16)> = task
+        .discovered_assets
+        .iter()
+        .filter(|asset| asset.kind == "http_service")
+        .filter_map(|asset| reqwest::Url::parse(&asset.value).ok())
+        .filter(|url| url.scheme() == "https")
+        .filter_map(|url| Some((url.host_str()?.to_owned(), url.port_or_known_default()?)))
+        .collect();
+    if services.is_empty() {
+        let target = task.target.trim();
+        let parsed = reqwest::Url::parse(target)
+            .ok()
+            .filter(|url| url.scheme() == "https")
+            .or_else(|| reqwest::Url::parse(&format!("https://{target}")).ok());
+        if let Some(url) = parsed
+            && let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default())
+        {
+            services.push((host.to_owned(), port));
+        }
+    }
+    for (host, _) in &mut services {
+        // `[::1]` as a URL host is `::1` to connect to and to name.
+        *host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+    }
+    services.sort();
+    services.dedup();
+    services.truncate(SERVICES_MAX);
+    services
+}
+
+impl TlsCertificate {
+    async fn check(&self, host: &str, port: u16) -> Result<Vec<v1::Finding>, PluginError> {
+        let resource = format!("tls://{}", crate::target::authority(host, port));
+        let mut findings = Vec::new();
+        let server_name = ServerName::try_from(host.to_owned()).map_err(|_| {
+            PluginError::permanent("invalid_target", format!("{host:?} is not a host name"))
+        })?;
+        match self.presented_chain(host, port, server_name.clone()).await {
+            Ok(chain) => findings.extend(self.judge(&resource, &server_name, &chain, now())),
+            Err(HandshakeFailure::Connect(error)) => {
+                return Err(PluginError::retryable(
+                    "connection_refused",
+                    format!("cannot connect to {host}:{port}: {error}"),
+                ));
+            }
+            // A server that speaks no TLS 1.2 or 1.3 may still speak a legacy version.
+            Err(HandshakeFailure::Tls(error)) => findings.push(finding(
+                &resource,
+                "tls-handshake-failed",
+                "medium",
+                "No TLS 1.2 or 1.3 handshake",
+                &format!("A TLS 1.2/1.3 handshake failed: {error}"),
+            )),
+        }
+        for (version, rule) in [
+            (0x0301_u16, "legacy-protocol-tls1.0"),
+            (0x0302, "legacy-protocol-tls1.1"),
+        ] {
+            if accepts_legacy_version(host, port, version).await {
+                findings.push(finding(
+                    &resource,
+                    rule,
+                    "medium",
+                    &format!("TLS {}.{} accepted", (version >> 8) - 2, (version & 0xff) - 1),
+                    "The server accepts a deprecated TLS version (RFC 8996): disable TLS 1.0 and 1.1.",
+                ));
+            }
+        }
+        Ok(findings)
+    }
+
+    /// The chain the server presents, leaf first.
+    async fn presented_chain(
+        &self,
+        host: &str,
+        port: u16,
+        server_name: ServerName<'static>,
+    ) -> Result<Vec<CertificateDer<'static>>, HandshakeFailure> {
+        let recorder = Arc::new(Recorder::default());
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|error| HandshakeFailure::Tls(error.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(recorder.clone())
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let stream = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect((host, port)),
+        )
+        .await
+        .map_err(|_| HandshakeFailure::Connect("timed out".into()))?
+        .map_err(|error| HandshakeFailure::Connect(error.to_string()))?;
+        tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(server_name, stream))
+            .await
+            .map_err(|_| HandshakeFailure::Tls("timed out".into()))?
+            .map_err(|error| HandshakeFailure::Tls(error.to_string()))?;
+        let chain = recorder.chain.lock().expect("not poisoned").clone();
+        if chain.is_empty() {
+            return Err(HandshakeFailure::Tls(
+                "the server presented no certificate".into(),
+            ));
+        }
+        Ok(chain)
+    }
+
+    /// Every condition of the module's table that `chain` (leaf first) meets for `server_name`
+    /// at `now`.
+    pub fn judge(
+        &self,
+        resource: &str,
+        server_name: &ServerName<'_>,
+        chain: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Vec<v1::Finding> {
+        let mut findings = Vec::new();
+        let Some(leaf_der) = chain.first() else {
+            return findings;
+        };
+        let Ok((_, leaf)) = x509_parser::parse_x509_certificate(leaf_der.as_ref()) else {
+            findings.push(finding(
+                resource,
+                "certificate-unreadable",
+                "high",
+                "Unreadable certificate",
+                "The server's certificate is not a valid X.509 certificate.",
+            ));
+            return findings;
+        };
+        let subject = leaf.subject().to_string();
+        let evidence = |text: String| format!("{text} (subject: {subject})");
+        let now_seconds = now.as_secs() as i64;
+        let (not_before, not_after) = (
+            leaf.validity().not_before.timestamp(),
+            leaf.validity().not_after.timestamp(),
+        );
+        if now_seconds > not_after {
+            findings.push(with_evidence(
+                finding(
+                    resource,
+                    "certificate-expired",
+                    "high",
+                    "Certificate expired",
+                    "The certificate's validity has ended: clients refuse it.",
+                ),
+                evidence(format!("notAfter {}", leaf.validity().not_after)),
+            ));
+        } else if not_after - now_seconds < EXPIRY_WARNING_DAYS * 86_400 {
+            findings.push(with_evidence(
+                finding(
+                    resource,
+                    "certificate-expires-soon",
+                    "medium",
+                    "Certificate expires soon",
+                    &format!(
+                        "The certificate expires within {EXPIRY_WARNING_DAYS} days: renew it."
+                    ),
+                ),
+                evidence(format!("notAfter {}", leaf.validity().not_after)),
+            ));
+        }
+        if now_seconds < not_before {
+            findings.push(with_evidence(
+                finding(resource, "certificate-not-yet-valid", "high", "Certificate not yet valid", "The certificate's validity has not begun: clients refuse it (or the server's clock is wrong)."),
+                evidence(format!("notBefore {}", leaf.validity().not_before)),
+            ));
+        }
+        let for_name = webpki::EndEntityCert::try_from(leaf_der)
+            .map(|cert| cert.verify_is_valid_for_subject_name(server_name).is_ok())
+            .unwrap_or(false);
+        if !for_name {
+            findings.push(with_evidence(
+                finding(resource, "certificate-hostname-mismatch", "high", "Certificate not valid for the host", "The certificate names other hosts than the one connected to: clients refuse it."),
+                evidence(format!("asked for {}", server_name.to_str())),
+            ));
+        }
+        let self_signed = leaf.subject() == leaf.issuer() && leaf.verify_signature(None).is_ok();
+        if self_signed {
+            findings.push(with_evidence(
+                finding(
+                    resource,
+                    "certificate-self-signed",
+                    "high",
+                    "Self-signed certificate",
+                    "The certificate is its own issuer: no client can tell it from an attacker's.",
+                ),
+                evidence("issuer is the subject".into()),
+            ));
+        } else if !self.trusted(leaf_der, &chain[1..], server_name, not_before) {
+            findings.push(with_evidence(
+                finding(
+                    resource,
+                    "certificate-untrusted",
+                    "high",
+                    "Untrusted certificate chain",
+                    "The chain leads to no trusted authority: clients refuse it.",
+                ),
+                evidence(format!("issuer: {}", leaf.issuer())),
+            ));
+        }
+        if let Some(weakness) = weak_key(&leaf) {
+            findings.push(with_evidence(
+                finding(resource, "certificate-weak-key", "high", "Weak certificate key", "The certificate's key is too short to resist factoring or discrete-log attacks: issue one with RSA 2048+ or ECDSA P-256+."),
+                evidence(weakness),
+            ));
+        }
+        let algorithm = leaf.signature_algorithm.algorithm.to_id_string();
+        if WEAK_SIGNATURES.contains(&algorithm.as_str()) {
+            findings.push(with_evidence(
+                finding(
+                    resource,
+                    "certificate-weak-signature",
+                    "medium",
+                    "Weak certificate signature",
+                    "The certificate is signed with MD5 or SHA-1, which collisions break.",
+                ),
+                evidence(format!("signature algorithm {algorithm}")),
+            ));
+        }
+        findings
+    }
+
+    /// Whether the chain leads to a trusted authority, judged at a moment inside the leaf's
+    /// validity (so an expired certificate is judged on its chain alone).
+    fn trusted(
+        &self,
+        leaf: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        not_before: i64,
+    ) -> bool {
+        let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            self.roots.clone(),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build() else {
+            return false;
+        };
+        let at = UnixTime::since_unix_epoch(Duration::from_secs(not_before.max(0) as u64 + 1));
+        match verifier.verify_server_cert(leaf, intermediates, server_name, &[], at) {
+            Ok(_) => true,
+            // Trusted, for another name: the hostname finding says so.
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
+            | Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForNameContext { .. },
+            )) => true,
+            Err(_) => false,
+        }
+    }
+}
+
+/// md5WithRSAEncryption, sha1WithRSAEncryption, ecdsa-with-SHA1, dsa-with-sha1.
+const WEAK_SIGNATURES: [&str; 4] = [
+    "1.2.840.113549.1.1.4",
+    "1.2.840.113549.1.1.5",
+    "1.2.840.10045.4.1",
+    "1.2.840.10040.4.3",
+];
+
+/// What is weak about the leaf's key, if anything.
+fn weak_key(leaf: &x509_parser::certificate::X509Certificate<'_>) -> Option<String> {
+    use x509_parser::public_key::PublicKey;
+    match leaf.public_key().parsed().ok()? {
+        PublicKey::RSA(rsa) if rsa.key_size() < 2048 => {
+            Some(format!("RSA key of {} bits", rsa.key_size()))
+        }
+        PublicKey::EC(point) if point.key_size() < 256 => {
+            Some(format!("EC key of {} bits", point.key_size()))
+        }
+        PublicKey::DSA(_) => Some("DSA key".into()),
+        _ => None,
+    }
+}
+
+fn now() -> UnixTime {
+    UnixTime::now()
+}
+
+fn finding(
+    resource: &str,
+    rule: &str,
+    severity: &str,
+    title: &str,
+    description: &str,
+) -> v1::Finding {
+    v1::Finding {
+        rule_id: rule.into(),
+        resource: resource.into(),
+        severity: severity.into(),
+        title: title.into(),
+        description: description.into(),
+        ..Default::default()
+    }
+}
+
+fn with_evidence(mut finding: v1::Finding, evidence: String) -> v1::Finding {
+    finding.evidence = evidence.chars().take(512).collect();
+    finding
+}
+
+#[derive(Debug)]
+enum HandshakeFailure {
+    Connect(String),
+    Tls(String),
+}
+
+/// Accepts any chain and keeps it, so the handshake completes and the chain can be judged.
+#[derive(Debug, Default)]
+struct Recorder {
+    chain: std::sync::Mutex<Vec<CertificateDer<'static>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let mut chain = vec![end_entity.clone().into_owned()];
+        chain.extend(intermediates.iter().map(|cert| cert.clone().into_owned()));
+        *self.chain.lock().expect("not poisoned") = chain;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A ClientHello record offering only `version` (0x0301 for TLS 1.0, 0x0302 for 1.1) and the
+/// cipher suites those versions have.
+pub fn legacy_client_hello(version: u16) -> Vec<u8> {
+    let suites: [u16; 6] = [0xc013, 0xc014, 0x002f, 0x0035, 0x000a, 0xc009];
+    let mut body = Vec::new();
+    body.extend_from_slice(&version.to_be_bytes());
+    body.extend_from_slice(&[0x42; 32]); // random
+    body.push(0); // no session id
+    body.extend_from_slice(&((suites.len() * 2) as u16).to_be_bytes());
+    for suite in suites {
+        body.extend_from_slice(&suite.to_be_bytes());
+    }
+    body.extend_from_slice(&[1, 0]); // compression: null
+    // Extensions: supported groups and EC point formats, which ECDHE suites need.
+    let extensions: [u8; 14] = [
+        0x00, 0x0a, 0x00, 0x06, 0x00, 0x04, 0x00, 0x17, 0x00, 0x18, // secp256r1, secp384r1
+        0x00, 0x0b, 0x00, 0x02,
+    ];
+    let formats: [u8; 2] = [0x01, 0x00];
+    body.extend_from_slice(&((extensions.len() + formats.len()) as u16).to_be_bytes());
+    body.extend_from_slice(&extensions);
+    body.extend_from_slice(&formats);
+    let mut handshake = vec![0x01];
+    handshake.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    handshake.extend_from_slice(&body);
+    let mut record = vec![0x16];
+    record.extend_from_slice(&0x0301_u16.to_be_bytes());
+    record.extend_from_slice(&(handshake.len() as u16).to_be_bytes());
+    record.extend_from_slice(&handshake);
+    record
+}
+
+/// Whether the server answers a `version` ClientHello with a ServerHello of that version.
+async fn accepts_legacy_version(host: &str, port: u16, version: u16) -> bool {
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        stream.write_all(&legacy_client_hello(version)).await.ok()?;
+        // Record header (5) + handshake type (1) + length (3) + server_version (2).
+        let mut head = [0_u8; 11];
+        stream.read_exact(&mut head).await.ok()?;
+        Some(
+            head[0] == 0x16
+                && head[5] == 0x02
+                && u16::from_be_bytes([head[9], head[10]]) == version,
+        )
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, probe)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::PrivateKeyDer;
+    use worker::ResultItem;
+
+    use super::*;
+
+    struct Authority {
+        der: CertificateDer<'static>,
+        issuer: Issuer<'static, KeyPair>,
+    }
+
+    fn authority(name: &str) -> Authority {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Authority {
+            der: cert.der().clone(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A leaf for `names`, valid from `from` to `until` days from today, signed by `by` (self-
+    /// signed when `None`): its chain (leaf first) and key.
+    fn leaf(
+        names: &[&str],
+        from: i64,
+        until: i64,
+        by: Option<&Authority>,
+    ) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        let mut params = CertificateParams::new(
+            names
+                .iter()
+                .map(|name| (*name).to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0]);
+        // A date `days` from today, as rcgen takes it.
+        let day = |days: i64| {
+            use chrono::Datelike as _;
+            let date = chrono::Utc::now().date_naive() + chrono::TimeDelta::days(days);
+            rcgen::date_time_ymd(date.year(), date.month() as u8, date.day() as u8)
+        };
+        params.not_before = day(from);
+        params.not_after = day(until);
+        let key = KeyPair::generate().unwrap();
+        let chain = match by {
+            Some(authority) => vec![
+                params
+                    .signed_by(&key, &authority.issuer)
+                    .unwrap()
+                    .der()
+                    .clone(),
+                authority.der.clone(),
+            ],
+            None => vec![params.self_signed(&key).unwrap().der().clone()],
+        };
+        (chain, PrivateKeyDer::Pkcs8(key.serialize_der().into()))
+    }
+
+    /// Serves TLS 1.2/1.3 with `chain` on 127.0.0.1 for as many connections as come.
+    async fn serve(chain: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> u16 {
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut stream) = acceptor.accept(stream).await {
+                        let _ = stream.shutdown().await;
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    async fn rules(plugin: &TlsCertificate, target: &str) -> Vec<String> {
+        let (sink, mut receiver) = ResultSink::channel(64);
+        let task = TaskInput::for_target("tls_certificate", target);
+        plugin
+            .run(task, sink, CancellationToken::new())
+            .await
+            .expect("checked");
+        let mut rules = Vec::new();
+        while let Ok(item) = receiver.try_recv() {
+            if let ResultItem::Finding(finding) = item {
+                rules.push(finding.rule_id);
+            }
+        }
+        rules.sort();
+        rules
+    }
+
+    #[tokio::test]
+    async fn a_good_certificate_gives_nothing_and_each_condition_its_finding() {
+        let trusted = authority("palisade test authority");
+        let stranger = authority("someone else's authority");
+        let plugin = TlsCertificate::new(vec![trusted.der.clone()]);
+        let cases: [(
+            &str,
+            (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+            &[&str],
+        ); 7] = [
+            ("good", leaf(&["localhost"], -1, 365, Some(&trusted)), &[]),
+            (
+                "expired",
+                leaf(&["localhost"], -30, -1, Some(&trusted)),
+                &["certificate-expired"],
+            ),
+            (
+                "expiring",
+                leaf(&["localhost"], -1, 10, Some(&trusted)),
+                &["certificate-expires-soon"],
+            ),
+            (
+                "not yet valid",
+                leaf(&["localhost"], 10, 400, Some(&trusted)),
+                &["certificate-not-yet-valid"],
+            ),
+            (
+                "another host",
+                leaf(&["other.example"], -1, 365, Some(&trusted)),
+                &["certificate-hostname-mismatch"],
+            ),
+            (
+                "self-signed",
+                leaf(&["localhost"], -1, 365, None),
+                &["certificate-self-signed"],
+            ),
+            (
+                "untrusted",
+                leaf(&["localhost"], -1, 365, Some(&stranger)),
+                &["certificate-untrusted"],
+            ),
+        ];
+        for (case, (chain, key), expected) in cases {
+            let port = serve(chain, key).await;
+            assert_eq!(
+                rules(&plugin, &format!("https://localhost:{port}/")).await,
+                expected,
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_rsa_key_and_a_sha1_signature_are_weak() {
+        use rustls::pki_types::pem::PemObject as _;
+        let weak =
+            CertificateDer::from_pem_slice(include_bytes!("../testdata/tls/weak-rsa1024-sha1.pem"))
+                .unwrap();
+        let plugin = TlsCertificate::new(vec![]);
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut rules: Vec<String> = plugin
+            .judge("tls://localhost:443", &name, &[weak], UnixTime::now())
+            .into_iter()
+            .map(|finding| finding.rule_id)
+            .collect();
+        rules.sort();
+        assert_eq!(
+            rules,
+            [
+                "certificate-self-signed",
+                "certificate-weak-key",
+                "certificate-weak-signature"
+            ]
+        );
+    }
+
+    /// Answers every ClientHello of TLS 1.0 with a ServerHello of TLS 1.0 (and nothing else),
+    /// as a server still speaking it would; anything else is refused with an alert.
+    async fn serve_tls10_only() -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut hello = [0_u8; 11];
+                    if stream.read_exact(&mut hello).await.is_err() {
+                        return;
+                    }
+                    let answer: &[u8] = if hello[9..11] == [0x03, 0x01] {
+                        &[
+                            0x16, 0x03, 0x01, 0x00, 0x2a, 0x02, 0x00, 0x00, 0x26, 0x03, 0x01,
+                        ]
+                    } else {
+                        // alert: fatal, protocol_version
+                        &[0x15, 0x03, 0x01, 0x00, 0x02, 0x02, 0x46]
+                    };
+                    let _ = stream.write_all(answer).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_server_accepting_tls_1_0_is_reported_and_a_modern_one_is_not() {
+        let legacy = serve_tls10_only().await;
+        let plugin = TlsCertificate::new(vec![]);
+        assert_eq!(
+            rules(&plugin, &format!("127.0.0.1:{legacy}")).await,
+            ["legacy-protocol-tls1.0", "tls-handshake-failed"]
+        );
+        let trusted = authority("palisade test authority");
+        let (chain, key) = leaf(&["localhost"], -1, 365, Some(&trusted));
+        let modern = serve(chain, key).await;
+        let plugin = TlsCertificate::new(vec![trusted.der.clone()]);
+        assert!(
+            rules(&plugin, &format!("localhost:{modern}"))
+                .await
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_legacy_client_hello_offers_only_its_version() {
+        let hello = legacy_client_hello(0x0302);
+        assert_eq!(&hello[..3], &[0x16, 0x03, 0x01]);
+        assert_eq!(
+            usize::from(u16::from_be_bytes([hello[3], hello[4]])),
+            hello.len() - 5
+        );
+        assert_eq!(hello[5], 0x01, "a ClientHello");
+        assert_eq!(&hello[9..11], &[0x03, 0x02]);
+    }
+}
