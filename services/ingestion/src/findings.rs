@@ -140,9 +140,11 @@ pub fn parse(subjects: &Subjects, subject: &str, bytes: &[u8]) -> Result<Request
                         .map_err(|_| invalid("set.expected_collection_revision is too large"))
                 })
                 .transpose()?;
-            if set.reason.chars().count() > store::findings::REASON_CHARS_MAX {
+            if set.reason.chars().count() > store::findings::REASON_CHARS_MAX
+                || set.reason.contains('\0')
+            {
                 return Err(invalid(format!(
-                    "set.reason is over {} characters",
+                    "set.reason must be at most {} characters, without NUL",
                     store::findings::REASON_CHARS_MAX
                 )));
             }
@@ -546,6 +548,7 @@ mod tests {
                         prop_assert!(change.expected_revision > 0);
                         prop_assert!(change.actor.chars().count() <= store::findings::ACTOR_CHARS_MAX);
                         prop_assert!(change.reason.chars().count() <= store::findings::REASON_CHARS_MAX);
+                        prop_assert!(!change.reason.contains('\0') && !change.actor.contains('\0'));
                         prop_assert!(!status.needs_reason() || !change.reason.trim().is_empty());
                     }
                     Ok(other) => prop_assert!(false, "{other:?}"),

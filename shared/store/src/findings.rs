@@ -95,10 +95,15 @@ pub enum ChangeError {
     ReasonTooLong,
     #[error("the actor must be 1 to {ACTOR_CHARS_MAX} characters (who made the change)")]
     InvalidActor,
+    #[error("the reason and the actor may not hold NUL characters")]
+    Nul,
 }
 
 impl Change {
     fn check(&self) -> Result<(), ChangeError> {
+        if self.reason.contains('\0') || self.actor.contains('\0') {
+            return Err(ChangeError::Nul);
+        }
         if self.reason.chars().count() > REASON_CHARS_MAX {
             return Err(ChangeError::ReasonTooLong);
         }
