@@ -30,6 +30,7 @@ pub const DEPENDENCY_AUDIT_DATA: &str = concat!(
 pub fn reference_plugins() -> Vec<Arc<dyn worker::Plugin>> {
     reference_worker::configured_plugins(&reference_worker::PluginSettings {
         osv_dir: Some(std::path::Path::new(DEPENDENCY_AUDIT_DATA).join("osv")),
+        ..Default::default()
     })
 }
 use palisade::system::SystemSettings;
