@@ -2,7 +2,9 @@
 //! database. The target is `file:///path` or an absolute path: a lockfile (`Cargo.lock`,
 //! `package-lock.json`, `npm-shrinkwrap.json`), or a directory searched for them (not inside
 //! `node_modules`, `target` or `.git`). The database is the directory `PALISADE_OSV_DIR` names
-//! ([`crate::PluginSettings::osv_dir`]); without one every task fails, permanently.
+//! ([`crate::PluginSettings::osv_dir`]); without one every task fails, permanently. It is
+//! indexed at the first task and re-indexed when a file of it changes ([`osv::Database`]), so
+//! a task reads only the advisories naming its packages.
 //!
 //! Each vulnerable package version is one finding per advisory: its `rule_id` the advisory id,
 //! its resource the lockfile, its discriminator `{ecosystem}:{name}@{version}`, so the finding
@@ -19,6 +21,7 @@ pub mod osv;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use walkdir::WalkDir;
@@ -46,14 +49,17 @@ const TRUNCATED_RULE_ID: &str = "dependency-audit-truncated";
 const SKIPPED_DIRECTORIES: [&str; 3] = ["node_modules", "target", ".git"];
 
 pub struct DependencyAudit {
-    osv_dir: Option<PathBuf>,
+    /// Indexed at the first task, re-indexed when a file of it changes.
+    database: Option<Arc<osv::Database>>,
 }
 
 impl DependencyAudit {
     /// The plugin, matching against the OSV database in `osv_dir` (or failing every task when
     /// there is none).
     pub fn new(osv_dir: Option<PathBuf>) -> Self {
-        Self { osv_dir }
+        Self {
+            database: osv_dir.map(|directory| Arc::new(osv::Database::new(directory))),
+        }
     }
 }
 
@@ -70,14 +76,14 @@ impl Plugin for DependencyAudit {
     ) -> BoxFuture<'a, Result<String, PluginError>> {
         Box::pin(async move {
             let root = crate::target::local_path(&task.target)?;
-            let osv_dir = self.osv_dir.clone().ok_or_else(|| {
+            let database = self.database.clone().ok_or_else(|| {
                 PluginError::permanent(
                     "advisory_database_missing",
                     "this worker has no advisory database: set PALISADE_OSV_DIR to a directory of OSV JSON advisories and restart it",
                 )
             })?;
             let report = crate::target::run_blocking("audit", &cancel, move |cancel| {
-                audit(&root, &osv_dir, cancel)
+                audit(&root, &database, cancel)
             })
             .await?;
             let summary = report.summary();
@@ -119,7 +125,11 @@ impl Report {
 
 /// Reads the lockfiles under `root` and the advisories naming their packages, and matches
 /// them. Blocking: runs on the blocking pool.
-fn audit(root: &Path, osv_dir: &Path, cancel: &CancellationToken) -> Result<Report, PluginError> {
+fn audit(
+    root: &Path,
+    database: &osv::Database,
+    cancel: &CancellationToken,
+) -> Result<Report, PluginError> {
     let lockfiles = find_lockfiles(root, cancel)?
         .iter()
         .map(|path| lockfile::read(path))
@@ -133,7 +143,7 @@ fn audit(root: &Path, osv_dir: &Path, cancel: &CancellationToken) -> Result<Repo
     let advisories = if names.is_empty() {
         vec![]
     } else {
-        osv::load(osv_dir, &names, cancel).map_err(database_error)?
+        database.load(&names, cancel).map_err(database_error)?
     };
     let mut report = Report {
         n_lockfiles: lockfiles.len(),

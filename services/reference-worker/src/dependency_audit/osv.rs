@@ -122,15 +122,115 @@ pub enum DatabaseError {
     Cancelled,
 }
 
-/// Reads every advisory under `directory` (recursively, `*.json`, `.git` skipped, symbolic links
-/// inside it not followed) that is not withdrawn and names one of `packages`, in path order.
-/// Every file is parsed, so one malformed advisory fails the read whatever it names.
-pub fn load(
-    directory: &Path,
-    packages: &BTreeSet<(Ecosystem, String)>,
-    cancel: &CancellationToken,
-) -> Result<Vec<Advisory>, DatabaseError> {
-    let mut advisories = vec![];
+/// One file of a database as surveyed: its path, size and modification time.
+type Stamp = (PathBuf, u64, Option<std::time::SystemTime>);
+
+/// An advisory database directory, indexed once and re-indexed only when a file changed.
+///
+/// Every task surveys the directory (a walk and a `stat` per file: recursively, `*.json`,
+/// `.git` skipped, symbolic links inside it not followed). While the survey is the one the
+/// index was built from (same paths, sizes and modification times), the index says which files
+/// name the task's packages, and only those are read again. Otherwise every file is parsed to
+/// rebuild the index, so one malformed advisory fails the read whatever it names.
+#[derive(Debug)]
+pub struct Database {
+    directory: PathBuf,
+    index: std::sync::Mutex<Option<std::sync::Arc<Index>>>,
+    /// Advisory files parsed so far, for the tests.
+    parsed: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Debug)]
+struct Index {
+    survey: Vec<Stamp>,
+    /// Each package named by a non-withdrawn advisory, and the files that name it.
+    files: std::collections::HashMap<(Ecosystem, String), Vec<PathBuf>>,
+}
+
+impl Database {
+    pub fn new(directory: PathBuf) -> Self {
+        Self {
+            directory,
+            index: std::sync::Mutex::new(None),
+            parsed: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Advisory files parsed since this database was opened.
+    pub fn files_parsed(&self) -> usize {
+        self.parsed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The advisories, not withdrawn, that name one of `packages`, in path order.
+    pub fn load(
+        &self,
+        packages: &BTreeSet<(Ecosystem, String)>,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Advisory>, DatabaseError> {
+        let survey = survey(&self.directory, cancel)?;
+        let current = self
+            .index
+            .lock()
+            .expect("not poisoned")
+            .clone()
+            .filter(|index| index.survey == survey);
+        let index = match current {
+            Some(index) => index,
+            None => {
+                let index = std::sync::Arc::new(self.build(survey, cancel)?);
+                *self.index.lock().expect("not poisoned") = Some(index.clone());
+                index
+            }
+        };
+        let paths: BTreeSet<&PathBuf> = packages
+            .iter()
+            .filter_map(|package| index.files.get(package))
+            .flatten()
+            .collect();
+        let mut advisories = Vec::with_capacity(paths.len());
+        for path in paths {
+            let advisory = self.read(path)?;
+            if advisory.withdrawn.is_none() && advisory.names_any(packages) {
+                advisories.push(advisory);
+            }
+        }
+        Ok(advisories)
+    }
+
+    fn build(
+        &self,
+        survey: Vec<Stamp>,
+        cancel: &CancellationToken,
+    ) -> Result<Index, DatabaseError> {
+        let mut files: std::collections::HashMap<(Ecosystem, String), Vec<PathBuf>> =
+            std::collections::HashMap::new();
+        for (path, _, _) in &survey {
+            if cancel.is_cancelled() {
+                return Err(DatabaseError::Cancelled);
+            }
+            let advisory = self.read(path)?;
+            if advisory.withdrawn.is_some() {
+                continue;
+            }
+            for package in advisory.named() {
+                let named = files.entry(package).or_default();
+                if named.last() != Some(path) {
+                    named.push(path.clone());
+                }
+            }
+        }
+        Ok(Index { survey, files })
+    }
+
+    fn read(&self, path: &Path) -> Result<Advisory, DatabaseError> {
+        self.parsed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        read(path)
+    }
+}
+
+/// The database's `*.json` files with their sizes and modification times, in path order.
+fn survey(directory: &Path, cancel: &CancellationToken) -> Result<Vec<Stamp>, DatabaseError> {
     let walk = WalkDir::new(directory)
         .follow_links(false)
         .sort_by_file_name()
@@ -141,7 +241,7 @@ pub fn load(
                     .iter()
                     .any(|skipped| entry.file_name() == *skipped))
         });
-    let mut n_files = 0_usize;
+    let mut survey = Vec::new();
     for entry in walk {
         if cancel.is_cancelled() {
             return Err(DatabaseError::Cancelled);
@@ -154,18 +254,22 @@ pub fn load(
         if !entry.file_type().is_file() || !is_json {
             continue;
         }
-        n_files += 1;
-        if n_files > ADVISORY_FILES_MAX {
+        if survey.len() == ADVISORY_FILES_MAX {
             return Err(DatabaseError::TooManyFiles {
                 path: directory.to_owned(),
             });
         }
-        let advisory = read(entry.path())?;
-        if advisory.withdrawn.is_none() && advisory.names_any(packages) {
-            advisories.push(advisory);
-        }
+        let metadata = entry.metadata().map_err(|source| DatabaseError::Walk {
+            path: entry.path().to_owned(),
+            source,
+        })?;
+        survey.push((
+            entry.path().to_owned(),
+            metadata.len(),
+            metadata.modified().ok(),
+        ));
     }
-    Ok(advisories)
+    Ok(survey)
 }
 
 /// Reads and checks one advisory file.
@@ -303,16 +407,23 @@ impl Advisory {
     }
 
     fn names_any(&self, packages: &BTreeSet<(Ecosystem, String)>) -> bool {
-        self.affected.iter().any(|affected| {
-            affected.package.as_ref().is_some_and(|named| {
+        self.named()
+            .iter()
+            .any(|package| packages.contains(package))
+    }
+
+    /// The packages of the ecosystems palisade reads that the advisory names.
+    fn named(&self) -> Vec<(Ecosystem, String)> {
+        self.affected
+            .iter()
+            .filter_map(|affected| affected.package.as_ref())
+            .filter_map(|named| {
                 [Ecosystem::CratesIo, Ecosystem::Npm]
                     .into_iter()
-                    .any(|ecosystem| {
-                        ecosystem.osv_name() == named.ecosystem
-                            && packages.contains(&(ecosystem, named.name.clone()))
-                    })
+                    .find(|ecosystem| ecosystem.osv_name() == named.ecosystem)
+                    .map(|ecosystem| (ecosystem, named.name.clone()))
             })
-        })
+            .collect()
     }
 }
 

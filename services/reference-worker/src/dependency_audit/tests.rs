@@ -336,7 +336,8 @@ fn findings_stop_at_the_limit_with_a_finding_saying_so() {
         )
         .unwrap();
     }
-    let report = audit(project.path(), database.path(), &CancellationToken::new()).unwrap();
+    let database = osv::Database::new(database.path().to_owned());
+    let report = audit(project.path(), &database, &CancellationToken::new()).unwrap();
     assert!(report.truncated);
     assert_eq!(report.findings.len(), FINDINGS_MAX + 1);
     let last = report.findings.last().unwrap();
@@ -352,4 +353,53 @@ fn text_fields_are_cut_and_lose_nul_characters() {
     assert_eq!(text("a\0b", 10), "ab");
     assert_eq!(text("abcdef", 3), "abc");
     assert_eq!(text("ab  cd", 3), "ab");
+}
+
+#[test]
+fn the_database_is_indexed_once_and_again_only_when_a_file_changes() {
+    let directory = tempfile::tempdir().unwrap();
+    let write = |file: &str, id: &str, package: &str, withdrawn: bool| {
+        let mut advisory = serde_json::json!({
+            "id": id,
+            "affected": [{"package": {"ecosystem": "crates.io", "name": package}, "versions": ["1.0.0"]}],
+        });
+        if withdrawn {
+            advisory["withdrawn"] = "2024-01-01T00:00:00Z".into();
+        }
+        std::fs::write(directory.path().join(file), advisory.to_string()).unwrap();
+    };
+    write("a.json", "RUSTSEC-2099-0001", "demo", false);
+    write("b.json", "RUSTSEC-2099-0002", "demo", false);
+    write("c.json", "RUSTSEC-2099-0003", "other", false);
+    let database = osv::Database::new(directory.path().to_owned());
+    let demo = BTreeSet::from([(lockfile::Ecosystem::CratesIo, "demo".to_owned())]);
+    let cancel = CancellationToken::new();
+    let ids = |advisories: Vec<osv::Advisory>| -> Vec<String> {
+        advisories.into_iter().map(|advisory| advisory.id).collect()
+    };
+
+    assert_eq!(
+        ids(database.load(&demo, &cancel).unwrap()),
+        ["RUSTSEC-2099-0001", "RUSTSEC-2099-0002"]
+    );
+    assert_eq!(
+        database.files_parsed(),
+        3 + 2,
+        "indexed, then the two naming demo read"
+    );
+    database.load(&demo, &cancel).unwrap();
+    assert_eq!(
+        database.files_parsed(),
+        5 + 2,
+        "unchanged: only the two read again"
+    );
+
+    // A new file, and one withdrawn in place, are seen by the next task.
+    write("d.json", "RUSTSEC-2099-0004", "demo", false);
+    write("a.json", "RUSTSEC-2099-0001", "demo", true);
+    assert_eq!(
+        ids(database.load(&demo, &cancel).unwrap()),
+        ["RUSTSEC-2099-0002", "RUSTSEC-2099-0004"]
+    );
+    assert_eq!(database.files_parsed(), 7 + 4 + 2);
 }
