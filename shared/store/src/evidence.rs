@@ -22,8 +22,8 @@ pub const REDACTED: &str = "[REDACTED]";
 
 /// Secrets recognised by their shape alone, in the order they are applied; each whole match
 /// becomes [`REDACTED`]. docs/protocol/reference.md ("Redaction") lists them: keep it equal.
-static SECRET_SHAPES: LazyLock<Vec<Regex>> = LazyLock::new(|| {
-    [
+static SECRET_SHAPES: LazyLock<(regex::RegexSet, Vec<Regex>)> = LazyLock::new(|| {
+    let patterns = [
         // PEM private keys (RSA, EC, OpenSSH, encrypted PKCS#8, …) and PGP private key blocks.
         r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----",
         // AWS access key ids.
@@ -51,10 +51,16 @@ static SECRET_SHAPES: LazyLock<Vec<Regex>> = LazyLock::new(|| {
         r"(?i)\bbasic\s+[A-Za-z0-9+/]{16,}={0,2}",
         // JWTs.
         r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b",
-    ]
-    .iter()
-    .map(|pattern| Regex::new(pattern).expect("secret pattern compiles"))
-    .collect()
+    ];
+    // The set finds in one pass which shapes a text holds (usually none); only those are
+    // then replaced, in order.
+    (
+        regex::RegexSet::new(patterns).expect("secret patterns compile"),
+        patterns
+            .iter()
+            .map(|pattern| Regex::new(pattern).expect("secret pattern compiles"))
+            .collect(),
+    )
 });
 
 /// The password of a URL's user information (`scheme://user:password@host`): replaced, the
@@ -190,9 +196,12 @@ pub fn redact(text: &str) -> String {
             format!("{}{REDACTED}@", &caps[1])
         })
         .into_owned();
-    for pattern in SECRET_SHAPES.iter() {
-        if pattern.is_match(&redacted) {
-            redacted = pattern.replace_all(&redacted, REDACTED).into_owned();
+    let (set, shapes) = &*SECRET_SHAPES;
+    let held = set.matches(&redacted);
+    if held.matched_any() {
+        // A replacement can only remove text, so a shape the set did not find is not there.
+        for index in held.iter() {
+            redacted = shapes[index].replace_all(&redacted, REDACTED).into_owned();
         }
     }
     redacted
