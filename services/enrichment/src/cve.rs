@@ -118,9 +118,7 @@ impl CveSettings {
             }),
             CveSource::Nvd => Arc::new(CveEnricher {
                 pool: pool.clone(),
-                nvd: Some(Nvd::new(self.nvd.clone()).map_err(|error| {
-                    anyhow::anyhow!("cannot build the NVD API client: {error}")
-                })?),
+                nvd: Some(Nvd::new(self.nvd.clone())?),
                 settings: self.clone(),
             }),
         })

@@ -48,6 +48,9 @@ pub struct NvdSettings {
     pub retry: RetryPolicy,
     /// `resultsPerPage` (`PALISADE_NVD_PAGE_SIZE`, 1..=2000, default 2000).
     pub page_size: u32,
+    /// `PALISADE_NVD_CA`: a PEM file of authorities to trust besides the web's roots, for a
+    /// mirror behind an internal CA.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for NvdSettings {
@@ -61,6 +64,7 @@ impl std::fmt::Debug for NvdSettings {
             .field("max_retries", &self.max_retries)
             .field("retry", &self.retry)
             .field("page_size", &self.page_size)
+            .field("ca", &self.ca)
             .finish()
     }
 }
@@ -102,6 +106,7 @@ impl NvdSettings {
                 ("PALISADE_NVD_RETRY_CAP_MS", 60_000),
             )?,
             page_size: env::parse_in("PALISADE_NVD_PAGE_SIZE", MAX_PAGE_SIZE, 1..=MAX_PAGE_SIZE)?,
+            ca: env::optional_string("PALISADE_NVD_CA").map(std::path::PathBuf::from),
         })
     }
 }
@@ -116,6 +121,20 @@ pub enum Query {
     },
     /// One CVE by id.
     Id(String),
+}
+
+/// Why the client cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum NvdSetupError {
+    #[error(
+        "PALISADE_NVD_CA {path:?} is not a PEM file of certificates ({reason}): point it at the authorities of the mirror, or unset it"
+    )]
+    Ca {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("cannot build the NVD API client: {0}")]
+    Client(#[source] reqwest::Error),
 }
 
 /// Why NVD gave no page.
@@ -186,11 +205,26 @@ pub struct Nvd {
 }
 
 impl Nvd {
-    pub fn new(settings: NvdSettings) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+    pub fn new(settings: NvdSettings) -> Result<Self, NvdSetupError> {
+        let mut http = reqwest::Client::builder()
             .timeout(settings.timeout)
-            .user_agent(concat!("palisade-enrichment/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+            .user_agent(concat!("palisade-enrichment/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &settings.ca {
+            let unreadable = |reason: String| NvdSetupError::Ca {
+                path: path.clone(),
+                reason,
+            };
+            let pem = std::fs::read(path).map_err(|error| unreadable(error.to_string()))?;
+            let authorities = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|error| unreadable(error.to_string()))?;
+            if authorities.is_empty() {
+                return Err(unreadable("it holds no certificate".into()));
+            }
+            for authority in authorities {
+                http = http.add_root_certificate(authority);
+            }
+        }
+        let http = http.build().map_err(NvdSetupError::Client)?;
         Ok(Self {
             http,
             limiter: RateLimiter::new(settings.requests_per_window, settings.window),
@@ -315,5 +349,85 @@ mod tests {
         for (i, at) in starts.iter().enumerate().skip(3) {
             assert!(*at - starts[i - 3] >= Duration::from_secs(30));
         }
+    }
+
+    fn settings(base_url: &str, ca: Option<std::path::PathBuf>) -> NvdSettings {
+        NvdSettings {
+            base_url: base_url.parse().unwrap(),
+            api_key: None,
+            requests_per_window: 100,
+            window: Duration::from_secs(1),
+            timeout: Duration::from_secs(5),
+            max_retries: 0,
+            retry: RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(1)),
+            page_size: MAX_PAGE_SIZE,
+            ca,
+        }
+    }
+
+    /// A mirror behind an internal authority: trusted with `PALISADE_NVD_CA`, refused without.
+    #[tokio::test]
+    async fn a_mirror_behind_an_internal_authority_is_trusted_through_its_ca_file() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let body =
+                r#"{"resultsPerPage":0,"startIndex":0,"totalResults":0,"vulnerabilities":[]}"#;
+            while let Ok((stream, _)) = listener.accept().await {
+                let Ok(mut stream) = acceptor.accept(stream).await else {
+                    continue;
+                };
+                let mut request = vec![0; 4096];
+                let _ = stream.read(&mut request).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            }
+        });
+        let folder = tempfile::tempdir().unwrap();
+        let ca_file = folder.path().join("ca.pem");
+        std::fs::write(&ca_file, ca.pem()).unwrap();
+        let url = format!("https://localhost:{port}/rest/json/cves/2.0");
+        let query = Query::Id("CVE-2021-44228".into());
+
+        let trusting = Nvd::new(settings(&url, Some(ca_file))).unwrap();
+        let page = trusting.page(&query, 0).await.unwrap();
+        assert_eq!(page.total_results, 0);
+        let plain = Nvd::new(settings(&url, None)).unwrap();
+        assert!(matches!(
+            plain.page(&query, 0).await,
+            Err(NvdError::Unavailable { attempts: 1, .. })
+        ));
+        let empty = folder.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let error = Nvd::new(settings(&url, Some(empty))).unwrap_err();
+        assert!(error.to_string().contains("PALISADE_NVD_CA"), "{error}");
     }
 }
