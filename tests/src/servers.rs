@@ -31,13 +31,23 @@ where
     }
 }
 
-/// A port nothing listens on now (the server started on it binds it a moment later).
+/// Where [`free_port`] looks: below Linux's ephemeral range (32768–60999), so no socket
+/// bound to port 0 (an HTTP test server, any outgoing connection) is handed a port a test
+/// server was given while that server is down between a kill and its restart.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A port nothing listens on now (the server started on it binds it a moment later), outside
+/// the ephemeral range ([`TEST_PORTS`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("address")
-        .port()
+    use rand::Rng as _;
+    let mut rng = rand::rng();
+    for _ in 0..1_000 {
+        let port = rng.random_range(TEST_PORTS);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {TEST_PORTS:?}")
 }
 
 pub async fn port_answers(port: u16) -> bool {
