@@ -1100,6 +1100,36 @@ impl TestSystem {
         self.wait_outbox_drained().await;
     }
 
+    /// One reaper sweep of lapsed enrichment claims, without backoff: a job returned to the
+    /// queue is due again at once.
+    pub async fn sweep_enrichment(&self) -> store::enrichment::RecoveredJobs {
+        store::enrichment::recover_expired(
+            &self.pool,
+            &self.subjects,
+            store::RetryPolicy::new(Duration::ZERO, Duration::ZERO),
+            100,
+        )
+        .await
+        .expect("a sweep")
+    }
+
+    /// Submits a `dependency_audit` scan of the test lockfile (`rust/Cargo.lock` under
+    /// [`DEPENDENCY_AUDIT_DATA`]) for `organization` and waits until it completed: its id.
+    pub async fn completed_dependency_audit(&self, organization: Uuid) -> Uuid {
+        let lockfile = format!("{DEPENDENCY_AUDIT_DATA}/rust/Cargo.lock");
+        let lockfile = std::fs::canonicalize(lockfile).expect("the test lockfile");
+        let reply = self
+            .submit(&self.request(
+                organization,
+                &lockfile.display().to_string(),
+                &["dependency_audit"],
+            ))
+            .await;
+        assert!(reply.error.is_none(), "{reply:?}");
+        self.wait_scan_state(&reply.scan_id, "completed").await;
+        reply.scan_id.parse().expect("a scan id")
+    }
+
     /// A completed scan with two findings naming `cve_ids`, whose enrichment job is pending
     /// with `{}` as its checkpoint, as a dependency audit's would be: (scan id, job id).
     pub async fn scan_to_enrich(&self, cve_ids: &[&str]) -> (Uuid, Uuid) {

@@ -368,52 +368,47 @@ impl Service {
     async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let stop = shutdown.child_token();
         let _stop_on_return = stop.clone().drop_guard();
-        let requests = bus::serve::subscribe(
-            &self.bus,
-            self.subjects.client_wildcard(messages::ClientVerb::Enrich),
-            QUEUE_GROUP,
-        )
-        .await
-        .context("failed to listen for enrichment requests")?;
         let plumbing = self
             .plumbing
             .start(&stop)
             .await
             .context("failed to serve the health endpoints")?;
-        let serving = {
-            let (bus, pool, subjects, due) = (
-                self.bus.clone(),
-                self.pool.clone(),
-                self.subjects.clone(),
-                self.due.clone(),
-            );
-            let stop = stop.clone();
-            tokio::spawn(telemetry::cost::inherit(async move {
-                bus::serve::serve_subscribed(
-                    &bus,
-                    REQUEST_SERVER,
-                    requests,
-                    QUEUE_GROUP,
-                    move |message| {
-                        let (pool, subjects, due) = (pool.clone(), subjects.clone(), due.clone());
-                        async move {
-                            use prost::Message as _;
-                            let reply = answer(
-                                &pool,
-                                &subjects,
-                                &due,
-                                message.subject.as_str(),
-                                &message.payload,
-                            )
-                            .await;
-                            Some(reply.encode_to_vec().into())
-                        }
-                    },
-                    stop,
-                )
-                .await
-            }))
+        let (pool, subjects, due) = (self.pool.clone(), self.subjects.clone(), self.due.clone());
+        let server = bus::serve::serve(
+            &self.bus,
+            REQUEST_SERVER,
+            self.subjects.client_wildcard(messages::ClientVerb::Enrich),
+            QUEUE_GROUP,
+            move |message| {
+                let (pool, subjects, due) = (pool.clone(), subjects.clone(), due.clone());
+                async move {
+                    use prost::Message as _;
+                    let reply = answer(
+                        &pool,
+                        &subjects,
+                        &due,
+                        message.subject.as_str(),
+                        &message.payload,
+                    )
+                    .await;
+                    Some(reply.encode_to_vec().into())
+                }
+            },
+            // Not stopped by the shutdown: the server ends when the job loop has (the select
+            // below drops it), so a decision in flight at shutdown is finished, not dropped.
+            CancellationToken::new(),
+        );
+        let result = tokio::select! {
+            () = self.work_until(&shutdown) => Ok(()),
+            result = server => result.context("enrichment request server stopped"),
         };
+        plumbing.stop().await;
+        result
+    }
+
+    /// The job loop: passes back to back while jobs are due, else a pause of the poll
+    /// interval or until a request makes a job due; until `shutdown`.
+    async fn work_until(&self, shutdown: &CancellationToken) {
         loop {
             let worked = match self.run_once().await {
                 Ok(outcomes) => !outcomes.is_empty(),
@@ -431,16 +426,6 @@ impl Service {
                 () = self.due.notified() => {}
             }
         }
-        stop.cancel();
-        match serving.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(error = %telemetry::chain(&error), "enrichment request server failed")
-            }
-            Err(error) => tracing::warn!(%error, "enrichment request server panicked"),
-        }
-        plumbing.stop().await;
-        Ok(())
     }
 }
 

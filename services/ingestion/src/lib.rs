@@ -129,56 +129,35 @@ impl Service {
             .start(&stop)
             .await
             .context("failed to serve the health endpoints")?;
-        let requests = bus::serve::subscribe(
+        let (pool, request_subjects) = (self.ingestion.pool.clone(), subjects.clone());
+        let server = bus::serve::serve(
             &self.bus,
+            REQUEST_SERVER,
             subjects.client_wildcard(messages::ClientVerb::Findings),
             QUEUE_GROUP,
-        )
-        .await
-        .context("failed to listen for findings requests")?;
-        let serving = {
-            let (bus, pool, subjects) = (
-                self.bus.clone(),
-                self.ingestion.pool.clone(),
-                subjects.clone(),
-            );
-            let stop = stop.clone();
-            tokio::spawn(telemetry::cost::inherit(async move {
-                bus::serve::serve_subscribed(
-                    &bus,
-                    REQUEST_SERVER,
-                    requests,
-                    QUEUE_GROUP,
-                    move |message| {
-                        let (pool, subjects) = (pool.clone(), subjects.clone());
-                        async move {
-                            use prost::Message as _;
-                            let reply = findings::reply(
-                                &pool,
-                                &subjects,
-                                message.subject.as_str(),
-                                &message.payload,
-                            )
-                            .await;
-                            Some(reply.encode_to_vec().into())
-                        }
-                    },
-                    stop,
-                )
-                .await
-            }))
+            move |message| {
+                let (pool, subjects) = (pool.clone(), request_subjects.clone());
+                async move {
+                    use prost::Message as _;
+                    let reply = findings::reply(
+                        &pool,
+                        &subjects,
+                        message.subject.as_str(),
+                        &message.payload,
+                    )
+                    .await;
+                    Some(reply.encode_to_vec().into())
+                }
+            },
+            // Not stopped by the shutdown: the server ends when the consumer has (the select
+            // below drops it), so a decision in flight at shutdown is finished, not dropped.
+            CancellationToken::new(),
+        );
+        let consumer = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone());
+        let result = tokio::select! {
+            result = consumer => result.context("ingestion consumer stopped"),
+            result = server => result.context("findings request server stopped"),
         };
-        let result = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone())
-            .await
-            .context("ingestion consumer stopped");
-        stop.cancel();
-        match serving.await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(error = %telemetry::chain(&error), "findings request server failed")
-            }
-            Err(error) => tracing::warn!(%error, "findings request server panicked"),
-        }
         plumbing.stop().await;
         result
     }

@@ -257,36 +257,49 @@ enum FindingCommand {
     /// false_positive or fixed (the last five need --reason). --revision is the finding's
     /// revision you decided on; a stale one is refused (revision_conflict).
     Set {
-        finding_id: Uuid,
         #[arg(long, value_parser = parse_status)]
         status: store::states::FindingStatus,
-        #[arg(long)]
-        revision: i32,
-        /// Also refuse unless the scan's findings are still at this collection revision.
-        #[arg(long)]
-        collection_revision: Option<i32>,
-        #[arg(long, default_value = "")]
-        reason: String,
-        /// Who decides (recorded in the history); by default $USER.
-        #[arg(long, env = "USER")]
-        actor: String,
-        #[arg(long, value_enum, default_value_t = Output::Text)]
-        output: Output,
+        #[command(flatten)]
+        change: ChangeArgs,
     },
     /// Delete a finding (its history stays); refused while its scan is pending or running.
     Delete {
-        finding_id: Uuid,
-        #[arg(long)]
-        revision: i32,
-        #[arg(long)]
-        collection_revision: Option<i32>,
-        #[arg(long, default_value = "")]
-        reason: String,
-        #[arg(long, env = "USER")]
-        actor: String,
-        #[arg(long, value_enum, default_value_t = Output::Text)]
-        output: Output,
+        #[command(flatten)]
+        change: ChangeArgs,
     },
+}
+
+/// What names a change of a finding (`finding set`, `finding delete`).
+#[derive(Debug, clap::Args)]
+struct ChangeArgs {
+    finding_id: Uuid,
+    /// The finding's revision you decided on.
+    #[arg(long)]
+    revision: i32,
+    /// Also refuse unless the scan's findings are still at this collection revision.
+    #[arg(long)]
+    collection_revision: Option<i32>,
+    #[arg(long, default_value = "")]
+    reason: String,
+    /// Who decides (recorded in the history); by default $USER.
+    #[arg(long, env = "USER")]
+    actor: String,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    output: Output,
+}
+
+impl ChangeArgs {
+    /// The change, of any organization (the operator's command).
+    fn change(&self) -> store::findings::Change {
+        store::findings::Change {
+            finding_id: self.finding_id,
+            organization_id: None,
+            expected_revision: self.revision,
+            expected_collection_revision: self.collection_revision,
+            reason: self.reason.clone(),
+            actor: self.actor.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -1000,48 +1013,16 @@ async fn finding(common: &CommonSettings, command: FindingCommand) -> anyhow::Re
                 }
             }
         }
-        FindingCommand::Set {
-            finding_id,
-            status,
-            revision,
-            collection_revision,
-            reason,
-            actor,
-            output,
-        } => {
-            let change = store::findings::Change {
-                finding_id,
-                organization_id: None,
-                expected_revision: revision,
-                expected_collection_revision: collection_revision,
-                reason,
-                actor,
-            };
-            let answer = palisade::commands::set_finding_status(&pool, &change, status).await?;
-            print_answer(
-                output,
-                &answer,
-                &format!("finding {finding_id} is {status}"),
-            );
+        FindingCommand::Set { status, change } => {
+            let answer =
+                palisade::commands::set_finding_status(&pool, &change.change(), status).await?;
+            let text = format!("finding {} is {status}", change.finding_id);
+            print_answer(change.output, &answer, &text);
         }
-        FindingCommand::Delete {
-            finding_id,
-            revision,
-            collection_revision,
-            reason,
-            actor,
-            output,
-        } => {
-            let change = store::findings::Change {
-                finding_id,
-                organization_id: None,
-                expected_revision: revision,
-                expected_collection_revision: collection_revision,
-                reason,
-                actor,
-            };
-            let answer = palisade::commands::delete_finding(&pool, &change).await?;
-            print_answer(output, &answer, &format!("finding {finding_id} deleted"));
+        FindingCommand::Delete { change } => {
+            let answer = palisade::commands::delete_finding(&pool, &change.change()).await?;
+            let text = format!("finding {} deleted", change.finding_id);
+            print_answer(change.output, &answer, &text);
         }
     }
     Ok(())

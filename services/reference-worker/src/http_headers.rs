@@ -50,17 +50,11 @@ impl Plugin for HttpHeaders {
                 .danger_accept_invalid_certs(true)
                 .build()
                 .map_err(|error| PluginError::retryable("internal", error.to_string()))?;
-            let mut checked = 0;
-            for service in &services {
-                let findings = tokio::select! {
-                    () = cancel.cancelled() => return Err(PluginError::retryable("cancelled", "cancelled")),
-                    findings = check(&client, service) => findings?,
-                };
-                checked += 1;
-                for finding in findings {
-                    sink.finding(finding).await?;
-                }
-            }
+            let client = &client;
+            let checked = target::check_each(services, sink, cancel, |service| async move {
+                check(client, &service).await
+            })
+            .await?;
             Ok(format!("checked the headers of {checked} http services"))
         })
     }

@@ -68,17 +68,11 @@ impl Plugin for TlsCertificate {
             if services.is_empty() {
                 return Ok("no TLS services to check".into());
             }
-            let mut checked = 0;
-            for (host, port) in &services {
-                let findings = tokio::select! {
-                    () = cancel.cancelled() => return Err(PluginError::retryable("cancelled", "cancelled")),
-                    findings = self.check(host, *port) => findings?,
-                };
-                checked += 1;
-                for finding in findings {
-                    sink.finding(finding).await?;
-                }
-            }
+            let checked =
+                crate::target::check_each(services, sink, cancel, |(host, port)| async move {
+                    self.check(&host, port).await
+                })
+                .await?;
             Ok(format!("checked {checked} TLS services"))
         })
     }

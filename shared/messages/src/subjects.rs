@@ -141,6 +141,18 @@ pub enum WorkerVerb {
 }
 
 impl WorkerVerb {
+    /// Every verb.
+    pub const ALL: [WorkerVerb; 8] = [
+        WorkerVerb::Hello,
+        WorkerVerb::Acquire,
+        WorkerVerb::Renew,
+        WorkerVerb::Release,
+        WorkerVerb::Result,
+        WorkerVerb::Complete,
+        WorkerVerb::Fail,
+        WorkerVerb::Ack,
+    ];
+
     pub const fn name(self) -> &'static str {
         match self {
             WorkerVerb::Hello => "hello",
@@ -172,6 +184,15 @@ pub enum ClientVerb {
 }
 
 impl ClientVerb {
+    /// Every verb.
+    pub const ALL: [ClientVerb; 5] = [
+        ClientVerb::Request,
+        ClientVerb::Submit,
+        ClientVerb::Cancel,
+        ClientVerb::Enrich,
+        ClientVerb::Findings,
+    ];
+
     pub const fn name(self) -> &'static str {
         match self {
             ClientVerb::Request => "request",
@@ -453,19 +474,6 @@ mod tests {
         use crate::testing::{cases, hostile_text, token_text, uuid_text};
         use proptest::prelude::*;
 
-        const WORKER_VERBS: [WorkerVerb; 8] = [
-            WorkerVerb::Hello,
-            WorkerVerb::Acquire,
-            WorkerVerb::Renew,
-            WorkerVerb::Release,
-            WorkerVerb::Result,
-            WorkerVerb::Complete,
-            WorkerVerb::Fail,
-            WorkerVerb::Ack,
-        ];
-        const CLIENT_VERBS: [ClientVerb; 3] =
-            [ClientVerb::Request, ClientVerb::Submit, ClientVerb::Cancel];
-
         /// Subjects made of this installation's words, other tokens and hostile text.
         fn subject() -> impl Strategy<Value = String> {
             let piece = prop_oneof![
@@ -512,8 +520,8 @@ mod tests {
                 worker_id in token_text(),
                 organization in any::<u128>(),
                 client_id in prop_oneof![token_text(), hostile_text()],
-                worker_verb in proptest::sample::select(WORKER_VERBS.to_vec()),
-                client_verb in proptest::sample::select(CLIENT_VERBS.to_vec()),
+                worker_verb in proptest::sample::select(WorkerVerb::ALL.to_vec()),
+                client_verb in proptest::sample::select(ClientVerb::ALL.to_vec()),
             ) {
                 let s = Subjects::new("p").unwrap();
                 let worker = s.worker(&worker_id, worker_verb);

@@ -298,14 +298,7 @@ async fn an_execution_killed_mid_pagination_is_resumed_from_its_checkpoint() {
         .execute(&system.pool)
         .await
         .unwrap();
-    let recovered = store::enrichment::recover_expired(
-        &system.pool,
-        &system.subjects,
-        RetryPolicy::new(Duration::ZERO, Duration::ZERO),
-        10,
-    )
-    .await
-    .unwrap();
+    let recovered = system.sweep_enrichment().await;
     assert_eq!(recovered.retried, [job_id]);
     let second = service(&system, &nvd, Duration::from_secs(30));
     assert_eq!(
@@ -438,18 +431,7 @@ async fn a_dependency_audit_scan_ends_with_cvss_and_cwe_from_the_nvd_server() {
     system.start(tests::Component::Enrichment);
     let organization = system.organization().await;
     let _stats = system.reference_worker(organization, 2).await;
-    let lockfile = format!("{}/rust/Cargo.lock", tests::DEPENDENCY_AUDIT_DATA);
-    let lockfile = std::fs::canonicalize(lockfile).expect("the test lockfile");
-    let reply = system
-        .submit(&system.request(
-            organization,
-            &lockfile.display().to_string(),
-            &["dependency_audit"],
-        ))
-        .await;
-    assert!(reply.error.is_none(), "{reply:?}");
-    system.wait_scan_state(&reply.scan_id, "completed").await;
-    let scan_id: Uuid = reply.scan_id.parse().unwrap();
+    let scan_id = system.completed_dependency_audit(organization).await;
     system
         .wait_for("the scan's enrichment to complete", || async {
             let state: String =

@@ -192,10 +192,7 @@ async fn a_stale_claim_is_fenced_on_renewal_checkpoint_cve_writes_failure_and_co
     .execute(&system.pool)
     .await
     .expect("lapsed");
-    let recovered =
-        store::enrichment::recover_expired(&system.pool, &system.subjects, QUICK_RETRY, 100)
-            .await
-            .expect("a sweep");
+    let recovered = system.sweep_enrichment().await;
     assert_eq!(recovered.retried, [job_id]);
     let fresh = store::enrichment::claim(&system.pool, "enrichment-b", ttl, 8)
         .await
@@ -429,14 +426,7 @@ async fn a_crashed_execution_is_recovered_by_the_reaper_and_resumes_from_its_che
     // Once its lease lapses the reaper returns it; another process resumes after page 1.
     system
         .wait_for("the reaper to recover the lapsed claim", || async {
-            let recovered = store::enrichment::recover_expired(
-                &system.pool,
-                &system.subjects,
-                QUICK_RETRY,
-                100,
-            )
-            .await
-            .expect("a sweep");
+            let recovered = system.sweep_enrichment().await;
             (recovered.retried == [job_id]).then_some(())
         })
         .await;
@@ -485,14 +475,7 @@ async fn a_long_execution_keeps_its_lease_by_renewing() {
     let service = service(&system, Slow(lease_ttl * 5 / 2), lease_ttl);
     let sweeping = async {
         loop {
-            let recovered = store::enrichment::recover_expired(
-                &system.pool,
-                &system.subjects,
-                QUICK_RETRY,
-                100,
-            )
-            .await
-            .expect("a sweep");
+            let recovered = system.sweep_enrichment().await;
             assert!(
                 recovered.is_empty(),
                 "a renewed lease was recovered: {recovered:?}"
@@ -720,18 +703,7 @@ async fn a_dependency_audit_gives_its_scan_cve_findings_that_enrichment_takes_up
     let system = TestSystem::spawn().await;
     let organization = system.organization().await;
     let _stats = system.reference_worker(organization, 2).await;
-    let lockfile = format!("{}/rust/Cargo.lock", tests::DEPENDENCY_AUDIT_DATA);
-    let lockfile = std::fs::canonicalize(lockfile).expect("the test lockfile");
-    let reply = system
-        .submit(&system.request(
-            organization,
-            &lockfile.display().to_string(),
-            &["dependency_audit"],
-        ))
-        .await;
-    assert!(reply.error.is_none(), "{reply:?}");
-    system.wait_scan_state(&reply.scan_id, "completed").await;
-    let scan_id: Uuid = reply.scan_id.parse().unwrap();
+    let scan_id = system.completed_dependency_audit(organization).await;
 
     // The audit's findings carry their advisories' CVE ids, so the scan's job is pending.
     let mut cves: Vec<String> =
