@@ -952,6 +952,94 @@ impl ManualWorker {
         }
     }
 
+    /// One artifact request for `lease` and its answer.
+    pub async fn artifact(
+        &self,
+        lease: &v1::LeaseRef,
+        step: v1::artifact_request::Step,
+    ) -> v1::ArtifactReply {
+        let request = v1::ArtifactRequest {
+            schema_version: 1,
+            worker_id: self.id.to_string(),
+            lease: Some(lease.clone()),
+            step: Some(step),
+        };
+        v1::ArtifactReply::decode(
+            self.request_raw(WorkerVerb::Artifact, request.encode_to_vec())
+                .await,
+        )
+        .expect("ArtifactReply")
+    }
+
+    /// Prepares upload `upload_id` of a file named `name` for `lease`.
+    pub async fn prepare_upload(
+        &self,
+        lease: &v1::LeaseRef,
+        upload_id: Uuid,
+        name: &str,
+    ) -> v1::ArtifactReply {
+        self.artifact(
+            lease,
+            v1::artifact_request::Step::Prepare(v1::PrepareUpload {
+                upload_id: upload_id.to_string(),
+                name: name.into(),
+                content_type: "application/json".into(),
+            }),
+        )
+        .await
+    }
+
+    /// Publishes `data` on `subject` in chunks of `chunk_bytes` (indexes from 0), each awaiting
+    /// its PubAck; the number of chunks.
+    pub async fn send_chunks(
+        &self,
+        subject: &str,
+        upload_id: Uuid,
+        data: &[u8],
+        chunk_bytes: usize,
+    ) -> u32 {
+        let mut index = 0;
+        for piece in data.chunks(chunk_bytes) {
+            let chunk = v1::ArtifactChunk {
+                upload_id: upload_id.to_string(),
+                index,
+                data: piece.to_vec(),
+            };
+            self.bus
+                .publish_durable(
+                    subject.to_owned(),
+                    &format!("{upload_id}:{index}"),
+                    Default::default(),
+                    chunk.encode_to_vec().into(),
+                )
+                .await
+                .expect("chunk published");
+            index += 1;
+        }
+        index
+    }
+
+    /// Commits upload `upload_id` claiming `size_bytes`, `sha256` and `chunks`.
+    pub async fn commit_upload(
+        &self,
+        lease: &v1::LeaseRef,
+        upload_id: Uuid,
+        size_bytes: u64,
+        sha256: &str,
+        chunks: u32,
+    ) -> v1::ArtifactReply {
+        self.artifact(
+            lease,
+            v1::artifact_request::Step::Commit(v1::CommitUpload {
+                upload_id: upload_id.to_string(),
+                size_bytes,
+                sha256: sha256.into(),
+                chunks,
+            }),
+        )
+        .await
+    }
+
     /// Publishes raw bytes on this worker's `verb` stream subject with a fresh `Nats-Msg-Id`
     /// (so JetStream never de-duplicates a deliberate repeat).
     pub async fn publish_raw(&self, verb: WorkerVerb, payload: Vec<u8>) {

@@ -420,7 +420,11 @@ impl Dispatch {
                 error: self.release(subject_worker, payload).await.err(),
             }
             .encode_to_vec(),
-            WorkerVerb::Result | WorkerVerb::Complete | WorkerVerb::Fail | WorkerVerb::Ack => {
+            WorkerVerb::Result
+            | WorkerVerb::Complete
+            | WorkerVerb::Fail
+            | WorkerVerb::Ack
+            | WorkerVerb::Artifact => {
                 unreachable!("dispatch only serves hello, acquire, renew and release")
             }
         };

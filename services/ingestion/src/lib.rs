@@ -2,6 +2,7 @@
 //! stream, decides each under the fence in one transaction per fetched batch (a savepoint per
 //! message), and only after the commit answers the worker and acknowledges JetStream.
 
+pub mod artifacts;
 pub mod findings;
 pub mod parse;
 
@@ -14,7 +15,7 @@ use messages::{ErrorCode, WorkerVerb, v1};
 use outbox::Relay;
 use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
-use runtime::{BatchLimits, CommonSettings, Connections, Plumbing, SettingsError};
+use runtime::{ArtifactLimits, BatchLimits, CommonSettings, Connections, Plumbing, SettingsError};
 use store::ingest::IngestOutcome;
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
@@ -31,6 +32,9 @@ pub const CONSUMER_NAME: &str = "ingestion";
 pub struct Settings {
     pub common: CommonSettings,
     pub batch_limits: BatchLimits,
+    /// Artifact size and upload session lifetime (`PALISADE_ARTIFACT_BYTES_MAX` 64 MiB,
+    /// `PALISADE_UPLOAD_TTL_MS` 900000).
+    pub artifact_limits: ArtifactLimits,
     /// Backoff between attempts of a failed task (`PALISADE_RETRY_BASE_MS` 5000,
     /// `PALISADE_RETRY_CAP_MS` 300000).
     pub retry: RetryPolicy,
@@ -60,6 +64,7 @@ impl Settings {
         Ok(Self {
             common,
             batch_limits: BatchLimits::from_env()?,
+            artifact_limits: ArtifactLimits::from_env()?,
             retry,
             consumer,
             crash_after_commit: None,
@@ -153,10 +158,38 @@ impl Service {
             // below drops it), so a decision in flight at shutdown is finished, not dropped.
             CancellationToken::new(),
         );
+        let artifacts = std::sync::Arc::new(artifacts::Artifacts {
+            pool: self.ingestion.pool.clone(),
+            bus: self.bus.clone(),
+            store: self
+                .bus
+                .artifacts()
+                .await
+                .context("failed to open the artifact store")?,
+            limits: self.settings.artifact_limits,
+        });
+        let artifact_server = bus::serve::serve(
+            &self.bus,
+            artifacts::REQUEST_SERVER,
+            subjects.worker_wildcard(WorkerVerb::Artifact),
+            QUEUE_GROUP,
+            move |message| {
+                let artifacts = artifacts.clone();
+                async move {
+                    let reply = artifacts
+                        .reply(message.subject.as_str(), &message.payload)
+                        .await;
+                    Some(reply.encode_to_vec().into())
+                }
+            },
+            // As the findings server: ends when the consumer has.
+            CancellationToken::new(),
+        );
         let consumer = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone());
         let result = tokio::select! {
             result = consumer => result.context("ingestion consumer stopped"),
             result = server => result.context("findings request server stopped"),
+            result = artifact_server => result.context("artifact request server stopped"),
         };
         plumbing.stop().await;
         result

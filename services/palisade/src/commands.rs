@@ -133,3 +133,42 @@ pub async fn scan_gate(
         .await?
         .ok_or_else(|| anyhow::anyhow!("not_found: no scan {scan_id}"))
 }
+
+/// `palisade artifact list --scan <id>`: the scan's artifacts (committed upload sessions), in
+/// commit order.
+pub async fn list_artifacts(
+    pool: &PgPool,
+    scan_id: Uuid,
+) -> anyhow::Result<Vec<store::artifacts::Upload>> {
+    Ok(store::artifacts::of_scan(pool, scan_id).await?)
+}
+
+/// `palisade artifact get <id>`: a committed artifact's record and bytes, read from the
+/// artifact store and checked against the size and sha256 verified at its commit; a
+/// difference is an error, and nothing is returned.
+pub async fn get_artifact(
+    pool: &PgPool,
+    artifacts: &impl bus::artifacts::ArtifactStore,
+    id: Uuid,
+) -> anyhow::Result<(store::artifacts::Upload, bytes::Bytes)> {
+    let upload = store::artifacts::get(pool, id)
+        .await?
+        .filter(|upload| upload.status == store::states::UploadStatus::Committed.as_str())
+        .ok_or_else(|| anyhow::anyhow!("not_found: no committed artifact {id}"))?;
+    let bytes = artifacts.get(&upload.object_key).await?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "artifact {id} is recorded as committed but its object {:?} is missing from the artifact store: it was deleted outside palisade, or the store was rebuilt without it",
+            upload.object_key
+        )
+    })?;
+    let expected_size = upload.size_bytes.unwrap_or(-1);
+    let sha256 = messages::sha256_hex(&bytes);
+    if bytes.len() as i64 != expected_size || sha256 != upload.sha256 {
+        anyhow::bail!(
+            "artifact {id} does not match what was verified at its commit: {} bytes with sha256 {sha256} in the store, {expected_size} bytes with sha256 {} recorded; the stored object was changed or damaged",
+            bytes.len(),
+            upload.sha256
+        );
+    }
+    Ok((upload, bytes))
+}

@@ -124,6 +124,9 @@ enum Command {
     /// Findings: read them, set their dispositions, delete them.
     #[command(subcommand)]
     Finding(FindingCommand),
+    /// Artifacts: files plugins uploaded as evidence of a scan (an SBOM, a report).
+    #[command(subcommand)]
+    Artifact(ArtifactCommand),
     /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
     /// the failing checks otherwise.
     Health {
@@ -197,6 +200,25 @@ enum ScanCommand {
         threshold: store::states::Severity,
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ArtifactCommand {
+    /// A scan's artifacts, in the order they were committed.
+    List {
+        #[arg(long)]
+        scan: Uuid,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Downloads an artifact, checking its size and sha256 against what was verified when it
+    /// was committed (a difference is an error and nothing is written).
+    Get {
+        id: Uuid,
+        /// Where to write it; `-` (the default) is standard output.
+        #[arg(long, default_value = "-")]
+        out: std::path::PathBuf,
     },
 }
 
@@ -624,6 +646,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Finding(command) => finding(&common, command).await,
+        Command::Artifact(command) => artifact(&common, command).await,
         Command::Task(TaskCommand::Cancel { task_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Task(task_id), &reason).await
         }
@@ -1059,6 +1082,60 @@ async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::R
         "try: palisade scan submit --org {organization_id} --target http://127.0.0.1:8080 --plugins tcp_connect,http_headers"
     );
     system.run_until(runtime::shutdown_on_signal()).await
+}
+
+async fn artifact(common: &CommonSettings, command: ArtifactCommand) -> anyhow::Result<()> {
+    let pool = store::connect(&common.database).await?;
+    match command {
+        ArtifactCommand::List { scan, output } => {
+            let artifacts = palisade::commands::list_artifacts(&pool, scan).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&artifacts)?),
+                Output::Text => {
+                    println!(
+                        "{:<36} {:>10} {:<64} {:<30} name",
+                        "id", "bytes", "sha256", "content type"
+                    );
+                    for artifact in &artifacts {
+                        println!(
+                            "{:<36} {:>10} {:<64} {:<30} {}",
+                            artifact.id,
+                            artifact.size_bytes.unwrap_or_default(),
+                            artifact.sha256,
+                            artifact.content_type,
+                            artifact.original_name
+                        );
+                    }
+                }
+            }
+        }
+        ArtifactCommand::Get { id, out } => {
+            let bus = bus::Bus::connect(
+                &common.nats_url,
+                &common.nats_credentials,
+                &common.nats_tls,
+                common.subjects.clone(),
+                &messages::Identity::Operator,
+            )
+            .await?;
+            let store = bus.artifacts().await?;
+            let (artifact, bytes) = palisade::commands::get_artifact(&pool, &store, id).await?;
+            if out.as_os_str() == "-" {
+                use std::io::Write as _;
+                std::io::stdout().write_all(&bytes)?;
+            } else {
+                std::fs::write(&out, &bytes)
+                    .with_context(|| format!("cannot write {}", out.display()))?;
+            }
+            eprintln!(
+                "{} ({} bytes, sha256 {} verified)",
+                artifact.original_name,
+                bytes.len(),
+                artifact.sha256
+            );
+        }
+    }
+    Ok(())
 }
 
 async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {

@@ -1,7 +1,8 @@
 //! The reaper (SPEC §4.5): sweeps that heal what crashes and lost messages leave behind:
 //! stale-attempt recovery (expired leases back to `retry_wait`, or `failed_terminal` when the
 //! budget is spent), execution deadlines (enforced even while a worker renews), wake-ups for
-//! retried tasks that became due, expired upload sessions, retention, and the outbox relay
+//! retried tasks that became due, expired upload sessions (and what ended ones left on the
+//! bus: chunks, objects), retention, and the outbox relay
 //! (rows whose claim lapsed are re-published). Each sweep is a bounded `run_once` that tests
 //! call directly; it logs only when it acted.
 //!
@@ -20,6 +21,9 @@ use store::recover::{Pruned, RecoveryOutcome};
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
+
+/// Upload sessions whose leftovers one sweep removes (each costs a few NATS round trips).
+pub const UPLOAD_REMOVALS_MAX: i64 = 100;
 
 /// Reaper settings.
 #[derive(Debug, Clone)]
@@ -208,6 +212,7 @@ impl Service {
                 store::recover::expire_uploads(&self.pool, batch),
             )
             .await?,
+            uploads_removed: in_lane(lanes::REAPER_UPLOADS, self.remove_upload_leftovers()).await?,
             pruned: in_lane(
                 lanes::REAPER_RETENTION,
                 store::recover::prune(&self.pool, self.settings.retention, batch),
@@ -228,6 +233,7 @@ impl Service {
                 enrichment_retried = outcome.enrichment.retried.len(),
                 enrichment_failed = outcome.enrichment.failed.len(),
                 uploads_expired = outcome.uploads_expired,
+                uploads_removed = outcome.uploads_removed,
                 pruned_outbox = outcome.pruned.outbox,
                 pruned_batches = outcome.pruned.batches,
                 pruned_dead_letters = outcome.pruned.dead_letters,
@@ -243,6 +249,40 @@ impl Service {
             let _ = in_lane(lanes::REAPER_RETRIES, wakeup).await;
         }
         Ok(outcome)
+    }
+
+    /// Removes what upload sessions that expired or failed left on the bus: the chunks on
+    /// their upload subject and any object under their key (a session can expire after its
+    /// file was stored, its commit refused). At most [`UPLOAD_REMOVALS_MAX`] sessions a sweep;
+    /// a session whose removal fails on the bus stays to be removed at the next sweep.
+    async fn remove_upload_leftovers(&self) -> Result<u64, StoreError> {
+        let removable = store::artifacts::removable(&self.pool, UPLOAD_REMOVALS_MAX).await?;
+        if removable.is_empty() {
+            return Ok(0);
+        }
+        let store = match self.bus.artifacts().await {
+            Ok(store) => store,
+            Err(error) => {
+                tracing::warn!(error = %telemetry::chain(&error), "upload leftovers not removed; retrying next sweep");
+                return Ok(0);
+            }
+        };
+        let mut removed = Vec::with_capacity(removable.len());
+        for upload in removable {
+            let id = upload.id.to_string();
+            let chunks = match upload.worker_id {
+                Some(worker_id) => self.bus.purge_upload(&worker_id.to_string(), &id).await,
+                None => Ok(()),
+            };
+            let object = bus::artifacts::ArtifactStore::delete(&store, &upload.object_key).await;
+            match chunks.and(object) {
+                Ok(()) => removed.push(upload.id),
+                Err(error) => {
+                    tracing::warn!(upload_id = %id, error = %telemetry::chain(&error), "upload leftovers not removed; retrying next sweep");
+                }
+            }
+        }
+        store::artifacts::mark_removed(&self.pool, &removed).await
     }
 
     /// Campaigns for the reaper lease and, while it holds it, sweeps every interval; the
@@ -337,6 +377,8 @@ pub struct SweepOutcome {
     /// were spent.
     pub enrichment: store::enrichment::RecoveredJobs,
     pub uploads_expired: u64,
+    /// Upload sessions (expired or failed) whose chunks and object were removed.
+    pub uploads_removed: u64,
     pub pruned: Pruned,
     /// `retry_wait` tasks due now (a wake-up was published for them).
     pub due_retries: i64,
@@ -350,6 +392,7 @@ impl SweepOutcome {
             || !self.stranded.is_empty()
             || !self.enrichment.is_empty()
             || self.uploads_expired > 0
+            || self.uploads_removed > 0
             || self.pruned != Pruned::default()
     }
 }

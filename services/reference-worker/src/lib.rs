@@ -8,6 +8,7 @@
 
 pub mod dependency_audit;
 pub mod http_headers;
+pub mod sbom;
 pub mod secrets;
 pub mod synthetic;
 pub mod target;
@@ -41,6 +42,7 @@ pub fn configured_plugins(settings: &PluginSettings) -> Vec<Arc<dyn worker::Plug
         Arc::new(tls_certificate::TlsCertificate::new(
             settings.tls_trust.clone(),
         )),
+        Arc::new(sbom::Sbom),
     ]
 }
 

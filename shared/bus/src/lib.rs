@@ -2,6 +2,7 @@
 //! consumers idempotently, publishing with every PubAck awaited, and consuming with one rule
 //! for acknowledgement (see [`consume`]): a handler returns a decision, the bus acknowledges.
 
+pub mod artifacts;
 pub mod consume;
 pub mod metrics;
 pub mod serve;
@@ -81,6 +82,8 @@ pub enum BusError {
     Subscribe { subject: String, message: String },
     #[error("consumer {consumer} failed: {message}")]
     Consume { consumer: String, message: String },
+    #[error("artifact store: {message}")]
+    Artifacts { message: String },
 }
 
 /// The NATS credentials a process connects with (`NATS_CREDS`: a `.creds` file holding the
@@ -234,7 +237,8 @@ impl Bus {
         &self.subjects
     }
 
-    /// Creates palisade's three streams, or updates them to this build's configuration.
+    /// Creates palisade's streams (requests, events, results, uploads) and its artifacts bucket,
+    /// or updates the streams to this build's configuration.
     /// Idempotent; every service calls it at start-up.
     pub async fn provision(&self, settings: &StreamSettings) -> Result<(), BusError> {
         let subjects = &self.subjects;
@@ -259,9 +263,10 @@ impl Bus {
                 .collect(),
             ),
         ];
-        for (name, stream_subjects) in streams {
-            let config = stream::Config {
-                name: name.clone(),
+        let configs = streams
+            .into_iter()
+            .map(|(name, stream_subjects)| stream::Config {
+                name,
                 subjects: stream_subjects,
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
@@ -270,7 +275,10 @@ impl Bus {
                 max_message_size: MESSAGE_BYTES_MAX,
                 duplicate_window: DUPLICATE_WINDOW,
                 ..Default::default()
-            };
+            })
+            .chain([artifacts::uploads_stream_config(self, settings)]);
+        for config in configs {
+            let name = config.name.clone();
             let provision_error = |message: String| BusError::Provision {
                 stream: name.clone(),
                 message,
@@ -296,7 +304,7 @@ impl Bus {
                 }
             }
         }
-        Ok(())
+        self.provision_artifacts(settings).await
     }
 
     /// Publishes to a stream and waits for its PubAck. `msg_id` becomes `Nats-Msg-Id`.

@@ -122,9 +122,11 @@ impl Subjects {
                         WorkerVerb::Result,
                         WorkerVerb::Complete,
                         WorkerVerb::Fail,
+                        WorkerVerb::Artifact,
                     ]
                     .into_iter()
                     .map(|verb| self.worker(&id, verb))
+                    .chain([self.worker_uploads(&id)])
                     .collect(),
                     subscribe: vec![
                         inbox,
@@ -171,6 +173,8 @@ impl Subjects {
             self.requests_stream(),
             self.events_stream(),
             self.results_stream(),
+            self.uploads_stream(),
+            self.artifacts_stream(),
         ]
         .into_iter()
         .flat_map(|stream| {
@@ -218,19 +222,55 @@ impl Subjects {
                 consumer_of(self.results_stream(), &mut publish);
                 publish.push(self.worker_wildcard(WorkerVerb::Ack));
                 subscribe.push(self.client_wildcard(ClientVerb::Findings));
+                // Upload sessions: read a session's chunks back (an ordered consumer), keep
+                // the verified file in the artifact store, purge what was sent.
+                subscribe.push(self.worker_wildcard(WorkerVerb::Artifact));
+                publish.extend(self.artifact_store_access());
                 responses = true;
             }
             Service::Enrichment => {
                 subscribe.push(self.client_wildcard(ClientVerb::Enrich));
                 responses = true;
             }
-            Service::Reaper => publish.push(self.dispatch_wakeup()),
+            Service::Reaper => {
+                publish.push(self.dispatch_wakeup());
+                // Removes what expired and failed upload sessions left: chunks and objects.
+                publish.extend(self.artifact_store_access());
+            }
         }
         Permissions {
             publish,
             subscribe,
             responses,
         }
+    }
+
+    /// The object store's stream, `OBJ_<bucket>`.
+    fn artifacts_stream(&self) -> String {
+        format!("OBJ_{}", self.artifacts_bucket())
+    }
+
+    /// Reading, writing and removing artifacts and upload chunks: the object store's own
+    /// subjects (`$O.<bucket>.…`), its stream's message and purge APIs, the uploads stream's
+    /// purge, and consumers that read either back.
+    fn artifact_store_access(&self) -> Vec<String> {
+        let objects = self.artifacts_stream();
+        let uploads = self.uploads_stream();
+        let mut access = vec![format!("$O.{}.>", self.artifacts_bucket())];
+        for stream in [objects, uploads] {
+            access.extend([
+                format!("{JS_API}.STREAM.PURGE.{stream}"),
+                format!("{JS_API}.STREAM.MSG.GET.{stream}"),
+                format!("{JS_API}.DIRECT.GET.{stream}"),
+                format!("{JS_API}.DIRECT.GET.{stream}.>"),
+                format!("{JS_API}.CONSUMER.CREATE.{stream}"),
+                format!("{JS_API}.CONSUMER.CREATE.{stream}.>"),
+                format!("{JS_API}.CONSUMER.DELETE.{stream}.>"),
+                format!("{JS_API}.CONSUMER.MSG.NEXT.{stream}.*"),
+                format!("{JS_API}.CONSUMER.INFO.{stream}.*"),
+            ]);
+        }
+        access
     }
 
     fn event_publish(&self) -> [String; 2] {
@@ -250,12 +290,10 @@ mod tests {
     fn a_worker_publishes_only_on_its_own_subjects_and_reads_only_its_own_inbox() {
         let worker_id = Uuid::now_v7();
         let permissions = subjects().permissions(&Identity::Worker { worker_id });
-        assert!(
-            permissions
-                .publish
-                .iter()
-                .all(|subject| subject.starts_with(&format!("p.v1.worker.{worker_id}.")))
-        );
+        assert!(permissions.publish.iter().all(|subject| {
+            subject.starts_with(&format!("p.v1.worker.{worker_id}."))
+                || *subject == format!("p.v1.upload.{worker_id}.*")
+        }));
         assert!(
             !permissions
                 .publish

@@ -138,11 +138,13 @@ pub enum WorkerVerb {
     Fail,
     /// Ingestion's answers, core NATS, to the worker.
     Ack,
+    /// Request/reply to ingestion: prepare and commit an artifact upload session.
+    Artifact,
 }
 
 impl WorkerVerb {
     /// Every verb.
-    pub const ALL: [WorkerVerb; 8] = [
+    pub const ALL: [WorkerVerb; 9] = [
         WorkerVerb::Hello,
         WorkerVerb::Acquire,
         WorkerVerb::Renew,
@@ -151,6 +153,7 @@ impl WorkerVerb {
         WorkerVerb::Complete,
         WorkerVerb::Fail,
         WorkerVerb::Ack,
+        WorkerVerb::Artifact,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -163,6 +166,7 @@ impl WorkerVerb {
             WorkerVerb::Complete => "complete",
             WorkerVerb::Fail => "fail",
             WorkerVerb::Ack => "ack",
+            WorkerVerb::Artifact => "artifact",
         }
     }
 }
@@ -374,6 +378,25 @@ impl Subjects {
         token("worker_id", worker_id).ok()
     }
 
+    /// Where a worker publishes the chunks of one upload session (JetStream, the uploads
+    /// stream): `<prefix>.v1.upload.<worker_id>.<upload_id>`. Both are tokens (a worker id and
+    /// an upload id are UUIDs); a worker may publish under its own id only.
+    pub fn upload(&self, worker_id: &str, upload_id: &str) -> String {
+        debug_assert!(token("worker_id", worker_id).is_ok(), "{worker_id:?}");
+        debug_assert!(token("upload_id", upload_id).is_ok(), "{upload_id:?}");
+        format!("{}.v1.upload.{worker_id}.{upload_id}", self.prefix)
+    }
+
+    /// `<prefix>.v1.upload.<worker_id>.*`: every upload subject of one worker (its permission).
+    pub fn worker_uploads(&self, worker_id: &str) -> String {
+        format!("{}.v1.upload.{worker_id}.*", self.prefix)
+    }
+
+    /// `<prefix>.v1.upload.*.*`: the uploads stream's subjects.
+    pub fn uploads_wildcard(&self) -> String {
+        format!("{}.v1.upload.*.*", self.prefix)
+    }
+
     fn stream(&self, suffix: &str) -> String {
         format!(
             "{}_{}",
@@ -395,6 +418,17 @@ impl Subjects {
     /// Stream of worker results, completions and failures.
     pub fn results_stream(&self) -> String {
         self.stream("RESULTS")
+    }
+
+    /// Stream of artifact chunks in upload sessions not yet committed or removed.
+    pub fn uploads_stream(&self) -> String {
+        self.stream("UPLOADS")
+    }
+
+    /// The JetStream Object Store bucket that keeps committed artifacts (its stream is
+    /// `OBJ_<bucket>`).
+    pub fn artifacts_bucket(&self) -> String {
+        self.stream("ARTIFACTS")
     }
 }
 
@@ -437,6 +471,9 @@ mod tests {
         assert_eq!(s.worker_id_of("t-1.v1.worker.abc.renew"), Some("abc"));
         assert_eq!(s.worker_id_of("other.v1.worker.abc.renew"), None);
         assert_eq!(s.results_stream(), "T_1_RESULTS");
+        assert_eq!(s.upload("w", "u"), "t-1.v1.upload.w.u");
+        assert_eq!(s.uploads_stream(), "T_1_UPLOADS");
+        assert_eq!(s.artifacts_bucket(), "T_1_ARTIFACTS");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod admit;
+pub mod artifacts;
 pub mod bus_identities;
 pub mod cancel;
 pub mod cves;

@@ -185,15 +185,16 @@ string_enum! {
 string_enum! {
     /// One artifact upload session of an attempt.
     UploadStatus, "worker_artifact_uploads.worker_artifact_uploads_status_check" {
-        /// Reserved for the artifact issue: the session was handed out.
+        /// Opened by a worker holding its lease; its chunks may be arriving.
         Prepared => "prepared",
-        /// Reserved for the artifact issue: the object was uploaded.
+        /// Committed by the worker and verified (size, sha256, chunks): its file is being
+        /// put into the artifact store.
         Uploaded => "uploaded",
-        /// Reserved for the artifact issue: the upload belongs to the task's evidence.
+        /// In the artifact store and part of the scan's evidence.
         Committed => "committed",
         /// The reaper, when a `prepared` or `uploaded` session passes its expiry.
         Expired => "expired",
-        /// Reserved for the artifact issue: the upload was refused.
+        /// What arrived is not what the commit described (size, digest or chunks).
         Failed => "failed",
     }
 }

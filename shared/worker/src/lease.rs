@@ -104,6 +104,10 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
         .hold(lease_ref.clone(), expires_at, ctx.session.renew_interval);
     let plugin_cancel = CancellationToken::new();
     let (sink, results) = ResultSink::channel(SINK_QUEUE_MAX);
+    let sink = sink.with_artifacts(Arc::new(crate::artifacts::LeaseUploader {
+        ctx: ctx.clone(),
+        lease: lease_ref.clone(),
+    }));
     let input = TaskInput {
         plugin: lease.plugin.clone(),
         target: lease.target.clone(),

@@ -20,6 +20,7 @@
 //! ```
 
 mod acks;
+mod artifacts;
 mod batch;
 mod config;
 mod context;
@@ -32,6 +33,7 @@ mod retry;
 mod stats;
 mod worker;
 
+pub use artifacts::{ArtifactUploader, UploadedArtifact};
 pub use config::{Session, WorkerConfig};
 pub use error::WorkerError;
 pub use futures::future::BoxFuture;

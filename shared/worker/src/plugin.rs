@@ -1,10 +1,15 @@
 //! What a plugin is to the SDK: a named async function from a task to findings and assets
 //! (pushed into a [`ResultSink`]) and a summary, or a [`PluginError`].
 
+use std::sync::Arc;
+
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use messages::v1;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::artifacts::{ArtifactUploader, UploadedArtifact};
 
 /// One kind of scan. The worker advertises every plugin's [`Plugin::name`] as a capability and
 /// runs the plugin a lease names.
@@ -109,10 +114,20 @@ impl From<SinkClosed> for PluginError {
 }
 
 /// Where a plugin puts its results. Sending waits while the worker has too many unacknowledged
-/// batches, so a fast plugin cannot outrun ingestion. Cheap to clone.
-#[derive(Debug, Clone)]
+/// batches, so a fast plugin cannot outrun ingestion. Files go through [`ResultSink::artifact`].
+/// Cheap to clone.
+#[derive(Clone)]
 pub struct ResultSink {
     sender: mpsc::Sender<ResultItem>,
+    artifacts: Option<Arc<dyn ArtifactUploader>>,
+}
+
+impl std::fmt::Debug for ResultSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResultSink")
+            .field("artifacts", &self.artifacts.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ResultSink {
@@ -121,7 +136,38 @@ impl ResultSink {
     pub fn channel(capacity: usize) -> (Self, mpsc::Receiver<ResultItem>) {
         assert!(capacity > 0, "a sink needs room for at least one result");
         let (sender, receiver) = mpsc::channel(capacity);
-        (Self { sender }, receiver)
+        (
+            Self {
+                sender,
+                artifacts: None,
+            },
+            receiver,
+        )
+    }
+
+    /// This sink, uploading artifacts through `uploader` (the worker gives each lease its own;
+    /// a plugin test may give one that keeps the files).
+    pub fn with_artifacts(mut self, uploader: Arc<dyn ArtifactUploader>) -> Self {
+        self.artifacts = Some(uploader);
+        self
+    }
+
+    /// Uploads `bytes` as an artifact of this task, named `name` (a file name) with the media
+    /// type `content_type`, and returns it once ingestion verified and kept it. Fails with
+    /// `artifacts_unavailable` on a sink without an uploader.
+    pub async fn artifact(
+        &self,
+        name: &str,
+        content_type: &str,
+        bytes: Bytes,
+    ) -> Result<UploadedArtifact, PluginError> {
+        let Some(uploader) = &self.artifacts else {
+            return Err(PluginError::permanent(
+                "artifacts_unavailable",
+                "this result sink uploads no artifacts",
+            ));
+        };
+        uploader.upload(name, content_type, bytes).await
     }
 
     pub async fn finding(&self, finding: v1::Finding) -> Result<(), SinkClosed> {

@@ -3,6 +3,7 @@
 
 mod admission;
 mod admit;
+mod artifacts;
 mod bad_input;
 mod cluster;
 mod control;

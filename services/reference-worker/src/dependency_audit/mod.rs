@@ -130,11 +130,7 @@ fn audit(
     database: &osv::Database,
     cancel: &CancellationToken,
 ) -> Result<Report, PluginError> {
-    let lockfiles = find_lockfiles(root, cancel)?
-        .iter()
-        .map(|path| lockfile::read(path))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(lockfile_error)?;
+    let lockfiles = read_lockfiles(root, cancel)?;
     let names: BTreeSet<(Ecosystem, String)> = lockfiles
         .iter()
         .flat_map(|lockfile| &lockfile.packages)
@@ -176,6 +172,19 @@ fn audit(
         });
     }
     Ok(report)
+}
+
+/// The lockfile `root` is, or the lockfiles in the directory `root`, read, in path order
+/// (also the `sbom` plugin's input). Blocking.
+pub fn read_lockfiles(
+    root: &Path,
+    cancel: &CancellationToken,
+) -> Result<Vec<Lockfile>, PluginError> {
+    find_lockfiles(root, cancel)?
+        .iter()
+        .map(|path| lockfile::read(path))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(lockfile_error)
 }
 
 /// The lockfile `root` is, or the lockfiles in the directory `root`, in path order.

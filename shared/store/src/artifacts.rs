@@ -1,0 +1,303 @@
+//! Artifact upload sessions (RFC 003, `worker_artifact_uploads`): a worker holding a live
+//! lease opens a session ([`prepare`]), sends its file on the bus, and commits; ingestion
+//! reads the file back, and [`mark_uploaded`] / [`commit`] move the session on under the
+//! fence, [`fail`] ends it when what arrived is not what the commit described. The reaper
+//! expires sessions left open ([`crate::recover::expire_uploads`]) and removes what ended
+//! sessions left on the bus ([`removable`], [`mark_removed`]).
+//!
+//! States: `prepared → uploaded → committed`, or `expired` / `failed` from either open state.
+//! Only a committed session is an artifact of its scan.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use messages::{ErrorCode, v1};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::fence::{self, LeaseClaim};
+use crate::sql;
+use crate::states::UploadStatus;
+use crate::{StoreError, seconds};
+
+/// One upload session, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Upload {
+    pub id: Uuid,
+    pub task_id: Uuid,
+    pub attempt_id: Uuid,
+    pub organization_id: Uuid,
+    pub scan_id: Option<Uuid>,
+    pub scan_job_id: Option<Uuid>,
+    pub worker_id: Option<Uuid>,
+    /// Where the file is (or would be) in the artifact store.
+    pub object_key: String,
+    pub original_name: String,
+    pub content_type: String,
+    /// Set once verified (`uploaded`).
+    pub size_bytes: Option<i64>,
+    /// Lowercase hex; empty until verified.
+    pub sha256: String,
+    pub chunks: Option<i32>,
+    pub status: String,
+    /// Why the session failed; empty otherwise.
+    pub error: String,
+    pub expires_at: DateTime<Utc>,
+    pub uploaded_at: Option<DateTime<Utc>>,
+    pub committed_at: Option<DateTime<Utc>>,
+    pub removed_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Upload {
+    pub fn status(&self) -> Result<UploadStatus, StoreError> {
+        UploadStatus::parse(&self.status)
+            .ok_or_else(|| StoreError::Corrupt(format!("upload status {:?}", self.status)))
+    }
+
+    /// Whether `claim` names this session's attempt, from its worker.
+    fn belongs_to(&self, claim: &LeaseClaim) -> bool {
+        self.attempt_id == claim.attempt_id
+            && self.task_id == claim.task_id
+            && self.worker_id == Some(claim.worker_id)
+    }
+}
+
+/// A prepare, as ingestion parsed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepare<'a> {
+    pub claim: &'a LeaseClaim,
+    pub upload_id: Uuid,
+    pub name: &'a str,
+    pub content_type: &'a str,
+    /// How long the session stays open (`PALISADE_UPLOAD_TTL_MS`).
+    pub ttl: Duration,
+}
+
+/// The object key of an upload: one per session, never reused.
+pub fn object_key(upload_id: Uuid) -> String {
+    upload_id.to_string()
+}
+
+/// Opens a session for `prepare.claim`'s attempt, which must hold its lease (checked under
+/// the fence's locks), or returns the one a resent prepare with the same id opened. The same
+/// id from another attempt, for another file, or of a session that already ended is an
+/// `idempotency_conflict`.
+pub async fn prepare(
+    pool: &PgPool,
+    prepare: &Prepare<'_>,
+) -> Result<Result<Upload, v1::Error>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let claim = prepare.claim;
+    let Some(locked) = fence::lock(&mut *tx, claim).await? else {
+        return Ok(Err(fence::lease_lost(claim)));
+    };
+    if let Some(refusal) = locked.refusal(claim)? {
+        return Ok(Err(refusal));
+    }
+    let upload = sql::query_as::<Upload>(sql::worker_artifact_uploads::PREPARE)
+        .bind(prepare.upload_id)
+        .bind(claim.task_id)
+        .bind(claim.attempt_id)
+        .bind(claim.worker_id)
+        .bind(object_key(prepare.upload_id))
+        .bind(prepare.name)
+        .bind(prepare.content_type)
+        .bind(seconds(prepare.ttl))
+        .bind(UploadStatus::Prepared.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let conflict = |why: &str| {
+        Ok(Err(v1::Error::new(
+            ErrorCode::IdempotencyConflict,
+            format!("upload {} {why}: prepare with a new upload_id", upload.id),
+        )))
+    };
+    if !upload.belongs_to(claim)
+        || upload.original_name != prepare.name
+        || upload.content_type != prepare.content_type
+    {
+        return conflict("was prepared for another attempt or another file");
+    }
+    match upload.status()? {
+        UploadStatus::Prepared | UploadStatus::Uploaded | UploadStatus::Committed => Ok(Ok(upload)),
+        UploadStatus::Expired => conflict("expired"),
+        UploadStatus::Failed => conflict("failed"),
+    }
+}
+
+/// One session, in any state.
+pub async fn get(pool: &PgPool, upload_id: Uuid) -> Result<Option<Upload>, StoreError> {
+    Ok(sql::query_as::<Upload>(sql::worker_artifact_uploads::GET)
+        .bind(upload_id)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// The session `claim` may commit: its own, whatever its state (a committed one answers a
+/// resent commit), or `not_found` (another attempt's or nobody's: nothing tells them apart).
+pub async fn of_claim(
+    pool: &PgPool,
+    claim: &LeaseClaim,
+    upload_id: Uuid,
+) -> Result<Result<Upload, v1::Error>, StoreError> {
+    Ok(match get(pool, upload_id).await? {
+        Some(upload) if upload.belongs_to(claim) => Ok(upload),
+        _ => Err(v1::Error::new(
+            ErrorCode::NotFound,
+            format!("no upload session {upload_id} of this attempt: prepare one first"),
+        )),
+    })
+}
+
+/// What ingestion found the file to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified<'a> {
+    pub size_bytes: u64,
+    pub sha256: &'a str,
+    pub chunks: u32,
+}
+
+/// Runs `write` in a transaction after the fence: the claim must hold its lease.
+async fn fenced(
+    pool: &PgPool,
+    claim: &LeaseClaim,
+    upload_id: Uuid,
+    write: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<Option<Uuid>, StoreError>,
+) -> Result<Result<(), v1::Error>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let Some(locked) = fence::lock(&mut *tx, claim).await? else {
+        return Ok(Err(fence::lease_lost(claim)));
+    };
+    if let Some(refusal) = locked.refusal(claim)? {
+        return Ok(Err(refusal));
+    }
+    if write(&mut *tx).await?.is_none() {
+        return Ok(Err(v1::Error::new(
+            ErrorCode::NotFound,
+            format!(
+                "upload session {upload_id} is no longer open (expired, failed or committed meanwhile)"
+            ),
+        )));
+    }
+    tx.commit().await?;
+    Ok(Ok(()))
+}
+
+/// An open, unexpired session's file was read back and matches its commit: `uploaded`.
+/// Refused when the claim no longer holds its lease, or the session is not open.
+pub async fn mark_uploaded(
+    pool: &PgPool,
+    claim: &LeaseClaim,
+    upload_id: Uuid,
+    verified: &Verified<'_>,
+) -> Result<Result<(), v1::Error>, StoreError> {
+    let size = i64::try_from(verified.size_bytes)
+        .map_err(|_| StoreError::Corrupt(format!("size {}", verified.size_bytes)))?;
+    let chunks = i32::try_from(verified.chunks)
+        .map_err(|_| StoreError::Corrupt(format!("chunks {}", verified.chunks)))?;
+    fenced(pool, claim, upload_id, async |conn| {
+        Ok(
+            sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::MARK_UPLOADED)
+                .bind(upload_id)
+                .bind(claim.attempt_id)
+                .bind(size)
+                .bind(verified.sha256)
+                .bind(chunks)
+                .bind(UploadStatus::Uploaded.as_str())
+                .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
+                .fetch_optional(conn)
+                .await?,
+        )
+    })
+    .await
+}
+
+/// A verified session whose file is in the artifact store: `committed`, an artifact of its
+/// scan. Refused when the claim no longer holds its lease (the session then expires and the
+/// reaper removes the file).
+pub async fn commit(
+    pool: &PgPool,
+    claim: &LeaseClaim,
+    upload_id: Uuid,
+) -> Result<Result<(), v1::Error>, StoreError> {
+    fenced(pool, claim, upload_id, async |conn| {
+        Ok(
+            sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::COMMIT)
+                .bind(upload_id)
+                .bind(claim.attempt_id)
+                .bind(UploadStatus::Committed.as_str())
+                .bind(UploadStatus::Uploaded.as_str())
+                .fetch_optional(conn)
+                .await?,
+        )
+    })
+    .await
+}
+
+/// Ends an open session of `claim`'s attempt as `failed`, saying why (what arrived is not
+/// what the commit described). Not fenced: the session's own attempt reported it, and a
+/// failed session only loses what nobody could commit. Whether it moved.
+pub async fn fail(
+    pool: &PgPool,
+    claim: &LeaseClaim,
+    upload_id: Uuid,
+    why: &str,
+) -> Result<bool, StoreError> {
+    Ok(
+        sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::FAIL)
+            .bind(upload_id)
+            .bind(claim.attempt_id)
+            .bind(why)
+            .bind(UploadStatus::Failed.as_str())
+            .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
+            .fetch_optional(pool)
+            .await?
+            .is_some(),
+    )
+}
+
+/// A scan's artifacts (committed sessions), in commit order.
+pub async fn of_scan(pool: &PgPool, scan_id: Uuid) -> Result<Vec<Upload>, StoreError> {
+    Ok(
+        sql::query_as::<Upload>(sql::worker_artifact_uploads::OF_SCAN)
+            .bind(scan_id)
+            .bind(UploadStatus::Committed.as_str())
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+/// What an ended session left on the bus: its chunks (under its worker's upload subject) and
+/// maybe an object.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Removable {
+    pub id: Uuid,
+    pub worker_id: Option<Uuid>,
+    pub object_key: String,
+}
+
+/// Sessions that expired or failed whose leftovers are still to be removed, oldest first.
+pub async fn removable(pool: &PgPool, limit: i64) -> Result<Vec<Removable>, StoreError> {
+    Ok(
+        sql::query_as::<Removable>(sql::worker_artifact_uploads::REMOVABLE)
+            .bind(limit)
+            .bind([
+                UploadStatus::Expired.as_str(),
+                UploadStatus::Failed.as_str(),
+            ])
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+/// Records that these sessions' leftovers are gone.
+pub async fn mark_removed(pool: &PgPool, ids: &[Uuid]) -> Result<u64, StoreError> {
+    Ok(sql::query(sql::worker_artifact_uploads::MARK_REMOVED)
+        .bind(ids)
+        .execute(pool)
+        .await?
+        .rows_affected())
+}

@@ -1,0 +1,414 @@
+//! Artifacts (issue 12, item 4): upload sessions fenced on the live lease, chunks on the
+//! worker's own upload subject, size and sha256 verified at commit before the file is stored,
+//! sessions expired and their leftovers removed by the reaper, downloads verified, and the
+//! `sbom` plugin's CycloneDX document through the whole path.
+
+use bus::artifacts::ArtifactStore as _;
+use messages::{ErrorCode, v1};
+use tests::{DEPENDENCY_AUDIT_DATA, TestSystem};
+use uuid::Uuid;
+
+fn lease_ref(lease: &v1::Lease) -> v1::LeaseRef {
+    lease.lease.clone().expect("lease ref")
+}
+
+fn code(reply: &v1::ArtifactReply) -> Option<ErrorCode> {
+    reply.error.as_ref().and_then(v1::Error::error_code)
+}
+
+async fn status(system: &TestSystem, upload_id: Uuid) -> store::artifacts::Upload {
+    store::artifacts::get(&system.pool, upload_id)
+        .await
+        .expect("read")
+        .expect("a session")
+}
+
+/// A file of `len` bytes that is not all the same byte.
+fn file(len: usize) -> Vec<u8> {
+    (0..len).map(|at| (at * 31 % 251) as u8).collect()
+}
+
+#[tokio::test]
+async fn a_verified_upload_is_committed_once_and_downloads_intact() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+    let upload_id = Uuid::new_v4();
+    let prepared = scan
+        .worker
+        .prepare_upload(&lease, upload_id, "report.json")
+        .await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    assert_eq!(prepared.status, "prepared");
+    assert_eq!(
+        prepared.chunk_subject,
+        system
+            .subjects
+            .upload(&scan.worker.id.to_string(), &upload_id.to_string())
+    );
+    assert!(prepared.expires_in_ms > 0);
+    // A lost reply: preparing again answers the same session.
+    let again = scan
+        .worker
+        .prepare_upload(&lease, upload_id, "report.json")
+        .await;
+    assert_eq!(again.chunk_subject, prepared.chunk_subject);
+
+    let data = file(700 * 1024);
+    let chunks = scan
+        .worker
+        .send_chunks(&prepared.chunk_subject, upload_id, &data, 256 * 1024)
+        .await;
+    assert_eq!(chunks, 3);
+    // A chunk resent after its PubAck was lost (a new message id): kept once.
+    scan.worker
+        .send_chunks(
+            &prepared.chunk_subject,
+            upload_id,
+            &data[..256 * 1024],
+            256 * 1024,
+        )
+        .await;
+    let sha256 = messages::sha256_hex(&data);
+    let committed = scan
+        .worker
+        .commit_upload(&lease, upload_id, data.len() as u64, &sha256, chunks)
+        .await;
+    assert!(committed.error.is_none(), "{committed:?}");
+    assert_eq!(
+        (
+            committed.status.as_str(),
+            committed.size_bytes,
+            committed.sha256.as_str()
+        ),
+        ("committed", data.len() as u64, sha256.as_str())
+    );
+    // A resent commit answers the same.
+    let resent = scan
+        .worker
+        .commit_upload(&lease, upload_id, data.len() as u64, &sha256, chunks)
+        .await;
+    assert_eq!(resent, committed);
+
+    let session = status(&system, upload_id).await;
+    assert_eq!(session.status, "committed");
+    assert_eq!(session.chunks, Some(3));
+    let scan_id: Uuid = scan.scan_id.parse().unwrap();
+    let listed = palisade::commands::list_artifacts(&system.pool, scan_id)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].original_name, "report.json");
+    let store = system.bus.artifacts().await.unwrap();
+    let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, upload_id)
+        .await
+        .unwrap();
+    assert_eq!(bytes.as_ref(), data.as_slice());
+    // The chunks were purged once committed.
+    let left = system
+        .bus
+        .read_upload(
+            &scan.worker.id.to_string(),
+            &upload_id.to_string(),
+            u64::MAX,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(left.chunks, 0);
+
+    // A stored object that no longer matches its record is refused on download.
+    store
+        .put(&session.object_key, bytes::Bytes::from_static(b"tampered"))
+        .await
+        .unwrap();
+    let error = palisade::commands::get_artifact(&system.pool, &store, upload_id)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("does not match"), "{error:#}");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn a_wrong_digest_size_or_chunk_count_is_refused_at_commit_and_fails_the_session() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+    let data = file(10_000);
+    let sha256 = messages::sha256_hex(&data);
+    let store = system.bus.artifacts().await.unwrap();
+    let cases: [(&str, u64, String, u32); 3] = [
+        (
+            "digest",
+            data.len() as u64,
+            messages::sha256_hex(b"other"),
+            3,
+        ),
+        ("size", data.len() as u64 - 1, sha256.clone(), 3),
+        ("chunks", data.len() as u64, sha256.clone(), 4),
+    ];
+    for (what, size, digest, chunks) in cases {
+        let upload_id = Uuid::new_v4();
+        let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
+        assert!(prepared.error.is_none(), "{prepared:?}");
+        let sent = scan
+            .worker
+            .send_chunks(&prepared.chunk_subject, upload_id, &data, 4_000)
+            .await;
+        assert_eq!(sent, 3);
+        let reply = scan
+            .worker
+            .commit_upload(&lease, upload_id, size, &digest, chunks)
+            .await;
+        assert_eq!(
+            code(&reply),
+            Some(ErrorCode::ChecksumMismatch),
+            "{what}: {reply:?}"
+        );
+        let session = status(&system, upload_id).await;
+        assert_eq!(session.status, "failed", "{what}");
+        assert!(!session.error.is_empty(), "{what}");
+        assert!(
+            store.get(&session.object_key).await.unwrap().is_none(),
+            "{what}"
+        );
+        // Committing again, even with the right claims, does not revive it.
+        let again = scan
+            .worker
+            .commit_upload(&lease, upload_id, data.len() as u64, &sha256, 3)
+            .await;
+        assert_eq!(code(&again), Some(ErrorCode::NotFound), "{what}: {again:?}");
+    }
+    // A size over the limit is refused before anything is read.
+    let too_large = scan
+        .worker
+        .commit_upload(
+            &lease,
+            Uuid::new_v4(),
+            runtime::ArtifactLimits::BYTES_MAX_DEFAULT + 1,
+            &sha256,
+            1,
+        )
+        .await;
+    assert_eq!(code(&too_large), Some(ErrorCode::TooLarge));
+    let scan_id: Uuid = scan.scan_id.parse().unwrap();
+    assert!(
+        palisade::commands::list_artifacts(&system.pool, scan_id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The reaper removes what the failed sessions left.
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!(outcome.uploads_removed, 3, "{outcome:?}");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn a_worker_without_a_live_lease_cannot_open_or_commit_a_session() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+
+    let mut forged = lease.clone();
+    forged.lease_token = "not-the-token".into();
+    let reply = scan
+        .worker
+        .prepare_upload(&forged, Uuid::new_v4(), "f")
+        .await;
+    assert_eq!(code(&reply), Some(ErrorCode::LeaseLost), "{reply:?}");
+
+    // Prepared while live; the lease then expires and the task is leased again.
+    let upload_id = Uuid::new_v4();
+    let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    let data = file(1_000);
+    let chunks = scan
+        .worker
+        .send_chunks(&prepared.chunk_subject, upload_id, &data, 1_000)
+        .await;
+    system.expire_and_recover(&scan.lease).await;
+    let stale = scan
+        .worker
+        .prepare_upload(&lease, Uuid::new_v4(), "g")
+        .await;
+    assert_eq!(code(&stale), Some(ErrorCode::LeaseLost), "{stale:?}");
+    let commit = scan
+        .worker
+        .commit_upload(
+            &lease,
+            upload_id,
+            data.len() as u64,
+            &messages::sha256_hex(&data),
+            chunks,
+        )
+        .await;
+    assert_eq!(code(&commit), Some(ErrorCode::LeaseLost), "{commit:?}");
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM worker_artifact_uploads WHERE status = 'committed'",
+    )
+    .fetch_one(&system.pool)
+    .await
+    .unwrap();
+    assert_eq!(count, 0);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn an_expired_session_is_expired_by_the_reaper_and_what_it_left_is_removed() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+    let upload_id = Uuid::new_v4();
+    let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    let data = file(5_000);
+    scan.worker
+        .send_chunks(&prepared.chunk_subject, upload_id, &data, 2_000)
+        .await;
+    // As if ingestion had stored the file and then lost the lease before the commit: an
+    // object under the session's key.
+    let session = status(&system, upload_id).await;
+    let store = system.bus.artifacts().await.unwrap();
+    store
+        .put(&session.object_key, bytes::Bytes::from(data.clone()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE worker_artifact_uploads SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(upload_id)
+    .execute(&system.pool)
+    .await
+    .unwrap();
+
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!(
+        (outcome.uploads_expired, outcome.uploads_removed),
+        (1, 1),
+        "{outcome:?}"
+    );
+    let session = status(&system, upload_id).await;
+    assert_eq!(session.status, "expired");
+    assert!(session.removed_at.is_some());
+    assert!(store.get(&session.object_key).await.unwrap().is_none());
+    let left = system
+        .bus
+        .read_upload(
+            &scan.worker.id.to_string(),
+            &upload_id.to_string(),
+            u64::MAX,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(left.chunks, 0, "the chunks are purged");
+    // Nothing left to do at the next sweep; a commit of the expired session is refused.
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!((outcome.uploads_expired, outcome.uploads_removed), (0, 0));
+    let commit = scan
+        .worker
+        .commit_upload(&lease, upload_id, 5_000, &messages::sha256_hex(&data), 3)
+        .await;
+    assert_eq!(code(&commit), Some(ErrorCode::NotFound), "{commit:?}");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn a_worker_cannot_publish_chunks_on_another_workers_upload_subject() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+    let upload_id = Uuid::new_v4();
+    let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    // Another worker of the same organization publishes into this session's subject: its
+    // credentials do not allow it, so no PubAck comes and nothing reaches the stream.
+    let intruder = system.manual_worker(scan.organization_id, 1).await;
+    let intruder_bus = system.worker_bus(intruder.id).await;
+    let chunk = v1::ArtifactChunk {
+        upload_id: upload_id.to_string(),
+        index: 0,
+        data: b"not yours".to_vec(),
+    };
+    let published = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        intruder_bus.publish_durable(
+            prepared.chunk_subject.clone(),
+            "intruder:0",
+            Default::default(),
+            prost::Message::encode_to_vec(&chunk).into(),
+        ),
+    )
+    .await;
+    if system.nats.authority.is_some() {
+        assert!(
+            !matches!(published, Ok(Ok(_))),
+            "a PubAck came for another worker's upload subject"
+        );
+        let sent = system
+            .bus
+            .read_upload(
+                &scan.worker.id.to_string(),
+                &upload_id.to_string(),
+                u64::MAX,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(sent.chunks, 0);
+    }
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn the_sbom_plugin_uploads_a_cyclonedx_document_that_downloads_and_verifies() {
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    system.reference_worker(organization, 2).await;
+    let lockfile = std::fs::canonicalize(format!("{DEPENDENCY_AUDIT_DATA}/rust/Cargo.lock"))
+        .expect("the test lockfile");
+    let reply = system
+        .submit(&system.request(organization, &lockfile.display().to_string(), &["sbom"]))
+        .await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    system.wait_scan_state(&reply.scan_id, "completed").await;
+    let scan_id: Uuid = reply.scan_id.parse().unwrap();
+    let artifacts = palisade::commands::list_artifacts(&system.pool, scan_id)
+        .await
+        .unwrap();
+    assert_eq!(artifacts.len(), 1, "{artifacts:?}");
+    let artifact = &artifacts[0];
+    assert_eq!(
+        artifact.original_name,
+        reference_worker::sbom::ARTIFACT_NAME
+    );
+    assert_eq!(artifact.content_type, reference_worker::sbom::CONTENT_TYPE);
+    let store = system.bus.artifacts().await.unwrap();
+    let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, artifact.id)
+        .await
+        .unwrap();
+    let document: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(document["bomFormat"], "CycloneDX");
+    let purls: Vec<&str> = document["components"]
+        .as_array()
+        .expect("components")
+        .iter()
+        .filter_map(|component| component["purl"].as_str())
+        .collect();
+    assert!(!purls.is_empty());
+    assert!(
+        purls.iter().all(|purl| purl.starts_with("pkg:cargo/")),
+        "{purls:?}"
+    );
+    // The asset names the artifact.
+    let assets: Vec<String> =
+        sqlx::query_scalar("SELECT a.value FROM assets a JOIN scan_assets s ON s.asset_id = a.id WHERE s.scan_id = $1 AND a.kind = 'sbom'")
+            .bind(scan_id)
+            .fetch_all(&system.pool)
+            .await
+            .unwrap();
+    assert_eq!(assets.len(), 1, "{assets:?}");
+    assert!(assets[0].contains(&artifact.id.to_string()), "{assets:?}");
+    system.finish().await;
+}
