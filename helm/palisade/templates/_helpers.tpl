@@ -138,12 +138,24 @@ authenticates) and the NATS TLS files.
   value: /etc/palisade/nats-tls/tls.key
 {{- end }}
 {{- end }}
-{{- if $values.otlp.endpoint }}
+{{- with $values.otlp.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
-  value: {{ $values.otlp.endpoint | quote }}
-- name: OTEL_EXPORTER_OTLP_PROTOCOL
-  value: {{ $values.otlp.protocol | quote }}
+  value: {{ . | quote }}
 {{- end }}
+{{- with $values.otlp.protocol }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $values.otlp.tracesEndpoint }}
+- name: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with $values.otlp.tracesProtocol }}
+- name: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
+  value: {{ . | quote }}
+{{- end }}
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "%s%s" $values.otlp.serviceNamePrefix .component | quote }}
 - name: OTEL_TRACES_SAMPLER
   value: {{ $values.otlp.sampler | quote }}
 {{- if ne (toString $values.otlp.samplerArg) "" }}
