@@ -30,6 +30,8 @@ RUN cargo build --release --locked --bins $PACKAGES \
 # compose.yaml's one-shot jobs (writing the NATS authority, the worker registering itself)
 # run shell scripts: the same binaries on Debian with a shell. Not for production.
 FROM debian:bookworm-slim AS shell
+# Debian's current ca-certificates, whatever its version: certificates are what must stay fresh.
+# hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/

