@@ -16,6 +16,7 @@ mod enrichment;
 mod findings;
 mod flat;
 mod health;
+mod helm;
 mod ingestion;
 mod leader;
 mod metrics;

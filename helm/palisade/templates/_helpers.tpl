@@ -1,0 +1,241 @@
+{{/* The five services, in the order their manifests are written. */}}
+{{- define "palisade.services" -}}
+admission dispatch ingestion enrichment reaper
+{{- end -}}
+
+{{- define "palisade.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "palisade.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's resource name: <fullname>-<component>. */}}
+{{- define "palisade.componentName" -}}
+{{- printf "%s-%s" (include "palisade.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "palisade.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "palisade.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "palisade.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "palisade.selectorLabels" . }}
+app.kubernetes.io/part-of: palisade
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end -}}
+
+{{- define "palisade.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "palisade.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "palisade.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret DATABASE_URL comes from; required. */}}
+{{- define "palisade.databaseSecret" -}}
+{{- required "database.existingSecret is required: create a Secret holding DATABASE_URL (kubectl create secret generic palisade-database --from-literal=DATABASE_URL=postgres://...) and name it here" .Values.database.existingSecret -}}
+{{- end -}}
+
+{{/* Pod-level settings every component shares. */}}
+{{- define "palisade.podCommon" -}}
+serviceAccountName: {{ .serviceAccount | default (include "palisade.serviceAccountName" .root) }}
+automountServiceAccountToken: false
+securityContext:
+  {{- toYaml .root.Values.pod.securityContext | nindent 2 }}
+{{- with .root.Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.pod.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.pod.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.pod.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.pod.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- if .root.Values.pod.topologySpread.enabled }}
+topologySpreadConstraints:
+{{- range .root.Values.pod.topologySpread.topologyKeys }}
+  - maxSkew: {{ $.root.Values.pod.topologySpread.maxSkew }}
+    topologyKey: {{ . }}
+    whenUnsatisfiable: {{ $.root.Values.pod.topologySpread.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- include "palisade.selectorLabels" $ | nindent 8 }}
+    matchLabelKeys:
+      - pod-template-hash
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod metadata: labels, the configuration's checksum (a changed ConfigMap rolls the pods). */}}
+{{- define "palisade.podMetadata" -}}
+labels:
+  {{- include "palisade.labels" . | nindent 2 }}
+  {{- with .root.Values.pod.labels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+annotations:
+  checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .root | sha256sum }}
+  {{- with .root.Values.pod.annotations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/*
+The environment every palisade container gets besides the ConfigMap: DATABASE_URL from its
+Secret (unless .noDatabase), the OTLP settings, NATS_CREDS (.creds names the file, when NATS
+authenticates) and the NATS TLS files.
+*/}}
+{{- define "palisade.env" -}}
+{{- $values := .root.Values -}}
+{{- if not .noDatabase }}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "palisade.databaseSecret" .root }}
+      key: {{ $values.database.existingSecretKey }}
+{{- end }}
+{{- if and .creds $values.nats.credentials.existingSecret }}
+- name: NATS_CREDS
+  value: /etc/palisade/nats/{{ .creds }}
+{{- end }}
+{{- if $values.nats.tls.existingSecret }}
+- name: NATS_TLS_CA
+  value: /etc/palisade/nats-tls/ca.crt
+{{- if $values.nats.tls.clientCertificate }}
+- name: NATS_TLS_CERT
+  value: /etc/palisade/nats-tls/tls.crt
+- name: NATS_TLS_KEY
+  value: /etc/palisade/nats-tls/tls.key
+{{- end }}
+{{- end }}
+{{- with $values.otlp.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with $values.otlp.protocol }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $values.otlp.tracesEndpoint }}
+- name: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with $values.otlp.tracesProtocol }}
+- name: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
+  value: {{ . | quote }}
+{{- end }}
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "%s%s" $values.otlp.serviceNamePrefix .component | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $values.otlp.sampler | quote }}
+{{- if ne (toString $values.otlp.samplerArg) "" }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ toString $values.otlp.samplerArg | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes of the NATS credentials (only .creds) and TLS files. */}}
+{{- define "palisade.natsVolumes" -}}
+{{- $values := .root.Values -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- if and .creds $values.nats.credentials.existingSecret }}
+- name: nats-creds
+  secret:
+    secretName: {{ $values.nats.credentials.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .creds }}
+        path: {{ .creds }}
+{{- end }}
+{{- if $values.nats.tls.existingSecret }}
+- name: nats-tls
+  secret:
+    secretName: {{ $values.nats.tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: ca.crt
+        path: ca.crt
+      {{- if $values.nats.tls.clientCertificate }}
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "palisade.natsVolumeMounts" -}}
+{{- $values := .root.Values -}}
+- name: tmp
+  mountPath: /tmp
+{{- if and .creds $values.nats.credentials.existingSecret }}
+- name: nats-creds
+  mountPath: /etc/palisade/nats
+  readOnly: true
+{{- end }}
+{{- if $values.nats.tls.existingSecret }}
+- name: nats-tls
+  mountPath: /etc/palisade/nats-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* A NetworkPolicy egress rule to .to (any address when empty) on TCP .ports. */}}
+{{- define "palisade.egressRule" -}}
+- ports:
+    {{- range .ports }}
+    - protocol: TCP
+      port: {{ . }}
+    {{- end }}
+  {{- with .to }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* DNS: UDP and TCP .ports to .to. */}}
+{{- define "palisade.dnsRule" -}}
+- ports:
+    {{- range .ports }}
+    - protocol: UDP
+      port: {{ . }}
+    - protocol: TCP
+      port: {{ . }}
+    {{- end }}
+  {{- with .to }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
