@@ -600,3 +600,86 @@ fn postgres_user_when_root() -> Option<(u32, u32)> {
     let gid = id(&["-g", "postgres"]).expect("a `postgres` group");
     Some((uid, gid))
 }
+
+/// Where `.ci/run` installs moto (PyPI `moto[server]`), a local S3-compatible server:
+/// `PALISADE_MOTO_DIR`, else `~/.cache/palisade-tools/moto`.
+fn moto_dir() -> PathBuf {
+    std::env::var_os("PALISADE_MOTO_DIR").map_or_else(
+        || {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/palisade-tools/moto")
+        },
+        PathBuf::from,
+    )
+}
+
+/// A local S3-compatible server of this test's own (moto), with one bucket.
+pub struct S3Server {
+    port: u16,
+    pub bucket: String,
+    _child: Child,
+}
+
+impl S3Server {
+    /// Starts moto on a free port and creates `bucket`. Fails, saying how to install moto,
+    /// where it is not installed.
+    pub async fn start(bucket: &str) -> Self {
+        let dir = moto_dir();
+        assert!(
+            dir.join("moto").is_dir(),
+            "no moto at {} (a local S3-compatible server for the S3 artifact store test): install it with `python3 -m pip install --target {} 'moto[server]==5.1.22'` (.ci/run does), or set PALISADE_MOTO_DIR",
+            dir.display(),
+            dir.display()
+        );
+        let port = free_port();
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .env("PYTHONPATH", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs moto");
+        wait_until("moto to listen", || port_answers(port)).await;
+        let server = Self {
+            port,
+            bucket: bucket.to_owned(),
+            _child: child,
+        };
+        let created = reqwest::Client::new()
+            .put(format!("{}/{bucket}", server.endpoint()))
+            .send()
+            .await
+            .expect("moto answers");
+        assert!(
+            created.status().is_success(),
+            "bucket not created: {created:?}"
+        );
+        server
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Artifact store settings naming this server's bucket (moto takes any access key).
+    pub fn settings(&self) -> runtime::artifacts::ArtifactStoreSettings {
+        runtime::artifacts::ArtifactStoreSettings::S3(runtime::artifacts::S3Settings {
+            bucket: self.bucket.clone(),
+            prefix: "palisade-test".into(),
+            endpoint: Some(self.endpoint()),
+            region: "us-east-1".into(),
+            access_key: Some(runtime::artifacts::S3AccessKey {
+                id: "testing".into(),
+                secret: "testing".into(),
+            }),
+        })
+    }
+}

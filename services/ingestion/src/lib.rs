@@ -161,11 +161,12 @@ impl Service {
         let artifacts = std::sync::Arc::new(artifacts::Artifacts {
             pool: self.ingestion.pool.clone(),
             bus: self.bus.clone(),
-            store: self
-                .bus
-                .artifacts()
-                .await
-                .context("failed to open the artifact store")?,
+            store: runtime::artifacts::Artifacts::open(
+                &self.bus,
+                &self.settings.common.artifact_store,
+            )
+            .await
+            .context("failed to open the artifact store")?,
             limits: self.settings.artifact_limits,
         });
         let artifact_server = bus::serve::serve(

@@ -1118,7 +1118,7 @@ async fn artifact(common: &CommonSettings, command: ArtifactCommand) -> anyhow::
                 &messages::Identity::Operator,
             )
             .await?;
-            let store = bus.artifacts().await?;
+            let store = runtime::artifacts::Artifacts::open(&bus, &common.artifact_store).await?;
             let (artifact, bytes) = palisade::commands::get_artifact(&pool, &store, id).await?;
             if out.as_os_str() == "-" {
                 use std::io::Write as _;

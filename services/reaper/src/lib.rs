@@ -260,7 +260,12 @@ impl Service {
         if removable.is_empty() {
             return Ok(0);
         }
-        let store = match self.bus.artifacts().await {
+        let store = match runtime::artifacts::Artifacts::open(
+            &self.bus,
+            &self.settings.common.artifact_store,
+        )
+        .await
+        {
             Ok(store) => store,
             Err(error) => {
                 tracing::warn!(error = %telemetry::chain(&error), "upload leftovers not removed; retrying next sweep");

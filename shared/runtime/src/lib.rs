@@ -4,6 +4,7 @@
 //! (`health`) and `/metrics` (`metrics`) endpoints, and the `plumbing` every service starts
 //! beside its own work (those endpoints and the outbox relay).
 
+pub mod artifacts;
 pub mod env;
 pub mod health;
 pub mod metrics;
@@ -38,6 +39,9 @@ pub struct CommonSettings {
     /// Whether `scan.admitted`, `task.leased` and `task.completed` are written
     /// (`PALISADE_PROGRESS_EVENTS`, `on` or `off`; default `on`).
     pub progress_events: store::ProgressEvents,
+    /// Where committed artifacts are kept (`PALISADE_ARTIFACT_STORE`, `nats` or `s3`, and
+    /// the `PALISADE_S3_*` settings): ingestion, the reaper and `palisade artifact get` use it.
+    pub artifact_store: artifacts::ArtifactStoreSettings,
 }
 
 impl CommonSettings {
@@ -45,7 +49,7 @@ impl CommonSettings {
 
     /// `DATABASE_URL`, `NATS_URL`, `NATS_CREDS`, `NATS_TLS_*`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
     /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_DB_ACQUIRE_TIMEOUT_MS`, `PALISADE_LEASE_TTL_MS`,
-    /// `PALISADE_PROGRESS_EVENTS`.
+    /// `PALISADE_PROGRESS_EVENTS`, `PALISADE_ARTIFACT_STORE` and `PALISADE_S3_*`.
     pub fn from_env() -> Result<Self, SettingsError> {
         let mut database =
             DatabaseSettings::new(env::string("DATABASE_URL", DatabaseSettings::DEFAULT_URL));
@@ -89,6 +93,7 @@ impl CommonSettings {
             streams: StreamSettings { replicas },
             metrics: metrics::MetricsSettings::from_env()?,
             progress_events: env::parse("PALISADE_PROGRESS_EVENTS", store::ProgressEvents::On)?,
+            artifact_store: artifacts::ArtifactStoreSettings::from_env()?,
         })
     }
 }

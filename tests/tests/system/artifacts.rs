@@ -412,3 +412,80 @@ async fn the_sbom_plugin_uploads_a_cyclonedx_document_that_downloads_and_verifie
     assert!(assets[0].contains(&artifact.id.to_string()), "{assets:?}");
     system.finish().await;
 }
+
+#[tokio::test]
+async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones() {
+    let s3 = tests::servers::S3Server::start("palisade-artifacts").await;
+    let settings = s3.settings();
+    let system = TestSystem::spawn_with(|system| {
+        system.ingestion.common.artifact_store = settings.clone();
+        system.reaper.common.artifact_store = settings.clone();
+        system.common.artifact_store = settings.clone();
+    })
+    .await;
+    let store = runtime::artifacts::Artifacts::open(&system.bus, &settings)
+        .await
+        .unwrap();
+    assert!(matches!(store, runtime::artifacts::Artifacts::S3(_)));
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+
+    // Committed: in the bucket, downloaded intact, and nothing in the NATS bucket.
+    let upload_id = Uuid::new_v4();
+    let prepared = scan
+        .worker
+        .prepare_upload(&lease, upload_id, "a.json")
+        .await;
+    let data = file(300 * 1024);
+    let chunks = scan
+        .worker
+        .send_chunks(&prepared.chunk_subject, upload_id, &data, 256 * 1024)
+        .await;
+    let committed = scan
+        .worker
+        .commit_upload(
+            &lease,
+            upload_id,
+            data.len() as u64,
+            &messages::sha256_hex(&data),
+            chunks,
+        )
+        .await;
+    assert!(committed.error.is_none(), "{committed:?}");
+    let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, upload_id)
+        .await
+        .unwrap();
+    assert_eq!(bytes.as_ref(), data.as_slice());
+    let key = status(&system, upload_id).await.object_key;
+    let nats = system.bus.artifacts().await.unwrap();
+    assert!(nats.get(&key).await.unwrap().is_none());
+
+    // Expired after an object was stored: the reaper removes it from the bucket.
+    let stale_id = Uuid::new_v4();
+    let prepared = scan.worker.prepare_upload(&lease, stale_id, "b.json").await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    let stale_key = status(&system, stale_id).await.object_key;
+    store
+        .put(&stale_key, bytes::Bytes::from_static(b"left behind"))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE worker_artifact_uploads SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(stale_id)
+    .execute(&system.pool)
+    .await
+    .unwrap();
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!(
+        (outcome.uploads_expired, outcome.uploads_removed),
+        (1, 1),
+        "{outcome:?}"
+    );
+    assert!(store.get(&stale_key).await.unwrap().is_none());
+    assert!(
+        store.get(&key).await.unwrap().is_some(),
+        "the committed one stays"
+    );
+    system.finish().await;
+}
