@@ -102,7 +102,7 @@ pub fn parse(
             Step::Prepare {
                 upload_id: upload_id("prepare.upload_id", &prepare.upload_id)?,
                 name: store::evidence::redact(name),
-                content_type,
+                content_type: store::evidence::redact(&content_type),
             }
         }
         Some(Wire::Commit(commit)) => {

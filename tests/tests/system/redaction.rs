@@ -1,8 +1,8 @@
 //! Redaction before anything is stored (issue 12, item 3): every text of the redaction corpus
 //! (`shared/store/testdata/redaction_corpus.tsv`) goes through the real ingestion path in
 //! every field a worker fills (a finding's resource, discriminator, title, description and
-//! evidence, an asset's value, a completion summary, a failure message), and no secret is
-//! then found in any table of PostgreSQL, in any event, or in any log line at `debug`; the
+//! evidence, an asset's value, a completion summary, a failure message, an artifact's name),
+//! and no secret is then found in any table of PostgreSQL, in any event, or in any log line at `debug`; the
 //! look-alikes arrive unchanged.
 
 use messages::{WorkerVerb, v1};
@@ -87,6 +87,17 @@ async fn no_corpus_secret_reaches_postgresql_the_events_or_the_logs() {
     let batch = scan.worker.batch(&scan.lease, 0, &payload);
     let ack = scan.worker.send_batch(&batch).await;
     assert!(ack.error.is_none(), "{ack:?}");
+    // Every text as an artifact's name: stored redacted, or refused (not a file name).
+    let lease = scan.lease.lease.clone().unwrap();
+    for text in &texts {
+        let reply = scan
+            .worker
+            .prepare_upload(&lease, Uuid::new_v4(), text)
+            .await;
+        if let Some(error) = &reply.error {
+            assert_eq!(error.code, "invalid_field", "{text:?}: {error:?}");
+        }
+    }
     let mut completion = scan.worker.completion(&scan.lease, 1);
     completion.summary = texts.join("\n");
     scan.worker
