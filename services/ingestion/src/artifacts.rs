@@ -325,15 +325,7 @@ pub const REQUEST_SERVER: &str = "ingestion.artifact";
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lease() -> v1::LeaseRef {
-        v1::LeaseRef {
-            task_id: Uuid::now_v7().to_string(),
-            attempt_id: Uuid::now_v7().to_string(),
-            attempt_number: 1,
-            lease_token: "t".into(),
-        }
-    }
+    use crate::parse::tests::lease;
 
     fn request(worker: Uuid, step: v1::artifact_request::Step) -> Vec<u8> {
         v1::ArtifactRequest {

@@ -440,10 +440,10 @@ fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {
 mod hostile;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn lease() -> v1::LeaseRef {
+    pub(crate) fn lease() -> v1::LeaseRef {
         v1::LeaseRef {
             task_id: Uuid::now_v7().to_string(),
             attempt_id: Uuid::now_v7().to_string(),

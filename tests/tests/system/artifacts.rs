@@ -23,6 +23,17 @@ async fn status(system: &TestSystem, upload_id: Uuid) -> store::artifacts::Uploa
         .expect("a session")
 }
 
+/// Moves the session's expiry into the past, as if its time had passed.
+async fn expire(system: &TestSystem, upload_id: Uuid) {
+    sqlx::query(
+        "UPDATE worker_artifact_uploads SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(upload_id)
+    .execute(&system.pool)
+    .await
+    .unwrap();
+}
+
 /// A file of `len` bytes that is not all the same byte.
 fn file(len: usize) -> Vec<u8> {
     (0..len).map(|at| (at * 31 % 251) as u8).collect()
@@ -274,13 +285,7 @@ async fn an_expired_session_is_expired_by_the_reaper_and_what_it_left_is_removed
         .put(&session.object_key, bytes::Bytes::from(data.clone()))
         .await
         .unwrap();
-    sqlx::query(
-        "UPDATE worker_artifact_uploads SET expires_at = now() - interval '1 second' WHERE id = $1",
-    )
-    .bind(upload_id)
-    .execute(&system.pool)
-    .await
-    .unwrap();
+    expire(&system, upload_id).await;
 
     let outcome = system.reaper().run_once().await.unwrap();
     assert_eq!(
@@ -469,13 +474,7 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
         .put(&stale_key, bytes::Bytes::from_static(b"left behind"))
         .await
         .unwrap();
-    sqlx::query(
-        "UPDATE worker_artifact_uploads SET expires_at = now() - interval '1 second' WHERE id = $1",
-    )
-    .bind(stale_id)
-    .execute(&system.pool)
-    .await
-    .unwrap();
+    expire(&system, stale_id).await;
     let outcome = system.reaper().run_once().await.unwrap();
     assert_eq!(
         (outcome.uploads_expired, outcome.uploads_removed),
