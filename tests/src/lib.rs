@@ -86,6 +86,31 @@ pub struct TestSystem {
     service_buses: HashMap<Component, Bus>,
 }
 
+/// Connects, trying again twice: a test's own nats-server that has just started, on a
+/// machine loaded by the rest of the suite, can take longer than `bus::CONNECT_TIMEOUT` (2 s)
+/// to greet its first clients (seen in CI: `cannot connect … timed out` right after the
+/// server listened). Services do not retry their first connection (README); tests start
+/// their server a moment before they connect, which a deployment never does.
+async fn connect_patiently<T, E, F, Fut>(mut connect: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut tries = 1;
+    loop {
+        match connect().await {
+            Ok(connected) => return Ok(connected),
+            Err(error) if tries < 3 => {
+                tracing::warn!(%error, tries, "test connection failed; trying again");
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// The NATS a test system runs on: by default a server of its own that authenticates every
 /// connection and enforces each credential's permissions, so every system test runs with
 /// credentials on; `NATS_URL` (or a test's own settings) points it at an open server instead.
@@ -120,13 +145,17 @@ impl TestNats {
 
     /// A connection as `identity` with its own credentials.
     pub async fn connect(&self, identity: &messages::Identity) -> Bus {
-        Bus::connect(
-            &self.url,
-            &self.credentials(identity),
-            &bus::NatsTls::default(),
-            self.subjects.clone(),
-            identity,
-        )
+        let credentials = self.credentials(identity);
+        let tls = bus::NatsTls::default();
+        connect_patiently(|| {
+            Bus::connect(
+                &self.url,
+                &credentials,
+                &tls,
+                self.subjects.clone(),
+                identity,
+            )
+        })
         .await
         .unwrap_or_else(|error| panic!("{identity:?} cannot connect: {error}"))
     }
@@ -399,11 +428,13 @@ impl TestSystem {
                     store::redact_url(&database_url)
                 )
             });
-        let connections = Connections::open(&settings.common, &messages::Identity::Operator)
-            .await
-            .unwrap_or_else(|error| {
-                panic!("cannot start palisade: {error}; is NATS with JetStream running (NATS_URL)?")
-            });
+        let connections = connect_patiently(|| {
+            Connections::open(&settings.common, &messages::Identity::Operator)
+        })
+        .await
+        .unwrap_or_else(|error| {
+            panic!("cannot start palisade: {error}; is NATS with JetStream running (NATS_URL)?")
+        });
         let shutdown = CancellationToken::new();
         let health_addr = match settings.http_addr {
             Some(addr) => Some(
