@@ -18,6 +18,7 @@ mod health;
 mod ingestion;
 mod leader;
 mod metrics;
+mod migrations;
 mod otlp;
 mod outage;
 mod outbox;
