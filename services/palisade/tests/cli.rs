@@ -124,6 +124,10 @@ async fn one_shot_commands_print_only_their_answer_and_log_to_stderr_when_asked(
         "-v logs at info: {verbose:?}"
     );
     assert!(!has_log_lines(&verbose.stdout));
+    assert!(
+        !verbose.stderr.contains('\u{1b}'),
+        "no colours where stderr is not a terminal: {verbose:?}"
+    );
 
     system.wait_scan_state(&scan_id, "completed").await;
     let shown = palisade(
