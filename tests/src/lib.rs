@@ -48,6 +48,7 @@ pub const WAIT_MAX: Duration = Duration::from_secs(20);
 pub use store::testing::TABLES;
 
 pub mod chaos;
+pub mod empty_database;
 pub mod nvd;
 pub mod servers;
 pub mod tls;

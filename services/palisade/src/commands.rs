@@ -6,13 +6,19 @@ use std::path::Path;
 use store::PgPool;
 use uuid::Uuid;
 
+use crate::exit;
+
 /// `palisade scan enrich <scan>`: requests enrichment of a scan of any organization; the
 /// answer `{scan_id, job_id, status, outcome, message}`, or the refusal as an error.
 pub async fn enrich(pool: &PgPool, scan_id: Uuid) -> anyhow::Result<serde_json::Value> {
     let outcome = store::enrichment::request(pool, None, scan_id).await?;
     let reply = enrichment::request::reply(scan_id, &outcome);
     if let Some(error) = reply.error {
-        anyhow::bail!("{} ({})", error.message, error.code);
+        let message = format!("{} ({})", error.message, error.code);
+        return Err(match error.error_code() {
+            Some(messages::ErrorCode::NotFound) => exit::not_found(message),
+            _ => exit::refused(message),
+        });
     }
     Ok(serde_json::json!({
         "scan_id": reply.scan_id,
@@ -56,21 +62,21 @@ fn refused(outcome: &store::findings::ChangeOutcome, finding_id: Uuid) -> Option
         ChangeOutcome::RevisionConflict {
             current_revision,
             current_collection_revision,
-        } => anyhow::anyhow!(
+        } => exit::refused(format!(
             "revision_conflict: finding {finding_id} is at revision {current_revision} (its \
              scan's findings at collection revision {current_collection_revision}) since you \
              read it: nothing changed; read it again (palisade finding show {finding_id}) and \
              decide on what it holds now"
-        ),
-        ChangeOutcome::ReasonRequired => anyhow::anyhow!(
+        )),
+        ChangeOutcome::ReasonRequired => exit::refused(
             "reason_required: gate_exempt, accepted_risk, ignore, false_positive and fixed \
-             need a non-blank --reason"
+             need a non-blank --reason",
         ),
-        ChangeOutcome::ScanActive => anyhow::anyhow!(
+        ChangeOutcome::ScanActive => exit::refused(format!(
             "scan_active: finding {finding_id}'s scan is still pending or running, and its \
              plugin could write the finding again; delete it once the scan ended"
-        ),
-        ChangeOutcome::NotFound => anyhow::anyhow!("not_found: no finding {finding_id}"),
+        )),
+        ChangeOutcome::NotFound => exit::not_found(format!("not_found: no finding {finding_id}")),
     })
 }
 
@@ -110,7 +116,7 @@ pub async fn list_findings(
 ) -> anyhow::Result<store::findings::Page> {
     store::findings::page(pool, None, scan_id, filter, after, limit)
         .await?
-        .ok_or_else(|| anyhow::anyhow!("not_found: no scan {scan_id}"))
+        .ok_or_else(|| exit::not_found(format!("not_found: no scan {scan_id}")))
 }
 
 /// `palisade finding show`.
@@ -120,7 +126,7 @@ pub async fn show_finding(
 ) -> anyhow::Result<store::findings::Detail> {
     store::findings::show(pool, None, finding_id)
         .await?
-        .ok_or_else(|| anyhow::anyhow!("not_found: no finding {finding_id}"))
+        .ok_or_else(|| exit::not_found(format!("not_found: no finding {finding_id}")))
 }
 
 /// `palisade scan gate`.
@@ -131,7 +137,7 @@ pub async fn scan_gate(
 ) -> anyhow::Result<store::findings::Summary> {
     store::findings::summary(pool, None, scan_id, threshold)
         .await?
-        .ok_or_else(|| anyhow::anyhow!("not_found: no scan {scan_id}"))
+        .ok_or_else(|| exit::not_found(format!("not_found: no scan {scan_id}")))
 }
 
 /// `palisade artifact list --scan <id>`: the scan's artifacts (committed upload sessions), in
@@ -154,7 +160,7 @@ pub async fn get_artifact(
     let upload = store::artifacts::get(pool, id)
         .await?
         .filter(|upload| upload.status == store::states::UploadStatus::Committed.as_str())
-        .ok_or_else(|| anyhow::anyhow!("not_found: no committed artifact {id}"))?;
+        .ok_or_else(|| exit::not_found(format!("not_found: no committed artifact {id}")))?;
     let bytes = artifacts.get(&upload.object_key).await?.ok_or_else(|| {
         anyhow::anyhow!(
             "artifact {id} is recorded as committed but its object {:?} is missing from the artifact store: it was deleted outside palisade, or the store was rebuilt without it",

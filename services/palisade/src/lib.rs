@@ -1,11 +1,15 @@
 //! The `palisade` command's library: the in-process system (`palisade dev`, `palisade demo`,
 //! `palisade bench`, the system tests), the harness the demo and the benchmark share, the
-//! demo, the benchmark, the health probe (`palisade health`), and the subcommands that
-//! answer in JSON (`commands`).
+//! demo, the benchmark, the health probe (`palisade health`), the subcommands that
+//! answer in JSON (`commands`), `scan show` and `scan submit --wait` (`scans`), `migrate`
+//! (`migrate`), and the exit statuses of every command (`exit`).
 
 pub mod bench;
 pub mod commands;
 pub mod demo;
+pub mod exit;
 pub mod harness;
+pub mod migrate;
 pub mod probe;
+pub mod scans;
 pub mod system;

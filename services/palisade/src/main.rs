@@ -9,6 +9,7 @@ use palisade::bench::{self, BenchOptions, Scenario};
 use palisade::demo::{self, DemoOptions};
 use palisade::probe;
 use palisade::system::{self, System, SystemSettings};
+use palisade::{exit, migrate, scans};
 use runtime::CommonSettings;
 use uuid::Uuid;
 
@@ -17,9 +18,17 @@ use uuid::Uuid;
 /// Connection settings come from the environment: DATABASE_URL (default
 /// postgres://postgres@127.0.0.1:5432/palisade), NATS_URL (default nats://127.0.0.1:4222),
 /// PALISADE_SUBJECT_PREFIX (default palisade).
+///
+/// One-shot commands print only their answer on standard output and log to standard error at
+/// `warn` (`-v` info, `-vv` debug, `-vvv` trace; RUST_LOG, when set, decides instead). Exit
+/// status: 0 done, 1 failed, 2 wrong command line, 3 not found, 4 refused, 5 the scan did not
+/// complete or the gate did not pass, 6 migrations pending (`migrate --check`).
 #[derive(Debug, Parser)]
 #[command(name = "palisade", version)]
 struct Cli {
+    /// Log more on standard error: -v info, -vv debug, -vvv trace.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -33,8 +42,17 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         capacity: u32,
     },
-    /// Create the database if needed and apply every migration.
-    Migrate,
+    /// Create the database if needed and apply every pending migration, after a preflight that
+    /// changes nothing and refuses (exit 4) a PostgreSQL too old, a role that may not create
+    /// in the schema, or a schema newer than this build.
+    Migrate {
+        /// Change nothing: exit 0 when the database is up to date, 6 when migrations are
+        /// pending (listed on standard output), 4 when `migrate` would be refused.
+        #[arg(long)]
+        check: bool,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Run everything in-process against a fresh database and submit a realistic load.
     Demo {
         #[arg(long, default_value_t = 1_000)]
@@ -178,9 +196,23 @@ enum ScanCommand {
         priority: i32,
         #[arg(long, default_value_t = 0)]
         deadline_secs: u32,
+        /// Follow the scan to its end (progress on standard error; reads it from PostgreSQL,
+        /// so DATABASE_URL too), then print it as `scan show` does: exits 0 when it
+        /// completed, 5 when it failed or was cancelled.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up (exit 1) after this long; the scan goes on.
+        #[arg(long, default_value_t = 3_600, requires = "wait")]
+        timeout_secs: u64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Show a scan, its plugin jobs and its findings.
-    Show { scan_id: Uuid },
+    Show {
+        scan_id: Uuid,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Cancel a scan: its unfinished tasks end now, a running worker stops at its next renew.
     Cancel {
         scan_id: Uuid,
@@ -193,7 +225,7 @@ enum ScanCommand {
     Enrich { scan_id: Uuid },
     /// The scan's finding summary and gate: its state, whether it is complete (every plugin
     /// completed with its evidence), and whether the gate passes (complete, and no open or
-    /// needs_review finding at or above --threshold).
+    /// needs_review finding at or above --threshold); exits 5 when it does not.
     Gate {
         scan_id: Uuid,
         #[arg(long, default_value = "high", value_parser = parse_severity)]
@@ -437,7 +469,17 @@ enum NatsCommand {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("palisade: {error:#}");
+            std::process::ExitCode::from(exit::Status::of(&error).code())
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Command::Health { url } = cli.command {
         // Before telemetry: a probe every few seconds must not start an exporter each time.
@@ -456,17 +498,33 @@ async fn main() -> anyhow::Result<()> {
         // and so would sqlx's slow-statement warnings under a load meant to saturate.
         telemetry_settings.default_filter = "warn,sqlx::query=error".into();
     }
+    // One-shot commands log only warnings unless asked (their answer is what matters);
+    // `-v` raises any command's level. RUST_LOG, when set, decides instead.
+    match cli.verbose {
+        0 if telemetry_settings.to_stderr => telemetry_settings.default_filter = "warn".into(),
+        0 => {}
+        1 => telemetry_settings.default_filter = "info".into(),
+        2 => telemetry_settings.default_filter = "debug".into(),
+        _ => telemetry_settings.default_filter = "trace".into(),
+    }
     let _telemetry = telemetry::init("palisade", &telemetry_settings)?;
     let common = CommonSettings::from_env().context("invalid settings")?;
     match cli.command {
         Command::Dev { workers, capacity } => dev(common, workers, capacity).await,
-        Command::Migrate => {
-            system::prepare_database(&common).await?;
-            println!(
-                "database migrated to version {}",
-                store::expected_migration_version()
-            );
-            Ok(())
+        Command::Migrate { check, output } => {
+            let requirements = store::schema::Requirements::default();
+            let answer = if check {
+                migrate::check(&common.database, &requirements).await?
+            } else {
+                migrate::apply(&common.database, &requirements)
+                    .await
+                    .context("failed to migrate the database")?
+            };
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
+                Output::Text => println!("{}", answer.text()),
+            }
+            answer.status()
         }
         Command::Demo {
             scans,
@@ -568,46 +626,101 @@ async fn main() -> anyhow::Result<()> {
             key,
             priority,
             deadline_secs,
+            wait,
+            timeout_secs,
+            output,
         }) => {
-            let bus = bus::Bus::connect(
-                &common.nats_url,
-                &common.nats_credentials,
-                &common.nats_tls,
-                common.subjects.clone(),
-                &messages::Identity::Operator,
-            )
-            .await?;
+            // With --wait, PostgreSQL is checked before anything is submitted.
+            let pool = if wait {
+                Some(store::connect(&common.database).await?)
+            } else {
+                None
+            };
+            let bus = operator_bus(&common).await?;
             let client = client::Client::new(bus, client);
             let key = key.unwrap_or_else(|| Uuid::new_v4().to_string());
             let plugin_names: Vec<&str> = plugins.iter().map(String::as_str).collect();
             let mut request = client.request(&org.to_string(), &target, &plugin_names, &key);
             request.priority = priority;
             request.execution_deadline_seconds = deadline_secs;
+            let timeout = Duration::from_secs(timeout_secs);
             let reply = match client.submit_or_queue(&request).await? {
                 client::Submitted::Answered(reply) => reply,
+                client::Submitted::Queued { reason } if wait => {
+                    eprintln!(
+                        "queued {key}: admission did not answer ({reason}); asking again until it does"
+                    );
+                    tokio::time::timeout(timeout, async {
+                        loop {
+                            match client.submit(&request).await {
+                                Err(client::ClientError::NoAnswer { .. }) => continue,
+                                answered => return answered,
+                            }
+                        }
+                    })
+                    .await
+                    .with_context(|| {
+                        format!("admission did not answer within {timeout_secs} s; the request {key} stays queued")
+                    })??
+                }
                 client::Submitted::Queued { reason } => {
-                    println!(
+                    let message = format!(
                         "queued {key}: admission did not answer ({reason}); the request is on the \
                          durable stream and will be decided once admission can; run the same \
                          command with `--key {key}` to see its scan (a replay answers with it)"
                     );
+                    match output {
+                        Output::Json => println!(
+                            "{}",
+                            serde_json::json!({ "queued": true, "idempotency_key": key, "message": message })
+                        ),
+                        Output::Text => println!("{message}"),
+                    }
                     return Ok(());
                 }
             };
-            match reply.error {
-                Some(error) => anyhow::bail!("refused: {} ({})", error.message, error.code),
-                None => {
+            if let Some(error) = reply.error {
+                return Err(exit::refused(format!(
+                    "refused: {} ({})",
+                    error.message, error.code
+                )));
+            }
+            if let Some(pool) = pool {
+                let scan_id: Uuid = reply
+                    .scan_id
+                    .parse()
+                    .context("admission answered with a scan id that is not a UUID")?;
+                let detail =
+                    scans::follow(&pool, scan_id, timeout, |line| eprintln!("{line}")).await?;
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&detail)?),
+                    Output::Text => println!("{} {}", detail.scan.id, detail.scan.state),
+                }
+                return scans::outcome(&detail);
+            }
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({
+                        "scan_id": reply.scan_id,
+                        "state": reply.state,
+                        "deduplicated": reply.deduplicated,
+                    })
+                ),
+                Output::Text => {
                     let note = if reply.deduplicated {
                         " (replay: the original scan)"
                     } else {
                         ""
                     };
                     println!("{} {}{note}", reply.scan_id, reply.state);
-                    Ok(())
                 }
             }
+            Ok(())
         }
-        Command::Scan(ScanCommand::Show { scan_id }) => show_scan(&common, scan_id).await,
+        Command::Scan(ScanCommand::Show { scan_id, output }) => {
+            show_scan(&common, scan_id, output).await
+        }
         Command::Scan(ScanCommand::Cancel { scan_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Scan(scan_id), &reason).await
         }
@@ -643,7 +756,17 @@ async fn main() -> anyhow::Result<()> {
                     gate.suppressed
                 ),
             }
-            Ok(())
+            if gate.gate_passed {
+                Ok(())
+            } else {
+                Err(exit::failure(
+                    exit::Status::NotPassed,
+                    format!(
+                        "gate not passed: {} blocking finding(s) at or above {}, or the scan is incomplete",
+                        gate.blocking, gate.threshold
+                    ),
+                ))
+            }
         }
         Command::Finding(command) => finding(&common, command).await,
         Command::Artifact(command) => artifact(&common, command).await,
@@ -691,17 +814,15 @@ async fn main() -> anyhow::Result<()> {
                         push_revocations(&common, &pool).await
                     }
                 }
-                store::revoke::RevokeOutcome::NotFound => {
-                    anyhow::bail!(
-                        "no such worker (or assignment): see `palisade worker add` / `worker assign`"
-                    )
-                }
+                store::revoke::RevokeOutcome::NotFound => Err(exit::not_found(
+                    "no such worker (or assignment): see `palisade worker add` / `worker assign`",
+                )),
             }
         }
         Command::Worker(WorkerCommand::Enable { worker }) => {
             let pool = store::connect(&common.database).await?;
             if !store::revoke::enable_worker(&pool, worker).await? {
-                anyhow::bail!("no worker {worker}");
+                return Err(exit::not_found(format!("no worker {worker}")));
             }
             println!("worker {worker} enabled");
             push_revocations(&common, &pool).await
@@ -750,7 +871,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Client(ClientCommand::Revoke { id, reason }) => {
             let pool = store::connect(&common.database).await?;
             if !store::bus_identities::revoke_client(&pool, &id, &reason).await? {
-                anyhow::bail!("no client {id}: see `palisade client add`");
+                return Err(exit::not_found(format!(
+                    "no client {id}: see `palisade client add`"
+                )));
             }
             println!("client {id} revoked");
             push_revocations(&common, &pool).await
@@ -758,7 +881,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Client(ClientCommand::Enable { id }) => {
             let pool = store::connect(&common.database).await?;
             if !store::bus_identities::enable_client(&pool, &id).await? {
-                anyhow::bail!("no client {id}: see `palisade client add`");
+                return Err(exit::not_found(format!(
+                    "no client {id}: see `palisade client add`"
+                )));
             }
             println!("client {id} enabled");
             push_revocations(&common, &pool).await
@@ -836,7 +961,7 @@ async fn issue_credentials(
             store::bus_identities::record_credential(pool, &holder, &credentials.public_key)
                 .await?;
             identity::write_secret(path, &credentials.file)?;
-            println!(
+            eprintln!(
                 "NATS credentials written to {} (user {}): give the file to the holder as NATS_CREDS",
                 path.display(),
                 credentials.public_key
@@ -871,7 +996,7 @@ async fn push_revocations(common: &CommonSettings, pool: &store::PgPool) -> anyh
     authority
         .push(&common.nats_url, &common.nats_tls, &refused)
         .await?;
-    println!(
+    eprintln!(
         "NATS refuses {} credential(s) from now on; their open connections were closed",
         refused.len()
     );
@@ -941,7 +1066,7 @@ async fn cancel(
         CancelOutcome::AlreadyTerminal { scan_id, state } => {
             println!("scan {scan_id}: {state} (already_terminal)")
         }
-        CancelOutcome::NotFound => anyhow::bail!("no such scan or task"),
+        CancelOutcome::NotFound => return Err(exit::not_found("no such scan or task")),
     }
     Ok(())
 }
@@ -1084,6 +1209,18 @@ async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::R
     system.run_until(runtime::shutdown_on_signal()).await
 }
 
+/// The bus as the operator's identity (`NATS_CREDS` holds its credentials).
+async fn operator_bus(common: &CommonSettings) -> anyhow::Result<bus::Bus> {
+    Ok(bus::Bus::connect(
+        &common.nats_url,
+        &common.nats_credentials,
+        &common.nats_tls,
+        common.subjects.clone(),
+        &messages::Identity::Operator,
+    )
+    .await?)
+}
+
 async fn artifact(common: &CommonSettings, command: ArtifactCommand) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
     match command {
@@ -1110,14 +1247,7 @@ async fn artifact(common: &CommonSettings, command: ArtifactCommand) -> anyhow::
             }
         }
         ArtifactCommand::Get { id, out } => {
-            let bus = bus::Bus::connect(
-                &common.nats_url,
-                &common.nats_credentials,
-                &common.nats_tls,
-                common.subjects.clone(),
-                &messages::Identity::Operator,
-            )
-            .await?;
+            let bus = operator_bus(common).await?;
             let store = runtime::artifacts::Artifacts::open(&bus, &common.artifact_store).await?;
             let (artifact, bytes) = palisade::commands::get_artifact(&pool, &store, id).await?;
             if out.as_os_str() == "-" {
@@ -1138,11 +1268,14 @@ async fn artifact(common: &CommonSettings, command: ArtifactCommand) -> anyhow::
     Ok(())
 }
 
-async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {
+async fn show_scan(common: &CommonSettings, scan_id: Uuid, output: Output) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
-    let Some(scan) = store::admin::scan(&pool, scan_id).await? else {
-        anyhow::bail!("no scan {scan_id} in this database");
-    };
+    let detail = scans::show(&pool, scan_id).await?;
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&detail)?);
+        return Ok(());
+    }
+    let scan = &detail.scan;
     println!("scan        {}", scan.id);
     println!("state       {}", scan.state);
     println!("target      {}", scan.target);
@@ -1159,13 +1292,13 @@ async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()>
         "\n{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",
         "#", "plugin", "job", "task", "attempts", "findings", "assets"
     );
-    for job in store::admin::scan_jobs(&pool, scan_id).await? {
+    for job in &detail.jobs {
         println!(
             "{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",
             job.position,
             job.plugin,
             job.state,
-            job.task_state.unwrap_or_default(),
+            job.task_state.as_deref().unwrap_or_default(),
             job.attempt_count.unwrap_or_default(),
             job.finding_count,
             job.asset_count
@@ -1177,7 +1310,7 @@ async fn show_scan(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()>
             println!("     error {}: {}", job.error_code, job.error_message);
         }
     }
-    let findings = store::admin::findings(&pool, scan_id).await?;
+    let findings = &detail.findings;
     println!("\n{} findings", findings.len());
     for finding in findings.iter().take(50) {
         println!(

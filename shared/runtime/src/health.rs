@@ -390,17 +390,13 @@ impl Readiness {
     }
 
     async fn check_migrations(&self) -> Result<(), String> {
-        let expected = store::expected_migration_version();
-        let applied =
-            tokio::time::timeout(CHECK_TIME_MAX, store::applied_migration_version(&self.pool))
-                .await;
-        match applied {
-            // A newer schema is fine: migrations are additive, and during a rolling upgrade
-            // the new build migrates before the old replicas are replaced.
-            Ok(Ok(Some(applied))) if applied >= expected => Ok(()),
-            Ok(Ok(applied)) => Err(format!(
-                "database schema is at migration {applied:?}, this build expects {expected}: run `palisade migrate`"
-            )),
+        let checked =
+            tokio::time::timeout(CHECK_TIME_MAX, store::schema::check_runnable(&self.pool)).await;
+        match checked {
+            // The same window as at start-up: a newer schema only if every newer migration is
+            // marked backward compatible (`store::schema`).
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(store::StoreError::Schema(refused))) => Err(refused.to_string()),
             Ok(Err(error)) => Err(format!(
                 "migration version unknown ({error}); it is checked again once PostgreSQL answers"
             )),

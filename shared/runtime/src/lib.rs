@@ -140,10 +140,10 @@ pub enum StartupError {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Bus(#[from] bus::BusError),
-    #[error(
-        "database schema is at migration {applied:?}, this build expects {expected}: run `palisade migrate` first"
-    )]
-    SchemaBehind { applied: Option<i64>, expected: i64 },
+    /// The schema is older than this build, or newer beyond the compatibility window
+    /// (`store::schema`): the message names both versions and what to do.
+    #[error(transparent)]
+    Schema(store::schema::SchemaError),
 }
 
 /// A process's connections, shared by the services it runs.
@@ -155,18 +155,22 @@ pub struct Connections {
 
 impl Connections {
     /// Connects to both, refuses a NATS server that is too old, provisions the streams and
-    /// checks the schema is migrated.
+    /// checks this build may run on the schema (`store::schema`: every migration it knows
+    /// applied, and any newer one marked backward compatible).
     pub async fn open(
         settings: &CommonSettings,
         identity: &Identity,
     ) -> Result<Self, StartupError> {
         let pool = store::connect(&settings.database).await?;
-        let applied = store::applied_migration_version(&pool)
-            .await
-            .unwrap_or(None);
-        let expected = store::expected_migration_version();
-        if applied.is_none_or(|applied| applied < expected) {
-            return Err(StartupError::SchemaBehind { applied, expected });
+        match store::schema::check_runnable(&pool).await {
+            Ok(comparison) if !comparison.unknown.is_empty() => tracing::info!(
+                applied = comparison.applied_max,
+                expected = comparison.expected,
+                "database schema is newer than this build; every newer migration is marked backward compatible"
+            ),
+            Ok(_) => {}
+            Err(store::StoreError::Schema(refused)) => return Err(StartupError::Schema(refused)),
+            Err(error) => return Err(error.into()),
         }
         let bus = Bus::connect(
             &settings.nats_url,

@@ -54,7 +54,7 @@ pub async fn assign_worker(
 }
 
 /// A scan as `palisade scan show` prints it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct ScanView {
     pub id: Uuid,
     pub organization_id: Uuid,
@@ -70,7 +70,7 @@ pub struct ScanView {
     pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct ScanJobView {
     pub task_id: Option<Uuid>,
     pub position: i32,
@@ -99,7 +99,7 @@ pub async fn scan_jobs(pool: &PgPool, scan_id: Uuid) -> Result<Vec<ScanJobView>,
 }
 
 /// A finding as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct FindingView {
     pub finding_key: String,
     pub plugin: String,

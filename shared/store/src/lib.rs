@@ -27,6 +27,7 @@ pub mod progress;
 pub mod recover;
 pub mod retry;
 pub mod revoke;
+pub mod schema;
 pub mod states;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -62,6 +63,17 @@ pub enum StoreError {
     },
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database is not what this build may migrate or run on (see [`schema`]).
+    #[error(transparent)]
+    Schema(#[from] schema::SchemaError),
+    #[error(
+        "cannot create database {database}: {source}; create it as an administrator (`CREATE DATABASE {database} OWNER <the role in DATABASE_URL>`), or give the role CREATEDB"
+    )]
+    CreateDatabase {
+        database: String,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("corrupt row: {0}")]
@@ -154,49 +166,56 @@ pub async fn connect(settings: &DatabaseSettings) -> Result<PgPool, StoreError> 
         })
 }
 
-/// Creates the database named in `url` if it does not exist (development and tests).
-pub async fn create_database_if_missing(url: &str) -> Result<(), StoreError> {
+/// Whether the database named in `url` exists (asked of the server's `postgres` database).
+pub async fn database_exists(url: &str) -> Result<bool, StoreError> {
     use sqlx::migrate::MigrateDatabase as _;
-    let exists = Postgres::database_exists(url)
+    Postgres::database_exists(url)
         .await
         .map_err(|source| StoreError::Connect {
             url: redact_url(url),
             source,
-        })?;
-    if !exists {
+        })
+}
+
+/// Creates the database named in `url` if it does not exist.
+pub async fn create_database_if_missing(url: &str) -> Result<(), StoreError> {
+    use sqlx::migrate::MigrateDatabase as _;
+    if !database_exists(url).await? {
         Postgres::create_database(url)
             .await
-            .map_err(|source| StoreError::Connect {
-                url: redact_url(url),
+            .map_err(|source| StoreError::CreateDatabase {
+                database: database_name(url).to_owned(),
                 source,
             })?;
     }
     Ok(())
 }
 
-/// Applies every pending migration. Safe to run from many replicas at once (sqlx takes an
-/// advisory lock) and to re-run after a partial failure (each migration is one transaction
-/// and every statement is idempotent).
+/// Applies every pending migration, after [`schema::preflight`] found nothing that would stop
+/// them part-way (the server's version, the privilege to create, a schema newer than this
+/// build). Safe to run from many replicas at once (sqlx takes an advisory lock) and to re-run
+/// after a partial failure (each migration is one transaction and every statement is
+/// idempotent).
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-    MIGRATOR.run(pool).await?;
+    migrate_with(pool, &schema::Requirements::default()).await?;
     Ok(())
 }
 
-/// The newest migration version this build knows; `/readyz` compares it with the database.
-pub fn expected_migration_version() -> i64 {
-    MIGRATOR
-        .iter()
-        .map(|migration| migration.version)
-        .max()
-        .unwrap_or(0)
+/// [`migrate`] demanding `requirements`; what it applied.
+pub async fn migrate_with(
+    pool: &PgPool,
+    requirements: &schema::Requirements,
+) -> Result<schema::Plan, StoreError> {
+    let plan = schema::preflight(pool, requirements).await?;
+    // Run even when nothing is pending: sqlx also refuses an applied migration whose file
+    // changed since (its checksum).
+    MIGRATOR.run(pool).await?;
+    Ok(plan)
 }
 
-/// The newest migration version applied to the database, if any.
-pub async fn applied_migration_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
-    let version: Option<i64> = sql::query_scalar(sql::database::SCHEMA_VERSION)
-        .fetch_one(pool)
-        .await?;
-    Ok(version)
+/// The newest migration version this build knows.
+pub fn expected_migration_version() -> i64 {
+    schema::known_versions().last().copied().unwrap_or(0)
 }
 
 /// One round trip to the database (`SELECT 1`), for `/readyz`.
@@ -219,6 +238,16 @@ pub fn with_database(url: &str, database: &str) -> String {
     match query {
         Some(query) => format!("{host}/{database}?{query}"),
         None => format!("{host}/{database}"),
+    }
+}
+
+/// The database name in `url` (the path after the host, without query parameters).
+pub fn database_name(url: &str) -> &str {
+    let base = url.split_once('?').map_or(url, |(base, _)| base);
+    let scheme_end = base.find("://").map_or(0, |index| index + 3);
+    match base[scheme_end..].find('/') {
+        Some(index) => &base[scheme_end + index + 1..],
+        None => "",
     }
 }
 
@@ -338,6 +367,16 @@ pub(crate) fn source_files(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_the_database_of_a_url() {
+        assert_eq!(
+            database_name("postgres://u:p@h:5432/db?sslmode=require"),
+            "db"
+        );
+        assert_eq!(database_name("postgres://h/db"), "db");
+        assert_eq!(database_name("postgres://h"), "");
+    }
 
     #[test]
     fn redacts_passwords_only() {

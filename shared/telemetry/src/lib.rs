@@ -7,6 +7,7 @@ mod logs;
 
 pub use logs::{CHAIN_LINKS_MAX, ErrorChain, chain};
 
+use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -32,7 +33,8 @@ pub struct TelemetrySettings {
     /// Where spans are exported; `None` (no `OTEL_EXPORTER_OTLP_*ENDPOINT` set) exports none.
     pub otlp: Option<OtlpSettings>,
     /// Log to standard error instead of standard output: for commands whose standard output
-    /// is their answer (`palisade worker add` prints an id a script reads).
+    /// is their answer (`palisade worker add` prints an id a script reads). Lines are then
+    /// coloured only when standard error is a terminal.
     pub to_stderr: bool,
 }
 
@@ -228,7 +230,9 @@ where
     let provider = tracer_provider(service_name, settings.otlp.as_ref())?;
     let log_format = LogFormat {
         json: settings.json,
-        ansi: ansi_default(),
+        // Standard error is a command's (`to_stderr`): coloured only on a terminal, so a
+        // script or CI log that captures it gets plain lines.
+        ansi: ansi_default() && (!settings.to_stderr || std::io::stderr().is_terminal()),
     };
     let layers = layers(&provider, log_format, filter, make_writer);
     let installed = tracing_subscriber::registry().with(layers).try_init();

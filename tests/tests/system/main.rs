@@ -20,6 +20,7 @@ mod helm;
 mod ingestion;
 mod leader;
 mod metrics;
+mod migrations;
 mod otlp;
 mod outage;
 mod outbox;

@@ -1,0 +1,344 @@
+//! The `palisade` command as scripts and pipelines run it, as a child process against a test
+//! system (`tests::TestSystem`, every service in-process on real PostgreSQL and NATS): standard
+//! output holds the answer and nothing else (parsed as JSON with `--output json`), logs go to
+//! standard error at `warn` unless `-v`, exit statuses are those `palisade::exit` documents,
+//! and `scan submit --wait` follows a scan to its end.
+
+use palisade::exit::Status;
+use tests::TestSystem;
+use tests::empty_database::EmptyDatabase;
+use uuid::Uuid;
+
+/// The `palisade` binary, built by cargo with this test.
+const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");
+
+/// What a run of the command left.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|error| panic!("stdout is not one JSON document ({error}): {self:?}"))
+    }
+
+    #[track_caller]
+    fn assert_status(&self, status: Status) {
+        assert_eq!(self.code, i32::from(status.code()), "{self:?}");
+    }
+}
+
+/// Runs `palisade args…` as the operator against `system`'s database and NATS, with the
+/// logging defaults a user has (no RUST_LOG).
+async fn palisade(system: &TestSystem, args: &[&str]) -> Run {
+    palisade_on(system, system.database_url(), args).await
+}
+
+async fn palisade_on(system: &TestSystem, database_url: &str, args: &[&str]) -> Run {
+    let output = tokio::process::Command::new(PALISADE)
+        .args(args)
+        .envs(system.nats.child_env(&messages::Identity::Operator))
+        .env("DATABASE_URL", database_url)
+        .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
+        .env_remove("RUST_LOG")
+        .env_remove("PALISADE_LOG_FORMAT")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("palisade runs");
+    Run {
+        code: output.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(output.stdout).expect("UTF-8 stdout"),
+        stderr: String::from_utf8(output.stderr).expect("UTF-8 stderr"),
+    }
+}
+
+/// Log lines at any level, as the text format writes them (coloured or not).
+fn has_log_lines(text: &str) -> bool {
+    ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"]
+        .iter()
+        .any(|level| text.contains(level))
+}
+
+#[tokio::test]
+async fn one_shot_commands_print_only_their_answer_and_log_to_stderr_when_asked() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    system.reference_worker(organization_id, 2).await;
+    let org = organization_id.to_string();
+
+    let added = palisade(&system, &["org", "add", "--name", "scripted"]).await;
+    added.assert_status(Status::Ok);
+    let id: Uuid = added
+        .stdout
+        .trim_end()
+        .parse()
+        .expect("stdout is the id alone");
+    assert_eq!(added.stdout, format!("{id}\n"));
+    assert!(added.stderr.is_empty(), "nothing logged at warn: {added:?}");
+
+    // Submitting connects to NATS (whose client logs its connection at info) and PostgreSQL.
+    let target = "synthetic://scripted?findings=1";
+    let submit = [
+        "scan",
+        "submit",
+        "--org",
+        org.as_str(),
+        "--target",
+        target,
+        "--plugins",
+        "synthetic",
+    ];
+    let submitted = palisade(&system, &[&submit[..], &["--output", "json"]].concat()).await;
+    submitted.assert_status(Status::Ok);
+    let answer = submitted.json();
+    let scan_id = answer["scan_id"].as_str().expect("a scan id").to_owned();
+    assert_eq!(answer["deduplicated"], false);
+    assert!(!has_log_lines(&submitted.stderr), "{submitted:?}");
+
+    // -v: the answer alone on stdout still, info lines on stderr.
+    let verbose_submit = [
+        "-v",
+        "scan",
+        "submit",
+        "--org",
+        org.as_str(),
+        "--target",
+        "synthetic://verbose",
+        "--plugins",
+        "synthetic",
+        "--output",
+        "json",
+    ];
+    let verbose = palisade(&system, &verbose_submit).await;
+    verbose.assert_status(Status::Ok);
+    assert!(verbose.json()["scan_id"].is_string());
+    assert!(
+        verbose.stderr.contains("INFO"),
+        "-v logs at info: {verbose:?}"
+    );
+    assert!(!has_log_lines(&verbose.stdout));
+    assert!(
+        !verbose.stderr.contains('\u{1b}'),
+        "no colours where stderr is not a terminal: {verbose:?}"
+    );
+
+    system.wait_scan_state(&scan_id, "completed").await;
+    let shown = palisade(
+        &system,
+        &["scan", "show", scan_id.as_str(), "--output", "json"],
+    )
+    .await;
+    shown.assert_status(Status::Ok);
+    let scan = shown.json();
+    assert_eq!(
+        (scan["id"].as_str(), scan["state"].as_str()),
+        (Some(scan_id.as_str()), Some("completed"))
+    );
+    assert_eq!(scan["jobs"][0]["plugin"], "synthetic");
+    assert_eq!(scan["findings"].as_array().map(Vec::len), Some(1));
+    assert!(shown.stderr.is_empty(), "{shown:?}");
+
+    // The gate's answer and its exit status agree.
+    let gate = palisade(
+        &system,
+        &["scan", "gate", scan_id.as_str(), "--output", "json"],
+    )
+    .await;
+    let passed = gate.json()["gate_passed"].as_bool().expect("gate_passed");
+    gate.assert_status(if passed {
+        Status::Ok
+    } else {
+        Status::NotPassed
+    });
+
+    let check = palisade(&system, &["migrate", "--check", "--output", "json"]).await;
+    check.assert_status(Status::Ok);
+    assert_eq!(check.json()["status"], "up_to_date");
+    assert!(check.stderr.is_empty(), "{check:?}");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn exit_statuses_say_what_happened() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+
+    let usage = palisade(&system, &["scan", "show", "not-a-uuid"]).await;
+    usage.assert_status(Status::Usage);
+
+    let unknown = Uuid::now_v7().to_string();
+    for args in [
+        &["scan", "show", unknown.as_str()][..],
+        &["scan", "show", unknown.as_str(), "--output", "json"],
+        &["scan", "gate", unknown.as_str()],
+        &["scan", "cancel", unknown.as_str()],
+        &["finding", "show", unknown.as_str()],
+        &["worker", "enable", "--worker", unknown.as_str()],
+        &["client", "revoke", "--id", "nobody"],
+    ] {
+        let run = palisade(&system, args).await;
+        run.assert_status(Status::NotFound);
+        assert!(run.stdout.is_empty(), "no answer on stdout: {run:?}");
+        assert!(run.stderr.contains("no "), "says what is missing: {run:?}");
+    }
+
+    // Admission refuses a profile naming a plugin twice.
+    let org = organization_id.to_string();
+    let refused = palisade(
+        &system,
+        &[
+            "scan",
+            "submit",
+            "--org",
+            org.as_str(),
+            "--target",
+            "synthetic://twice",
+            "--plugins",
+            "synthetic,synthetic",
+        ],
+    )
+    .await;
+    refused.assert_status(Status::Refused);
+    assert!(
+        refused.stdout.is_empty() && refused.stderr.contains("refused"),
+        "{refused:?}"
+    );
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn scan_submit_wait_follows_the_scan_to_its_end_and_exits_by_its_outcome() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    system.reference_worker(organization_id, 2).await;
+    let org = organization_id.to_string();
+    let submit = |target: &'static str| {
+        [
+            "scan",
+            "submit",
+            "--org",
+            org.as_str(),
+            "--target",
+            target,
+            "--plugins",
+            "synthetic",
+            "--wait",
+            "--output",
+            "json",
+        ]
+        .map(str::to_owned)
+    };
+
+    let args = submit("synthetic://waited?findings=2&duration_ms=300");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let completed = palisade(&system, &args).await;
+    completed.assert_status(Status::Ok);
+    let scan = completed.json();
+    assert_eq!(scan["state"], "completed", "{completed:?}");
+    assert_eq!(scan["findings"].as_array().map(Vec::len), Some(2));
+    // Progress on stderr as the scan moved: the last line says its plugin completed.
+    let progress: Vec<&str> = completed.stderr.lines().collect();
+    assert!(
+        progress
+            .last()
+            .is_some_and(|line| line.contains("completed: 1/1 plugins completed")),
+        "{completed:?}"
+    );
+    assert!(progress.len() >= 2, "a line per change: {completed:?}");
+
+    let args = submit("synthetic://doomed?fail=1&retryable=false");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let failed = palisade(&system, &args).await;
+    failed.assert_status(Status::NotPassed);
+    assert_eq!(
+        failed.json()["state"],
+        "failed",
+        "the answer still on stdout: {failed:?}"
+    );
+    assert!(failed.stderr.contains("ended failed"), "{failed:?}");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn migrate_check_says_whether_migrations_are_pending_and_changes_nothing() {
+    let system = TestSystem::spawn().await;
+    let expected = store::expected_migration_version();
+    let all = store::MIGRATOR.iter().count();
+
+    // A database that does not exist yet: everything pending, and it is not created.
+    let missing = EmptyDatabase::missing().await;
+    let check = palisade_on(
+        &system,
+        &missing,
+        &["migrate", "--check", "--output", "json"],
+    )
+    .await;
+    check.assert_status(Status::Pending);
+    let answer = check.json();
+    assert_eq!(answer["status"], "pending");
+    assert_eq!(answer["build_version"], expected);
+    assert_eq!(answer["migrations"].as_array().map(Vec::len), Some(all));
+    assert!(check.stderr.contains("run `palisade migrate`"), "{check:?}");
+    assert!(!store::database_exists(&missing).await.unwrap());
+
+    // An empty one: the same, in text, one line per migration after the summary.
+    let empty = EmptyDatabase::create().await;
+    let check = palisade_on(&system, &empty.url, &["migrate", "--check"]).await;
+    check.assert_status(Status::Pending);
+    assert_eq!(check.stdout.lines().count(), 1 + all, "{check:?}");
+    assert!(
+        check
+            .stdout
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with(&expected.to_string())
+    );
+
+    // Migrated: up to date.
+    let migrated = palisade_on(&system, &empty.url, &["migrate", "--output", "json"]).await;
+    migrated.assert_status(Status::Ok);
+    assert_eq!(migrated.json()["status"], "migrated");
+    assert_eq!(
+        migrated.json()["migrations"].as_array().map(Vec::len),
+        Some(all)
+    );
+    let check = palisade_on(&system, &empty.url, &["migrate", "--check"]).await;
+    check.assert_status(Status::Ok);
+    assert_eq!(
+        check.stdout,
+        format!("up to date: the database is at migration {expected}, as this build\n")
+    );
+
+    // A newer build migrated it: refused, naming both versions.
+    let pool = empty.pool().await;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (99991231000001, 'from a newer build', true, '\\x00', 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    for args in [&["migrate", "--check"][..], &["migrate"]] {
+        let refused = palisade_on(&system, &empty.url, args).await;
+        refused.assert_status(Status::Refused);
+        assert!(refused.stdout.is_empty(), "{refused:?}");
+        assert!(
+            refused.stderr.contains("at migration 99991231000001")
+                && refused
+                    .stderr
+                    .contains(&format!("its newest is {expected}")),
+            "{refused:?}"
+        );
+    }
+    empty.drop().await;
+    system.finish().await;
+}
