@@ -23,6 +23,17 @@ async fn status(system: &TestSystem, upload_id: Uuid) -> store::artifacts::Uploa
         .expect("a session")
 }
 
+/// How many distinct chunks the uploads stream holds for the session.
+async fn chunks_sent(system: &TestSystem, worker_id: Uuid, upload_id: Uuid) -> u32 {
+    system
+        .bus
+        .read_upload(&worker_id.to_string(), &upload_id.to_string(), u64::MAX)
+        .await
+        .unwrap()
+        .unwrap()
+        .chunks
+}
+
 /// Moves the session's expiry into the past, as if its time had passed.
 async fn expire(system: &TestSystem, upload_id: Uuid) {
     sqlx::query(
@@ -116,17 +127,7 @@ async fn a_verified_upload_is_committed_once_and_downloads_intact() {
         .unwrap();
     assert_eq!(bytes.as_ref(), data.as_slice());
     // The chunks were purged once committed.
-    let left = system
-        .bus
-        .read_upload(
-            &scan.worker.id.to_string(),
-            &upload_id.to_string(),
-            u64::MAX,
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(left.chunks, 0);
+    assert_eq!(chunks_sent(&system, scan.worker.id, upload_id).await, 0);
 
     // A stored object that no longer matches its record is refused on download.
     store
@@ -297,17 +298,11 @@ async fn an_expired_session_is_expired_by_the_reaper_and_what_it_left_is_removed
     assert_eq!(session.status, "expired");
     assert!(session.removed_at.is_some());
     assert!(store.get(&session.object_key).await.unwrap().is_none());
-    let left = system
-        .bus
-        .read_upload(
-            &scan.worker.id.to_string(),
-            &upload_id.to_string(),
-            u64::MAX,
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(left.chunks, 0, "the chunks are purged");
+    assert_eq!(
+        chunks_sent(&system, scan.worker.id, upload_id).await,
+        0,
+        "the chunks are purged"
+    );
     // Nothing left to do at the next sweep; a commit of the expired session is refused.
     let outcome = system.reaper().run_once().await.unwrap();
     assert_eq!((outcome.uploads_expired, outcome.uploads_removed), (0, 0));
@@ -351,17 +346,7 @@ async fn a_worker_cannot_publish_chunks_on_another_workers_upload_subject() {
             !matches!(published, Ok(Ok(_))),
             "a PubAck came for another worker's upload subject"
         );
-        let sent = system
-            .bus
-            .read_upload(
-                &scan.worker.id.to_string(),
-                &upload_id.to_string(),
-                u64::MAX,
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(sent.chunks, 0);
+        assert_eq!(chunks_sent(&system, scan.worker.id, upload_id).await, 0);
     }
     system.finish().await;
 }
