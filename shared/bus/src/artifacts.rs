@@ -174,7 +174,7 @@ impl Bus {
                 })
                 .await
                 .map_err(|error| BusError::Provision {
-                    stream: format!("OBJ_{bucket}"),
+                    stream: subjects.artifacts_stream(),
                     message: error.to_string(),
                 })?;
         }

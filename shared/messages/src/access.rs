@@ -245,11 +245,6 @@ impl Subjects {
         }
     }
 
-    /// The object store's stream, `OBJ_<bucket>`.
-    fn artifacts_stream(&self) -> String {
-        format!("OBJ_{}", self.artifacts_bucket())
-    }
-
     /// Reading, writing and removing artifacts and upload chunks: the object store's own
     /// subjects (`$O.<bucket>.…`), its stream's message and purge APIs, the uploads stream's
     /// purge, and consumers that read either back.

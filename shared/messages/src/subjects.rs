@@ -430,6 +430,11 @@ impl Subjects {
     pub fn artifacts_bucket(&self) -> String {
         self.stream("ARTIFACTS")
     }
+
+    /// The artifacts bucket's stream, `OBJ_<bucket>` (the Object Store's naming).
+    pub fn artifacts_stream(&self) -> String {
+        format!("OBJ_{}", self.artifacts_bucket())
+    }
 }
 
 #[cfg(test)]

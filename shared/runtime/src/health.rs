@@ -1,9 +1,9 @@
 //! The HTTP endpoints every palisade process serves: `GET /metrics` (see `metrics`),
-//! `GET /healthz` answers 200
-//! while the process runs; `GET /readyz` answers 200 when PostgreSQL answers, NATS is
-//! connected, the three streams exist and the schema is migrated far enough, else 503 naming
-//! each failing check and what to do about it. Readiness is re-checked at most once per
-//! [`READINESS_AGE_MAX`], so a storm of probes costs PostgreSQL one query.
+//! `GET /healthz` answers 200 while the process runs; `GET /readyz` answers 200 when
+//! PostgreSQL answers, NATS is connected, palisade's streams (the four and the artifact
+//! bucket's) exist and the schema is one this build runs on, else 503 naming each failing check
+//! and what to do about it. Readiness is re-checked at most once per [`READINESS_AGE_MAX`], so
+//! a storm of probes costs PostgreSQL one query.
 //!
 //! One server per process: the service binaries start it from their `run_until_stopped`, the
 //! all-in-one `System` starts one for all the services it runs.
@@ -136,6 +136,8 @@ impl HealthServer {
             subjects.requests_stream(),
             subjects.events_stream(),
             subjects.results_stream(),
+            subjects.uploads_stream(),
+            subjects.artifacts_stream(),
         ];
         Self {
             addr,
@@ -223,7 +225,7 @@ struct Readiness {
     /// Without its password.
     database_url: String,
     nats_url: String,
-    streams: [String; 3],
+    streams: [String; 5],
     /// The last answer and when it was made; the lock also makes concurrent probes wait for
     /// one check instead of each running their own.
     cached: Mutex<Option<(Instant, Arc<ReadinessReport>)>>,
