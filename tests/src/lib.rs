@@ -102,10 +102,10 @@ where
     loop {
         match connect().await {
             Ok(connected) => return Ok(connected),
+            // Each try is bounded by the client's own connect timeout: no pause between.
             Err(error) if tries < 3 => {
                 tracing::warn!(%error, tries, "test connection failed; trying again");
                 tries += 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(error) => return Err(error),
         }

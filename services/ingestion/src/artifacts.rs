@@ -225,11 +225,12 @@ impl<S: ArtifactStore> Artifacts<S> {
         sha256: &str,
         chunks: u32,
     ) -> Result<v1::ArtifactReply, v1::Error> {
-        let committed = |upload: &Upload| v1::ArtifactReply {
-            upload_id: upload.id.to_string(),
+        // The answer to a commit, whichever request of it made the session committed.
+        let committed = |upload_id: Uuid| v1::ArtifactReply {
+            upload_id: upload_id.to_string(),
             status: UploadStatus::Committed.as_str().to_owned(),
-            size_bytes: upload.size_bytes.map_or(0, |size| size as u64),
-            sha256: upload.sha256.clone(),
+            size_bytes,
+            sha256: sha256.to_owned(),
             ..Default::default()
         };
         let internal = |what: &str, cause: &dyn std::fmt::Display| {
@@ -249,7 +250,7 @@ impl<S: ArtifactStore> Artifacts<S> {
                         ),
                     ));
                 }
-                return Ok(committed(&upload));
+                return Ok(committed(upload.id));
             }
             UploadStatus::Expired | UploadStatus::Failed => {
                 return Err(v1::Error::new(
@@ -309,13 +310,7 @@ impl<S: ArtifactStore> Artifacts<S> {
             tracing::warn!(upload_id = %id, error = %telemetry::chain(&error), "committed upload's chunks not purged; the uploads stream drops them after a day");
         }
         tracing::info!(upload_id = %id, task_id = %claim.task_id, size_bytes, "artifact committed");
-        Ok(v1::ArtifactReply {
-            upload_id: id,
-            status: UploadStatus::Committed.as_str().to_owned(),
-            size_bytes,
-            sha256: sha256.to_owned(),
-            ..Default::default()
-        })
+        Ok(committed(upload.id))
     }
 }
 

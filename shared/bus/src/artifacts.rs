@@ -210,11 +210,7 @@ impl Bus {
         let failed = |message: String| BusError::Artifacts {
             message: format!("reading upload {upload_id} from {stream_name}: {message}"),
         };
-        let stream = self
-            .jetstream
-            .get_stream(&stream_name)
-            .await
-            .map_err(|error| failed(error.to_string()))?;
+        let stream = self.uploads().await.map_err(failed)?;
         let last = match stream.get_last_raw_message_by_subject(&subject).await {
             Ok(message) => message.sequence,
             Err(error) if error.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
@@ -298,6 +294,15 @@ impl Bus {
         }))
     }
 
+    /// The uploads stream's handle, without the round trip that asks for its info: a commit or
+    /// a removal is one operation on it.
+    async fn uploads(&self) -> Result<stream::Stream<()>, String> {
+        self.jetstream
+            .get_stream_no_info(self.subjects.uploads_stream())
+            .await
+            .map_err(|error| error.to_string())
+    }
+
     /// Removes everything sent on one upload subject (after its commit, or once its session
     /// expired or failed). Removing nothing is not an error.
     pub async fn purge_upload(&self, worker_id: &str, upload_id: &str) -> Result<(), BusError> {
@@ -306,31 +311,12 @@ impl Bus {
         let failed = |message: String| BusError::Artifacts {
             message: format!("purging upload {upload_id} from {stream_name}: {message}"),
         };
-        let stream = self
-            .jetstream
-            .get_stream(&stream_name)
-            .await
-            .map_err(|error| failed(error.to_string()))?;
+        let stream = self.uploads().await.map_err(failed)?;
         stream
             .purge()
             .filter(subject)
             .await
             .map(|_| ())
             .map_err(|error| failed(error.to_string()))
-    }
-}
-
-/// The uploads stream's configuration.
-pub(crate) fn uploads_stream_config(bus: &Bus, settings: &StreamSettings) -> stream::Config {
-    stream::Config {
-        name: bus.subjects.uploads_stream(),
-        subjects: vec![bus.subjects.uploads_wildcard()],
-        retention: stream::RetentionPolicy::Limits,
-        storage: stream::StorageType::File,
-        num_replicas: settings.replicas,
-        max_age: UPLOAD_MAX_AGE,
-        max_message_size: crate::MESSAGE_BYTES_MAX,
-        duplicate_window: crate::DUPLICATE_WINDOW,
-        ..Default::default()
     }
 }

@@ -246,10 +246,12 @@ impl Bus {
             (
                 subjects.requests_stream(),
                 vec![subjects.client_wildcard(messages::ClientVerb::Request)],
+                STREAM_MAX_AGE,
             ),
             (
                 subjects.events_stream(),
                 subjects.events_wildcards().to_vec(),
+                STREAM_MAX_AGE,
             ),
             (
                 subjects.results_stream(),
@@ -261,22 +263,27 @@ impl Bus {
                 .into_iter()
                 .map(|verb| subjects.worker_wildcard(verb))
                 .collect(),
+                STREAM_MAX_AGE,
+            ),
+            (
+                subjects.uploads_stream(),
+                vec![subjects.uploads_wildcard()],
+                artifacts::UPLOAD_MAX_AGE,
             ),
         ];
         let configs = streams
             .into_iter()
-            .map(|(name, stream_subjects)| stream::Config {
+            .map(|(name, stream_subjects, max_age)| stream::Config {
                 name,
                 subjects: stream_subjects,
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
                 num_replicas: settings.replicas,
-                max_age: STREAM_MAX_AGE,
+                max_age,
                 max_message_size: MESSAGE_BYTES_MAX,
                 duplicate_window: DUPLICATE_WINDOW,
                 ..Default::default()
-            })
-            .chain([artifacts::uploads_stream_config(self, settings)]);
+            });
         for config in configs {
             let name = config.name.clone();
             let provision_error = |message: String| BusError::Provision {

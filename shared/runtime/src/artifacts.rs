@@ -1,4 +1,5 @@
-//! Where committed artifacts are kept (`PALISADE_ARTIFACT_STORE`): the JetStream Object Store
+//! What an artifact may be ([`ArtifactLimits`]) and where committed artifacts are kept
+//! (`PALISADE_ARTIFACT_STORE`): the JetStream Object Store
 //! bucket `<PREFIX>_ARTIFACTS` (`nats`, the default), or an S3-compatible bucket (`s3`), both
 //! behind [`bus::artifacts::ArtifactStore`]. Ingestion writes it, the reaper removes from it,
 //! `palisade artifact get` reads it: all three must be given the same settings. Workers never
@@ -12,6 +13,48 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 
 use crate::env::{self, SettingsError};
+
+/// What an artifact may be and how long its upload session stays open (ingestion).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArtifactLimits {
+    /// `PALISADE_ARTIFACT_BYTES_MAX`: the largest file a worker may commit. Ingestion holds a
+    /// file being committed in memory while it checks and stores it.
+    pub bytes_max: u64,
+    /// `PALISADE_UPLOAD_TTL_MS`: a session not committed within this long expires, and the
+    /// reaper removes what was sent.
+    pub upload_ttl: std::time::Duration,
+}
+
+impl ArtifactLimits {
+    pub const BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+    pub const UPLOAD_TTL_MS_DEFAULT: u64 = 15 * 60 * 1000;
+
+    pub fn from_env() -> Result<Self, SettingsError> {
+        let bytes_max = env::parse_in(
+            "PALISADE_ARTIFACT_BYTES_MAX",
+            Self::BYTES_MAX_DEFAULT,
+            1..=1024 * 1024 * 1024,
+        )?;
+        let ttl_ms = env::parse_in(
+            "PALISADE_UPLOAD_TTL_MS",
+            Self::UPLOAD_TTL_MS_DEFAULT,
+            1_000..=24 * 3600 * 1000,
+        )?;
+        Ok(Self {
+            bytes_max,
+            upload_ttl: std::time::Duration::from_millis(ttl_ms),
+        })
+    }
+}
+
+impl Default for ArtifactLimits {
+    fn default() -> Self {
+        Self {
+            bytes_max: Self::BYTES_MAX_DEFAULT,
+            upload_ttl: std::time::Duration::from_millis(Self::UPLOAD_TTL_MS_DEFAULT),
+        }
+    }
+}
 
 /// Which store keeps artifacts.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

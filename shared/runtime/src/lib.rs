@@ -10,6 +10,8 @@ pub mod health;
 pub mod metrics;
 pub mod plumbing;
 
+pub use artifacts::ArtifactLimits;
+
 use std::time::Duration;
 
 use bus::{Bus, StreamSettings};
@@ -323,48 +325,6 @@ impl Default for BatchLimits {
         Self {
             findings_max: Self::FINDINGS_MAX_DEFAULT,
             bytes_max: Self::BYTES_MAX_DEFAULT,
-        }
-    }
-}
-
-/// What an artifact may be and how long its upload session stays open (ingestion).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ArtifactLimits {
-    /// `PALISADE_ARTIFACT_BYTES_MAX`: the largest file a worker may commit. Ingestion holds a
-    /// file being committed in memory while it checks and stores it.
-    pub bytes_max: u64,
-    /// `PALISADE_UPLOAD_TTL_MS`: a session not committed within this long expires, and the
-    /// reaper removes what was sent.
-    pub upload_ttl: std::time::Duration,
-}
-
-impl ArtifactLimits {
-    pub const BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
-    pub const UPLOAD_TTL_MS_DEFAULT: u64 = 15 * 60 * 1000;
-
-    pub fn from_env() -> Result<Self, SettingsError> {
-        let bytes_max = env::parse_in(
-            "PALISADE_ARTIFACT_BYTES_MAX",
-            Self::BYTES_MAX_DEFAULT,
-            1..=1024 * 1024 * 1024,
-        )?;
-        let ttl_ms = env::parse_in(
-            "PALISADE_UPLOAD_TTL_MS",
-            Self::UPLOAD_TTL_MS_DEFAULT,
-            1_000..=24 * 3600 * 1000,
-        )?;
-        Ok(Self {
-            bytes_max,
-            upload_ttl: std::time::Duration::from_millis(ttl_ms),
-        })
-    }
-}
-
-impl Default for ArtifactLimits {
-    fn default() -> Self {
-        Self {
-            bytes_max: Self::BYTES_MAX_DEFAULT,
-            upload_ttl: std::time::Duration::from_millis(Self::UPLOAD_TTL_MS_DEFAULT),
         }
     }
 }

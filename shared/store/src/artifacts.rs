@@ -88,27 +88,28 @@ pub async fn prepare(
     pool: &PgPool,
     prepare: &Prepare<'_>,
 ) -> Result<Result<Upload, v1::Error>, StoreError> {
-    let mut tx = pool.begin().await?;
     let claim = prepare.claim;
-    let Some(locked) = fence::lock(&mut *tx, claim).await? else {
-        return Ok(Err(fence::lease_lost(claim)));
+    let upload = match fenced(pool, claim, prepare.upload_id, async |conn| {
+        Ok(Some(
+            sql::query_as::<Upload>(sql::worker_artifact_uploads::PREPARE)
+                .bind(prepare.upload_id)
+                .bind(claim.task_id)
+                .bind(claim.attempt_id)
+                .bind(claim.worker_id)
+                .bind(object_key(prepare.upload_id))
+                .bind(prepare.name)
+                .bind(prepare.content_type)
+                .bind(seconds(prepare.ttl))
+                .bind(UploadStatus::Prepared.as_str())
+                .fetch_one(conn)
+                .await?,
+        ))
+    })
+    .await?
+    {
+        Ok(upload) => upload,
+        Err(refusal) => return Ok(Err(refusal)),
     };
-    if let Some(refusal) = locked.refusal(claim)? {
-        return Ok(Err(refusal));
-    }
-    let upload = sql::query_as::<Upload>(sql::worker_artifact_uploads::PREPARE)
-        .bind(prepare.upload_id)
-        .bind(claim.task_id)
-        .bind(claim.attempt_id)
-        .bind(claim.worker_id)
-        .bind(object_key(prepare.upload_id))
-        .bind(prepare.name)
-        .bind(prepare.content_type)
-        .bind(seconds(prepare.ttl))
-        .bind(UploadStatus::Prepared.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
-    tx.commit().await?;
     let conflict = |why: &str| {
         Ok(Err(v1::Error::new(
             ErrorCode::IdempotencyConflict,
@@ -160,30 +161,31 @@ pub struct Verified<'a> {
     pub chunks: u32,
 }
 
-/// Runs `write` in a transaction after the fence: the claim must hold its lease.
-async fn fenced(
+/// Runs `write` in a transaction after the fence (the claim must hold its lease); `None` from
+/// `write` (no open session matched) is `not_found`, and nothing is committed.
+async fn fenced<T>(
     pool: &PgPool,
     claim: &LeaseClaim,
     upload_id: Uuid,
-    write: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<Option<Uuid>, StoreError>,
-) -> Result<Result<(), v1::Error>, StoreError> {
+    write: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<Option<T>, StoreError>,
+) -> Result<Result<T, v1::Error>, StoreError> {
     let mut tx = pool.begin().await?;
-    let Some(locked) = fence::lock(&mut *tx, claim).await? else {
+    let Some(locked) = fence::lock(&mut tx, claim).await? else {
         return Ok(Err(fence::lease_lost(claim)));
     };
     if let Some(refusal) = locked.refusal(claim)? {
         return Ok(Err(refusal));
     }
-    if write(&mut *tx).await?.is_none() {
+    let Some(written) = write(&mut tx).await? else {
         return Ok(Err(v1::Error::new(
             ErrorCode::NotFound,
             format!(
                 "upload session {upload_id} is no longer open (expired, failed or committed meanwhile)"
             ),
         )));
-    }
+    };
     tx.commit().await?;
-    Ok(Ok(()))
+    Ok(Ok(written))
 }
 
 /// An open, unexpired session's file was read back and matches its commit: `uploaded`.
@@ -213,6 +215,7 @@ pub async fn mark_uploaded(
         )
     })
     .await
+    .map(|written| written.map(|_: Uuid| ()))
 }
 
 /// A verified session whose file is in the artifact store: `committed`, an artifact of its
@@ -235,6 +238,7 @@ pub async fn commit(
         )
     })
     .await
+    .map(|written| written.map(|_: Uuid| ()))
 }
 
 /// Ends an open session of `claim`'s attempt as `failed`, saying why (what arrived is not

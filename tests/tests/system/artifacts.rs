@@ -5,7 +5,7 @@
 
 use bus::artifacts::ArtifactStore as _;
 use messages::{ErrorCode, v1};
-use tests::{DEPENDENCY_AUDIT_DATA, TestSystem};
+use tests::{DEPENDENCY_AUDIT_DATA, LeasedScan, TestSystem};
 use uuid::Uuid;
 
 fn lease_ref(lease: &v1::Lease) -> v1::LeaseRef {
@@ -21,6 +21,18 @@ async fn status(system: &TestSystem, upload_id: Uuid) -> store::artifacts::Uploa
         .await
         .expect("read")
         .expect("a session")
+}
+
+/// Opens an upload session of a file named `name` under `scan`'s lease: its id and the
+/// answer, which must be no refusal.
+async fn open_upload(scan: &LeasedScan, name: &str) -> (Uuid, v1::ArtifactReply) {
+    let upload_id = Uuid::new_v4();
+    let reply = scan
+        .worker
+        .prepare_upload(&lease_ref(&scan.lease), upload_id, name)
+        .await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    (upload_id, reply)
 }
 
 /// How many distinct chunks the uploads stream holds for the session.
@@ -55,12 +67,7 @@ async fn a_verified_upload_is_committed_once_and_downloads_intact() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
     let lease = lease_ref(&scan.lease);
-    let upload_id = Uuid::new_v4();
-    let prepared = scan
-        .worker
-        .prepare_upload(&lease, upload_id, "report.json")
-        .await;
-    assert!(prepared.error.is_none(), "{prepared:?}");
+    let (upload_id, prepared) = open_upload(&scan, "report.json").await;
     assert_eq!(prepared.status, "prepared");
     assert_eq!(
         prepared.chunk_subject,
@@ -160,9 +167,7 @@ async fn a_wrong_digest_size_or_chunk_count_is_refused_at_commit_and_fails_the_s
         ("chunks", data.len() as u64, sha256.clone(), 4),
     ];
     for (what, size, digest, chunks) in cases {
-        let upload_id = Uuid::new_v4();
-        let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
-        assert!(prepared.error.is_none(), "{prepared:?}");
+        let (upload_id, prepared) = open_upload(&scan, "f").await;
         let sent = scan
             .worker
             .send_chunks(&prepared.chunk_subject, upload_id, &data, 4_000)
@@ -231,9 +236,7 @@ async fn a_worker_without_a_live_lease_cannot_open_or_commit_a_session() {
     assert_eq!(code(&reply), Some(ErrorCode::LeaseLost), "{reply:?}");
 
     // Prepared while live; the lease then expires and the task is leased again.
-    let upload_id = Uuid::new_v4();
-    let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
-    assert!(prepared.error.is_none(), "{prepared:?}");
+    let (upload_id, prepared) = open_upload(&scan, "f").await;
     let data = file(1_000);
     let chunks = scan
         .worker
@@ -271,9 +274,7 @@ async fn an_expired_session_is_expired_by_the_reaper_and_what_it_left_is_removed
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
     let lease = lease_ref(&scan.lease);
-    let upload_id = Uuid::new_v4();
-    let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
-    assert!(prepared.error.is_none(), "{prepared:?}");
+    let (upload_id, prepared) = open_upload(&scan, "f").await;
     let data = file(5_000);
     scan.worker
         .send_chunks(&prepared.chunk_subject, upload_id, &data, 2_000)
@@ -318,10 +319,7 @@ async fn an_expired_session_is_expired_by_the_reaper_and_what_it_left_is_removed
 async fn a_worker_cannot_publish_chunks_on_another_workers_upload_subject() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
-    let lease = lease_ref(&scan.lease);
-    let upload_id = Uuid::new_v4();
-    let prepared = scan.worker.prepare_upload(&lease, upload_id, "f").await;
-    assert!(prepared.error.is_none(), "{prepared:?}");
+    let (upload_id, prepared) = open_upload(&scan, "f").await;
     // Another worker of the same organization publishes into this session's subject: its
     // credentials do not allow it, so no PubAck comes and nothing reaches the stream.
     let intruder = system.manual_worker(scan.organization_id, 1).await;
@@ -421,11 +419,7 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
     let lease = lease_ref(&scan.lease);
 
     // Committed: in the bucket, downloaded intact, and nothing in the NATS bucket.
-    let upload_id = Uuid::new_v4();
-    let prepared = scan
-        .worker
-        .prepare_upload(&lease, upload_id, "a.json")
-        .await;
+    let (upload_id, prepared) = open_upload(&scan, "a.json").await;
     let data = file(300 * 1024);
     let chunks = scan
         .worker
@@ -451,9 +445,7 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
     assert!(nats.get(&key).await.unwrap().is_none());
 
     // Expired after an object was stored: the reaper removes it from the bucket.
-    let stale_id = Uuid::new_v4();
-    let prepared = scan.worker.prepare_upload(&lease, stale_id, "b.json").await;
-    assert!(prepared.error.is_none(), "{prepared:?}");
+    let (stale_id, _) = open_upload(&scan, "b.json").await;
     let stale_key = status(&system, stale_id).await.object_key;
     store
         .put(&stale_key, bytes::Bytes::from_static(b"left behind"))
