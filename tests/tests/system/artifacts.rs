@@ -35,6 +35,24 @@ async fn open_upload(scan: &LeasedScan, name: &str) -> (Uuid, v1::ArtifactReply)
     (upload_id, reply)
 }
 
+/// Commits `upload_id` naming `data`'s own size and sha256, and `chunks`.
+async fn commit_file(
+    scan: &LeasedScan,
+    upload_id: Uuid,
+    data: &[u8],
+    chunks: u32,
+) -> v1::ArtifactReply {
+    scan.worker
+        .commit_upload(
+            &lease_ref(&scan.lease),
+            upload_id,
+            data.len() as u64,
+            &messages::sha256_hex(data),
+            chunks,
+        )
+        .await
+}
+
 /// How many distinct chunks the uploads stream holds for the session.
 async fn chunks_sent(system: &TestSystem, worker_id: Uuid, upload_id: Uuid) -> u32 {
     system
@@ -99,10 +117,7 @@ async fn a_verified_upload_is_committed_once_and_downloads_intact() {
         )
         .await;
     let sha256 = messages::sha256_hex(&data);
-    let committed = scan
-        .worker
-        .commit_upload(&lease, upload_id, data.len() as u64, &sha256, chunks)
-        .await;
+    let committed = commit_file(&scan, upload_id, &data, chunks).await;
     assert!(committed.error.is_none(), "{committed:?}");
     assert_eq!(
         (
@@ -113,10 +128,7 @@ async fn a_verified_upload_is_committed_once_and_downloads_intact() {
         ("committed", data.len() as u64, sha256.as_str())
     );
     // A resent commit answers the same.
-    let resent = scan
-        .worker
-        .commit_upload(&lease, upload_id, data.len() as u64, &sha256, chunks)
-        .await;
+    let resent = commit_file(&scan, upload_id, &data, chunks).await;
     assert_eq!(resent, committed);
 
     let session = status(&system, upload_id).await;
@@ -190,10 +202,7 @@ async fn a_wrong_digest_size_or_chunk_count_is_refused_at_commit_and_fails_the_s
             "{what}"
         );
         // Committing again, even with the right claims, does not revive it.
-        let again = scan
-            .worker
-            .commit_upload(&lease, upload_id, data.len() as u64, &sha256, 3)
-            .await;
+        let again = commit_file(&scan, upload_id, &data, 3).await;
         assert_eq!(code(&again), Some(ErrorCode::NotFound), "{what}: {again:?}");
     }
     // A size over the limit is refused before anything is read.
@@ -248,16 +257,7 @@ async fn a_worker_without_a_live_lease_cannot_open_or_commit_a_session() {
         .prepare_upload(&lease, Uuid::new_v4(), "g")
         .await;
     assert_eq!(code(&stale), Some(ErrorCode::LeaseLost), "{stale:?}");
-    let commit = scan
-        .worker
-        .commit_upload(
-            &lease,
-            upload_id,
-            data.len() as u64,
-            &messages::sha256_hex(&data),
-            chunks,
-        )
-        .await;
+    let commit = commit_file(&scan, upload_id, &data, chunks).await;
     assert_eq!(code(&commit), Some(ErrorCode::LeaseLost), "{commit:?}");
     let count: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM worker_artifact_uploads WHERE status = 'committed'",
@@ -273,7 +273,6 @@ async fn a_worker_without_a_live_lease_cannot_open_or_commit_a_session() {
 async fn an_expired_session_is_expired_by_the_reaper_and_what_it_left_is_removed() {
     let system = TestSystem::spawn().await;
     let scan = system.leased_scan(&["alpha"]).await;
-    let lease = lease_ref(&scan.lease);
     let (upload_id, prepared) = open_upload(&scan, "f").await;
     let data = file(5_000);
     scan.worker
@@ -307,10 +306,7 @@ async fn an_expired_session_is_expired_by_the_reaper_and_what_it_left_is_removed
     // Nothing left to do at the next sweep; a commit of the expired session is refused.
     let outcome = system.reaper().run_once().await.unwrap();
     assert_eq!((outcome.uploads_expired, outcome.uploads_removed), (0, 0));
-    let commit = scan
-        .worker
-        .commit_upload(&lease, upload_id, 5_000, &messages::sha256_hex(&data), 3)
-        .await;
+    let commit = commit_file(&scan, upload_id, &data, 3).await;
     assert_eq!(code(&commit), Some(ErrorCode::NotFound), "{commit:?}");
     system.finish().await;
 }
@@ -416,7 +412,6 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
         .unwrap();
     assert!(matches!(store, runtime::artifacts::Artifacts::S3(_)));
     let scan = system.leased_scan(&["alpha"]).await;
-    let lease = lease_ref(&scan.lease);
 
     // Committed: in the bucket, downloaded intact, and nothing in the NATS bucket.
     let (upload_id, prepared) = open_upload(&scan, "a.json").await;
@@ -425,16 +420,7 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
         .worker
         .send_chunks(&prepared.chunk_subject, upload_id, &data, 256 * 1024)
         .await;
-    let committed = scan
-        .worker
-        .commit_upload(
-            &lease,
-            upload_id,
-            data.len() as u64,
-            &messages::sha256_hex(&data),
-            chunks,
-        )
-        .await;
+    let committed = commit_file(&scan, upload_id, &data, chunks).await;
     assert!(committed.error.is_none(), "{committed:?}");
     let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, upload_id)
         .await
