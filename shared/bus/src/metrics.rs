@@ -37,7 +37,10 @@ pub mod request_outcomes {
     /// The handler chose not to answer (or the request had no reply subject).
     pub const UNANSWERED: &str = "unanswered";
     pub const REPLY_FAILED: &str = "reply_failed";
-    pub const ALL: [&str; 3] = [REPLIED, UNANSWERED, REPLY_FAILED];
+    /// Not handled and not answered: the reply subject was not the requester's own
+    /// (`messages::Subjects::may_answer`).
+    pub const REFUSED_REPLY: &str = "refused_reply";
+    pub const ALL: [&str; 4] = [REPLIED, UNANSWERED, REPLY_FAILED, REFUSED_REPLY];
 }
 
 /// What happened to a NATS connection, as the `event` label.

@@ -67,6 +67,7 @@ where
 {
     crate::metrics::register_server(server);
     let permits = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
+    let mut refusal_logged = false;
     let handler = Arc::new(handler);
     loop {
         let message = tokio::select! {
@@ -76,6 +77,26 @@ where
         let Some(message) = message else { break };
         count_messages(Direction::Received, 1);
         let received = std::time::Instant::now();
+        if let Some(reply) = &message.reply
+            && !bus.subjects().may_answer(&message.subject, reply)
+        {
+            // Not even handled: an acquire answered nowhere would hold a lease for nothing.
+            if !refusal_logged {
+                tracing::warn!(
+                    server,
+                    subject = %message.subject,
+                    reply = %reply,
+                    "a request's reply subject is not its requester's own inbox: not handled, not answered; further ones are only counted (palisade_requests_total{{outcome=\"refused_reply\"}})"
+                );
+                refusal_logged = true;
+            }
+            crate::metrics::record_request(
+                server,
+                request_outcomes::REFUSED_REPLY,
+                received.elapsed().as_secs_f64(),
+            );
+            continue;
+        }
         let permit = permits
             .clone()
             .acquire_owned()

@@ -1,29 +1,38 @@
 //! palisade's identities on the bus, as NATS decentralized authentication (operator mode).
 //!
 //! One **authority** holds three keys: the operator's, the system account's (the server's own
-//! account, used here only to push account updates) and the palisade account's, under which
-//! every service, worker, client and operator connects. Each of those gets a **user JWT**
-//! signed by the palisade account, carrying the subject permissions of its role
-//! (`messages::access`) and never a bearer token: connecting also takes the user's private
-//! seed, which only its holder has. The authority's seeds live in files (a Kubernetes secret),
-//! never in PostgreSQL; PostgreSQL keeps only public keys.
+//! account, used here only to push accounts) and the palisade account's. The services, the
+//! operator's command and the streams live in the **palisade account**; every worker and every
+//! client gets an **account of its own**, whose key is derived from the palisade account's seed
+//! and the identity (nothing new to keep secret, nothing stored), and which imports from the
+//! palisade account exactly the subjects of that identity (`messages::access`: exports and
+//! imports). So the account is the blast radius of one credential: a requester's answers cross
+//! back through the server's response mapping into its own account, whatever reply subject it
+//! names, and no worker or client account has JetStream.
+//!
+//! Each identity connects as a **user** of its account: a user JWT signed by that account,
+//! carrying the subject permissions of its role, and never a bearer token: connecting also
+//! takes the user's private seed, which only its holder has. The authority's seeds live in
+//! files (a Kubernetes secret), never in PostgreSQL; PostgreSQL keeps only public keys.
 //!
 //! **Revocation** is a list in the account JWT (user public key → time): the authority signs
-//! the account again with the revoked keys of PostgreSQL and pushes it to the servers through
-//! the system account, and the servers close those users' connections at once and refuse new
-//! ones. The list is rebuilt from PostgreSQL on every push, so a push is idempotent and a
-//! re-enabled identity leaves the list.
+//! the identity's account again with its revoked keys from PostgreSQL and pushes it to the
+//! servers through the system account, and the servers close those users' connections at once
+//! and refuse new ones. The list is rebuilt from PostgreSQL on every push, so a push is
+//! idempotent and a re-enabled identity leaves the list.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use messages::{Identity, Permissions, Subjects};
+use hmac::{Hmac, KeyInit as _, Mac as _};
+use messages::{Crossing, Identity, Permissions, Subjects};
 use nats_io_jwt::{
-    Account, Claims, Operator, OperatorLimits, Permission, ResponsePermission, RevocationList,
-    RevocationListKey, SigningKeys, Token, User,
+    Account, Claims, Export, ExportType, Exports, Import, Imports, Operator, OperatorLimits,
+    Permission, ResponsePermission, ResponseType, RevocationList, RevocationListKey, SigningKeys,
+    Token, User,
 };
-use nkeys::KeyPair;
+use nkeys::{KeyPair, KeyPairType};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -37,9 +46,13 @@ pub enum IdentityError {
     #[error("{0:?} is not a NATS user public key (it starts with U and is 56 characters)")]
     NotAUserKey(String),
     #[error(
-        "cannot push the account to NATS at {url}: {reason}; the revocation is recorded in PostgreSQL, run `palisade nats push` once NATS answers"
+        "cannot push the account {account} to NATS at {url}: {reason}; what PostgreSQL recorded stands, run `palisade nats push` once NATS answers"
     )]
-    Push { url: String, reason: String },
+    Push {
+        url: String,
+        account: String,
+        reason: String,
+    },
 }
 
 /// File names inside an authority directory.
@@ -50,9 +63,14 @@ const ACCOUNT_SEED: &str = "account.nk";
 /// The palisade account's name in its JWT.
 const ACCOUNT_NAME: &str = "palisade";
 
-/// How long a service may take to answer a request it received (`allow_responses`); dispatch's
-/// long-polled acquire is the longest.
+/// How long a service may take to answer a request it received (`allow_responses`, and the
+/// response threshold of the palisade account's exports); dispatch's long-polled acquire is
+/// the longest.
 const RESPONSE_TTL: Duration = Duration::from_secs(120);
+
+/// Where an identity account's key comes from: HMAC-SHA-256 of this label and the identity's
+/// token, keyed with the palisade account's seed.
+const DERIVATION_LABEL: &[u8] = b"palisade identity account v1\0";
 
 /// A user's credentials: what `NATS_CREDS` points at, the user JWT and its seed.
 #[derive(Clone)]
@@ -69,6 +87,14 @@ impl std::fmt::Debug for Credentials {
             .field("public_key", &self.public_key)
             .finish_non_exhaustive()
     }
+}
+
+/// A signed account JWT and the account it describes, ready to push to the servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedAccount {
+    /// The account's public key (`A…`).
+    pub public_key: String,
+    pub jwt: String,
 }
 
 /// The operator, system account and palisade account keys.
@@ -158,6 +184,32 @@ impl Authority {
         self.account.public_key()
     }
 
+    /// The public key of the account `identity` connects in: the palisade account for the
+    /// services and the operator, its own for a worker or a client.
+    pub fn account_of(&self, identity: &Identity) -> String {
+        self.account_key(identity).public_key()
+    }
+
+    /// The key of the account `identity`'s users are signed by.
+    fn account_key(&self, identity: &Identity) -> KeyPair {
+        match identity {
+            Identity::Service(_) | Identity::Operator => {
+                KeyPair::from_seed(&seed_of(&self.account)).expect("a seed just written")
+            }
+            Identity::Worker { .. } | Identity::Client { .. } => {
+                let (_, master) =
+                    nkeys::decode_seed(&seed_of(&self.account)).expect("the account's own seed");
+                let mut mac =
+                    Hmac::<sha2::Sha256>::new_from_slice(&master).expect("HMAC takes any key");
+                mac.update(DERIVATION_LABEL);
+                mac.update(identity.token().as_bytes());
+                let raw: [u8; 32] = mac.finalize().into_bytes().into();
+                KeyPair::new_from_raw(KeyPairType::Account, raw)
+                    .expect("32 bytes make an account key")
+            }
+        }
+    }
+
     /// The operator JWT (self-signed), naming the system account.
     pub fn operator_jwt(&self) -> String {
         let mut operator = Operator::default();
@@ -174,13 +226,7 @@ impl Authority {
         // Connections unlimited (the push connects here); no JetStream, which the server
         // refuses for its system account.
         let account = Account {
-            limits: Some(OperatorLimits {
-                disk_storage: 0,
-                mem_storage: 0,
-                streams: 0,
-                consumer: 0,
-                ..OperatorLimits::default()
-            }),
+            limits: Some(no_jetstream(OperatorLimits::default())),
             ..Account::default()
         };
         Token::new(self.system.public_key())
@@ -189,13 +235,70 @@ impl Authority {
             .sign(&self.operator)
     }
 
-    /// The palisade account's JWT: JetStream enabled, bearer tokens refused, `revoked` users
-    /// refused.
-    pub fn account_jwt(&self, revoked: &[Revoked]) -> String {
-        let limits = OperatorLimits {
-            disallow_bearer: true,
-            ..OperatorLimits::default()
+    /// The palisade account's JWT: JetStream enabled, bearer tokens refused, and every worker
+    /// and client subject exported (each identity's account imports only its own).
+    pub fn palisade_account(&self, subjects: &Subjects) -> SignedAccount {
+        let Crossing { services, streams } = subjects.exports();
+        let export = |subject: String, kind: ExportType| Export {
+            subject: Some(subject.into()),
+            type_: Some(kind.clone()),
+            response_type: (kind == ExportType::Service).then_some(ResponseType::Singleton),
+            response_threshold: (kind == ExportType::Service)
+                .then_some(RESPONSE_TTL.as_nanos() as i64),
+            ..Export::default()
         };
+        let exports: Vec<Export> = services
+            .into_iter()
+            .map(|subject| export(subject, ExportType::Service))
+            .chain(
+                streams
+                    .into_iter()
+                    .map(|subject| export(subject, ExportType::Stream)),
+            )
+            .collect();
+        let account = Account {
+            limits: Some(OperatorLimits {
+                disallow_bearer: true,
+                ..OperatorLimits::default()
+            }),
+            exports: Some(Exports::from(exports)),
+            ..Account::default()
+        };
+        SignedAccount {
+            public_key: self.account.public_key(),
+            jwt: Token::new(self.account.public_key())
+                .name(ACCOUNT_NAME)
+                .claims(Claims::Account(account))
+                .sign(&self.operator),
+        }
+    }
+
+    /// The JWT of `identity`'s own account: no JetStream, bearer tokens refused, its own
+    /// subjects imported from the palisade account, and `revoked` users refused. `None` for
+    /// the services and the operator, which live in the palisade account.
+    pub fn identity_account(
+        &self,
+        subjects: &Subjects,
+        identity: &Identity,
+        revoked: &[Revoked],
+    ) -> Option<SignedAccount> {
+        let Crossing { services, streams } = subjects.imports(identity)?;
+        let palisade = self.account.public_key();
+        let import = |subject: String, kind: ExportType| Import {
+            account: Some(palisade.clone()),
+            subject: Some(subject.into()),
+            type_: Some(kind),
+            ..Import::default()
+        };
+        let imports: Vec<Import> = services
+            .into_iter()
+            .map(|subject| import(subject, ExportType::Service))
+            .chain(
+                streams
+                    .into_iter()
+                    .map(|subject| import(subject, ExportType::Stream)),
+            )
+            .collect();
         let revocations: HashMap<RevocationListKey, i64> = revoked
             .iter()
             .filter_map(|revoked| {
@@ -204,34 +307,55 @@ impl Authority {
             })
             .collect();
         let account = Account {
-            limits: Some(limits),
+            limits: Some(no_jetstream(OperatorLimits {
+                disallow_bearer: true,
+                ..OperatorLimits::default()
+            })),
+            imports: Some(Imports::from(imports)),
             revocations: (!revocations.is_empty()).then(|| RevocationList::from(revocations)),
             ..Account::default()
         };
-        Token::new(self.account.public_key())
-            .name(ACCOUNT_NAME)
-            .claims(Claims::Account(account))
-            .sign(&self.operator)
+        let key = self.account_key(identity);
+        Some(SignedAccount {
+            public_key: key.public_key(),
+            jwt: Token::new(key.public_key())
+                .name(identity.token())
+                .claims(Claims::Account(account))
+                .sign(&self.operator),
+        })
     }
 
     /// The part of a `nats-server` configuration that makes it trust this authority:
     /// operator, system account, a full account resolver storing JWTs in `resolver_dir`
-    /// (pushed updates survive restarts there), and the two accounts preloaded.
-    pub fn server_config(&self, resolver_dir: &Path) -> String {
+    /// (pushed accounts survive restarts there), and the system and palisade accounts
+    /// preloaded. Worker and client accounts are pushed when they are issued.
+    pub fn server_config(&self, subjects: &Subjects, resolver_dir: &Path) -> String {
+        let palisade = self.palisade_account(subjects);
         format!(
             "operator: {operator}\nsystem_account: {system}\nresolver: {{\n  type: full\n  dir: {dir:?}\n  allow_delete: false\n  interval: \"2m\"\n}}\nresolver_preload: {{\n  {system}: {system_jwt}\n  {account}: {account_jwt}\n}}\n",
             operator = self.operator_jwt(),
             system = self.system.public_key(),
             dir = resolver_dir.display().to_string(),
             system_jwt = self.system_account_jwt(),
-            account = self.account.public_key(),
-            account_jwt = self.account_jwt(&[]),
+            account = palisade.public_key,
+            account_jwt = palisade.jwt,
         )
     }
 
-    /// New credentials for `identity` (a fresh key pair; the seed is only in the file).
+    /// New credentials for `identity` (a fresh key pair; the seed is only in the file). A
+    /// worker's or client's account must be pushed ([`Authority::push`]) before it connects.
     pub fn issue(&self, subjects: &Subjects, identity: &Identity) -> Credentials {
-        self.issue_with(&identity.token(), &subjects.permissions(identity))
+        let user = KeyPair::new_user();
+        let jwt = self.user_jwt(
+            &self.account_key(identity),
+            &user.public_key(),
+            &identity.token(),
+            &subjects.permissions(identity),
+        );
+        Credentials {
+            public_key: user.public_key(),
+            file: creds_file(&jwt, &seed_of(&user)),
+        }
     }
 
     /// A user JWT for `identity` over a public key its holder generated (`nsc`/`nk -gen
@@ -246,23 +370,31 @@ impl Authority {
             return Err(IdentityError::NotAUserKey(public_key.to_owned()));
         }
         Ok(self.user_jwt(
+            &self.account_key(identity),
             public_key,
             &identity.token(),
             &subjects.permissions(identity),
         ))
     }
 
-    /// New credentials with explicit permissions (the system tests' own unrestricted user).
+    /// New credentials in the palisade account with explicit permissions (the system tests'
+    /// own unrestricted user).
     pub fn issue_with(&self, name: &str, permissions: &Permissions) -> Credentials {
         let user = KeyPair::new_user();
-        let jwt = self.user_jwt(&user.public_key(), name, permissions);
+        let jwt = self.user_jwt(&self.account, &user.public_key(), name, permissions);
         Credentials {
             public_key: user.public_key(),
             file: creds_file(&jwt, &seed_of(&user)),
         }
     }
 
-    fn user_jwt(&self, public_key: &str, name: &str, permissions: &Permissions) -> String {
+    fn user_jwt(
+        &self,
+        account: &KeyPair,
+        public_key: &str,
+        name: &str,
+        permissions: &Permissions,
+    ) -> String {
         let list = |subjects: &[String]| Permission {
             allow: Some(subjects.to_vec().into()),
             deny: None,
@@ -280,10 +412,10 @@ impl Authority {
         Token::new(public_key.to_owned())
             .name(name)
             .claims(Claims::User(user))
-            .sign(&self.account)
+            .sign(account)
     }
 
-    /// Credentials of a system-account user, to push account updates with.
+    /// Credentials of a system-account user, to push accounts with.
     fn system_user(&self) -> Credentials {
         let user = KeyPair::new_user();
         let jwt = Token::new(user.public_key())
@@ -299,50 +431,63 @@ impl Authority {
         }
     }
 
-    /// Signs the palisade account with `revoked` and pushes it to the NATS servers at `url`
-    /// (one URL or a comma-separated list; a cluster passes it on). Once this returns, every
-    /// connection of a revoked user has been closed and no new one is accepted.
+    /// Pushes `accounts` to the NATS servers at `url` (one URL or a comma-separated list; a
+    /// cluster passes them on), a new account or a new version of one alike. Once this
+    /// returns, every connection of a user an account now revokes has been closed and no new
+    /// one is accepted.
     pub async fn push(
         &self,
         url: &str,
         tls: &bus::NatsTls,
-        revoked: &[Revoked],
+        accounts: &[SignedAccount],
     ) -> Result<(), IdentityError> {
-        let push_error = |reason: String| IdentityError::Push {
+        let push_error = |account: &str, reason: String| IdentityError::Push {
             url: url.to_owned(),
+            account: account.to_owned(),
             reason,
         };
         let servers: Vec<async_nats::ServerAddr> = url
             .split(',')
             .map(|server| server.trim().parse())
             .collect::<Result<_, _>>()
-            .map_err(|error: std::io::Error| push_error(error.to_string()))?;
+            .map_err(|error: std::io::Error| push_error("-", error.to_string()))?;
         let options = async_nats::ConnectOptions::with_credentials(&self.system_user().file)
-            .map_err(|error| push_error(error.to_string()))?;
+            .map_err(|error| push_error("-", error.to_string()))?;
         let client = tls
             .apply(url, options)
             .name("palisade-push")
             .connection_timeout(Duration::from_secs(5))
             .connect(servers)
             .await
-            .map_err(|error| push_error(error.to_string()))?;
-        let subject = format!(
-            "$SYS.REQ.ACCOUNT.{}.CLAIMS.UPDATE",
-            self.account.public_key()
-        );
-        let reply = tokio::time::timeout(
-            Duration::from_secs(10),
-            client.request(subject, self.account_jwt(revoked).into()),
-        )
-        .await
-        .map_err(|_| push_error("no answer within 10 s".into()))?
-        .map_err(|error| push_error(error.to_string()))?;
-        let answer: serde_json::Value = serde_json::from_slice(&reply.payload)
-            .map_err(|error| push_error(format!("unreadable answer: {error}")))?;
-        if let Some(error) = answer.get("error") {
-            return Err(push_error(error.to_string()));
+            .map_err(|error| push_error("-", error.to_string()))?;
+        for account in accounts {
+            let error = |reason: String| push_error(&account.public_key, reason);
+            // The server's claims update takes a new account as well as a new version.
+            let reply = tokio::time::timeout(
+                Duration::from_secs(10),
+                client.request("$SYS.REQ.CLAIMS.UPDATE", account.jwt.clone().into()),
+            )
+            .await
+            .map_err(|_| error("no answer within 10 s".into()))?
+            .map_err(|failure| error(failure.to_string()))?;
+            let answer: serde_json::Value = serde_json::from_slice(&reply.payload)
+                .map_err(|failure| error(format!("unreadable answer: {failure}")))?;
+            if let Some(failure) = answer.get("error") {
+                return Err(error(failure.to_string()));
+            }
         }
         Ok(())
+    }
+}
+
+/// `limits` with JetStream off: no storage, no streams, no consumers.
+fn no_jetstream(limits: OperatorLimits) -> OperatorLimits {
+    OperatorLimits {
+        disk_storage: 0,
+        mem_storage: 0,
+        streams: 0,
+        consumer: 0,
+        ..limits
     }
 }
 

@@ -4,10 +4,20 @@
 //! holder whatever it sends; the services still check that a message's fields agree with its
 //! subject's tokens (`validate`).
 //!
-//! The JetStream API is a set of subjects too (`$JS.API.…`): only the services may create or
-//! change streams and consumers, a client may only create consumers filtered on its own
-//! organizations' events, and a worker has no JetStream API at all (its results are plain
-//! publishes that the results stream captures; their PubAcks come to its own inbox).
+//! **Accounts are the tenant boundary.** The services, the operator and the streams live in
+//! palisade's own NATS account; every worker and every client connects in an account of its
+//! own, which reaches palisade's only through imports of exactly its subjects
+//! ([`Subjects::imports`]) of what palisade's account exports ([`Subjects::exports`]). An
+//! answer to a request that crossed an account boundary goes back through the server's
+//! response mapping (the service sees a `_R_.…` reply subject, never the requester's), so a
+//! requester can receive an answer but never aim it: whatever reply subject it names, the
+//! answer lands in its own account, where nothing but its own imports lead anywhere.
+//!
+//! The JetStream API is a set of subjects too (`$JS.API.…`): only the services (and the
+//! operator) hold any of it, in palisade's account. Workers' and clients' accounts have no
+//! JetStream at all: their results and requests are publishes the streams capture across the
+//! import (their PubAcks come back the same way), and a client reads its organizations'
+//! events through the `events` verb.
 
 use uuid::Uuid;
 
@@ -86,8 +96,22 @@ pub struct Permissions {
     pub responses: bool,
 }
 
+/// What crosses between palisade's account and another: `services` are subjects the other
+/// account publishes on (requests, and JetStream publishes the streams capture), whose answers
+/// and PubAcks come back through the server's response mapping; `streams` are subjects
+/// palisade's account publishes on that the other account hears. NATS wildcards allowed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Crossing {
+    pub services: Vec<String>,
+    pub streams: Vec<String>,
+}
+
 /// The JetStream API prefix.
 const JS_API: &str = "$JS.API";
+
+/// How a server-made response subject starts: the answer to a request that crossed an account
+/// boundary goes there, and the server maps it back into the requester's own account.
+pub const RESPONSE_MAPPING_PREFIX: &str = "_R_.";
 
 impl Subjects {
     /// What `identity` may publish and subscribe to in this installation.
@@ -114,20 +138,11 @@ impl Subjects {
             Identity::Worker { worker_id } => {
                 let id = worker_id.to_string();
                 Permissions {
-                    publish: [
-                        WorkerVerb::Hello,
-                        WorkerVerb::Acquire,
-                        WorkerVerb::Renew,
-                        WorkerVerb::Release,
-                        WorkerVerb::Result,
-                        WorkerVerb::Complete,
-                        WorkerVerb::Fail,
-                        WorkerVerb::Artifact,
-                    ]
-                    .into_iter()
-                    .map(|verb| self.worker(&id, verb))
-                    .chain([self.worker_uploads(&id)])
-                    .collect(),
+                    publish: WorkerVerb::SENT
+                        .into_iter()
+                        .map(|verb| self.worker(&id, verb))
+                        .chain([self.worker_uploads(&id)])
+                        .collect(),
                     subscribe: vec![
                         inbox,
                         self.worker(&id, WorkerVerb::Ack),
@@ -141,28 +156,110 @@ impl Subjects {
                 organizations,
             } => {
                 let client_id = token("client_id", client_id).expect("client ids are tokens");
-                let events = self.events_stream();
-                let mut publish = Vec::new();
-                for organization in organizations {
-                    publish.push(format!(
-                        "{prefix}.v1.org.{organization}.client.{client_id}.*"
-                    ));
-                    // Consumers of its own organization's events only: the server checks that
-                    // the filter in the subject is the consumer's filter.
-                    publish.push(format!(
-                        "{JS_API}.CONSUMER.CREATE.{events}.*.{}",
-                        self.tenant_events(organization)
-                    ));
-                }
-                // Pulls and their state, from consumers whose (random) names it chose.
-                publish.push(format!("{JS_API}.CONSUMER.MSG.NEXT.{events}.*"));
-                publish.push(format!("{JS_API}.CONSUMER.INFO.{events}.*"));
                 Permissions {
-                    publish,
+                    publish: organizations
+                        .iter()
+                        .map(|organization| {
+                            format!("{prefix}.v1.org.{organization}.client.{client_id}.*")
+                        })
+                        .collect(),
                     subscribe: vec![inbox],
                     responses: false,
                 }
             }
+        }
+    }
+
+    /// Whether a service may answer a request received on `subject` at `reply`: only where
+    /// the answer reaches the requester and nobody else. That is a server-made response
+    /// subject (`_R_.…`: the request crossed an account boundary, and the answer can only go
+    /// back into the requester's own account), or, inside palisade's account (an open server,
+    /// the operator's command), the inbox prefix of the identity the subject names, or the
+    /// operator's. Anything else, a JetStream API subject, another tenant's events or request
+    /// subject, another worker's acks, is never answered, whatever the credentials let the
+    /// requester aim at.
+    pub fn may_answer(&self, subject: &str, reply: &str) -> bool {
+        let plain = !reply.is_empty()
+            && reply
+                .split('.')
+                .all(|token| !token.is_empty() && token != "*" && token != ">");
+        if !plain {
+            return false;
+        }
+        if reply.starts_with(RESPONSE_MAPPING_PREFIX) {
+            return true;
+        }
+        let under = |identity: &Identity| {
+            reply
+                .strip_prefix(&self.inbox_prefix(identity))
+                .is_some_and(|rest| rest.starts_with('.'))
+        };
+        let requester = if let Some(client) = self.client_of(subject) {
+            Some(Identity::Client {
+                client_id: client.client_id.to_owned(),
+                organizations: Vec::new(),
+            })
+        } else {
+            self.worker_id_of(subject)
+                .and_then(|worker_id| worker_id.parse().ok())
+                .map(|worker_id| Identity::Worker { worker_id })
+        };
+        under(&Identity::Operator) || requester.as_ref().is_some_and(under)
+    }
+
+    /// What palisade's account offers other accounts: every worker and client subject, each
+    /// account importing only its own ([`Subjects::imports`]).
+    pub fn exports(&self) -> Crossing {
+        let mut services: Vec<String> = ClientVerb::ALL
+            .into_iter()
+            .map(|verb| self.client_wildcard(verb))
+            .collect();
+        services.extend(
+            WorkerVerb::SENT
+                .into_iter()
+                .map(|verb| self.worker_wildcard(verb)),
+        );
+        services.push(self.uploads_wildcard());
+        Crossing {
+            services,
+            streams: vec![self.worker_wildcard(WorkerVerb::Ack), self.dispatch_ready()],
+        }
+    }
+
+    /// What the account of `identity` imports from palisade's: exactly its own subjects.
+    /// `None` for the services and the operator, which live in palisade's account.
+    ///
+    /// Panics if a client id is not a subject token, as [`Subjects::permissions`] does.
+    pub fn imports(&self, identity: &Identity) -> Option<Crossing> {
+        match identity {
+            Identity::Service(_) | Identity::Operator => None,
+            Identity::Worker { worker_id } => {
+                let id = worker_id.to_string();
+                let mut services: Vec<String> = WorkerVerb::SENT
+                    .into_iter()
+                    .map(|verb| self.worker(&id, verb))
+                    .collect();
+                services.push(self.worker_uploads(&id));
+                Some(Crossing {
+                    services,
+                    streams: vec![self.worker(&id, WorkerVerb::Ack), self.dispatch_ready()],
+                })
+            }
+            Identity::Client {
+                client_id,
+                organizations,
+            } => Some(Crossing {
+                services: organizations
+                    .iter()
+                    .flat_map(|organization| {
+                        ClientVerb::ALL.into_iter().map(move |verb| {
+                            self.client(organization, client_id, verb)
+                                .expect("client ids are tokens")
+                        })
+                    })
+                    .collect(),
+                streams: Vec::new(),
+            }),
         }
     }
 
@@ -305,23 +402,101 @@ mod tests {
     }
 
     #[test]
-    fn a_client_acts_only_for_its_organizations_and_reads_only_their_events() {
+    fn a_client_acts_only_for_its_organizations_and_holds_no_jetstream_right() {
         let organization = Uuid::now_v7();
         let permissions = subjects().permissions(&Identity::Client {
             client_id: "ci".into(),
             organizations: vec![organization],
         });
-        assert!(
-            permissions
-                .publish
-                .contains(&format!("p.v1.org.{organization}.client.ci.*"))
+        assert_eq!(
+            permissions.publish,
+            [format!("p.v1.org.{organization}.client.ci.*")]
         );
-        assert!(permissions.publish.contains(&format!(
-            "$JS.API.CONSUMER.CREATE.P_EVENTS.*.p.v1.org.{organization}.event.>"
-        )));
-        assert!(!permissions.publish.iter().any(|s| s.contains("STREAM")
-            || s.contains("DELETE")
-            || s.contains(".event.>") && !s.starts_with("$JS.API.CONSUMER.CREATE")));
+        assert_eq!(permissions.subscribe, ["_INBOX_p.client-ci.>"]);
+    }
+
+    #[test]
+    fn an_identity_account_imports_exactly_its_own_subjects_of_what_palisade_exports() {
+        let s = subjects();
+        let exports = s.exports();
+        let exported = |subject: &str, list: &[String]| {
+            list.iter().any(|export| {
+                let export: Vec<&str> = export.split('.').collect();
+                let subject: Vec<&str> = subject.split('.').collect();
+                export.len() == subject.len()
+                    && export
+                        .iter()
+                        .zip(&subject)
+                        .all(|(e, t)| *e == "*" || e == t)
+            })
+        };
+        let worker_id = Uuid::now_v7();
+        let organization = Uuid::now_v7();
+        for identity in [
+            Identity::Worker { worker_id },
+            Identity::Client {
+                client_id: "ci".into(),
+                organizations: vec![organization],
+            },
+        ] {
+            let imports = s.imports(&identity).expect("its own account");
+            for subject in &imports.services {
+                assert!(exported(subject, &exports.services), "{subject}");
+                assert!(
+                    subject.contains(&worker_id.to_string())
+                        || subject.contains(&format!("org.{organization}.client.ci.")),
+                    "{subject} is not its own"
+                );
+            }
+            for subject in &imports.streams {
+                assert!(exported(subject, &exports.streams), "{subject}");
+            }
+        }
+        assert!(s.imports(&Identity::Operator).is_none());
+        assert!(
+            !exports
+                .services
+                .iter()
+                .any(|subject| subject.starts_with('$')
+                    || subject.ends_with(".ack")
+                    || subject.contains(".event."))
+        );
+    }
+
+    #[test]
+    fn a_service_answers_only_the_requesters_own_inbox_or_a_server_made_response_subject() {
+        let s = subjects();
+        let worker_id = Uuid::now_v7();
+        let acquire = s.worker(&worker_id.to_string(), WorkerVerb::Acquire);
+        let submit = format!("p.v1.org.{}.client.ci.submit", Uuid::now_v7());
+        for (subject, reply) in [
+            (&acquire, format!("_INBOX_p.worker-{worker_id}.abc.1")),
+            (&acquire, "_R_.Ab12Cd.x9".to_owned()),
+            (&acquire, "_INBOX_p.operator.abc.1".to_owned()),
+            (&submit, "_INBOX_p.client-ci.abc.1".to_owned()),
+        ] {
+            assert!(s.may_answer(subject, &reply), "{subject} -> {reply}");
+        }
+        let other = Uuid::now_v7();
+        for (subject, reply) in [
+            (&acquire, "$JS.API.STREAM.PURGE.P_REQUESTS".to_owned()),
+            (
+                &acquire,
+                "$JS.API.CONSUMER.DELETE.P_RESULTS.ingestion".to_owned(),
+            ),
+            (&acquire, format!("_INBOX_p.worker-{other}.abc.1")),
+            (&acquire, format!("p.v1.worker.{other}.ack")),
+            (&acquire, format!("_INBOX_p.worker-{worker_id}")),
+            (&acquire, format!("_INBOX_p.worker-{worker_id}x.abc")),
+            (&acquire, format!("_INBOX_p.worker-{worker_id}.>")),
+            (&acquire, "_INBOX.abc.1".to_owned()),
+            (&submit, "_INBOX_p.client-cix.abc".to_owned()),
+            (&submit, format!("p.v1.org.{other}.event.scan.completed")),
+            (&submit, format!("p.v1.org.{other}.client.ci.request")),
+            (&submit, String::new()),
+        ] {
+            assert!(!s.may_answer(subject, &reply), "{subject} -> {reply}");
+        }
     }
 
     #[test]

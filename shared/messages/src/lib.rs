@@ -14,7 +14,7 @@ pub mod subjects;
 pub mod testing;
 pub mod validate;
 
-pub use access::{Identity, Permissions, Service};
+pub use access::{Crossing, Identity, Permissions, Service};
 pub use codes::ErrorCode;
 pub use subjects::{Audience, ClientVerb, EventKind, Subjects, WorkerVerb};
 

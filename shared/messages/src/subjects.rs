@@ -156,6 +156,18 @@ impl WorkerVerb {
         WorkerVerb::Artifact,
     ];
 
+    /// What a worker sends (every verb but `ack`, which it receives).
+    pub const SENT: [WorkerVerb; 8] = [
+        WorkerVerb::Hello,
+        WorkerVerb::Acquire,
+        WorkerVerb::Renew,
+        WorkerVerb::Release,
+        WorkerVerb::Result,
+        WorkerVerb::Complete,
+        WorkerVerb::Fail,
+        WorkerVerb::Artifact,
+    ];
+
     pub const fn name(self) -> &'static str {
         match self {
             WorkerVerb::Hello => "hello",

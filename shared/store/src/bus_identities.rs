@@ -48,12 +48,44 @@ pub async fn record_credential(
     Ok(())
 }
 
-/// The public keys NATS must refuse: replaced credentials and every credential of a revoked
-/// worker or client.
-pub async fn refused_credentials(pool: &PgPool) -> Result<Vec<String>, StoreError> {
-    Ok(sql::query_scalar(sql::nats_users::REFUSED)
+/// A worker or client as its own NATS account is signed: who it is (with a client's
+/// organizations, whose subjects the account imports) and the keys NATS must refuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusAccount {
+    pub holder: Holder,
+    pub organization_ids: Vec<Uuid>,
+    pub refused: Vec<String>,
+}
+
+/// The NATS accounts of every worker and client holding a credential, or of `holder` alone
+/// (none when it holds no credential).
+pub async fn bus_accounts(
+    pool: &PgPool,
+    holder: Option<&Holder>,
+) -> Result<Vec<BusAccount>, StoreError> {
+    let (worker_id, client_id) = holder.map_or((None, None), Holder::ids);
+    /// worker_id, client_id, organization_ids, refused.
+    type Row = (Option<Uuid>, Option<String>, Vec<Uuid>, Vec<String>);
+    let rows: Vec<Row> = sql::query_as(sql::nats_users::ACCOUNTS)
+        .bind(worker_id)
+        .bind(client_id)
         .fetch_all(pool)
-        .await?)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(worker_id, client_id, organization_ids, refused)| {
+            let holder = match (worker_id, client_id) {
+                (Some(worker_id), _) => Holder::Worker(worker_id),
+                (None, Some(client_id)) => Holder::Client(client_id),
+                (None, None) => return None,
+            };
+            Some(BusAccount {
+                holder,
+                organization_ids,
+                refused,
+            })
+        })
+        .collect())
 }
 
 /// Registers a client bound to `organization_ids` (idempotent by id).

@@ -437,7 +437,8 @@ impl World {
         let postgres = PostgresServer::start().await;
         // NATS authenticates, as in production: each process on its own credentials.
         let authority = identity::Authority::generate();
-        let nats = NatsServer::start_secured(&authority).await;
+        let subjects = Subjects::new("chaos").expect("valid prefix");
+        let nats = NatsServer::start_secured(&authority, &subjects).await;
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(postgres.url("palisade"));
         common.database.max_connections = 4;
@@ -445,7 +446,7 @@ impl World {
         // connections must outlast the faults it injects.
         common.database.acquire_timeout = Duration::from_secs(10);
         common.nats_url = nats.url();
-        common.subjects = Subjects::new("chaos").expect("valid prefix");
+        common.subjects = subjects;
         common.nats_credentials = crate::unrestricted_credentials(&authority);
         palisade::system::prepare_database(&common)
             .await
@@ -500,6 +501,8 @@ impl World {
             )
             .await
             .expect("worker registered");
+            let identity = messages::Identity::Worker { worker_id };
+            crate::push_account(&authority, &common.subjects, &common.nats_url, &identity).await;
             let mut env = env.clone();
             env.extend([
                 ("PALISADE_WORKER_ID".to_owned(), worker_id.to_string()),
@@ -507,7 +510,7 @@ impl World {
                     "PALISADE_WORKER_CAPACITY".to_owned(),
                     plan.worker_capacity.to_string(),
                 ),
-                credentials(messages::Identity::Worker { worker_id }),
+                credentials(identity),
             ]);
             workers.push(Process::new(
                 format!("worker-{index}"),

@@ -15,14 +15,15 @@ const SWEEP_INTERVAL_MS: u64 = 100;
 /// (replica, started_ms, finished_ms) of every sweep seen so far.
 type Sweeps = Arc<Mutex<Vec<(usize, u128, Option<u128>)>>>;
 
-fn spawn_replica(system: &TestSystem, index: usize, sweeps: Sweeps) -> tokio::process::Child {
+async fn spawn_replica(system: &TestSystem, index: usize, sweeps: Sweeps) -> tokio::process::Child {
     let mut child = tokio::process::Command::new(SERVICE)
         .arg("reaper")
         .env("DATABASE_URL", &system.settings.common.database.url)
         .envs(
             system
                 .nats
-                .child_env(&messages::Identity::Service(messages::Service::Reaper)),
+                .child_env(&messages::Identity::Service(messages::Service::Reaper))
+                .await,
         )
         .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
         .env("PALISADE_REAPER_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string())
@@ -83,9 +84,10 @@ fn assert_one_at_a_time(sweeps: &[(usize, u128, Option<u128>)]) {
 async fn three_reaper_replicas_sweep_one_at_a_time_and_a_killed_leader_is_replaced() {
     let system = TestSystem::spawn().await;
     let sweeps: Sweeps = Arc::default();
-    let mut replicas: Vec<_> = (0..3)
-        .map(|index| spawn_replica(&system, index, sweeps.clone()))
-        .collect();
+    let mut replicas = Vec::new();
+    for index in 0..3 {
+        replicas.push(spawn_replica(&system, index, sweeps.clone()).await);
+    }
 
     // Let them campaign and sweep for a while.
     system

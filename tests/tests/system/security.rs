@@ -423,15 +423,14 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
     let authority = system.nats.authority.clone().expect("secured");
     let worker_id = system.registered_worker(organization, 4).await;
     let identity = Identity::Worker { worker_id };
-    // Issued as `palisade worker add` does: the public key recorded, the seed only in the file.
+    let holder = store::bus_identities::Holder::Worker(worker_id);
+    // Issued as `palisade worker add` does: its account pushed, the public key recorded, the
+    // seed only in the file.
+    system.nats.ensure_account(&identity).await;
     let credentials = authority.issue(&system.subjects, &identity);
-    store::bus_identities::record_credential(
-        &system.pool,
-        &store::bus_identities::Holder::Worker(worker_id),
-        &credentials.public_key,
-    )
-    .await
-    .expect("credential recorded");
+    store::bus_identities::record_credential(&system.pool, &holder, &credentials.public_key)
+        .await
+        .expect("credential recorded");
     let creds = NatsCredentials::from_creds(credentials.file.as_str());
     let no_tls = bus::NatsTls::default();
     let connect = || {
@@ -451,8 +450,8 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
         .await;
     let lease = worker.acquire_one().await;
 
-    // Revoked in PostgreSQL (no new lease, writes refused) and on the bus, with the list
-    // `palisade worker revoke` pushes: every refused credential PostgreSQL knows.
+    // Revoked in PostgreSQL (no new lease, writes refused) and on the bus, with the account
+    // `palisade worker revoke` pushes: every refused credential of the worker PostgreSQL knows.
     store::revoke::revoke_worker(
         &system.pool,
         &system.subjects,
@@ -462,15 +461,13 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
     )
     .await
     .expect("revoked");
-    let pushed = Instant::now();
-    let refused: Vec<identity::Revoked> = store::bus_identities::refused_credentials(&system.pool)
+    let recorded = store::bus_identities::bus_accounts(&system.pool, Some(&holder))
         .await
-        .expect("refused credentials")
-        .into_iter()
-        .map(identity::Revoked::key)
-        .collect();
-    assert_eq!(refused, [identity::Revoked::key(&credentials.public_key)]);
-    system.nats.push_revocations(&refused).await;
+        .expect("its account as recorded");
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].refused, [credentials.public_key.clone()]);
+    let pushed = Instant::now();
+    system.nats.push_recorded(&system.pool, &holder).await;
     let push_took = pushed.elapsed();
     let closed = Instant::now();
     while bus.client().connection_state() == async_nats::connection::State::Connected {
@@ -510,6 +507,7 @@ async fn a_replaced_credential_is_refused_and_the_new_one_works() {
     let worker_id = system.registered_worker(organization, 4).await;
     let identity = Identity::Worker { worker_id };
     let holder = store::bus_identities::Holder::Worker(worker_id);
+    system.nats.ensure_account(&identity).await;
     let old = authority.issue(&system.subjects, &identity);
     store::bus_identities::record_credential(&system.pool, &holder, &old.public_key)
         .await
@@ -518,13 +516,7 @@ async fn a_replaced_credential_is_refused_and_the_new_one_works() {
     store::bus_identities::record_credential(&system.pool, &holder, &new.public_key)
         .await
         .unwrap();
-    let refused: Vec<identity::Revoked> = store::bus_identities::refused_credentials(&system.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(identity::Revoked::key)
-        .collect();
-    system.nats.push_revocations(&refused).await;
+    system.nats.push_recorded(&system.pool, &holder).await;
     let connect = async |credentials: &identity::Credentials| {
         Bus::connect(
             &system.settings.common.nats_url,
@@ -543,9 +535,9 @@ async fn a_replaced_credential_is_refused_and_the_new_one_works() {
         connect(&new).await.is_ok(),
         "the new credential was refused"
     );
-    // Re-enabling what PostgreSQL no longer refuses (an empty list) lets nothing old back in
-    // that PostgreSQL still refuses: the list is rebuilt, not edited.
-    system.nats.push_revocations(&refused).await;
+    // Pushing again lets nothing old back in that PostgreSQL still refuses: the list is
+    // rebuilt from PostgreSQL, not edited.
+    system.nats.push_recorded(&system.pool, &holder).await;
     assert!(connect(&old).await.is_err());
     system.finish().await;
 }

@@ -1,0 +1,607 @@
+//! The adversarial suite (issue 23): a hostile worker, a hostile client of another tenant and
+//! an anonymous process attack palisade set up as production runs it (operator mode, each
+//! identity in its own account with its own credentials), through every door they have: the
+//! reply subject of every verb and every JetStream publish, injection into another tenant's
+//! subjects, delivery onto another identity's subjects, the JetStream API itself, and what held
+//! before (sniffing, impersonation, forged and replayed credentials, oversize).
+//!
+//! Each probe asserts what the victim keeps: streams and consumers intact, a confirmed request
+//! admitted, no event or ack it did not earn. Run on the minimum supported nats-server and on a
+//! current one (`NATS_SERVER_BIN`; `.ci/run` runs this binary on both).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bus::async_nats;
+use bus::{Bus, NatsCredentials};
+use futures::StreamExt as _;
+use messages::{ClientVerb, EventKind, Identity, WorkerVerb, v1};
+use prost::Message as _;
+use tests::{Component, TestSystem};
+use uuid::Uuid;
+
+/// How long an attack is given to do its harm before the victim is checked.
+const SETTLE: Duration = Duration::from_millis(1_500);
+
+/// Every JetStream API verb that destroys or retargets something of palisade's, as a reply
+/// subject an attacker names.
+fn destructive_api_subjects(system: &TestSystem) -> Vec<String> {
+    let s = &system.subjects;
+    let mut subjects = Vec::new();
+    for stream in [
+        s.requests_stream(),
+        s.events_stream(),
+        s.results_stream(),
+        s.uploads_stream(),
+        s.artifacts_stream(),
+    ] {
+        subjects.push(format!("$JS.API.STREAM.PURGE.{stream}"));
+        subjects.push(format!("$JS.API.STREAM.DELETE.{stream}"));
+    }
+    subjects.push(format!(
+        "$JS.API.CONSUMER.DELETE.{}.admission",
+        s.requests_stream()
+    ));
+    subjects.push(format!(
+        "$JS.API.CONSUMER.DELETE.{}.ingestion",
+        s.results_stream()
+    ));
+    subjects
+}
+
+/// What the attacks must leave as it was: each stream's message count (never fewer) and the
+/// services' durable consumers.
+#[derive(Debug, PartialEq, Eq)]
+struct Victim {
+    messages: BTreeMap<String, u64>,
+    consumers: Vec<String>,
+}
+
+async fn victim(system: &TestSystem) -> Victim {
+    let s = &system.subjects;
+    let mut messages = BTreeMap::new();
+    for stream in [
+        s.requests_stream(),
+        s.events_stream(),
+        s.results_stream(),
+        s.uploads_stream(),
+        s.artifacts_stream(),
+    ] {
+        let mut handle = system
+            .bus
+            .jetstream()
+            .get_stream(&stream)
+            .await
+            .unwrap_or_else(|error| panic!("stream {stream} is gone: {error}"));
+        let info = handle.info().await.expect("stream info");
+        messages.insert(stream, info.state.messages);
+    }
+    let mut consumers = Vec::new();
+    for (stream, consumer) in [
+        (s.requests_stream(), "admission"),
+        (s.results_stream(), "ingestion"),
+    ] {
+        let handle = system
+            .bus
+            .jetstream()
+            .get_stream(&stream)
+            .await
+            .expect("stream");
+        if handle
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(consumer)
+            .await
+            .is_ok()
+        {
+            consumers.push(format!("{stream}/{consumer}"));
+        }
+    }
+    Victim {
+        messages,
+        consumers,
+    }
+}
+
+/// Nothing was purged or deleted: every stream holds at least what it held, every consumer
+/// is still there.
+fn intact(before: &Victim, after: &Victim) {
+    assert_eq!(
+        before.consumers, after.consumers,
+        "a durable consumer was deleted"
+    );
+    for (stream, count) in &before.messages {
+        assert!(
+            after.messages[stream] >= *count,
+            "{stream} lost messages: {count} before, {} after",
+            after.messages[stream]
+        );
+    }
+}
+
+fn secured(system: &TestSystem) {
+    assert!(
+        system.nats.authority.is_some(),
+        "the adversarial suite needs a server that authenticates: unset NATS_URL"
+    );
+}
+
+/// A registered client of `organizations`, connected with its own credentials.
+async fn client_bus(system: &TestSystem, client_id: &str, organizations: Vec<Uuid>) -> Bus {
+    system
+        .nats
+        .connect(&Identity::Client {
+            client_id: client_id.to_owned(),
+            organizations,
+        })
+        .await
+}
+
+/// A release the worker already made, encoded: sent again, it is answered with an empty
+/// `ReleaseReply`, zero bytes, which the JetStream API takes as a valid purge or delete.
+async fn released_again(
+    system: &TestSystem,
+    organization: Uuid,
+    worker: &tests::ManualWorker,
+) -> Vec<u8> {
+    assert!(worker.hello(&["alpha"]).await.error.is_none());
+    system
+        .submit(&system.request(organization, "http://released.test", &["alpha"]))
+        .await;
+    let lease = worker.acquire_one().await;
+    assert!(worker.release(&lease).await.error.is_none());
+    let again = v1::ReleaseRequest {
+        schema_version: messages::SCHEMA_VERSION,
+        worker_id: worker.id.to_string(),
+        lease: lease.lease.clone(),
+        reason: "again".into(),
+    };
+    let answer = system
+        .bus
+        .client()
+        .request(
+            system
+                .subjects
+                .worker(&worker.id.to_string(), WorkerVerb::Release),
+            again.encode_to_vec().into(),
+        )
+        .await
+        .expect("answered");
+    assert!(answer.payload.is_empty(), "{:?}", answer.payload);
+    again.encode_to_vec()
+}
+
+/// Sends `payload` on `subject` asking for the answer at `reply`, a subject the sender does
+/// not own. Refusals by the server (permissions) are expected and ignored.
+async fn aim(bus: &Bus, subject: String, reply: &str, payload: Vec<u8>) {
+    let _ = bus
+        .client()
+        .publish_with_reply(subject, reply.to_owned(), payload.into())
+        .await;
+}
+
+#[tokio::test]
+async fn a_reply_aimed_at_the_jetstream_api_through_any_verb_or_publish_destroys_nothing() {
+    let system = TestSystem::spawn().await;
+    secured(&system);
+    system.start(Component::Enrichment);
+    let a = system.organization().await;
+    let b = system.organization().await;
+    // B's request, confirmed by its PubAck while admission is down: it must be admitted later.
+    system.stop(Component::Admission).await;
+    let b_client = client::Client::new(client_bus(&system, "b-client", vec![b]).await, "b-client");
+    let b_request = b_client.request(&b.to_string(), "http://b.test", &["alpha"], "b-1");
+    b_client
+        .publish(&b_request)
+        .await
+        .expect("B's request is confirmed");
+
+    let manual = system.manual_worker(a, 4).await;
+    let worker_id = manual.id;
+    let worker = system.worker_bus(worker_id).await;
+    let hostile = client_bus(&system, "a-client", vec![a]).await;
+    let w = worker_id.to_string();
+    system.start(Component::Admission);
+    let empty_answer = released_again(&system, a, &manual).await;
+    system.stop(Component::Admission).await;
+    let before = victim(&system).await;
+
+    for target in destructive_api_subjects(&system) {
+        // A request answered with nothing at all.
+        aim(
+            &worker,
+            system.subjects.worker(&w, WorkerVerb::Release),
+            &target,
+            empty_answer.clone(),
+        )
+        .await;
+        // Every worker verb, requests and JetStream publishes alike.
+        for verb in WorkerVerb::SENT {
+            aim(
+                &worker,
+                system.subjects.worker(&w, verb),
+                &target,
+                b"garbage".to_vec(),
+            )
+            .await;
+        }
+        aim(
+            &worker,
+            system.subjects.upload(&w, &Uuid::new_v4().to_string()),
+            &target,
+            b"chunk".to_vec(),
+        )
+        .await;
+        // Every client verb.
+        for verb in ClientVerb::ALL {
+            aim(
+                &hostile,
+                system.subjects.client(&a, "a-client", verb).unwrap(),
+                &target,
+                b"garbage".to_vec(),
+            )
+            .await;
+        }
+        // A pull request on any consumer (clients and workers hold no JetStream right at all).
+        for bus in [&worker, &hostile] {
+            aim(
+                bus,
+                format!(
+                    "$JS.API.CONSUMER.MSG.NEXT.{}.admission",
+                    system.subjects.requests_stream()
+                ),
+                &target,
+                br#"{"batch":1,"no_wait":true}"#.to_vec(),
+            )
+            .await;
+        }
+    }
+    let _ = worker.client().flush().await;
+    let _ = hostile.client().flush().await;
+    tokio::time::sleep(SETTLE).await;
+    intact(&before, &victim(&system).await);
+
+    // B's confirmed request is admitted once admission is back.
+    system.start(Component::Admission);
+    let admitted = system
+        .wait_for("B's request admitted", || async {
+            let scans: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM scans WHERE organization_id = $1")
+                    .bind(b)
+                    .fetch_one(&system.pool)
+                    .await
+                    .unwrap();
+            (scans == 1).then_some(scans)
+        })
+        .await;
+    assert_eq!(admitted, 1);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
+    let system = TestSystem::spawn().await;
+    secured(&system);
+    system.start(Component::Enrichment);
+    let a = system.organization().await;
+    let b = system.organization().await;
+    let worker_id = system.registered_worker(a, 4).await;
+    let worker = system.worker_bus(worker_id).await;
+    let victim_id = system.registered_worker(b, 4).await;
+    let victim_bus = system.worker_bus(victim_id).await;
+    let v = victim_id.to_string();
+    let hostile = client_bus(&system, "a-client", vec![a]).await;
+    // The victim worker listens where its acks arrive, in its own account.
+    let mut victim_acks = victim_bus
+        .client()
+        .subscribe(system.subjects.worker(&v, WorkerVerb::Ack))
+        .await
+        .unwrap();
+    let before_events = tests::event_counts(&system).await;
+    let before_requests = system
+        .bus
+        .jetstream()
+        .get_stream(system.subjects.requests_stream())
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+
+    let targets = [
+        system.subjects.tenant_event(&b, EventKind::ScanCompleted),
+        system.subjects.tenant_event(&b, EventKind::ScanRejected),
+        system.subjects.event(EventKind::TaskCompleted),
+        system
+            .subjects
+            .client(&b, "b-client", ClientVerb::Request)
+            .unwrap(),
+        system.subjects.worker(&v, WorkerVerb::Ack),
+        system.subjects.dispatch_ready(),
+    ];
+    let cancel = v1::CancelRequest {
+        schema_version: messages::SCHEMA_VERSION,
+        scan_id: Uuid::new_v4().to_string(),
+        ..Default::default()
+    };
+    let hello = v1::HelloRequest {
+        schema_version: messages::SCHEMA_VERSION,
+        worker_id: worker_id.to_string(),
+        capabilities: vec!["alpha".into()],
+        ..Default::default()
+    };
+    for target in &targets {
+        // Answered requests (each answer is a real, decodable message).
+        aim(
+            &hostile,
+            system
+                .subjects
+                .client(&a, "a-client", ClientVerb::Cancel)
+                .unwrap(),
+            target,
+            cancel.encode_to_vec(),
+        )
+        .await;
+        aim(
+            &hostile,
+            system
+                .subjects
+                .client(&a, "a-client", ClientVerb::Submit)
+                .unwrap(),
+            target,
+            b"not a request".to_vec(),
+        )
+        .await;
+        // A PubAck.
+        aim(
+            &hostile,
+            system
+                .subjects
+                .client(&a, "a-client", ClientVerb::Request)
+                .unwrap(),
+            target,
+            b"not a request".to_vec(),
+        )
+        .await;
+        aim(
+            &worker,
+            system
+                .subjects
+                .worker(&worker_id.to_string(), WorkerVerb::Hello),
+            target,
+            hello.encode_to_vec(),
+        )
+        .await;
+    }
+    let _ = hostile.client().flush().await;
+    let _ = worker.client().flush().await;
+    tokio::time::sleep(SETTLE).await;
+
+    let after_events = tests::event_counts(&system).await;
+    for kind in [
+        "scan.completed",
+        "scan.cancelled",
+        "scan.failed",
+        "task.completed",
+    ] {
+        assert_eq!(
+            after_events.get(kind),
+            before_events.get(kind),
+            "a {kind} event was injected"
+        );
+    }
+    let b_events = tests::stream_subject_counts(
+        &system,
+        &system.subjects.events_stream(),
+        &system.subjects.tenant_events(&b),
+    )
+    .await;
+    assert!(
+        !b_events.contains_key(&system.subjects.tenant_event(&b, EventKind::ScanCompleted)),
+        "B received a forged scan.completed: {b_events:?}"
+    );
+    // Only A's own garbage requests were stored; none on B's subject.
+    let b_requests = tests::stream_subject_counts(
+        &system,
+        &system.subjects.requests_stream(),
+        &system.subjects.client_wildcard(ClientVerb::Request),
+    )
+    .await;
+    assert!(
+        b_requests
+            .keys()
+            .all(|subject| !subject.contains(&b.to_string())),
+        "something was stored on B's request subject: {b_requests:?}"
+    );
+    let after_requests = system
+        .bus
+        .jetstream()
+        .get_stream(system.subjects.requests_stream())
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(
+        after_requests,
+        before_requests + targets.len() as u64,
+        "only A's own requests are stored"
+    );
+    let heard = tokio::time::timeout(SETTLE, victim_acks.next()).await;
+    assert!(
+        !matches!(heard, Ok(Some(_))),
+        "the victim worker heard an ack it did not earn: {heard:?}"
+    );
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn no_worker_or_client_holds_any_jetstream_right() {
+    let system = TestSystem::spawn().await;
+    secured(&system);
+    let organization = system.organization().await;
+    let worker_id = system.registered_worker(organization, 4).await;
+    let worker = system.worker_bus(worker_id).await;
+    let client = client_bus(&system, "nosy", vec![organization]).await;
+    let events = system.subjects.events_stream();
+    let probes = [
+        "$JS.API.INFO".to_owned(),
+        format!("$JS.API.STREAM.INFO.{events}"),
+        format!("$JS.API.STREAM.NAMES"),
+        format!(
+            "$JS.API.CONSUMER.CREATE.{events}.mine.{}",
+            system.subjects.tenant_events(&organization)
+        ),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{events}.mine"),
+        format!("$JS.API.DIRECT.GET.{events}"),
+        format!("$O.{}.>", system.subjects.artifacts_bucket()),
+    ];
+    for (who, bus) in [("a worker", &worker), ("a client", &client)] {
+        for subject in &probes {
+            let answer = tokio::time::timeout(
+                SETTLE,
+                bus.client()
+                    .request(subject.replace(".>", ".x"), "{}".into()),
+            )
+            .await;
+            if let Ok(Ok(answer)) = answer {
+                // An account without JetStream may be told so; nothing more.
+                let text = String::from_utf8_lossy(&answer.payload);
+                assert!(
+                    text.contains("error"),
+                    "{who} was answered on {subject}: {text}"
+                );
+            }
+        }
+    }
+    // And the events stream still has no consumer but the services'.
+    let mut stream = system.bus.jetstream().get_stream(&events).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.consumer_count, 0);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn a_service_never_answers_a_reply_subject_outside_the_requesters_inbox() {
+    // Inside palisade's own account (an open server, or anyone there), the services' own check
+    // is what stops a request from borrowing their rights.
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    let worker = system.manual_worker(organization, 4).await;
+    let worker_id = worker.id;
+    let release = released_again(&system, organization, &worker).await;
+    let before = victim(&system).await;
+    for target in destructive_api_subjects(&system) {
+        aim(
+            &system.bus,
+            system
+                .subjects
+                .worker(&worker_id.to_string(), WorkerVerb::Release),
+            &target,
+            release.clone(),
+        )
+        .await;
+        aim(
+            &system.bus,
+            system
+                .subjects
+                .client(&organization, tests::TEST_CLIENT_ID, ClientVerb::Submit)
+                .unwrap(),
+            &target,
+            b"garbage".to_vec(),
+        )
+        .await;
+    }
+    let _ = system.bus.client().flush().await;
+    tokio::time::sleep(SETTLE).await;
+    intact(&before, &victim(&system).await);
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn sniffing_impersonation_forged_and_replayed_credentials_fail() {
+    let system = TestSystem::spawn().await;
+    secured(&system);
+    let organization = system.organization().await;
+    let worker_id = system.registered_worker(organization, 4).await;
+    let worker = system.worker_bus(worker_id).await;
+    let other = system.manual_worker(organization, 4).await;
+
+    // Sniffing: a subscription to everything, or to another's inbox, hears nothing.
+    for subject in [">", "_INBOX.>", "$SYS.>", "$JS.>"] {
+        let mut heard = match worker.client().subscribe(subject.to_owned()).await {
+            Ok(subscriber) => subscriber,
+            Err(_) => continue,
+        };
+        system
+            .submit(&system.request(organization, "http://sniff.test", &["alpha"]))
+            .await;
+        assert!(other.hello(&["alpha"]).await.error.is_none());
+        let got = tokio::time::timeout(SETTLE, heard.next()).await;
+        assert!(!matches!(got, Ok(Some(_))), "{subject} heard {got:?}");
+    }
+    // Impersonation: another worker's hello is not answered.
+    let answer = tokio::time::timeout(
+        SETTLE,
+        worker.client().request(
+            system
+                .subjects
+                .worker(&other.id.to_string(), WorkerVerb::Hello),
+            "x".into(),
+        ),
+    )
+    .await;
+    assert!(!matches!(answer, Ok(Ok(_))), "impersonation answered");
+
+    // A forged credential: signed by another authority.
+    let identity = Identity::Worker { worker_id };
+    let stranger = identity::Authority::generate().issue(&system.subjects, &identity);
+    let forged = Bus::connect(
+        &system.settings.common.nats_url,
+        &NatsCredentials::from_creds(stranger.file.as_str()),
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &identity,
+    )
+    .await;
+    assert!(forged.is_err(), "a forged credential connected");
+    // A replayed JWT: the worker's JWT with another key's seed.
+    let authority = system.nats.authority.clone().expect("secured");
+    let genuine = authority.issue(&system.subjects, &identity);
+    let thief = authority.issue(&system.subjects, &identity);
+    let jwt_of = |file: &str| file.lines().nth(1).unwrap().to_owned();
+    let seed_of = |file: &str| {
+        file.lines()
+            .find(|line| line.starts_with("SU"))
+            .unwrap()
+            .to_owned()
+    };
+    let replayed = identity::creds_file(&jwt_of(&genuine.file), &seed_of(&thief.file));
+    let replay = Bus::connect(
+        &system.settings.common.nats_url,
+        &NatsCredentials::from_creds(replayed.as_str()),
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &identity,
+    )
+    .await;
+    assert!(replay.is_err(), "a JWT without its own seed connected");
+    // A user JWT signed by the account of another worker is not accepted as this worker.
+    // (Each account imports only its own subjects: tested by the reply probes above.)
+
+    // Oversize: a publish past the server's max payload is refused, not stored.
+    let huge = vec![0_u8; 2 * 1024 * 1024];
+    let refused = worker
+        .publish_durable(
+            system
+                .subjects
+                .worker(&worker_id.to_string(), WorkerVerb::Result),
+            "huge",
+            Default::default(),
+            huge.into(),
+        )
+        .await;
+    assert!(refused.is_err(), "an oversize batch was stored");
+    system.finish().await;
+}
