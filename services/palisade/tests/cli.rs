@@ -39,9 +39,20 @@ async fn palisade(system: &TestSystem, args: &[&str]) -> Run {
 }
 
 async fn palisade_on(system: &TestSystem, database_url: &str, args: &[&str]) -> Run {
+    palisade_with(system, database_url, &[], args).await
+}
+
+/// [`palisade_on`] with more environment variables.
+async fn palisade_with(
+    system: &TestSystem,
+    database_url: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+    args: &[&str],
+) -> Run {
     let output = tokio::process::Command::new(PALISADE)
         .args(args)
         .envs(system.nats.child_env(&messages::Identity::Operator).await)
+        .envs(env.iter().copied())
         .env("DATABASE_URL", database_url)
         .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
         .env_remove("RUST_LOG")
@@ -340,5 +351,58 @@ async fn migrate_check_says_whether_migrations_are_pending_and_changes_nothing()
         );
     }
     empty.drop().await;
+    system.finish().await;
+}
+
+/// `worker add --creds` and `client add --creds` into a file that exists, readable by everyone:
+/// the new credentials replace it, readable by their owner only (issue 23, point 5).
+#[cfg(unix)]
+#[tokio::test]
+async fn credentials_written_over_a_readable_file_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let system = TestSystem::spawn().await;
+    let authority = system
+        .nats
+        .authority
+        .as_ref()
+        .expect("the test system's NATS authenticates");
+    let dir = std::env::temp_dir().join(format!("palisade-cli-creds-{}", Uuid::new_v4()));
+    let authority_dir = dir.join("authority");
+    authority.write(&authority_dir).unwrap();
+    let org = system.organization().await.to_string();
+    let worker = Uuid::new_v4().to_string();
+
+    for (name, args) in [
+        (
+            "worker.creds",
+            vec!["worker", "add", "--name", "w", "--id", worker.as_str()],
+        ),
+        (
+            "client.creds",
+            vec!["client", "add", "--id", "cli-client", "--org", org.as_str()],
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, "an older file, readable by everyone").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path_arg = path.to_str().unwrap();
+        let args: Vec<&str> = args.into_iter().chain(["--creds", path_arg]).collect();
+        let run = palisade_with(
+            &system,
+            system.database_url(),
+            &[("PALISADE_NATS_AUTHORITY", authority_dir.as_os_str())],
+            &args,
+        )
+        .await;
+        run.assert_status(Status::Ok);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}: mode {mode:o}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("-----BEGIN NATS USER JWT-----") && text.contains("USER NKEY SEED"),
+            "{name} holds the new credentials: {text}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
     system.finish().await;
 }

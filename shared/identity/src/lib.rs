@@ -503,19 +503,38 @@ pub fn creds_file(jwt: &str, seed: &str) -> String {
     )
 }
 
-/// Writes `text` readable by its owner only.
+/// Writes `text` readable by its owner only (mode 0600), whether or not `path` existed: a new
+/// file of mode 0600 in the same directory is written, synced and renamed over `path`, so an
+/// existing file's looser mode never applies to the secret and a reader never sees half of it.
 pub fn write_secret(path: &Path, text: &str) -> Result<(), IdentityError> {
     use std::io::Write as _;
     let error = |error: std::io::Error| IdentityError::Write {
         path: path.to_owned(),
         reason: error.to_string(),
     };
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    // `Path::parent` of a bare file name is the empty path: the current directory.
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let mut file = tempfile::NamedTempFile::new_in(dir).map_err(error)?;
+    // `tempfile` creates it 0600 already; said here so the guarantee does not rest on a default.
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(path).map_err(error)?;
-    file.write_all(text.as_bytes()).map_err(error)
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(error)?;
+    }
+    file.write_all(text.as_bytes()).map_err(error)?;
+    file.as_file().sync_all().map_err(error)?;
+    file.persist(path).map_err(|persist| error(persist.error))?;
+    // The rename itself is durable once the directory is.
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(error)?;
+    Ok(())
 }
 
 fn seed_of(key: &KeyPair) -> String {

@@ -14,6 +14,8 @@ pub enum ErrorCode {
     TooLarge,
     /// The organization does not exist.
     UnknownOrganization,
+    /// The client is registered and revoked (`palisade client revoke`).
+    ClientRevoked,
     /// The worker id is not registered.
     UnknownWorker,
     /// The worker is disabled or revoked.
@@ -56,12 +58,13 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::MalformedMessage,
         ErrorCode::UnsupportedSchemaVersion,
         ErrorCode::InvalidField,
         ErrorCode::TooLarge,
         ErrorCode::UnknownOrganization,
+        ErrorCode::ClientRevoked,
         ErrorCode::UnknownWorker,
         ErrorCode::WorkerDisabled,
         ErrorCode::WorkerNotAssigned,
@@ -90,6 +93,7 @@ impl ErrorCode {
             ErrorCode::InvalidField => "invalid_field",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::UnknownOrganization => "unknown_organization",
+            ErrorCode::ClientRevoked => "client_revoked",
             ErrorCode::UnknownWorker => "unknown_worker",
             ErrorCode::WorkerDisabled => "worker_disabled",
             ErrorCode::WorkerNotAssigned => "worker_not_assigned",

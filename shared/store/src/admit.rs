@@ -6,12 +6,14 @@
 //!    (organization, client, key), so that two transactions never admit one key (I5);
 //! 2. one statement reads the batch's organizations and locks (`FOR NO KEY UPDATE`, in id
 //!    order) those with a quota, so that quota counts are serialized per organization;
-//! 3. one statement reads, per request, the scan its key names, its target's active scan and
-//!    its organization's admissions of the last hour;
+//! 3. one statement reads, per request, the scan its key names, whether its client is revoked
+//!    (the batch's registered clients read `FOR SHARE`, so a revocation waits for the decision
+//!    and none is admitted after it commits), its target's active scan and its organization's
+//!    admissions of the last hour;
 //! 4. each request is decided in Rust, in the order given, against that snapshot and what the
 //!    requests before it in the batch admitted: the answer it would get decided alone, after
-//!    them (replay, `unknown_organization`, `scan_already_active`, `quota_exceeded`, in that
-//!    order);
+//!    them (replay, `client_revoked`, `unknown_organization`, `scan_already_active`,
+//!    `quota_exceeded`, in that order);
 //! 5. the admitted requests' targets and scans are written with one statement, their first
 //!    scan jobs and tasks with one ([`progress::create_jobs`]), their events with one.
 //!
@@ -134,6 +136,13 @@ pub async fn decide(
         };
         if let Some(seen) = seen {
             outcomes.push(Some(replay_outcome(seen, request)));
+            continue;
+        }
+        // Decided against the registration now, not when the request was queued: a request
+        // PubAcked before `client revoke` is refused after it. A client id without a
+        // registration is not refused (an open server's clients need none).
+        if found.client_revoked {
+            outcomes.push(Some(AdmitOutcome::Refused(client_revoked(request))));
             continue;
         }
         let Some(quota) = quotas.get(&request.organization_id) else {
@@ -279,13 +288,16 @@ struct Found {
     key_scan_id: Option<Uuid>,
     key_fingerprint: Option<String>,
     key_state: Option<String>,
+    /// The request's client is registered and revoked.
+    client_revoked: bool,
     active_scan_id: Option<Uuid>,
     /// The organization's scans created in the last hour, when it has a quota.
     recent: i64,
 }
 
-/// Per request, in order: the scan its key names, its target's active scan, and its
-/// organization's admissions of the last hour (counted for organizations with a quota only).
+/// Per request, in order: the scan its key names, whether its client is revoked (the batch's
+/// registered clients locked `FOR SHARE`), its target's active scan, and its organization's
+/// admissions of the last hour (counted for organizations with a quota only).
 async fn look_up(
     conn: &mut PgConnection,
     requests: &[AdmitParams<'_>],
@@ -506,6 +518,16 @@ fn unknown_organization(request: &AdmitParams<'_>) -> v1::Error {
     v1::Error::new(
         ErrorCode::UnknownOrganization,
         format!("organization {} does not exist", request.organization_id),
+    )
+}
+
+fn client_revoked(request: &AdmitParams<'_>) -> v1::Error {
+    v1::Error::new(
+        ErrorCode::ClientRevoked,
+        format!(
+            "client {:?} is revoked: its requests are refused, also those queued before the revocation; an operator can enable it again (`palisade client enable`)",
+            request.client_id
+        ),
     )
 }
 

@@ -1,7 +1,10 @@
 //! Admission: I5 (one scan per organization, client and key), I6 (one active scan per
-//! target), quotas, and "nothing written" on every refusal.
+//! target), quotas, the client's registration at decision time, and "nothing written" on every
+//! refusal.
 
-use messages::ErrorCode;
+use futures::StreamExt as _;
+use messages::{ErrorCode, EventKind, Identity, v1};
+use prost::Message as _;
 use tests::TestSystem;
 
 #[tokio::test]
@@ -241,5 +244,103 @@ async fn an_unanswered_submission_falls_back_to_the_durable_stream() {
     assert!(again.deduplicated, "{again:?}");
     assert_eq!(again.scan_id, replay.scan_id);
     assert_eq!(system.table_counts().await["scans"], 1, "one scan");
+    system.finish().await;
+}
+
+/// A request PubAcked before its client was revoked is decided against the registration as it is
+/// when admission decides it: refused with `client_revoked` on `scan.rejected`, nothing written;
+/// the request/reply path refuses the revoked client too. Enabled again, its requests are
+/// admitted on both paths.
+#[tokio::test]
+async fn a_request_queued_before_its_client_was_revoked_is_rejected_naming_why() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let client_id = "revoked-client";
+    store::bus_identities::register_client(&system.pool, client_id, "revoked", &[org])
+        .await
+        .unwrap();
+    let bus = system
+        .nats
+        .connect(&Identity::Client {
+            client_id: client_id.into(),
+            organizations: vec![org],
+        })
+        .await;
+    let client = client::Client::new(bus, client_id);
+    let mut rejections = system
+        .bus
+        .client()
+        .subscribe(system.subjects.tenant_event(&org, EventKind::ScanRejected))
+        .await
+        .unwrap();
+    system.bus.flush().await.unwrap();
+
+    system.stop(tests::Component::Admission).await;
+    let queued = client.request(&org.to_string(), "http://queued.test", &["alpha"], "queued");
+    client
+        .publish(&queued)
+        .await
+        .expect("the request is PubAcked");
+    assert!(
+        store::bus_identities::revoke_client(&system.pool, client_id, "credentials leaked")
+            .await
+            .unwrap()
+    );
+    let before = system.table_counts().await;
+    system.start(tests::Component::Admission);
+
+    let event = tokio::time::timeout(tests::WAIT_MAX, rejections.next())
+        .await
+        .expect("the queued request is rejected")
+        .expect("a subscription");
+    let rejected = v1::ScanRejected::decode(event.payload.as_ref()).unwrap();
+    assert_eq!(rejected.client_id, client_id);
+    assert_eq!(rejected.idempotency_key, "queued");
+    let error = rejected.error.expect("the refusal");
+    assert_eq!(
+        error.error_code(),
+        Some(ErrorCode::ClientRevoked),
+        "{error:?}"
+    );
+    assert!(error.message.contains("revoked"), "{error:?}");
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.requests_stream(),
+        admission::CONSUMER_NAME,
+    )
+    .await;
+    let reply = client
+        .submit(&client.request(&org.to_string(), "http://sync.test", &["alpha"], "sync"))
+        .await
+        .expect("admission answers");
+    assert_eq!(
+        reply.error.expect("refused").error_code(),
+        Some(ErrorCode::ClientRevoked)
+    );
+    assert_eq!(system.table_counts().await, before, "nothing admitted");
+
+    // Enabled again: its requests are admitted (a refusal wrote nothing, so a refused key is
+    // free; the queued request itself is not re-decided, JetStream drops its exact replay).
+    assert!(
+        store::bus_identities::enable_client(&system.pool, client_id)
+            .await
+            .unwrap()
+    );
+    client
+        .publish(&client.request(&org.to_string(), "http://queued.test", &["alpha"], "again"))
+        .await
+        .expect("the request is PubAcked");
+    system
+        .wait_for(
+            "the enabled client's queued request to be admitted",
+            || async { (system.table_counts().await["scans"] == 1).then_some(()) },
+        )
+        .await;
+    let reply = client
+        .submit(&client.request(&org.to_string(), "http://sync.test", &["alpha"], "sync"))
+        .await
+        .expect("admission answers");
+    assert!(reply.error.is_none(), "{reply:?}");
+    assert_eq!(system.table_counts().await["scans"], 2);
     system.finish().await;
 }
