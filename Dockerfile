@@ -27,12 +27,14 @@ RUN cargo build --release --locked --bins $PACKAGES \
        target/release/palisade-enrichment target/release/palisade-reaper \
        target/release/palisade-worker /out/
 
-# compose.yaml's one-shot jobs (writing the NATS authority, the worker registering itself)
-# run shell scripts: the same binaries on Debian with a shell. Not for production.
+# compose.yaml's one-shot jobs (writing the NATS authority and its test TLS certificates, the
+# worker registering itself) run shell scripts: the same binaries on Debian with a shell and
+# openssl. Not for production.
 FROM debian:bookworm-slim AS shell
-# Debian's current ca-certificates, whatever its version: certificates are what must stay fresh.
+# Debian's current ca-certificates and openssl, whatever their versions: certificates and TLS
+# are what must stay fresh.
 # hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates openssl \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/
 USER 65532:65532

@@ -9,7 +9,9 @@ tools are pinned below and installed outside the clone, under $PALISADE_TOOLS_DI
 ~/.cache/palisade-tools), one directory each.
 
     chart.py install-tools      install the pinned tools (idempotent; .ci/run calls it)
-    chart.py check              everything CI checks; exits 1 naming each failure
+    chart.py check              everything CI checks; exits 1 naming each failure (among them:
+                                the default values refuse to render without NATS credentials
+                                and TLS, and the INSECURE opt-outs render)
     chart.py render [--values FILE] [--values-json JSON]
                                 render the chart, print its manifests as JSON (the render test
                                 in tests/tests/system/helm.rs reads it)
@@ -27,6 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "palisade"
 ALL_ON_VALUES = REPO / "helm" / "ci" / "all-on-values.yaml"
+# The defaults plus the two Secrets a secure install must name (the chart refuses the bare
+# defaults), and the loud opt-outs that render without them.
+MINIMAL_VALUES = REPO / "helm" / "ci" / "minimal-values.yaml"
+INSECURE_VALUES = REPO / "helm" / "ci" / "insecure-values.yaml"
 COMPOSE = REPO / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
 README = CHART / "README.md"
@@ -194,14 +200,85 @@ def check_schema_refusals() -> None:
         ({"worker": {"enabeld": True}}, "enabeld", "an unknown key"),
         ({"config": {"DATABASE_URL": "postgres://u:p@db/palisade"}}, "DATABASE_URL", "a secret inline"),
     ]
+    minimal = load_values(MINIMAL_VALUES)
     for values, named, what in cases:
         try:
-            render(values)
+            render(merge(minimal, values))
         except CheckFailed as refusal:
             if named not in str(refusal):
                 raise CheckFailed(f"the schema refused {what} ({values}) without naming {named}: {refusal}") from None
             continue
         raise CheckFailed(f"values.schema.json accepted {what}: {json.dumps(values)}")
+
+
+def rendered_config(rendered: dict[str, str]) -> dict:
+    for manifest in documents(rendered):
+        document = manifest["document"]
+        if document["kind"] == "ConfigMap" and "grafana_dashboard" not in document["metadata"].get("labels", {}):
+            return document.get("data") or {}
+    raise CheckFailed("the render has no settings ConfigMap")
+
+
+def pod_env(rendered: dict[str, str]) -> set[str]:
+    """Every variable name a container of a rendered pod sets in env."""
+    names = set()
+    for manifest in documents(rendered):
+        document = manifest["document"]
+        pod = document.get("spec", {}).get("template", {}).get("spec", {})
+        for field in ("initContainers", "containers"):
+            for container in pod.get(field) or []:
+                names.update(entry["name"] for entry in container.get("env") or [])
+    return names
+
+
+def check_secure_defaults(minimal: dict, insecure: dict) -> None:
+    """Secure by default (docs/deploy.md, "Secure defaults"): the bare defaults refuse to render,
+    naming what to provide and the INSECURE opt-outs; a CA always requires TLS; the opt-outs
+    render, with NOTES.txt saying INSECURE."""
+    try:
+        render({})
+    except CheckFailed as refusal:
+        wanted = ["nats.credentials.existingSecret", "nats.insecureNoCredentials=true",
+                  "nats.tls.existingSecret", "nats.insecureNoTls=true", "palisade nats init",
+                  "ca.crt", "INSECURE"]
+        missing = [text for text in wanted if text not in str(refusal)]
+        if missing:
+            raise CheckFailed(f"the refusal of the default values does not say {missing}: {refusal}") from None
+    else:
+        raise CheckFailed("the chart renders with the default values, without NATS credentials or TLS")
+    refusals = [
+        ({"nats": {"tls": minimal["nats"]["tls"]}}, "nats.credentials.existingSecret is empty", "no credentials"),
+        ({"nats": {"credentials": minimal["nats"]["credentials"]}}, "nats.tls.existingSecret is empty", "no CA"),
+        (merge(minimal, {"config": {"NATS_TLS_REQUIRED": False}}), "config.NATS_TLS_REQUIRED is false",
+         "a CA with TLS not required"),
+        (merge(minimal, {"nats": {"insecureNoTls": True}}), "nats.insecureNoTls is true and nats.tls.existingSecret",
+         "a CA beside the opt-out from TLS"),
+        (merge(minimal, {"nats": {"insecureNoCredentials": True}}),
+         "nats.insecureNoCredentials is true and nats.credentials.existingSecret", "credentials beside their opt-out"),
+    ]
+    for values, named, what in refusals:
+        try:
+            render(values)
+        except CheckFailed as refusal:
+            if named not in str(refusal):
+                raise CheckFailed(f"the chart refused {what} without saying {named!r}: {refusal}") from None
+            continue
+        raise CheckFailed(f"the chart rendered {what}: {json.dumps(values)}")
+
+    # A CA requires TLS whatever the URL's scheme: nats:// is upgraded, never used in clear.
+    secure = render(merge(minimal, {"config": {"NATS_URL": "nats://nats-0.nats:4222,nats://nats-1.nats:4222"}}))
+    if rendered_config(secure).get("NATS_TLS_REQUIRED") != "true":
+        raise CheckFailed(f"a CA with nats:// URLs does not set NATS_TLS_REQUIRED=true: {rendered_config(secure)}")
+    if not {"NATS_CREDS", "NATS_TLS_CA"} <= pod_env(secure):
+        raise CheckFailed(f"the minimal values do not give the pods NATS_CREDS and NATS_TLS_CA: {sorted(pod_env(secure))}")
+
+    opted_out = render(insecure)
+    notes = next((text for template, text in opted_out.items() if template.endswith("NOTES.txt")), "")
+    for flag in ("nats.insecureNoCredentials=true", "nats.insecureNoTls=true"):
+        if "INSECURE" not in notes or flag not in notes:
+            raise CheckFailed(f"NOTES.txt of the insecure opt-outs does not warn INSECURE naming {flag}:\n{notes}")
+    if {"NATS_CREDS", "NATS_TLS_CA"} & pod_env(opted_out) or "NATS_TLS_REQUIRED" in rendered_config(opted_out):
+        raise CheckFailed("the insecure opt-outs still set NATS_CREDS, NATS_TLS_CA or NATS_TLS_REQUIRED")
 
 
 def check_dashboard() -> None:
@@ -286,11 +363,17 @@ def readme(write: bool) -> None:
 
 def check() -> int:
     all_on = load_values(ALL_ON_VALUES)
+    minimal = load_values(MINIMAL_VALUES)
+    insecure = load_values(INSECURE_VALUES)
     steps = [
-        ("helm lint --strict, default values", lambda: lint({}, "default values")),
+        ("helm lint --strict, minimal secure values", lambda: lint(minimal, "minimal secure values")),
+        ("helm lint --strict, insecure opt-outs", lambda: lint(insecure, "insecure opt-outs")),
         ("helm lint --strict, every option on", lambda: lint(all_on, "every option on")),
-        ("render and validate, default values", lambda: validate_manifests(render({}), "default values")),
+        ("render and validate, minimal secure values", lambda: validate_manifests(render(minimal), "minimal secure values")),
+        ("render and validate, insecure opt-outs", lambda: validate_manifests(render(insecure), "insecure opt-outs")),
         ("render and validate, every option on", lambda: validate_manifests(render(all_on), "every option on")),
+        ("secure by default: the defaults refuse to render without NATS credentials and TLS, "
+         "naming the INSECURE opt-outs", lambda: check_secure_defaults(minimal, insecure)),
         ("the schema refuses wrong types, unknown keys and inline secrets", check_schema_refusals),
         ("the dashboard is valid JSON", check_dashboard),
         ("the chart README's values table matches values.yaml", lambda: readme(write=False)),

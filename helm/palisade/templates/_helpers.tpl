@@ -56,6 +56,43 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- required "database.existingSecret is required: create a Secret holding DATABASE_URL (kubectl create secret generic palisade-database --from-literal=DATABASE_URL=postgres://...) and name it here" .Values.database.existingSecret -}}
 {{- end -}}
 
+{{/*
+Secure by default (docs/deploy.md, "Secure defaults"): NATS credentials and TLS are required
+unless a value named INSECURE turns each off; a CA never goes without TLS being required.
+Fails the render naming every problem at once: what to provide, and how to opt out.
+*/}}
+{{- define "palisade.validateNats" -}}
+{{- $nats := .Values.nats -}}
+{{- $problems := list -}}
+{{- if and (not $nats.credentials.existingSecret) (not $nats.insecureNoCredentials) -}}
+{{- $problems = append $problems (printf "nats.credentials.existingSecret is empty: palisade connects to NATS with credentials. Run `palisade nats init --dir palisade-authority`, then `kubectl -n %s create secret generic palisade-nats-credentials --from-file=palisade-authority/admission.creds --from-file=palisade-authority/dispatch.creds --from-file=palisade-authority/ingestion.creds --from-file=palisade-authority/enrichment.creds --from-file=palisade-authority/reaper.creds` and set nats.credentials.existingSecret=palisade-nats-credentials. To run against a server that authenticates nobody (INSECURE: any process may act as any service, worker or tenant), set nats.insecureNoCredentials=true instead." .Release.Namespace) -}}
+{{- end -}}
+{{- if and $nats.credentials.existingSecret $nats.insecureNoCredentials -}}
+{{- $problems = append $problems "nats.insecureNoCredentials is true and nats.credentials.existingSecret is set: remove nats.insecureNoCredentials (the credentials are used) or empty the Secret's name." -}}
+{{- end -}}
+{{- if and (not $nats.tls.existingSecret) (not $nats.insecureNoTls) -}}
+{{- $problems = append $problems (printf "nats.tls.existingSecret is empty: palisade requires TLS to NATS. Create a Secret with ca.crt, the authority that signed the NATS servers' certificates (`kubectl -n %s create secret generic palisade-nats-tls --from-file=ca.crt`; add tls.crt and tls.key and set nats.tls.clientCertificate=true for servers that verify clients), and set nats.tls.existingSecret=palisade-nats-tls. To connect in clear (INSECURE: targets, findings and lease tokens readable on the network, the server unauthenticated), set nats.insecureNoTls=true instead." .Release.Namespace) -}}
+{{- end -}}
+{{- if and $nats.tls.existingSecret $nats.insecureNoTls -}}
+{{- $problems = append $problems "nats.insecureNoTls is true and nats.tls.existingSecret is set: a CA without TLS required could connect in clear; remove nats.insecureNoTls (TLS is then required) or empty the Secret's name." -}}
+{{- end -}}
+{{- if and $nats.tls.existingSecret (eq (toString .Values.config.NATS_TLS_REQUIRED) "false") -}}
+{{- $problems = append $problems "config.NATS_TLS_REQUIRED is false while nats.tls.existingSecret is set: with a CA the chart always requires TLS (a nats:// URL is upgraded to TLS, or the server is refused); leave config.NATS_TLS_REQUIRED null or true, or set nats.insecureNoTls=true and empty nats.tls.existingSecret to connect in clear (INSECURE)." -}}
+{{- end -}}
+{{- if $problems -}}
+{{- fail (printf "\n\npalisade's chart is secure by default and will not render (docs/deploy.md, \"Secure defaults\"):\n- %s\n" (join "\n- " $problems)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* NATS_TLS_REQUIRED as the ConfigMap holds it: true whenever a CA is mounted; else config's. */}}
+{{- define "palisade.natsTlsRequired" -}}
+{{- if .Values.nats.tls.existingSecret -}}
+true
+{{- else if not (kindIs "invalid" .Values.config.NATS_TLS_REQUIRED) -}}
+{{- toString .Values.config.NATS_TLS_REQUIRED -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Pod-level settings every component shares. */}}
 {{- define "palisade.podCommon" -}}
 serviceAccountName: {{ .serviceAccount | default (include "palisade.serviceAccountName" .root) }}

@@ -1,6 +1,9 @@
 //! The Helm chart (`helm/palisade`) checked against the code it deploys: rendered by
 //! `helm/ci/chart.py` (Helm's SDK from PyPI's helm-python-sdk, installed by `.ci/run`), with
-//! the default values and with `helm/ci/all-on-values.yaml`. Every environment variable a
+//! the least a secure install gives (`helm/ci/minimal-values.yaml`: the NATS credentials' and
+//! TLS Secrets' names), with the loud opt-outs (`helm/ci/insecure-values.yaml`) and with
+//! `helm/ci/all-on-values.yaml`. The bare defaults refuse to render, saying what to provide and
+//! how to opt out; a CA always requires TLS. Every environment variable a
 //! palisade binary reads is settable; no secret is inline; the probes ask paths a running
 //! system serves; the hook Job runs `palisade migrate`; every metric the PrometheusRule and the
 //! Grafana dashboard name is one a running system's `/metrics` exports; a value of the wrong
@@ -16,6 +19,10 @@ use tests::{Component, TestSystem, WAIT_MAX};
 
 /// The render of every option on.
 const ALL_ON_VALUES: &str = "helm/ci/all-on-values.yaml";
+/// The defaults plus the two Secrets a secure install names: NATS credentials and the CA.
+const MINIMAL_VALUES: &str = "helm/ci/minimal-values.yaml";
+/// The loud opt-outs: no NATS credentials, no TLS required.
+const INSECURE_VALUES: &str = "helm/ci/insecure-values.yaml";
 /// Variables holding a secret: they come from a Secret, never from a value or the ConfigMap.
 const SECRET_VARIABLES: [&str; 2] = ["DATABASE_URL", "PALISADE_NVD_API_KEY"];
 /// The Kubernetes kinds of pods' templates the chart renders.
@@ -69,7 +76,11 @@ fn helm_chart_sets_every_variable_the_binaries_read() {
 
 #[test]
 fn helm_chart_renders_no_secret_value() {
-    for values in [None, Some(ALL_ON_VALUES)] {
+    for values in [
+        Some(MINIMAL_VALUES),
+        Some(INSECURE_VALUES),
+        Some(ALL_ON_VALUES),
+    ] {
         let manifests = render(values, None).expect("the chart renders");
         for manifest in &manifests {
             assert_ne!(
@@ -108,7 +119,7 @@ fn helm_chart_renders_no_secret_value() {
         }
     }
     let refusal = render(
-        None,
+        Some(MINIMAL_VALUES),
         Some(r#"{"config": {"NATS_URL": "nats://palisade:hunter2@nats:4222"}}"#),
     )
     .expect_err("a NATS_URL with a password is refused");
@@ -117,7 +128,7 @@ fn helm_chart_renders_no_secret_value() {
 
 #[test]
 fn helm_chart_migrates_in_a_pre_install_and_pre_upgrade_hook() {
-    let manifests = render(None, None).expect("the default values render");
+    let manifests = render(Some(MINIMAL_VALUES), None).expect("the minimal values render");
     let jobs: Vec<_> = manifests.iter().filter(|m| kind(m) == "Job").collect();
     assert_eq!(jobs.len(), 1, "one Job: the migrations");
     let job = jobs[0];
@@ -159,7 +170,7 @@ fn helm_chart_migrates_in_a_pre_install_and_pre_upgrade_hook() {
 #[test]
 fn helm_values_schema_refuses_a_wrong_type_naming_it() {
     let refusal = render(
-        None,
+        Some(MINIMAL_VALUES),
         Some(r#"{"services": {"dispatch": {"replicas": "two"}}}"#),
     )
     .expect_err("a string for replicas is refused");
@@ -167,9 +178,95 @@ fn helm_values_schema_refuses_a_wrong_type_naming_it() {
         refusal.contains("/services/dispatch/replicas") && refusal.contains("want integer"),
         "{refusal}"
     );
-    let refusal = render(None, Some(r#"{"config": {"PALISADE_LEASE_TTL": 30000}}"#))
-        .expect_err("an unknown setting is refused");
+    let refusal = render(
+        Some(MINIMAL_VALUES),
+        Some(r#"{"config": {"PALISADE_LEASE_TTL": 30000}}"#),
+    )
+    .expect_err("an unknown setting is refused");
     assert!(refusal.contains("PALISADE_LEASE_TTL"), "{refusal}");
+}
+
+/// Secure by default (docs/deploy.md, "Secure defaults"): without NATS credentials and a CA the
+/// chart does not render, and says what to provide and how to opt out; with them every pod
+/// gets its own credentials and TLS is required, whatever the URL's scheme; the INSECURE
+/// opt-outs render, without them.
+#[test]
+fn helm_chart_requires_nats_credentials_and_tls_unless_loudly_insecure() {
+    let refusal = render(None, None).expect_err("the bare defaults are refused");
+    for wanted in [
+        "nats.credentials.existingSecret",
+        "palisade nats init",
+        "nats.insecureNoCredentials=true",
+        "nats.tls.existingSecret",
+        "ca.crt",
+        "nats.insecureNoTls=true",
+        "INSECURE",
+    ] {
+        assert!(
+            refusal.contains(wanted),
+            "the refusal does not say {wanted}: {refusal}"
+        );
+    }
+    let refusal = render(
+        Some(MINIMAL_VALUES),
+        Some(r#"{"config": {"NATS_TLS_REQUIRED": false}}"#),
+    )
+    .expect_err("a CA with TLS not required is refused");
+    assert!(
+        refusal.contains("config.NATS_TLS_REQUIRED is false"),
+        "{refusal}"
+    );
+    let refusal = render(
+        Some(MINIMAL_VALUES),
+        Some(r#"{"nats": {"insecureNoTls": true}}"#),
+    )
+    .expect_err("a CA beside the opt-out from TLS is refused");
+    assert!(refusal.contains("nats.insecureNoTls is true"), "{refusal}");
+
+    // A CA and nats:// URLs: TLS is required (the client upgrades, or refuses the server).
+    let manifests = render(
+        Some(MINIMAL_VALUES),
+        Some(r#"{"config": {"NATS_URL": "nats://nats-0.nats:4222,nats://nats-1.nats:4222"}}"#),
+    )
+    .expect("the minimal values render");
+    assert_eq!(settings(&manifests)["NATS_TLS_REQUIRED"], "true");
+    for manifest in manifests.iter().filter(|m| kind(m) == "Deployment") {
+        let component = name(manifest).trim_start_matches("palisade-");
+        let container = &containers(manifest)[0];
+        assert_eq!(
+            env_value(container, "NATS_CREDS").as_deref(),
+            Some(format!("/etc/palisade/nats/{component}.creds").as_str()),
+            "{}",
+            name(manifest)
+        );
+        assert!(
+            env_value(container, "NATS_TLS_CA").is_some(),
+            "{}",
+            name(manifest)
+        );
+    }
+
+    let manifests = render(Some(INSECURE_VALUES), None).expect("the insecure opt-outs render");
+    assert!(settings(&manifests).get("NATS_TLS_REQUIRED").is_none());
+    for manifest in &manifests {
+        for container in containers(manifest) {
+            for variable in ["NATS_CREDS", "NATS_TLS_CA"] {
+                assert!(
+                    env_value(&container, variable).is_none(),
+                    "{variable} in {manifest}"
+                );
+            }
+        }
+    }
+}
+
+/// The settings ConfigMap's data.
+fn settings(manifests: &[Value]) -> &serde_json::Map<String, Value> {
+    manifests
+        .iter()
+        .find(|m| kind(m) == "ConfigMap" && name(m) == "palisade")
+        .and_then(|m| m["data"].as_object())
+        .expect("the settings ConfigMap")
 }
 
 /// The probes, the ServiceMonitor, the alerts and the dashboard against a running system:
