@@ -119,7 +119,78 @@ struct Script {
     persisted: HashSet<u32>,
 }
 
+/// A `nats-server -js` of the test's own on a free port (the machine's shared server may be
+/// older than palisade's minimum), killed when dropped: `NATS_SERVER_BIN`, else where
+/// `.ci/run` installs one, else `nats-server` on `PATH`. `None` when none runs.
+struct OwnServer {
+    child: std::process::Child,
+    url: String,
+    _store: TempStore,
+}
+
+/// A directory removed when dropped.
+struct TempStore(std::path::PathBuf);
+
+impl Drop for TempStore {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl OwnServer {
+    async fn start() -> Option<Self> {
+        let binary = std::env::var_os("NATS_SERVER_BIN")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(|home| {
+                        std::path::PathBuf::from(home)
+                            .join(".cache/palisade-tools/nats-server-bin/bin/nats-server")
+                    })
+                    .filter(|binary| binary.is_file())
+            })
+            .unwrap_or_else(|| "nats-server".into());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let store = TempStore(std::env::temp_dir().join(format!("worker-test-{}", Uuid::new_v4())));
+        let child = std::process::Command::new(binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&store.0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = Self {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            _store: store,
+        };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Some(server);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 struct Fake {
+    /// The server this test started, when `NATS_URL` named none.
+    _server: Option<OwnServer>,
     bus: Bus,
     worker_id: Uuid,
     script: Arc<Mutex<Script>>,
@@ -130,8 +201,9 @@ struct Fake {
 }
 
 impl Fake {
-    /// Connects, provisions a fresh prefix's streams, and starts the fakes; `None` (the test
-    /// is skipped) when no NATS server runs and none was asked for.
+    /// Connects (to `NATS_URL`, else to a server of its own), provisions a fresh prefix's
+    /// streams, and starts the fakes; `None` (the test is skipped) when no NATS server runs
+    /// and none was asked for.
     async fn start(script: Script) -> Option<Self> {
         if std::env::var_os("TEST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
@@ -139,23 +211,27 @@ impl Fake {
                 .with_test_writer()
                 .try_init();
         }
-        let url = std::env::var("NATS_URL");
+        let (url, server) = match std::env::var("NATS_URL") {
+            Ok(url) => (url, None),
+            Err(_) => match OwnServer::start().await {
+                Some(server) => (server.url.clone(), Some(server)),
+                None => {
+                    eprintln!(
+                        "SKIPPED: no nats-server to start (NATS_SERVER_BIN or PATH); set NATS_URL to run this test"
+                    );
+                    return None;
+                }
+            },
+        };
         let prefix = format!("w{}", &Uuid::new_v4().simple().to_string()[..12]);
         let subjects = Subjects::new(&prefix).unwrap();
         // Bus::connect cannot be used yet: with retry_on_initial_connect it returns before the
         // server's INFO arrives, so its version check always fails.
         let connected = bus::async_nats::ConnectOptions::new()
             .name("worker-test")
-            .connect(url.as_deref().unwrap_or("nats://127.0.0.1:4222"))
+            .connect(url)
             .await;
-        let client = match connected {
-            Ok(client) => client,
-            Err(error) if url.is_err() => {
-                eprintln!("SKIPPED: no NATS server ({error}); set NATS_URL to run this test");
-                return None;
-            }
-            Err(error) => panic!("{error}"),
-        };
+        let client = connected.unwrap_or_else(|error| panic!("{error}"));
         let bus = Bus::from_client(client, subjects).await.unwrap();
         bus.provision(&bus::StreamSettings::default())
             .await
@@ -165,6 +241,7 @@ impl Fake {
         let (events_tx, events) = mpsc::channel(1_024);
         let stop = CancellationToken::new();
         let fake = Self {
+            _server: server,
             bus,
             worker_id,
             script,
