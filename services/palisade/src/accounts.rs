@@ -17,7 +17,8 @@ pub struct Pushed {
 }
 
 /// Signs the account of `holder` (with `None`: of every worker and client holding a
-/// credential, and palisade's own) and pushes it to the NATS servers at `url`.
+/// credential, and palisade's own, which refuses every worker and client key it signed before
+/// each had an account of its own) and pushes it to the NATS servers at `url`.
 pub async fn push(
     authority: &Authority,
     subjects: &Subjects,
@@ -27,10 +28,16 @@ pub async fn push(
     holder: Option<&Holder>,
 ) -> anyhow::Result<Pushed> {
     let mut accounts = Vec::new();
-    if holder.is_none() {
-        accounts.push(authority.palisade_account(subjects));
-    }
     let mut refused = 0;
+    if holder.is_none() {
+        let legacy: Vec<Revoked> = store::bus_identities::keys_in_palisade_account(pool)
+            .await?
+            .into_iter()
+            .map(Revoked::key)
+            .collect();
+        refused += legacy.len();
+        accounts.push(authority.palisade_account(subjects, &legacy));
+    }
     for recorded in store::bus_identities::bus_accounts(pool, holder).await? {
         refused += recorded.refused.len();
         accounts.extend(sign(authority, subjects, recorded));

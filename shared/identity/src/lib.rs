@@ -235,9 +235,11 @@ impl Authority {
             .sign(&self.operator)
     }
 
-    /// The palisade account's JWT: JetStream enabled, bearer tokens refused, and every worker
-    /// and client subject exported (each identity's account imports only its own).
-    pub fn palisade_account(&self, subjects: &Subjects) -> SignedAccount {
+    /// The palisade account's JWT: JetStream enabled, bearer tokens refused, every worker and
+    /// client subject exported (each identity's account imports only its own), and `revoked`
+    /// users refused (the worker and client credentials it signed before each identity had an
+    /// account of its own).
+    pub fn palisade_account(&self, subjects: &Subjects, revoked: &[Revoked]) -> SignedAccount {
         let Crossing { services, streams } = subjects.exports();
         let export = |subject: String, kind: ExportType| Export {
             subject: Some(subject.into()),
@@ -262,6 +264,7 @@ impl Authority {
                 ..OperatorLimits::default()
             }),
             exports: Some(Exports::from(exports)),
+            revocations: revocation_list(revoked),
             ..Account::default()
         };
         SignedAccount {
@@ -299,20 +302,13 @@ impl Authority {
                     .map(|subject| import(subject, ExportType::Stream)),
             )
             .collect();
-        let revocations: HashMap<RevocationListKey, i64> = revoked
-            .iter()
-            .filter_map(|revoked| {
-                let key = revoked.public_key.parse::<RevocationListKey>().ok()?;
-                Some((key, revoked.at_unix_secs))
-            })
-            .collect();
         let account = Account {
             limits: Some(no_jetstream(OperatorLimits {
                 disallow_bearer: true,
                 ..OperatorLimits::default()
             })),
             imports: Some(Imports::from(imports)),
-            revocations: (!revocations.is_empty()).then(|| RevocationList::from(revocations)),
+            revocations: revocation_list(revoked),
             ..Account::default()
         };
         let key = self.account_key(identity);
@@ -330,7 +326,7 @@ impl Authority {
     /// (pushed accounts survive restarts there), and the system and palisade accounts
     /// preloaded. Worker and client accounts are pushed when they are issued.
     pub fn server_config(&self, subjects: &Subjects, resolver_dir: &Path) -> String {
-        let palisade = self.palisade_account(subjects);
+        let palisade = self.palisade_account(subjects, &[]);
         format!(
             "operator: {operator}\nsystem_account: {system}\nresolver: {{\n  type: full\n  dir: {dir:?}\n  allow_delete: false\n  interval: \"2m\"\n}}\nresolver_preload: {{\n  {system}: {system_jwt}\n  {account}: {account_jwt}\n}}\n",
             operator = self.operator_jwt(),
@@ -478,6 +474,18 @@ impl Authority {
         }
         Ok(())
     }
+}
+
+/// An account's list of refused users, none when empty.
+fn revocation_list(revoked: &[Revoked]) -> Option<RevocationList> {
+    let revocations: HashMap<RevocationListKey, i64> = revoked
+        .iter()
+        .filter_map(|revoked| {
+            let key = revoked.public_key.parse::<RevocationListKey>().ok()?;
+            Some((key, revoked.at_unix_secs))
+        })
+        .collect();
+    (!revocations.is_empty()).then(|| RevocationList::from(revocations))
 }
 
 /// `limits` with JetStream off: no storage, no streams, no consumers.

@@ -88,6 +88,14 @@ pub async fn bus_accounts(
         .collect())
 }
 
+/// The worker and client keys issued before each identity had an account of its own (signed
+/// by palisade's account, with that time's permissions), which palisade's account refuses.
+pub async fn keys_in_palisade_account(pool: &PgPool) -> Result<Vec<String>, StoreError> {
+    Ok(sql::query_scalar(sql::nats_users::IN_PALISADE_ACCOUNT)
+        .fetch_all(pool)
+        .await?)
+}
+
 /// Registers a client bound to `organization_ids` (idempotent by id).
 pub async fn register_client(
     pool: &PgPool,

@@ -25,6 +25,8 @@ const MAX_DELIVER: i64 = 3;
 /// A running palisade on a PostgreSQL of its own, with short redelivery budgets.
 struct Outage {
     postgres: PostgresServer,
+    /// A NATS of its own (the machine's may be older than palisade's minimum), open.
+    _nats: tests::servers::NatsServer,
     system: System,
     subjects: Subjects,
     bus: bus::Bus,
@@ -36,6 +38,7 @@ impl Outage {
     async fn start() -> Self {
         tests::init_test_logging();
         let postgres = PostgresServer::start().await;
+        let nats = tests::servers::NatsServer::start().await;
         let id = Uuid::new_v4().simple().to_string();
         let subjects = Subjects::new(&format!("o{}", &id[..12])).expect("valid prefix");
         let mut common = CommonSettings::from_env().expect("valid environment");
@@ -43,6 +46,7 @@ impl Outage {
         common.database.max_connections = 8;
         common.database.acquire_timeout = Duration::from_secs(1);
         common.subjects = subjects.clone();
+        common.nats_url = nats.url();
         let nats_url = common.nats_url.clone();
         let mut settings = SystemSettings::from_common(common).expect("valid settings");
         // `/metrics` is read in this process (`bus::metrics`); no port to share.
@@ -73,6 +77,7 @@ impl Outage {
         let client = client::Client::new(bus.clone(), "outage-client");
         Self {
             postgres,
+            _nats: nats,
             system,
             subjects,
             bus,
