@@ -9,11 +9,14 @@ Subjects are the client's own: <prefix>.v1.org.<org>.client.<client_id>.<verb>.
 --path js (default): durable JetStream publish to ….request with
 Nats-Msg-Id = {client_id}:{idempotency_key}:{fingerprint}; the outcome comes from events only.
 --path rr: core-NATS request to ….submit, decoded as ScanRequestReply.
-Either way the client creates a pull consumer on its organization's events
-(<prefix>.v1.org.<org>.event.>, deliver new, ack none) BEFORE it submits, and waits for
-scan.completed / scan.failed / scan.rejected of its request.
---watch-tasks also follows the services' task.* events (<prefix>.v1.event.>) for progress: that
-needs a NATS user that may read them (an open server, as `palisade dev` runs), never a client's.
+Either way the client reads its organization's events through the events verb (request/reply
+on ….events, answered by ingestion): it asks where "now" is (from_now) BEFORE it submits, then
+long-polls from the cursor of each reply until scan.completed / scan.failed / scan.rejected /
+scan.cancelled of its request; enrichment.* events (and names it does not know) are logged and
+passed over. A client needs no JetStream right for this.
+--watch-tasks also follows the services' task.* events (<prefix>.v1.event.>) for progress, with a
+pull consumer of its own: that needs a NATS user that may read them (an open server, as
+`palisade dev` runs), never a client's; it is a developer's aid, not the client protocol.
 NATS_CREDS (a .creds file from `palisade client add --creds`) authenticates the client; its
 replies arrive under the inbox prefix _INBOX_<prefix>.client-<client_id>.
 Prints JSON lines; the last one is {"event": "result", ...}. Exit code 0 if the outcome was
@@ -40,6 +43,7 @@ EVENT_TYPES = {
     "scan.admitted": pb.ScanAdmitted, "scan.rejected": pb.ScanRejected,
     "scan.completed": pb.ScanCompleted, "scan.failed": pb.ScanFailed,
     "scan.cancelled": pb.ScanCancelled,
+    "enrichment.completed": pb.EnrichmentCompleted, "enrichment.failed": pb.EnrichmentFailed,
     "task.ready": pb.TaskReady, "task.leased": pb.TaskLeased,
     "task.completed": pb.TaskCompleted, "task.failed": pb.TaskFailed,
 }
@@ -122,17 +126,25 @@ async def submit(a):
                             user_credentials=os.environ.get("NATS_CREDS") or None,
                             inbox_prefix=f"_INBOX_{prefix}.client-{req.client_id}")
     js = nc.jetstream()
-    stream = f"{prefix.replace('-', '_').upper()}_EVENTS"
-    def events():  # pull_subscribe fills in the name and filter: a fresh config per consumer
-        return ConsumerConfig(deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NONE,
-                              inactive_threshold=60.0)
-    # Follow outcomes first, so no event is missed (client guide, 4): a pull consumer on exactly
-    # the organization's events; the stream is named, a client may not look it up.
-    subs = [await js.pull_subscribe(f"{prefix}.v1.org.{org}.event.>", stream=stream, config=events())]
-    if a.watch_tasks:
-        subs.append(await js.pull_subscribe(f"{prefix}.v1.event.>", stream=stream,
-                                            config=events()))
     subject = f"{prefix}.v1.org.{org}.client.{req.client_id}"
+    # Where "now" is, before submitting, so no event of this request is missed (client guide, 4).
+    cursor = None
+    for attempt in range(1, 6):
+        try:
+            cursor = (await read_events(nc, subject, org, req.client_id, 0, from_now=True)).cursor
+            break
+        except (NatsTimeout, NoRespondersError, EventsRefused) as e:
+            log("events_retry", reason=repr(e))
+            await asyncio.sleep(0.1 * attempt)
+    if cursor is None:
+        log("result", outcome="no_events")
+        return 1
+    tasks = None
+    if a.watch_tasks:  # a developer's aid: not the client protocol, and not a client's right
+        tasks = await js.pull_subscribe(
+            f"{prefix}.v1.event.>", stream=f"{prefix.replace('-', '_').upper()}_EVENTS",
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.NONE,
+                                  inactive_threshold=60.0))
 
     scan_id = None
     result = None
@@ -181,21 +193,32 @@ async def submit(a):
         if result is None and a.no_follow:
             result = {"outcome": rep.state, "scan_id": scan_id, "deduplicated": rep.deduplicated}
 
-    seen = set()
     deadline = time.monotonic() + a.timeout
+    failures = 0
     while result is None:
         left = deadline - time.monotonic()
         if left <= 0:
             log("result", outcome="timeout", scan_id=scan_id)
             return 1
-        msgs = []
-        for sub in subs:
+        if tasks is not None:
             try:
-                msgs += await sub.fetch(64, timeout=min(left, 0.5))
+                for m in await tasks.fetch(64, timeout=0.2):
+                    on_event(m.subject.rsplit(".event.", 1)[1], m.data, me, scan_id)
             except NatsTimeout:
                 pass
-        for m in msgs:
-            result, scan_id = on_event(m, seen, me, scan_id)
+        # Short long-polls while task events are watched too; a long one otherwise.
+        wait_ms = int(min(left, 0.5 if tasks is not None else 20) * 1000)
+        try:
+            reply = await read_events(nc, subject, org, req.client_id, cursor, wait_ms=wait_ms)
+        except (NatsTimeout, NoRespondersError, EventsRefused) as e:
+            failures += 1                          # the same cursor again: it is safe
+            log("events_retry", reason=repr(e))
+            await asyncio.sleep(min(0.1 * 2 ** failures, 5))
+            continue
+        failures = 0
+        cursor = reply.cursor                      # every event up to here was read
+        for e in reply.events:
+            result, scan_id = on_event(e.name, e.payload, me, scan_id, seq=e.sequence)
             if result is not None:
                 break
     log("result", **result)
@@ -203,18 +226,36 @@ async def submit(a):
     return 0
 
 
-def on_event(m, seen, me, scan_id):
-    """One event: logs it; returns (the outcome if it ends our request, else None; the scan id)."""
-    mid = m.headers.get("Nats-Msg-Id") if m.headers else None
-    if mid and mid in seen:
-        return None, scan_id
-    seen.add(mid)
-    kind = m.subject.rsplit(".event.", 1)[1]   # <prefix>.v1.org.<org>.event.<kind> or <prefix>.v1.event.<kind>
+class EventsRefused(Exception):
+    """The events verb answered with an error (internal: ask again with the same cursor)."""
+
+
+async def read_events(nc, subject, org, client_id, after, from_now=False, wait_ms=0):
+    """One request of the events verb (client guide, 4): the events after `after`, and the cursor
+    to pass next."""
+    req = pb.EventsRequest(schema_version=1, organization_id=org, client_id=client_id,
+                           after_sequence=after, from_now=from_now, wait_ms=wait_ms)
+    raw = await nc.request(f"{subject}.events", req.SerializeToString(), timeout=wait_ms / 1000 + 10)
+    rep = pb.EventsReply()
+    rep.ParseFromString(raw.data)
+    if rep.HasField("error"):
+        raise EventsRefused(f"{rep.error.code}: {rep.error.message}")
+    return rep
+
+
+def on_event(kind, data, me, scan_id, seq=None):
+    """One event named `kind` (`scan.completed`, `task.failed`, …) with its message bytes: logs
+    it; returns (the outcome if it ends our request, else None; the scan id)."""
+    mid = seq
     cls = EVENT_TYPES.get(kind)
-    if cls is None:
+    if cls is None:                            # a name this client does not know: new ones may come
         return None, scan_id
     ev = cls()
-    ev.ParseFromString(m.data)
+    ev.ParseFromString(data)
+    if kind.startswith("enrichment."):         # no client or key: ours when it names our scan
+        if scan_id and ev.scan_id == scan_id:
+            log(kind, scan_id=ev.scan_id, job_id=ev.job_id, seq=seq)
+        return None, scan_id
     if kind.startswith("task."):
         if scan_id and ev.scan_id == scan_id:
             f = {k.name: v for k, v in ev.ListFields() if k.name != "error"}
@@ -224,20 +265,20 @@ def on_event(m, seen, me, scan_id):
     if (ev_org, ev.client_id, ev.idempotency_key) != me:
         return None, scan_id
     if kind == "scan.admitted":
-        log(kind, scan_id=ev.scan_id, msg_id=mid)
+        log(kind, scan_id=ev.scan_id, seq=mid)
         return None, ev.scan_id
     if kind == "scan.rejected":
-        log(kind, error=err_dict(ev), msg_id=mid)
+        log(kind, error=err_dict(ev), seq=mid)
         return {"outcome": "rejected", "error": err_dict(ev)}, scan_id
     if kind == "scan.completed":
         log(kind, scan_id=ev.scan_id, finding_count=ev.finding_count,
-            enrichment_job_id=ev.enrichment_job_id, msg_id=mid)
+            enrichment_job_id=ev.enrichment_job_id, seq=mid)
         return {"outcome": "completed", "scan_id": ev.scan_id, "finding_count": ev.finding_count}, ev.scan_id
     if kind == "scan.failed":
-        log(kind, scan_id=ev.scan_id, error=err_dict(ev), msg_id=mid)
+        log(kind, scan_id=ev.scan_id, error=err_dict(ev), seq=mid)
         return {"outcome": "failed", "scan_id": ev.scan_id, "error": err_dict(ev)}, ev.scan_id
     if kind == "scan.cancelled":
-        log(kind, scan_id=ev.scan_id, reason=ev.reason, msg_id=mid)
+        log(kind, scan_id=ev.scan_id, reason=ev.reason, seq=mid)
         return {"outcome": "cancelled", "scan_id": ev.scan_id, "reason": ev.reason}, ev.scan_id
     return None, scan_id
 

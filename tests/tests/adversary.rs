@@ -605,3 +605,72 @@ async fn sniffing_impersonation_forged_and_replayed_credentials_fail() {
     assert!(refused.is_err(), "an oversize batch was stored");
     system.finish().await;
 }
+
+#[tokio::test]
+async fn a_credential_signed_in_palisades_account_before_the_accounts_is_refused_after_a_push() {
+    // Before each identity had an account of its own, `client add` signed clients in
+    // palisade's account (with JetStream consumer rights there). `palisade nats push` refuses
+    // every such key; the identity's new credential works.
+    let system = TestSystem::spawn().await;
+    secured(&system);
+    let organization = system.organization().await;
+    let authority = system.nats.authority.clone().expect("secured");
+    let identity = Identity::Client {
+        client_id: "old-client".into(),
+        organizations: vec![organization],
+    };
+    store::bus_identities::register_client(&system.pool, "old-client", "old", &[organization])
+        .await
+        .expect("registered");
+    let legacy = authority.issue_with(
+        &identity.token(),
+        &system.subjects.permissions(&identity),
+    );
+    sqlx::query("INSERT INTO nats_users (public_key, client_id) VALUES ($1, $2)")
+        .bind(&legacy.public_key)
+        .bind("old-client")
+        .execute(&system.pool)
+        .await
+        .expect("recorded as an old build recorded it");
+    let connect = async |file: &str| {
+        Bus::connect(
+            &system.settings.common.nats_url,
+            &NatsCredentials::from_creds(file),
+            &bus::NatsTls::default(),
+            system.subjects.clone(),
+            &identity,
+        )
+        .await
+    };
+    assert!(
+        connect(&legacy.file).await.is_ok(),
+        "the legacy credential works until the push"
+    );
+    let current = authority.issue(&system.subjects, &identity);
+    store::bus_identities::record_credential(
+        &system.pool,
+        &store::bus_identities::Holder::Client("old-client".into()),
+        &current.public_key,
+    )
+    .await
+    .expect("recorded");
+    palisade::accounts::push(
+        &authority,
+        &system.subjects,
+        &system.settings.common.nats_url,
+        &bus::NatsTls::default(),
+        &system.pool,
+        None,
+    )
+    .await
+    .expect("pushed");
+    assert!(
+        connect(&legacy.file).await.is_err(),
+        "a credential signed in palisade's account connected after the push"
+    );
+    assert!(
+        connect(&current.file).await.is_ok(),
+        "the client's own-account credential was refused"
+    );
+    system.finish().await;
+}

@@ -1,8 +1,10 @@
 //! Ingestion (SPEC §4.3): consumes result batches, completions and failures from the results
 //! stream, decides each under the fence in one transaction per fetched batch (a savepoint per
-//! message), and only after the commit answers the worker and acknowledges JetStream.
+//! message), and only after the commit answers the worker and acknowledges JetStream. It also
+//! answers a tenant's reads: its findings (`findings`) and its events (`events`).
 
 pub mod artifacts;
+pub mod events;
 pub mod findings;
 pub mod parse;
 
@@ -73,8 +75,9 @@ impl Settings {
     }
 }
 
-/// The findings request server's name in `palisade_requests_total` and its queue group.
+/// The findings request server's name in `palisade_requests_total`.
 const REQUEST_SERVER: &str = "ingestion.findings";
+/// The queue group of ingestion's request servers (findings, events, artifacts).
 const QUEUE_GROUP: &str = "ingestion";
 
 /// A built ingestion service.
@@ -158,6 +161,38 @@ impl Service {
             // below drops it), so a decision in flight at shutdown is finished, not dropped.
             CancellationToken::new(),
         );
+        // A tenant's events: read from the events stream after the client's cursor; a waiting
+        // read is woken when its organization's next event is published (a hint only).
+        let waiters = Arc::new(events::Waiters::default());
+        let published = self
+            .bus
+            .client()
+            .subscribe(subjects.tenant_events_wildcard())
+            .await
+            .context("failed to subscribe to the tenant events")?;
+        let waker = tokio::spawn(telemetry::cost::inherit(wake_event_readers(
+            published,
+            subjects.clone(),
+            waiters.clone(),
+        )));
+        let events_bus = self.bus.clone();
+        let events_server = bus::serve::serve(
+            &self.bus,
+            events::REQUEST_SERVER,
+            subjects.client_wildcard(messages::ClientVerb::Events),
+            QUEUE_GROUP,
+            move |message| {
+                let (bus, waiters) = (events_bus.clone(), waiters.clone());
+                async move {
+                    let reply =
+                        events::reply(&bus, &waiters, message.subject.as_str(), &message.payload)
+                            .await;
+                    Some(reply.encode_to_vec().into())
+                }
+            },
+            // As the findings server: ends when the consumer has.
+            CancellationToken::new(),
+        );
         let artifacts = std::sync::Arc::new(artifacts::Artifacts {
             pool: self.ingestion.pool.clone(),
             bus: self.bus.clone(),
@@ -191,9 +226,25 @@ impl Service {
             result = consumer => result.context("ingestion consumer stopped"),
             result = server => result.context("findings request server stopped"),
             result = artifact_server => result.context("artifact request server stopped"),
+            result = events_server => result.context("events request server stopped"),
         };
+        waker.abort();
         plumbing.stop().await;
         result
+    }
+}
+
+/// Wakes the `events` reads waiting for an organization whenever one of its events is
+/// published, until the subscription ends.
+async fn wake_event_readers(
+    mut published: bus::async_nats::Subscriber,
+    subjects: messages::Subjects,
+    waiters: Arc<events::Waiters>,
+) {
+    use futures::StreamExt as _;
+    while let Some(message) = published.next().await {
+        telemetry::cost::count_messages(telemetry::cost::Direction::Received, 1);
+        waiters.event_published(&subjects, message.subject.as_str());
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod artifacts;
 pub mod consume;
+pub mod events;
 pub mod metrics;
 pub mod serve;
 pub mod tls;
@@ -86,6 +87,8 @@ pub enum BusError {
     Subscribe { subject: String, message: String },
     #[error("consumer {consumer} failed: {message}")]
     Consume { consumer: String, message: String },
+    #[error("cannot read stream {stream}: {message}")]
+    Read { stream: String, message: String },
     #[error("artifact store: {message}")]
     Artifacts { message: String },
 }

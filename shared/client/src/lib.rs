@@ -1,13 +1,12 @@
 //! The client for services that submit scans: synchronous submission over request/reply
 //! (retried with the same idempotency key, so a lost reply never creates a second scan),
 //! durable fire-and-forget submission over JetStream, the one falling back to the other
-//! (`submit_or_queue`), and a subscription to scan outcomes.
+//! (`submit_or_queue`), and scan outcomes read through the `events` verb (a client holds no
+//! JetStream right: it never creates a consumer).
 
 use std::time::Duration;
 
 use bus::Bus;
-use bus::async_nats::jetstream::consumer::{self, DeliverPolicy};
-use futures::StreamExt as _;
 use messages::{ClientVerb, ErrorCode, EventKind, v1};
 use prost::Message as _;
 use thiserror::Error;
@@ -306,66 +305,130 @@ impl Client {
         v1::FindingsReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
     }
 
-    /// Scan outcome events of `organization_id` from now on (deduplicated: read from the
-    /// events stream).
-    ///
-    /// The consumer is named (a random name, which only this process knows) and filtered on
-    /// the organization's events, the one kind of consumer a client's credentials may create;
-    /// it is removed by the server a minute after this stream is dropped.
+    /// Reads `organization_id`'s events after `after_sequence` (one request/reply to ingestion,
+    /// not retried: a repeat with the same cursor is safe): its `scan.*` and `enrichment.*`
+    /// events, oldest first, and the `cursor` to pass as the next `after_sequence`. With
+    /// `from_now` the reply holds no events and the cursor is the stream's end. When nothing
+    /// follows the cursor, ingestion waits up to `wait` (at most 30 s) for the next event. A
+    /// refusal is in `error` (`invalid_field`, `internal`).
+    pub async fn events(
+        &self,
+        organization_id: &Uuid,
+        after_sequence: u64,
+        from_now: bool,
+        wait: Duration,
+    ) -> Result<v1::EventsReply, ClientError> {
+        let subject = self
+            .bus
+            .subjects()
+            .client(organization_id, &self.client_id, ClientVerb::Events)
+            .map_err(|error| ClientError::InvalidRequest(error.to_string()))?;
+        let request = v1::EventsRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            organization_id: organization_id.to_string(),
+            client_id: self.client_id.clone(),
+            after_sequence,
+            from_now,
+            max_events: 0,
+            wait_ms: u32::try_from(wait.as_millis()).unwrap_or(u32::MAX),
+        };
+        let reply = self
+            .bus
+            .request(subject, request.encode_to_vec().into(), wait + self.timeout)
+            .await?;
+        v1::EventsReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
+    }
+
+    /// Scan outcome events of `organization_id` from now on, read through the `events` verb:
+    /// first the stream's end (`from_now`), then long-polls of [`OUTCOMES_WAIT`] each from the
+    /// cursor of the previous reply, so no event is read twice or skipped. A failed or
+    /// unanswered read is repeated with the same cursor after a backoff; dropping the stream
+    /// stops the reads. Fails when the first read (where "now" is) fails.
     pub async fn outcomes(
         &self,
         organization_id: &Uuid,
     ) -> Result<impl futures::Stream<Item = Outcome> + use<>, ClientError> {
-        let subjects = self.bus.subjects();
-        let consumer: consumer::PullConsumer = self
-            .bus
-            .jetstream()
-            .create_consumer_on_stream(
-                consumer::pull::Config {
-                    name: Some(format!("outcomes-{}", Uuid::new_v4().simple())),
-                    filter_subject: subjects.tenant_events(organization_id),
-                    deliver_policy: DeliverPolicy::New,
-                    ack_policy: consumer::AckPolicy::None,
-                    inactive_threshold: Duration::from_secs(60),
-                    ..Default::default()
-                },
-                subjects.events_stream(),
-            )
+        let start = self
+            .events(organization_id, 0, true, Duration::ZERO)
             .await
             .map_err(|error| ClientError::Events(error.to_string()))?;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|error| ClientError::Events(error.to_string()))?;
-        let completed = subjects.tenant_event(organization_id, EventKind::ScanCompleted);
-        let failed = subjects.tenant_event(organization_id, EventKind::ScanFailed);
-        let rejected = subjects.tenant_event(organization_id, EventKind::ScanRejected);
-        let cancelled = subjects.tenant_event(organization_id, EventKind::ScanCancelled);
-        Ok(messages.filter_map(move |message| {
-            let outcome = message.ok().and_then(|message| {
-                let subject = message.subject.as_str();
-                if subject == completed {
-                    v1::ScanCompleted::decode(message.payload.as_ref())
-                        .ok()
-                        .map(Outcome::Completed)
-                } else if subject == failed {
-                    v1::ScanFailed::decode(message.payload.as_ref())
-                        .ok()
-                        .map(Outcome::Failed)
-                } else if subject == cancelled {
-                    v1::ScanCancelled::decode(message.payload.as_ref())
-                        .ok()
-                        .map(Outcome::Cancelled)
-                } else if subject == rejected {
-                    v1::ScanRejected::decode(message.payload.as_ref())
-                        .ok()
-                        .map(Outcome::Rejected)
-                } else {
-                    None
+        if let Some(error) = start.error {
+            return Err(ClientError::Events(format!(
+                "{} ({})",
+                error.message, error.code
+            )));
+        }
+        let follow = Follow {
+            client: self.clone(),
+            organization_id: *organization_id,
+            cursor: start.cursor,
+            ready: std::collections::VecDeque::new(),
+            failures: 0,
+        };
+        // Boxed, so the stream is `Unpin` as a consumer's message stream was.
+        Ok(futures::StreamExt::boxed(futures::stream::unfold(
+            follow,
+            |mut follow| async move {
+                // Ends only when the stream is dropped: each pass waits at ingestion or backs off.
+                loop {
+                    if let Some(outcome) = follow.ready.pop_front() {
+                        return Some((outcome, follow));
+                    }
+                    follow.read().await;
                 }
-            });
-            futures::future::ready(outcome)
-        }))
+            },
+        )))
+    }
+}
+
+/// How long each read of [`Client::outcomes`] waits at ingestion for the next event: below
+/// the 30 s the verb allows, so a quiet organization costs a request every 20 s.
+pub const OUTCOMES_WAIT: Duration = Duration::from_secs(20);
+
+/// Backoff between failed reads of [`Client::outcomes`] (ingestion not answering, or answering
+/// `internal`): from 100 ms, doubling, at most 5 s apart, full jitter (the one policy,
+/// `messages::retry::RetryPolicy`).
+const EVENTS_RETRY: messages::retry::RetryPolicy =
+    messages::retry::RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5));
+
+/// The state of one [`Client::outcomes`] stream.
+struct Follow {
+    client: Client,
+    organization_id: Uuid,
+    /// The last reply's cursor: every event at or below it was read.
+    cursor: u64,
+    /// Outcomes read and not yet taken.
+    ready: std::collections::VecDeque<Outcome>,
+    /// Failed reads in a row.
+    failures: u32,
+}
+
+impl Follow {
+    /// One read from the cursor: its outcomes are queued and the cursor moves, or, when it
+    /// failed, a backoff passes and the cursor stays.
+    async fn read(&mut self) {
+        let reply = self
+            .client
+            .events(&self.organization_id, self.cursor, false, OUTCOMES_WAIT)
+            .await;
+        let failure = match reply {
+            Ok(reply) if reply.error.is_none() => {
+                debug_assert!(reply.cursor >= self.cursor, "a cursor never moves back");
+                self.failures = 0;
+                self.cursor = self.cursor.max(reply.cursor);
+                self.ready
+                    .extend(reply.events.iter().filter_map(Outcome::of_event));
+                return;
+            }
+            Ok(reply) => reply
+                .error
+                .map(|error| format!("{} ({})", error.message, error.code))
+                .unwrap_or_default(),
+            Err(error) => error.to_string(),
+        };
+        self.failures = self.failures.saturating_add(1);
+        tracing::warn!(reason = %failure, failures = self.failures, cursor = self.cursor, "reading scan events failed; reading again after a backoff");
+        tokio::time::sleep(EVENTS_RETRY.jittered(self.failures)).await;
     }
 }
 
@@ -376,4 +439,27 @@ pub enum Outcome {
     Failed(v1::ScanFailed),
     Cancelled(v1::ScanCancelled),
     Rejected(v1::ScanRejected),
+}
+
+impl Outcome {
+    /// The outcome an event reports, if it reports one (`scan.admitted` and the
+    /// `enrichment.*` events do not); `None` too for a payload that does not decode.
+    pub fn of_event(event: &v1::TenantEvent) -> Option<Self> {
+        let payload = event.payload.as_slice();
+        match event.name.as_str() {
+            name if name == EventKind::ScanCompleted.name() => v1::ScanCompleted::decode(payload)
+                .ok()
+                .map(Outcome::Completed),
+            name if name == EventKind::ScanFailed.name() => {
+                v1::ScanFailed::decode(payload).ok().map(Outcome::Failed)
+            }
+            name if name == EventKind::ScanCancelled.name() => v1::ScanCancelled::decode(payload)
+                .ok()
+                .map(Outcome::Cancelled),
+            name if name == EventKind::ScanRejected.name() => v1::ScanRejected::decode(payload)
+                .ok()
+                .map(Outcome::Rejected),
+            _ => None,
+        }
+    }
 }

@@ -319,6 +319,12 @@ impl Subjects {
                 consumer_of(self.results_stream(), &mut publish);
                 publish.push(self.worker_wildcard(WorkerVerb::Ack));
                 subscribe.push(self.client_wildcard(ClientVerb::Findings));
+                // A tenant's events, read for it (`events`): the leader's message get by
+                // subject, and each organization's events as they are published, to wake the
+                // requests waiting for them.
+                subscribe.push(self.client_wildcard(ClientVerb::Events));
+                subscribe.push(self.tenant_events_wildcard());
+                publish.push(format!("{JS_API}.STREAM.MSG.GET.{}", self.events_stream()));
                 // Upload sessions: read a session's chunks back (an ordered consumer), keep
                 // the verified file in the artifact store, purge what was sent.
                 subscribe.push(self.worker_wildcard(WorkerVerb::Artifact));

@@ -32,3 +32,16 @@ pub const FINDING_FIELD_BYTES_MAX: usize = 64 * 1024;
 /// most its capacity of leases, so one message always renews them all, and the request
 /// (about 150 bytes a lease) and its reply stay far below NATS's default 1 MiB payload.
 pub const RENEW_LEASES_MAX: usize = WORKER_CAPACITY_MAX as usize;
+/// Events one `events` reply holds when the request says 0: a scan makes about five tenant
+/// events, so a client following a dozen scans catches up in one round.
+pub const EVENTS_PER_REPLY_DEFAULT: u32 = 64;
+/// Events one `events` reply may hold (`max_events` above is refused): each is one read of the
+/// stream, so a reply stays a bounded piece of work.
+pub const EVENTS_PER_REPLY_MAX: u32 = 256;
+/// Payload bytes of the events in one reply: the reply stays far below NATS's default 1 MiB
+/// `max_payload` (a tenant event is well under 8 KiB); the first event is always returned, the
+/// others only while they fit, and the cursor says where the next request resumes.
+pub const EVENTS_REPLY_BYTES_MAX: usize = 512 * 1024;
+/// Longest `events` long-poll, in milliseconds (a longer `wait_ms` is shortened to it); below
+/// the NATS request timeouts clients use with it, like [`ACQUIRE_WAIT_MS_MAX`].
+pub const EVENTS_WAIT_MS_MAX: u32 = 30_000;

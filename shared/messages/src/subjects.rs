@@ -197,16 +197,19 @@ pub enum ClientVerb {
     Enrich,
     /// Request/reply to ingestion: read this organization's findings, set their dispositions.
     Findings,
+    /// Request/reply to ingestion: read this organization's events after a cursor (long-poll).
+    Events,
 }
 
 impl ClientVerb {
     /// Every verb.
-    pub const ALL: [ClientVerb; 5] = [
+    pub const ALL: [ClientVerb; 6] = [
         ClientVerb::Request,
         ClientVerb::Submit,
         ClientVerb::Cancel,
         ClientVerb::Enrich,
         ClientVerb::Findings,
+        ClientVerb::Events,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -216,6 +219,7 @@ impl ClientVerb {
             ClientVerb::Cancel => "cancel",
             ClientVerb::Enrich => "enrich",
             ClientVerb::Findings => "findings",
+            ClientVerb::Events => "events",
         }
     }
 }
@@ -322,6 +326,25 @@ impl Subjects {
         format!("{}.v1.org.{organization_id}.event.>", self.prefix)
     }
 
+    /// Every tenant's events: `<prefix>.v1.org.*.event.>` (what ingestion hears to wake the
+    /// `events` long-polls of an organization).
+    pub fn tenant_events_wildcard(&self) -> String {
+        format!("{}.v1.org.*.event.>", self.prefix)
+    }
+
+    /// The organization token and the event name of a tenant event subject
+    /// `<prefix>.v1.org.<organization_id>.event.<name>`; `None` for anything else (the
+    /// services' `<prefix>.v1.event.…` included). The organization is one token as [`token`]
+    /// defines it; the name is what follows `.event.`, whatever it is.
+    pub fn tenant_event_of<'s>(&self, subject: &'s str) -> Option<(&'s str, &'s str)> {
+        let rest = subject
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(".v1.org.")?;
+        let (organization_id, rest) = rest.split_once('.')?;
+        let name = rest.strip_prefix("event.")?;
+        Some((token("organization_id", organization_id).ok()?, name))
+    }
+
     /// The event kind a subject of the events stream names, tenant or services'.
     pub fn event_kind_of(&self, subject: &str) -> Option<EventKind> {
         let rest = subject.strip_prefix(&self.prefix)?.strip_prefix(".v1.")?;
@@ -354,7 +377,7 @@ impl Subjects {
     pub fn events_wildcards(&self) -> [String; 2] {
         [
             format!("{}.v1.event.>", self.prefix),
-            format!("{}.v1.org.*.event.>", self.prefix),
+            self.tenant_events_wildcard(),
         ]
     }
 
@@ -477,6 +500,12 @@ mod tests {
         );
         assert_eq!(s.event_kind_of(&completed), Some(EventKind::ScanCompleted));
         assert_eq!(
+            s.tenant_event_of(&completed),
+            Some(("00000000-0000-0000-0000-000000000000", "scan.completed"))
+        );
+        assert_eq!(s.tenant_event_of("t-1.v1.event.task.ready"), None);
+        assert_eq!(s.tenant_event_of("t-1.v1.org.a.b.event.scan.failed"), None);
+        assert_eq!(
             s.event_kind_of("t-1.v1.event.task.ready"),
             Some(EventKind::TaskReady)
         );
@@ -565,6 +594,9 @@ mod tests {
                     prop_assert!(is_one_token(tokens.client_id));
                 }
                 let _ = s.event_kind_of(&subject);
+                if let Some((organization_id, _)) = s.tenant_event_of(&subject) {
+                    prop_assert!(is_one_token(organization_id), "{organization_id:?}");
+                }
             }
 
             /// Every id that becomes a subject token parses back to itself, and the subject

@@ -13,6 +13,7 @@ mod decide;
 mod disclosure;
 mod end_to_end;
 mod enrichment;
+mod events;
 mod findings;
 mod flat;
 mod health;
