@@ -157,6 +157,15 @@ impl TestNats {
         push_account(authority, &self.subjects, &self.url, identity).await;
     }
 
+    /// Panics unless the server authenticates: a test of confinement means nothing on an open
+    /// server.
+    pub fn assert_secured(&self) {
+        assert!(
+            self.authority.is_some(),
+            "this test needs a server that authenticates: unset NATS_URL so the test system runs its own"
+        );
+    }
+
     /// Credentials allowed everything: the test's own connection, which plays every part.
     fn unrestricted(&self) -> bus::NatsCredentials {
         match &self.authority {

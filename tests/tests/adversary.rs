@@ -23,18 +23,35 @@ use uuid::Uuid;
 /// How long an attack is given to do its harm before the victim is checked.
 const SETTLE: Duration = Duration::from_millis(1_500);
 
-/// Every JetStream API verb that destroys or retargets something of palisade's, as a reply
-/// subject an attacker names.
-fn destructive_api_subjects(system: &TestSystem) -> Vec<String> {
+/// palisade's streams, the artifact bucket's included.
+fn streams(system: &TestSystem) -> [String; 5] {
     let s = &system.subjects;
-    let mut subjects = Vec::new();
-    for stream in [
+    [
         s.requests_stream(),
         s.events_stream(),
         s.results_stream(),
         s.uploads_stream(),
         s.artifacts_stream(),
-    ] {
+    ]
+}
+
+/// How many messages `stream` holds.
+async fn stream_messages(system: &TestSystem, stream: &str) -> u64 {
+    let mut handle = system
+        .bus
+        .jetstream()
+        .get_stream(stream)
+        .await
+        .unwrap_or_else(|error| panic!("stream {stream} is gone: {error}"));
+    handle.info().await.expect("stream info").state.messages
+}
+
+/// Every JetStream API verb that destroys or retargets something of palisade's, as a reply
+/// subject an attacker names.
+fn destructive_api_subjects(system: &TestSystem) -> Vec<String> {
+    let s = &system.subjects;
+    let mut subjects = Vec::new();
+    for stream in streams(system) {
         subjects.push(format!("$JS.API.STREAM.PURGE.{stream}"));
         subjects.push(format!("$JS.API.STREAM.DELETE.{stream}"));
     }
@@ -60,21 +77,9 @@ struct Victim {
 async fn victim(system: &TestSystem) -> Victim {
     let s = &system.subjects;
     let mut messages = BTreeMap::new();
-    for stream in [
-        s.requests_stream(),
-        s.events_stream(),
-        s.results_stream(),
-        s.uploads_stream(),
-        s.artifacts_stream(),
-    ] {
-        let mut handle = system
-            .bus
-            .jetstream()
-            .get_stream(&stream)
-            .await
-            .unwrap_or_else(|error| panic!("stream {stream} is gone: {error}"));
-        let info = handle.info().await.expect("stream info");
-        messages.insert(stream, info.state.messages);
+    for stream in streams(system) {
+        let count = stream_messages(system, &stream).await;
+        messages.insert(stream, count);
     }
     let mut consumers = Vec::new();
     for (stream, consumer) in [
@@ -115,13 +120,6 @@ fn intact(before: &Victim, after: &Victim) {
             after.messages[stream]
         );
     }
-}
-
-fn secured(system: &TestSystem) {
-    assert!(
-        system.nats.authority.is_some(),
-        "the adversarial suite needs a server that authenticates: unset NATS_URL"
-    );
 }
 
 /// A registered client of `organizations`, connected with its own credentials.
@@ -181,7 +179,7 @@ async fn aim(bus: &Bus, subject: String, reply: &str, payload: Vec<u8>) {
 #[tokio::test]
 async fn a_reply_aimed_at_the_jetstream_api_through_any_verb_or_publish_destroys_nothing() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     system.start(Component::Enrichment);
     let a = system.organization().await;
     let b = system.organization().await;
@@ -279,7 +277,7 @@ async fn a_reply_aimed_at_the_jetstream_api_through_any_verb_or_publish_destroys
 #[tokio::test]
 async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     system.start(Component::Enrichment);
     let a = system.organization().await;
     let b = system.organization().await;
@@ -296,17 +294,7 @@ async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
         .await
         .unwrap();
     let before_events = tests::event_counts(&system).await;
-    let before_requests = system
-        .bus
-        .jetstream()
-        .get_stream(system.subjects.requests_stream())
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
+    let before_requests = stream_messages(&system, &system.subjects.requests_stream()).await;
 
     let targets = [
         system.subjects.tenant_event(&b, EventKind::ScanCompleted),
@@ -331,38 +319,20 @@ async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
         ..Default::default()
     };
     for target in &targets {
-        // Answered requests (each answer is a real, decodable message).
-        aim(
-            &hostile,
-            system
-                .subjects
-                .client(&a, "a-client", ClientVerb::Cancel)
-                .unwrap(),
-            target,
-            cancel.encode_to_vec(),
-        )
-        .await;
-        aim(
-            &hostile,
-            system
-                .subjects
-                .client(&a, "a-client", ClientVerb::Submit)
-                .unwrap(),
-            target,
-            b"not a request".to_vec(),
-        )
-        .await;
-        // A PubAck.
-        aim(
-            &hostile,
-            system
-                .subjects
-                .client(&a, "a-client", ClientVerb::Request)
-                .unwrap(),
-            target,
-            b"not a request".to_vec(),
-        )
-        .await;
+        // Answered requests (each answer is a real, decodable message), and a PubAck.
+        for (verb, payload) in [
+            (ClientVerb::Cancel, cancel.encode_to_vec()),
+            (ClientVerb::Submit, b"not a request".to_vec()),
+            (ClientVerb::Request, b"not a request".to_vec()),
+        ] {
+            aim(
+                &hostile,
+                system.subjects.client(&a, "a-client", verb).unwrap(),
+                target,
+                payload,
+            )
+            .await;
+        }
         aim(
             &worker,
             system
@@ -413,17 +383,7 @@ async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
             .all(|subject| !subject.contains(&b.to_string())),
         "something was stored on B's request subject: {b_requests:?}"
     );
-    let after_requests = system
-        .bus
-        .jetstream()
-        .get_stream(system.subjects.requests_stream())
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
+    let after_requests = stream_messages(&system, &system.subjects.requests_stream()).await;
     assert_eq!(
         after_requests,
         before_requests + targets.len() as u64,
@@ -440,7 +400,7 @@ async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
 #[tokio::test]
 async fn no_worker_or_client_holds_any_jetstream_right() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let organization = system.organization().await;
     let worker_id = system.registered_worker(organization, 4).await;
     let worker = system.worker_bus(worker_id).await;
@@ -522,7 +482,7 @@ async fn a_service_never_answers_a_reply_subject_outside_the_requesters_inbox() 
 #[tokio::test]
 async fn sniffing_impersonation_forged_and_replayed_credentials_fail() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let organization = system.organization().await;
     let worker_id = system.registered_worker(organization, 4).await;
     let worker = system.worker_bus(worker_id).await;
@@ -612,7 +572,7 @@ async fn a_credential_signed_in_palisades_account_before_the_accounts_is_refused
     // palisade's account (with JetStream consumer rights there). `palisade nats push` refuses
     // every such key; the identity's new credential works.
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let organization = system.organization().await;
     let authority = system.nats.authority.clone().expect("secured");
     let identity = Identity::Client {
@@ -622,10 +582,7 @@ async fn a_credential_signed_in_palisades_account_before_the_accounts_is_refused
     store::bus_identities::register_client(&system.pool, "old-client", "old", &[organization])
         .await
         .expect("registered");
-    let legacy = authority.issue_with(
-        &identity.token(),
-        &system.subjects.permissions(&identity),
-    );
+    let legacy = authority.issue_with(&identity.token(), &system.subjects.permissions(&identity));
     sqlx::query("INSERT INTO nats_users (public_key, client_id) VALUES ($1, $2)")
         .bind(&legacy.public_key)
         .bind("old-client")

@@ -40,17 +40,10 @@ async fn hears_nothing(subscriber: &mut async_nats::Subscriber, what: &str) {
     );
 }
 
-fn secured(system: &TestSystem) {
-    assert!(
-        system.nats.authority.is_some(),
-        "these tests need a server that authenticates: unset NATS_URL so the test system runs its own"
-    );
-}
-
 #[tokio::test]
 async fn an_anonymous_connection_is_refused() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let anonymous = Bus::connect(
         &system.settings.common.nats_url,
         &NatsCredentials::none(),
@@ -77,7 +70,7 @@ async fn an_anonymous_connection_is_refused() {
 #[tokio::test]
 async fn worker_b_can_neither_act_as_worker_a_nor_hear_its_replies_and_acks() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let organization = system.organization().await;
     let worker_a = system.manual_worker(organization, 4).await;
     let b_id = system.registered_worker(organization, 4).await;
@@ -186,7 +179,7 @@ async fn worker_b_can_neither_act_as_worker_a_nor_hear_its_replies_and_acks() {
 #[tokio::test]
 async fn a_client_of_one_organization_cannot_submit_cancel_or_read_events_for_another() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let x = system.organization().await;
     let y = system.organization().await;
     let _worker = system.manual_worker(y, 4).await;
@@ -316,7 +309,7 @@ async fn a_client_of_one_organization_cannot_submit_cancel_or_read_events_for_an
 #[tokio::test]
 async fn a_wrong_identity_cannot_read_results_or_events_publish_events_or_touch_streams() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let organization = system.organization().await;
     let worker_id = system.registered_worker(organization, 4).await;
     let worker = system.worker_bus(worker_id).await;
@@ -418,7 +411,7 @@ async fn a_wrong_identity_cannot_read_results_or_events_publish_events_or_touch_
 #[tokio::test]
 async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let organization = system.organization().await;
     let authority = system.nats.authority.clone().expect("secured");
     let worker_id = system.registered_worker(organization, 4).await;
@@ -501,7 +494,7 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
 #[tokio::test]
 async fn a_replaced_credential_is_refused_and_the_new_one_works() {
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     let authority = system.nats.authority.clone().expect("secured");
     let organization = system.organization().await;
     let worker_id = system.registered_worker(organization, 4).await;
@@ -547,7 +540,7 @@ async fn every_service_runs_with_only_its_own_permissions() {
     // The whole path (admission, dispatch, ingestion, reaper, enrichment) on their own
     // credentials: a scan completes, and the server logged no permission violation.
     let system = TestSystem::spawn().await;
-    secured(&system);
+    system.nats.assert_secured();
     system.start(tests::Component::Reaper);
     system.start(tests::Component::Enrichment);
     let organization = system.organization().await;
