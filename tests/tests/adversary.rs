@@ -2,8 +2,9 @@
 //! an anonymous process attack palisade set up as production runs it (operator mode, each
 //! identity in its own account with its own credentials), through every door they have: the
 //! reply subject of every verb and every JetStream publish, injection into another tenant's
-//! subjects, delivery onto another identity's subjects, the JetStream API itself, and what held
-//! before (sniffing, impersonation, forged and replayed credentials, oversize).
+//! subjects, delivery onto another identity's subjects, the JetStream API itself, filling the
+//! streams past their quotas, a revoked client's queued request, secret files left readable,
+//! and what held before (sniffing, impersonation, forged and replayed credentials, oversize).
 //!
 //! Each probe asserts what the victim keeps: streams and consumers intact, a confirmed request
 //! admitted, no event or ack it did not earn. Run on the minimum supported nats-server and on a
@@ -12,10 +13,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use async_nats::jetstream::stream::DiscardPolicy;
 use bus::async_nats;
 use bus::{Bus, NatsCredentials};
 use futures::StreamExt as _;
-use messages::{ClientVerb, EventKind, Identity, WorkerVerb, v1};
+use messages::{ClientVerb, ErrorCode, EventKind, Identity, WorkerVerb, v1};
 use prost::Message as _;
 use tests::{Component, TestSystem};
 use uuid::Uuid;
@@ -35,15 +37,26 @@ fn streams(system: &TestSystem) -> [String; 5] {
     ]
 }
 
-/// How many messages `stream` holds.
-async fn stream_messages(system: &TestSystem, stream: &str) -> u64 {
+/// What `stream` is and holds now.
+async fn stream_info(system: &TestSystem, stream: &str) -> async_nats::jetstream::stream::Info {
     let mut handle = system
         .bus
         .jetstream()
         .get_stream(stream)
         .await
         .unwrap_or_else(|error| panic!("stream {stream} is gone: {error}"));
-    handle.info().await.expect("stream info").state.messages
+    handle.info().await.expect("stream info").clone()
+}
+
+/// How many messages `stream` holds (on the requests and results streams: not yet decided).
+async fn stream_messages(system: &TestSystem, stream: &str) -> u64 {
+    stream_info(system, stream).await.state.messages
+}
+
+/// How many messages were ever stored in `stream`: decided ones leave the requests and
+/// results streams, a purge keeps the count.
+async fn stream_stored(system: &TestSystem, stream: &str) -> u64 {
+    stream_info(system, stream).await.state.last_sequence
 }
 
 /// Every JetStream API verb that destroys or retargets something of palisade's, as a reply
@@ -294,7 +307,7 @@ async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
         .await
         .unwrap();
     let before_events = tests::event_counts(&system).await;
-    let before_requests = stream_messages(&system, &system.subjects.requests_stream()).await;
+    let before_requests = stream_stored(&system, &system.subjects.requests_stream()).await;
 
     let targets = [
         system.subjects.tenant_event(&b, EventKind::ScanCompleted),
@@ -367,8 +380,8 @@ async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
     )
     .await;
     assert!(
-        !b_events.contains_key(&system.subjects.tenant_event(&b, EventKind::ScanCompleted)),
-        "B received a forged scan.completed: {b_events:?}"
+        b_events.is_empty(),
+        "B, which sent nothing, received events: {b_events:?}"
     );
     // Only A's own garbage requests were stored; none on B's subject.
     let b_requests = tests::stream_subject_counts(
@@ -383,7 +396,7 @@ async fn answers_aimed_at_another_tenant_or_another_worker_reach_nothing() {
             .all(|subject| !subject.contains(&b.to_string())),
         "something was stored on B's request subject: {b_requests:?}"
     );
-    let after_requests = stream_messages(&system, &system.subjects.requests_stream()).await;
+    let after_requests = stream_stored(&system, &system.subjects.requests_stream()).await;
     assert_eq!(
         after_requests,
         before_requests + targets.len() as u64,
@@ -629,5 +642,269 @@ async fn a_credential_signed_in_palisades_account_before_the_accounts_is_refused
         connect(&current.file).await.is_ok(),
         "the client's own-account credential was refused"
     );
+    system.finish().await;
+}
+
+/// Filling the streams: every client's waiting requests and every worker's waiting results
+/// are bounded by a quota JetStream enforces at publish. The identity over its quota is told
+/// so (`BusError::Quota`), nothing stored is dropped, another tenant's confirmed request is
+/// admitted, and decided messages leave the stream, so the quota counts only what waits.
+#[tokio::test]
+async fn filling_the_streams_is_refused_at_each_identitys_quota_and_loses_nothing() {
+    const QUOTA: i64 = 3;
+    let system = TestSystem::spawn_with(|settings| {
+        settings.common.streams.quotas.requests_waiting_per_client = QUOTA;
+        settings.common.streams.quotas.results_waiting_per_worker = QUOTA;
+    })
+    .await;
+    system.nats.assert_secured();
+    let (a, b) = (system.organization().await, system.organization().await);
+    let s = &system.subjects;
+    for (stream, discard) in [
+        (s.requests_stream(), DiscardPolicy::New),
+        (s.results_stream(), DiscardPolicy::New),
+        (s.uploads_stream(), DiscardPolicy::New),
+        (s.events_stream(), DiscardPolicy::Old),
+    ] {
+        let config = stream_info(&system, &stream).await.config;
+        assert_eq!(
+            config.max_bytes,
+            bus::StreamQuotas::STREAM_BYTES_MAX_DEFAULT,
+            "{stream} is bounded"
+        );
+        assert_eq!(config.discard, discard, "{stream}");
+    }
+
+    // A hostile client fills its quota while admission is down.
+    system.stop(Component::Admission).await;
+    let hostile = client_bus(&system, "a-client", vec![a]).await;
+    let own = s.client(&a, "a-client", ClientVerb::Request).unwrap();
+    let garbage = |n: usize| (format!("fill-{n}"), bytes::Bytes::from_static(b"garbage"));
+    for n in 0..QUOTA as usize {
+        let (id, payload) = garbage(n);
+        hostile
+            .publish_durable(own.clone(), &id, Default::default(), payload)
+            .await
+            .expect("within the quota");
+    }
+    let (id, payload) = garbage(QUOTA as usize);
+    let refused = hostile
+        .publish_durable(own.clone(), &id, Default::default(), payload)
+        .await;
+    assert!(
+        matches!(&refused, Err(bus::BusError::Quota { .. })),
+        "over the quota: {refused:?}"
+    );
+    // One request larger than any scan request is refused whole, whatever the quota.
+    let big = client_bus(&system, "a-big", vec![a]).await;
+    let refused = big
+        .publish_durable(
+            s.client(&a, "a-big", ClientVerb::Request).unwrap(),
+            "big",
+            Default::default(),
+            vec![0_u8; bus::REQUEST_MESSAGE_BYTES_MAX as usize].into(),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(bus::BusError::Quota { .. })),
+        "an oversize request: {refused:?}"
+    );
+
+    // B is not affected: its request is confirmed and admitted.
+    let b_client = client::Client::new(client_bus(&system, "b-client", vec![b]).await, "b-client");
+    b_client
+        .publish(&b_client.request(&b.to_string(), "http://b.test", &["alpha"], "b-1"))
+        .await
+        .expect("B's request is confirmed beside A's full quota");
+    system.start(Component::Admission);
+    system
+        .wait_for("B's request admitted", || async {
+            let scans: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM scans WHERE organization_id = $1")
+                    .bind(b)
+                    .fetch_one(&system.pool)
+                    .await
+                    .unwrap();
+            (scans == 1).then_some(())
+        })
+        .await;
+    // Decided requests leave the stream: A's quota is free again.
+    system
+        .wait_for("the requests stream emptied by admission", || async {
+            (stream_messages(&system, &s.requests_stream()).await == 0).then_some(())
+        })
+        .await;
+    let (id, payload) = garbage(QUOTA as usize + 1);
+    hostile
+        .publish_durable(own, &id, Default::default(), payload)
+        .await
+        .expect("the quota counts only waiting requests");
+
+    // A hostile worker fills its results quota while ingestion is down; another worker's
+    // result is still taken.
+    system.stop(Component::Ingestion).await;
+    let worker_id = system.registered_worker(a, 4).await;
+    let worker = system.worker_bus(worker_id).await;
+    let result_subject = s.worker(&worker_id.to_string(), WorkerVerb::Result);
+    for n in 0..=QUOTA as usize {
+        let (id, payload) = garbage(n);
+        let sent = worker
+            .publish_durable(result_subject.clone(), &id, Default::default(), payload)
+            .await;
+        if n < QUOTA as usize {
+            sent.expect("within the quota");
+        } else {
+            assert!(
+                matches!(&sent, Err(bus::BusError::Quota { .. })),
+                "over the quota: {sent:?}"
+            );
+        }
+    }
+    let victim_id = system.registered_worker(b, 4).await;
+    let victim = system.worker_bus(victim_id).await;
+    victim
+        .publish_durable(
+            s.worker(&victim_id.to_string(), WorkerVerb::Result),
+            "victim",
+            Default::default(),
+            bytes::Bytes::from_static(b"garbage"),
+        )
+        .await
+        .expect("another worker's result is taken beside a full quota");
+    system.start(Component::Ingestion);
+    system
+        .wait_for("the results stream emptied by ingestion", || async {
+            (stream_messages(&system, &s.results_stream()).await == 0).then_some(())
+        })
+        .await;
+    system.finish().await;
+}
+
+/// Every seed and `.creds` file palisade writes is readable by its owner only, also where a
+/// readable file was there before.
+#[tokio::test]
+async fn secrets_written_over_readable_files_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let readable = |path: &std::path::Path| {
+        std::fs::write(path, "an older file, readable by everyone").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    };
+    let creds = dir.path().join("worker.creds");
+    readable(&creds);
+    identity::write_secret(&creds, "a secret").unwrap();
+    let authority_dir = dir.path().join("authority");
+    let authority = identity::Authority::generate();
+    authority.write(&authority_dir).unwrap();
+    let seeds: Vec<_> = std::fs::read_dir(&authority_dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    for seed in &seeds {
+        readable(seed);
+    }
+    authority.write(&authority_dir).unwrap();
+    for path in seeds.iter().chain([&creds]) {
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}: mode {mode:o}", path.display());
+    }
+    assert_eq!(std::fs::read_to_string(&creds).unwrap(), "a secret");
+}
+
+/// A request PubAcked before its client was revoked is decided against the registration as it is
+/// when admission decides it: refused with `client_revoked` on `scan.rejected`, nothing written;
+/// the request/reply path refuses the revoked client too. Enabled again, its requests are
+/// admitted on both paths.
+#[tokio::test]
+async fn a_request_queued_before_its_client_was_revoked_is_rejected_naming_why() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let client_id = "revoked-client";
+    store::bus_identities::register_client(&system.pool, client_id, "revoked", &[org])
+        .await
+        .unwrap();
+    let bus = system
+        .nats
+        .connect(&Identity::Client {
+            client_id: client_id.into(),
+            organizations: vec![org],
+        })
+        .await;
+    let client = client::Client::new(bus, client_id);
+    let mut rejections = system
+        .bus
+        .client()
+        .subscribe(system.subjects.tenant_event(&org, EventKind::ScanRejected))
+        .await
+        .unwrap();
+    system.bus.flush().await.unwrap();
+
+    system.stop(Component::Admission).await;
+    let queued = client.request(&org.to_string(), "http://queued.test", &["alpha"], "queued");
+    client
+        .publish(&queued)
+        .await
+        .expect("the request is PubAcked");
+    assert!(
+        store::bus_identities::revoke_client(&system.pool, client_id, "credentials leaked")
+            .await
+            .unwrap()
+    );
+    let before = system.table_counts().await;
+    system.start(Component::Admission);
+
+    let event = tokio::time::timeout(tests::WAIT_MAX, rejections.next())
+        .await
+        .expect("the queued request is rejected")
+        .expect("a subscription");
+    let rejected = v1::ScanRejected::decode(event.payload.as_ref()).unwrap();
+    assert_eq!(rejected.client_id, client_id);
+    assert_eq!(rejected.idempotency_key, "queued");
+    let error = rejected.error.expect("the refusal");
+    assert_eq!(
+        error.error_code(),
+        Some(ErrorCode::ClientRevoked),
+        "{error:?}"
+    );
+    assert!(error.message.contains("revoked"), "{error:?}");
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.requests_stream(),
+        admission::CONSUMER_NAME,
+    )
+    .await;
+    let reply = client
+        .submit(&client.request(&org.to_string(), "http://sync.test", &["alpha"], "sync"))
+        .await
+        .expect("admission answers");
+    assert_eq!(
+        reply.error.expect("refused").error_code(),
+        Some(ErrorCode::ClientRevoked)
+    );
+    assert_eq!(system.table_counts().await, before, "nothing admitted");
+
+    // Enabled again: its requests are admitted (a refusal wrote nothing, so a refused key is
+    // free; the queued request itself is not re-decided, JetStream drops its exact replay).
+    assert!(
+        store::bus_identities::enable_client(&system.pool, client_id)
+            .await
+            .unwrap()
+    );
+    client
+        .publish(&client.request(&org.to_string(), "http://queued.test", &["alpha"], "again"))
+        .await
+        .expect("the request is PubAcked");
+    system
+        .wait_for(
+            "the enabled client's queued request to be admitted",
+            || async { (system.table_counts().await["scans"] == 1).then_some(()) },
+        )
+        .await;
+    let reply = client
+        .submit(&client.request(&org.to_string(), "http://sync.test", &["alpha"], "sync"))
+        .await
+        .expect("admission answers");
+    assert!(reply.error.is_none(), "{reply:?}");
+    assert_eq!(system.table_counts().await["scans"], 2);
     system.finish().await;
 }

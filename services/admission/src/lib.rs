@@ -137,6 +137,7 @@ impl Service {
         );
         self.settings.consumer.apply(&mut spec);
         spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        spec.removes_decided = true;
 
         let stop = shutdown.child_token();
         let plumbing = self

@@ -46,6 +46,12 @@ pub struct ConsumerSpec {
     /// Fault injection for tests: when set, the consumer "crashes" after the handler
     /// returned (its transaction committed) and before any acknowledgement.
     pub crash_after_commit: Option<Arc<AtomicBool>>,
+    /// This consumer is its stream's only reader: once it exists, the stream keeps only what
+    /// it has not yet acknowledged (interest retention), so a decided message leaves the
+    /// stream and the stream's per-subject quotas count waiting messages
+    /// ([`crate::StreamQuotas`]). Switched on after the consumer is created, never before: a
+    /// stream with interest retention and no consumer would drop what is published to it.
+    pub removes_decided: bool,
 }
 
 impl ConsumerSpec {
@@ -70,6 +76,7 @@ impl ConsumerSpec {
             retry_delay_base: Duration::from_millis(500),
             retry_delay_max: Duration::from_secs(30),
             crash_after_commit: None,
+            removes_decided: false,
         }
     }
 
@@ -191,6 +198,33 @@ async fn next_chunk(
     }
 }
 
+/// Switches `stream` to interest retention (see [`ConsumerSpec::removes_decided`]); nothing
+/// to do when it already is.
+async fn keep_only_undecided(bus: &Bus, stream: &str) -> Result<(), String> {
+    let mut info = bus
+        .jetstream()
+        .get_stream(stream)
+        .await
+        .map_err(|error| format!("stream {stream}: {error}"))?
+        .cached_info()
+        .config
+        .clone();
+    if info.retention == jetstream::stream::RetentionPolicy::Interest {
+        return Ok(());
+    }
+    info.retention = jetstream::stream::RetentionPolicy::Interest;
+    bus.jetstream()
+        .update_stream(&info)
+        .await
+        .map(|_| {
+            tracing::info!(
+                stream,
+                "the stream now keeps only undecided messages (interest retention)"
+            )
+        })
+        .map_err(|error| format!("switching stream {stream} to interest retention: {error}"))
+}
+
 /// Creates the consumer if needed and runs it until `shutdown`.
 pub async fn run<H: BatchHandler>(
     bus: &Bus,
@@ -225,6 +259,11 @@ pub async fn run<H: BatchHandler>(
         .create_consumer(config)
         .await
         .map_err(|error| consume_error(error.to_string()))?;
+    if spec.removes_decided {
+        keep_only_undecided(bus, &spec.stream)
+            .await
+            .map_err(consume_error)?;
+    }
     let open = || async {
         consumer
             .stream()

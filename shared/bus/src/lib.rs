@@ -81,6 +81,10 @@ pub enum BusError {
     Provision { stream: String, message: String },
     #[error("publish to {subject} failed: {message}")]
     Publish { subject: String, message: String },
+    #[error(
+        "{subject}: JetStream refused the message, a quota is reached ({limit}); nothing already stored was lost and this message was not stored: send it again once palisade has decided what waits (a client's or worker's own waiting messages count), or ask the operator (PALISADE_QUOTA_REQUESTS_WAITING, PALISADE_QUOTA_RESULTS_WAITING, PALISADE_STREAM_BYTES_MAX)"
+    )]
+    Quota { subject: String, limit: String },
     #[error("request to {subject} failed: {message}")]
     Request { subject: String, message: String },
     #[error("subscribe to {subject} failed: {message}")]
@@ -135,17 +139,113 @@ impl NatsCredentials {
     }
 }
 
-/// Stream settings operators tune (replicas for clusters).
+/// Largest message on the requests stream: a scan request is at most
+/// [`messages::limits::SCAN_REQUEST_BYTES_MAX`]; this leaves room for headers and lets
+/// admission answer a request somewhat over that limit with `too_large`. Anything larger is
+/// refused by JetStream at publish, so a client's quota of waiting requests also bounds the
+/// bytes it can store.
+pub const REQUEST_MESSAGE_BYTES_MAX: i32 = 64 * 1024;
+
+/// Stream settings operators tune: replicas for clusters, and the quotas that bound what
+/// palisade's streams hold and what one client or worker can store in them.
 #[derive(Debug, Clone)]
 pub struct StreamSettings {
     /// 1 for a single server; 3 on a cluster.
     pub replicas: usize,
+    pub quotas: StreamQuotas,
 }
 
 impl Default for StreamSettings {
     fn default() -> Self {
-        Self { replicas: 1 }
+        Self {
+            replicas: 1,
+            quotas: StreamQuotas::default(),
+        }
     }
+}
+
+/// What palisade's streams may hold. JetStream enforces every one at publish: a publish over
+/// a quota is refused with an error naming the limit (the publisher keeps its message and may
+/// retry later), and nothing already stored is dropped, except from the events stream, which
+/// drops its oldest events first (palisade writes it; clients read it by cursor).
+///
+/// The requests and results streams keep only what their consumer has not yet decided
+/// (interest retention once admission's and ingestion's consumers exist: see
+/// [`ConsumerSpec::removes_decided`](consume::ConsumerSpec)), so the per-identity quotas
+/// count waiting messages, not a history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamQuotas {
+    /// Requests one client may have waiting for admission on the requests stream
+    /// (`PALISADE_QUOTA_REQUESTS_WAITING`): JetStream's per-subject limit, a client's requests
+    /// having one subject.
+    pub requests_waiting_per_client: i64,
+    /// Messages one worker may have waiting for ingestion on the results stream, per verb
+    /// (result batches; completions; failures) (`PALISADE_QUOTA_RESULTS_WAITING`).
+    pub results_waiting_per_worker: i64,
+    /// Bytes each of the requests, results, uploads and events streams may hold
+    /// (`PALISADE_STREAM_BYTES_MAX`). The server reserves them when it creates the stream.
+    pub stream_bytes_max: i64,
+}
+
+impl StreamQuotas {
+    pub const REQUESTS_WAITING_PER_CLIENT_DEFAULT: i64 = 100_000;
+    pub const RESULTS_WAITING_PER_WORKER_DEFAULT: i64 = 10_000;
+    pub const STREAM_BYTES_MAX_DEFAULT: i64 = 1024 * 1024 * 1024;
+}
+
+impl Default for StreamQuotas {
+    fn default() -> Self {
+        Self {
+            requests_waiting_per_client: Self::REQUESTS_WAITING_PER_CLIENT_DEFAULT,
+            results_waiting_per_worker: Self::RESULTS_WAITING_PER_WORKER_DEFAULT,
+            stream_bytes_max: Self::STREAM_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+/// What JetStream says when a publish meets one of [`StreamQuotas`] or a stream's message
+/// size (nats-server's `JSStreamStoreFailedF` 10077 and `JSStreamMessageExceedsMaximumErr`
+/// 10054).
+const QUOTA_REFUSALS: [&str; 4] = [
+    "maximum messages per subject exceeded",
+    "maximum messages exceeded",
+    "maximum bytes exceeded",
+    "message size exceeds maximum allowed",
+];
+
+/// A PubAck's error, a quota's named as such.
+fn publish_error(subject: String, message: String) -> BusError {
+    match QUOTA_REFUSALS
+        .iter()
+        .find(|refusal| message.contains(*refusal))
+    {
+        Some(limit) => BusError::Quota {
+            subject,
+            limit: (*limit).to_owned(),
+        },
+        None => BusError::Publish { subject, message },
+    }
+}
+
+/// A provisioning error, with what to do when the server cannot reserve the streams' bytes.
+fn provision_message(message: String) -> String {
+    if message.contains("insufficient resources") || message.contains("storage resources") {
+        format!(
+            "{message}; the server cannot reserve PALISADE_STREAM_BYTES_MAX for each of palisade's four streams: give JetStream more storage (max_file_store) or lower PALISADE_STREAM_BYTES_MAX"
+        )
+    } else {
+        message
+    }
+}
+
+/// How one of palisade's streams is bounded.
+struct StreamLimits {
+    max_age: Duration,
+    max_message_size: i32,
+    /// Messages per subject (one client's requests, one worker's verb), or -1.
+    per_subject: i64,
+    /// Refuse new messages when full (requests, results, uploads), or drop the oldest (events).
+    discard: stream::DiscardPolicy,
 }
 
 /// A connection to NATS and JetStream for one palisade installation (one subject prefix).
@@ -249,16 +349,32 @@ impl Bus {
     /// Idempotent; every service calls it at start-up.
     pub async fn provision(&self, settings: &StreamSettings) -> Result<(), BusError> {
         let subjects = &self.subjects;
+        let quotas = &settings.quotas;
+        let refusing = |max_age, max_message_size, per_subject| StreamLimits {
+            max_age,
+            max_message_size,
+            per_subject,
+            discard: stream::DiscardPolicy::New,
+        };
         let streams = [
             (
                 subjects.requests_stream(),
                 vec![subjects.client_wildcard(messages::ClientVerb::Request)],
-                STREAM_MAX_AGE,
+                refusing(
+                    STREAM_MAX_AGE,
+                    REQUEST_MESSAGE_BYTES_MAX,
+                    quotas.requests_waiting_per_client,
+                ),
             ),
             (
                 subjects.events_stream(),
                 subjects.events_wildcards().to_vec(),
-                STREAM_MAX_AGE,
+                StreamLimits {
+                    max_age: STREAM_MAX_AGE,
+                    max_message_size: MESSAGE_BYTES_MAX,
+                    per_subject: -1,
+                    discard: stream::DiscardPolicy::Old,
+                },
             ),
             (
                 subjects.results_stream(),
@@ -270,35 +386,42 @@ impl Bus {
                 .into_iter()
                 .map(|verb| subjects.worker_wildcard(verb))
                 .collect(),
-                STREAM_MAX_AGE,
+                refusing(
+                    STREAM_MAX_AGE,
+                    MESSAGE_BYTES_MAX,
+                    quotas.results_waiting_per_worker,
+                ),
             ),
             (
                 subjects.uploads_stream(),
                 vec![subjects.uploads_wildcard()],
-                artifacts::UPLOAD_MAX_AGE,
+                refusing(artifacts::UPLOAD_MAX_AGE, MESSAGE_BYTES_MAX, -1),
             ),
         ];
-        let configs = streams
-            .into_iter()
-            .map(|(name, stream_subjects, max_age)| stream::Config {
-                name,
+        for (name, stream_subjects, limits) in streams {
+            let mut config = stream::Config {
+                name: name.clone(),
                 subjects: stream_subjects,
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
                 num_replicas: settings.replicas,
-                max_age,
-                max_message_size: MESSAGE_BYTES_MAX,
+                max_age: limits.max_age,
+                max_message_size: limits.max_message_size,
+                max_messages_per_subject: limits.per_subject,
+                max_bytes: quotas.stream_bytes_max,
+                discard: limits.discard,
+                discard_new_per_subject: limits.per_subject > 0,
                 duplicate_window: DUPLICATE_WINDOW,
                 ..Default::default()
-            });
-        for config in configs {
-            let name = config.name.clone();
+            };
             let provision_error = |message: String| BusError::Provision {
                 stream: name.clone(),
-                message,
+                message: provision_message(message),
             };
             match self.jetstream.get_stream(&name).await {
-                Ok(_) => {
+                Ok(existing) => {
+                    // Interest retention, once the stream's consumer switched it on, stays.
+                    config.retention = existing.cached_info().config.retention;
                     self.jetstream
                         .update_stream(&config)
                         .await
@@ -306,7 +429,7 @@ impl Bus {
                 }
                 Err(_) => {
                     self.jetstream
-                        .get_or_create_stream(config.clone())
+                        .get_or_create_stream(config)
                         .await
                         .map_err(|error| {
                             if error.to_string().contains("not enabled") {
@@ -319,6 +442,39 @@ impl Bus {
             }
         }
         self.provision_artifacts(settings).await
+    }
+
+    /// Reads what each of the requests, events, results and uploads streams holds and may
+    /// hold into the `palisade_stream_*` gauges. A stream that does not answer keeps its
+    /// previous values; the first error is returned.
+    pub async fn record_stream_usage(&self) -> Result<(), BusError> {
+        let subjects = &self.subjects;
+        let mut first_error = None;
+        for name in [
+            subjects.requests_stream(),
+            subjects.events_stream(),
+            subjects.results_stream(),
+            subjects.uploads_stream(),
+        ] {
+            match self.jetstream.get_stream(&name).await {
+                Ok(stream) => {
+                    let info = stream.cached_info();
+                    metrics::record_stream(
+                        &name,
+                        info.state.bytes,
+                        info.state.messages,
+                        info.config.max_bytes,
+                    );
+                }
+                Err(error) => {
+                    first_error.get_or_insert(BusError::Read {
+                        stream: name,
+                        message: error.to_string(),
+                    });
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Publishes to a stream and waits for its PubAck. `msg_id` becomes `Nats-Msg-Id`.
@@ -370,10 +526,7 @@ impl Bus {
                 Ok(ack_future) => ack_future
                     .await
                     .inspect(|_| count_messages(Direction::Received, 1))
-                    .map_err(|error| BusError::Publish {
-                        subject,
-                        message: error.to_string(),
-                    }),
+                    .map_err(|error| publish_error(subject, error.to_string())),
                 Err(error) => Err(BusError::Publish {
                     subject,
                     message: error.to_string(),

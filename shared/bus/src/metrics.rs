@@ -91,6 +91,12 @@ pub struct ConnectionEventLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    /// One of palisade's stream names.
+    pub stream: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
     pub lease: &'static str,
 }
@@ -112,6 +118,9 @@ pub struct BusMetrics {
     pub request_seconds: Family<ServerLabels, Histogram, fn() -> Histogram>,
     pub held: Family<ConsumerLabels, Gauge>,
     pub connection_events: Family<ConnectionEventLabels, Counter>,
+    pub stream_bytes: Family<StreamLabels, Gauge>,
+    pub stream_bytes_max: Family<StreamLabels, Gauge>,
+    pub stream_messages: Family<StreamLabels, Gauge>,
 }
 
 struct Metrics {
@@ -131,6 +140,9 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         request_seconds: Family::new_with_constructor(handler_seconds_histogram),
         held: Family::default(),
         connection_events: Family::default(),
+        stream_bytes: Family::default(),
+        stream_bytes_max: Family::default(),
+        stream_messages: Family::default(),
     };
     for event in connection_events::ALL {
         let _ = bus
@@ -142,6 +154,23 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "What happened to this process's NATS connections: connected (first time or again), \
          disconnected (the client reconnects by itself), lame_duck, error",
         bus.connection_events.clone(),
+    );
+    registry.register(
+        "stream_bytes",
+        "Bytes one of palisade's streams holds (refreshed when /metrics is scraped)",
+        bus.stream_bytes.clone(),
+    );
+    registry.register(
+        "stream_bytes_max",
+        "Bytes one of palisade's streams may hold (PALISADE_STREAM_BYTES_MAX; -1: no limit); \
+         a full stream refuses new messages (the events stream drops its oldest instead)",
+        bus.stream_bytes_max.clone(),
+    );
+    registry.register(
+        "stream_messages",
+        "Messages one of palisade's streams holds: on the requests and results streams, what \
+         waits to be decided",
+        bus.stream_messages.clone(),
     );
     registry.register(
         "consumer_held_messages",
@@ -338,6 +367,27 @@ pub fn record_connection_event(event: &'static str) {
 }
 
 /// Sets the `leader{lease}` gauge.
+/// Records what one stream holds and may hold.
+pub fn record_stream(stream: &str, bytes: u64, messages: u64, bytes_max: i64) {
+    let metrics = bus_metrics();
+    let labels = StreamLabels {
+        stream: stream.to_owned(),
+    };
+    let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    metrics
+        .stream_bytes
+        .get_or_create(&labels)
+        .set(gauge(bytes));
+    metrics
+        .stream_messages
+        .get_or_create(&labels)
+        .set(gauge(messages));
+    metrics
+        .stream_bytes_max
+        .get_or_create(&labels)
+        .set(bytes_max);
+}
+
 pub fn set_leader(lease: &'static str, is_leader: bool) {
     bus_metrics()
         .leader

@@ -141,7 +141,11 @@ impl HealthServer {
         ];
         Self {
             addr,
-            metrics: Arc::new(MetricsSource::new(connections.pool.clone(), common.metrics)),
+            metrics: Arc::new(MetricsSource::new(
+                connections.pool.clone(),
+                connections.bus.clone(),
+                common.metrics,
+            )),
             readiness: Arc::new(Readiness {
                 pool: connections.pool,
                 bus: connections.bus,

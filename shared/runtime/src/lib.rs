@@ -50,6 +50,7 @@ impl CommonSettings {
     pub const NATS_URL_DEFAULT: &'static str = "nats://127.0.0.1:4222";
 
     /// `DATABASE_URL`, `NATS_URL`, `NATS_CREDS`, `NATS_TLS_*`, `PALISADE_SUBJECT_PREFIX`, `PALISADE_STREAM_REPLICAS`,
+    /// `PALISADE_QUOTA_REQUESTS_WAITING`, `PALISADE_QUOTA_RESULTS_WAITING`, `PALISADE_STREAM_BYTES_MAX`,
     /// `PALISADE_DB_MAX_CONNECTIONS`, `PALISADE_DB_ACQUIRE_TIMEOUT_MS`, `PALISADE_LEASE_TTL_MS`,
     /// `PALISADE_PROGRESS_EVENTS`, `PALISADE_ARTIFACT_STORE` and `PALISADE_S3_*`.
     pub fn from_env() -> Result<Self, SettingsError> {
@@ -92,12 +93,39 @@ impl CommonSettings {
             },
             nats_tls: nats_tls_from_env()?,
             subjects,
-            streams: StreamSettings { replicas },
+            streams: StreamSettings {
+                replicas,
+                quotas: stream_quotas_from_env()?,
+            },
             metrics: metrics::MetricsSettings::from_env()?,
             progress_events: env::parse("PALISADE_PROGRESS_EVENTS", store::ProgressEvents::On)?,
             artifact_store: artifacts::ArtifactStoreSettings::from_env()?,
         })
     }
+}
+
+/// `PALISADE_QUOTA_REQUESTS_WAITING`, `PALISADE_QUOTA_RESULTS_WAITING` and
+/// `PALISADE_STREAM_BYTES_MAX` ([`bus::StreamQuotas`]). Every service provisions the streams
+/// with them: give every service the same values.
+fn stream_quotas_from_env() -> Result<bus::StreamQuotas, SettingsError> {
+    use bus::StreamQuotas as Q;
+    Ok(Q {
+        requests_waiting_per_client: env::parse_in(
+            "PALISADE_QUOTA_REQUESTS_WAITING",
+            Q::REQUESTS_WAITING_PER_CLIENT_DEFAULT,
+            1..=100_000_000,
+        )?,
+        results_waiting_per_worker: env::parse_in(
+            "PALISADE_QUOTA_RESULTS_WAITING",
+            Q::RESULTS_WAITING_PER_WORKER_DEFAULT,
+            1..=100_000_000,
+        )?,
+        stream_bytes_max: env::parse_in(
+            "PALISADE_STREAM_BYTES_MAX",
+            Q::STREAM_BYTES_MAX_DEFAULT,
+            16 * 1024 * 1024..=i64::MAX,
+        )?,
+    })
 }
 
 /// The backoff of retried work (`PALISADE_RETRY_BASE_MS`, default 5000, and

@@ -253,6 +253,8 @@ fn mirror(counter: &Counter, total: i64) {
 #[derive(Debug)]
 pub(crate) struct MetricsSource {
     pool: PgPool,
+    /// For the stream gauges (`Bus::record_stream_usage`), refreshed with the database's.
+    bus: bus::Bus,
     settings: MetricsSettings,
     /// The lock also makes concurrent scrapes wait for one refresh instead of each running
     /// their own.
@@ -260,9 +262,10 @@ pub(crate) struct MetricsSource {
 }
 
 impl MetricsSource {
-    pub(crate) fn new(pool: PgPool, settings: MetricsSettings) -> Self {
+    pub(crate) fn new(pool: PgPool, bus: bus::Bus, settings: MetricsSettings) -> Self {
         Self {
             pool,
+            bus,
             settings,
             refreshed_at: Mutex::new(None),
         }
@@ -280,11 +283,20 @@ impl MetricsSource {
         if refreshed_at.is_some_and(|at| at.elapsed() < self.settings.refresh_age_max) {
             return;
         }
-        let snapshot = tokio::time::timeout(
-            DATABASE_REFRESH_TIME_MAX,
-            store::observability::snapshot(&self.pool, self.settings.worker_seen_within),
-        )
-        .await;
+        let (snapshot, streams) = tokio::join!(
+            tokio::time::timeout(
+                DATABASE_REFRESH_TIME_MAX,
+                store::observability::snapshot(&self.pool, self.settings.worker_seen_within),
+            ),
+            tokio::time::timeout(DATABASE_REFRESH_TIME_MAX, self.bus.record_stream_usage())
+        );
+        match streams {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(error = %telemetry::chain(&error), "metrics stream refresh failed; serving previous values")
+            }
+            Err(_) => tracing::warn!("metrics stream refresh timed out; serving previous values"),
+        }
         match snapshot {
             Ok(Ok(snapshot)) => gauges.set(&snapshot),
             Ok(Err(error)) => {
