@@ -250,6 +250,28 @@ pub async fn push_account(
 
 /// Credentials allowed everything, for a test's (or the chaos suite's) own connection, which
 /// plays every part.
+/// A NATS of a test's own (a cluster, a server it stops) that authenticates like the one
+/// [`TestSystem::spawn`] starts: the test takes an [`OwnNats::installation`], starts its
+/// servers for it ([`servers::NatsServer::start_secured`],
+/// [`servers::NatsCluster::start_secured`]) and hands them to [`TestSystem::spawn_on`].
+pub struct OwnNats {
+    /// One server, or a cluster's comma-separated list.
+    pub url: String,
+    pub authority: Arc<identity::Authority>,
+    pub subjects: Subjects,
+}
+
+impl OwnNats {
+    /// A fresh authority and subject prefix, for the servers to start with.
+    pub fn installation() -> (Arc<identity::Authority>, Subjects) {
+        let id = Uuid::new_v4().simple().to_string();
+        (
+            Arc::new(identity::Authority::generate()),
+            Subjects::new(&format!("t{}", &id[..12])).expect("valid prefix"),
+        )
+    }
+}
+
 pub fn unrestricted_credentials(authority: &identity::Authority) -> bus::NatsCredentials {
     let everything = messages::Permissions {
         publish: vec![">".into()],
@@ -426,6 +448,19 @@ impl TestSystem {
 
     /// Like [`TestSystem::spawn`], with settings adjusted first.
     pub async fn spawn_with(configure: impl FnOnce(&mut SystemSettings)) -> Self {
+        Self::spawn_inner(None, configure).await
+    }
+
+    /// Like [`TestSystem::spawn_with`], on a NATS of the test's own that authenticates
+    /// against the test's authority (a cluster, a server it stops).
+    pub async fn spawn_on(nats: OwnNats, configure: impl FnOnce(&mut SystemSettings)) -> Self {
+        Self::spawn_inner(Some(nats), configure).await
+    }
+
+    async fn spawn_inner(
+        own: Option<OwnNats>,
+        configure: impl FnOnce(&mut SystemSettings),
+    ) -> Self {
         init_test_logging();
         let id = Uuid::new_v4().simple().to_string();
         let backends = backends().await;
@@ -436,12 +471,17 @@ impl TestSystem {
         common.database.max_connections = 8;
         common.subjects = Subjects::new(&format!("t{}", &id[..12])).expect("valid prefix");
         // Secured unless NATS_URL names a server to use.
-        let (authority, server) = match &backends.nats_url {
-            Some(url) => {
+        let (authority, server) = match (own, &backends.nats_url) {
+            (Some(own), _) => {
+                common.nats_url = own.url;
+                common.subjects = own.subjects;
+                (Some(own.authority), None)
+            }
+            (None, Some(url)) => {
                 common.nats_url = url.clone();
                 (None, None)
             }
-            None => {
+            (None, None) => {
                 let authority = identity::Authority::generate();
                 let server = servers::NatsServer::start_secured(&authority, &common.subjects).await;
                 common.nats_url = server.url();
@@ -467,7 +507,7 @@ impl TestSystem {
         settings.http_addr = None;
         let secured_url = settings.common.nats_url.clone();
         configure(&mut settings);
-        // A test that chose its own NATS (a cluster, a server it kills) runs it open.
+        // A test that chose its own NATS in `configure` runs it open (`spawn_on` secures one).
         let own_nats = settings.common.nats_url != secured_url;
         let nats = TestNats {
             url: settings.common.nats_url.clone(),

@@ -275,7 +275,19 @@ impl NatsCluster {
     pub const SIZE: usize = 3;
     pub const NAME: &str = "palisade-test";
 
+    /// Three nodes without authentication.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Three nodes that authenticate every connection against `authority`, as
+    /// [`NatsServer::start_secured`] does; each node has a full account resolver of its own,
+    /// and accounts pushed to one reach the others.
+    pub async fn start_secured(authority: &identity::Authority, subjects: &Subjects) -> Self {
+        Self::start_with(Some((authority, subjects))).await
+    }
+
+    async fn start_with(auth: Option<(&identity::Authority, &Subjects)>) -> Self {
         let binary = nats_server_binary();
         let cluster_ports: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
         let mut nodes = Vec::with_capacity(Self::SIZE);
@@ -288,8 +300,13 @@ impl NatsCluster {
                 .filter(|port| *port != cluster_port)
                 .map(|port| format!("\"nats-route://127.0.0.1:{port}\""))
                 .collect();
+            let auth = auth.map_or_else(String::new, |(authority, subjects)| {
+                let resolver = server.dir.path().join("jwt");
+                std::fs::create_dir_all(&resolver).expect("resolver directory");
+                authority.server_config(subjects, &resolver)
+            });
             let config = format!(
-                "server_name: \"{name}\"\n\
+                "{auth}server_name: \"{name}\"\n\
                  http: \"127.0.0.1:{monitor_port}\"\n\
                  jetstream {{\n  sync_interval: always\n}}\n\
                  cluster {{\n  name: \"{cluster}\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{routes}]\n}}\n",

@@ -2,9 +2,7 @@
 //! target), quotas, the client's registration at decision time, and "nothing written" on every
 //! refusal.
 
-use futures::StreamExt as _;
-use messages::{ErrorCode, EventKind, Identity, v1};
-use prost::Message as _;
+use messages::ErrorCode;
 use tests::TestSystem;
 
 #[tokio::test]

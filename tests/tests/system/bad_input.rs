@@ -22,16 +22,37 @@ async fn malformed_and_invalid_scan_requests_are_rejected_as_events_and_terminat
     missing_fields.plugins.clear();
     let mut bad_version = system.request(org, "http://a.test", &["alpha"]);
     bad_version.schema_version = 9;
-    // A valid request padded to 900 KB with a field palisade does not know.
-    let mut padded = system
-        .request(org, "http://a.test", &["alpha"])
-        .encode_to_vec();
-    prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut padded);
-    prost::encoding::encode_varint(900_000, &mut padded);
-    padded.resize(padded.len() + 900_000, b'x');
+    // A valid request padded with a field palisade does not know: over the 4 KiB a request
+    // may have (admission refuses it), and over the 64 KiB the requests stream takes (JetStream
+    // refuses it at publish, so admission never sees it).
+    let padded = |len: usize| {
+        let mut padded = system
+            .request(org, "http://a.test", &["alpha"])
+            .encode_to_vec();
+        prost::encoding::encode_key(99, prost::encoding::WireType::LengthDelimited, &mut padded);
+        prost::encoding::encode_varint(len as u64, &mut padded);
+        padded.resize(padded.len() + len, b'x');
+        padded
+    };
+    let refused = system
+        .bus
+        .publish_durable(
+            system
+                .subjects
+                .client(&org, tests::TEST_CLIENT_ID, messages::ClientVerb::Request)
+                .unwrap(),
+            "oversize",
+            Default::default(),
+            padded(900_000).into(),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(bus::BusError::Quota { .. })),
+        "a 900 KB request is refused at publish: {refused:?}"
+    );
     let cases: Vec<(Vec<u8>, ErrorCode)> = vec![
         (vec![0xff, 0x01, 0x02], ErrorCode::MalformedMessage),
-        (padded, ErrorCode::TooLarge),
+        (padded(8_000), ErrorCode::TooLarge),
         (missing_fields.encode_to_vec(), ErrorCode::InvalidField),
         (
             bad_version.encode_to_vec(),

@@ -6,7 +6,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use messages::Subjects;
 use palisade::system::{System, SystemSettings};
 use runtime::CommonSettings;
 use runtime::health::checks;
@@ -16,14 +15,15 @@ use tests::servers::{NatsServer, PostgresServer, free_port};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_postgres_and_nats_and_recovers_without_a_restart() {
     let mut postgres = PostgresServer::start().await;
-    let mut nats = NatsServer::start().await;
+    let (authority, subjects) = tests::OwnNats::installation();
+    let mut nats = NatsServer::start_secured(&authority, &subjects).await;
 
-    let id = uuid::Uuid::new_v4().simple().to_string();
     let mut common = CommonSettings::from_env().expect("valid environment");
     common.database = store::DatabaseSettings::new(postgres.url("palisade"));
     common.database.max_connections = 8;
     common.nats_url = nats.url();
-    common.subjects = Subjects::new(&format!("h{}", &id[..12])).expect("valid prefix");
+    common.nats_credentials = tests::unrestricted_credentials(&authority);
+    common.subjects = subjects;
     let mut settings = SystemSettings::from_common(common).expect("valid settings");
     settings.http_addr = Some("127.0.0.1:0".parse().expect("address"));
     let system = System::start(settings).await.expect("palisade starts");

@@ -38,15 +38,16 @@ impl Outage {
     async fn start() -> Self {
         tests::init_test_logging();
         let postgres = PostgresServer::start().await;
-        let nats = tests::servers::NatsServer::start().await;
-        let id = Uuid::new_v4().simple().to_string();
-        let subjects = Subjects::new(&format!("o{}", &id[..12])).expect("valid prefix");
+        let (authority, subjects) = tests::OwnNats::installation();
+        let nats = tests::servers::NatsServer::start_secured(&authority, &subjects).await;
+        let credentials = tests::unrestricted_credentials(&authority);
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(postgres.url("palisade"));
         common.database.max_connections = 8;
         common.database.acquire_timeout = Duration::from_secs(1);
         common.subjects = subjects.clone();
         common.nats_url = nats.url();
+        common.nats_credentials = credentials.clone();
         let nats_url = common.nats_url.clone();
         let mut settings = SystemSettings::from_common(common).expect("valid settings");
         // `/metrics` is read in this process (`bus::metrics`); no port to share.
@@ -67,7 +68,7 @@ impl Outage {
         pool.close().await;
         let bus = bus::Bus::connect(
             &nats_url,
-            &bus::NatsCredentials::none(),
+            &credentials,
             &bus::NatsTls::default(),
             subjects.clone(),
             &messages::Identity::Operator,
