@@ -274,7 +274,7 @@ impl Bus {
             ),
             (
                 subjects.uploads_stream(),
-                vec![subjects.uploads_wildcard()],
+                vec![subjects.stored_uploads_wildcard()],
                 artifacts::UPLOAD_MAX_AGE,
             ),
         ];
