@@ -485,6 +485,16 @@ async fn a_service_never_answers_a_reply_subject_outside_the_requesters_inbox() 
             b"garbage".to_vec(),
         )
         .await;
+        // An upload subject, which ingestion answers (with a refusal here).
+        aim(
+            &system.bus,
+            system
+                .subjects
+                .upload(&worker_id.to_string(), &Uuid::new_v4().to_string()),
+            &target,
+            b"chunk".to_vec(),
+        )
+        .await;
     }
     let _ = system.bus.client().flush().await;
     tokio::time::sleep(SETTLE).await;
@@ -906,5 +916,197 @@ async fn a_request_queued_before_its_client_was_revoked_is_rejected_naming_why()
         .expect("admission answers");
     assert!(reply.error.is_none(), "{reply:?}");
     assert_eq!(system.table_counts().await["scans"], 2);
+    system.finish().await;
+}
+
+/// The uploads stream's last sequence and bytes: anything stored moves them.
+async fn uploads_state(system: &TestSystem) -> (u64, u64) {
+    let mut stream = system
+        .bus
+        .jetstream()
+        .get_stream(system.subjects.uploads_stream())
+        .await
+        .expect("the uploads stream");
+    let info = stream.info().await.expect("stream info");
+    (info.state.last_sequence, info.state.bytes)
+}
+
+/// An encoded `ArtifactChunk` of `upload_id`.
+fn chunk(upload_id: &str, index: u32, data: Vec<u8>) -> Vec<u8> {
+    v1::ArtifactChunk {
+        upload_id: upload_id.to_owned(),
+        index,
+        data,
+    }
+    .encode_to_vec()
+}
+
+#[tokio::test]
+async fn a_worker_stores_upload_chunks_only_for_an_open_session_of_its_own() {
+    // Issue 23, item 3: ingestion, not the stream, receives what a worker publishes on its
+    // upload subjects; without an open session of its own, nothing it sends is kept.
+    let system = TestSystem::spawn().await;
+    system.nats.assert_secured();
+    let scan = system.leased_scan(&["alpha"]).await;
+    let victim = system.leased_scan(&["alpha"]).await;
+    let hostile_id = scan.worker.id;
+    let w = hostile_id.to_string();
+    let hostile = system.worker_bus(hostile_id).await;
+    let lease = scan.lease.lease.clone().expect("lease ref");
+    let victim_lease = victim.lease.lease.clone().expect("lease ref");
+    // The victim's session, open: its id is what a hostile worker would aim at.
+    let victim_upload = Uuid::new_v4();
+    let prepared = victim
+        .worker
+        .prepare_upload(&victim_lease, victim_upload, "victim.json")
+        .await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    let before = uploads_state(&system).await;
+    let full = vec![0x5a_u8; bus::artifacts::CHUNK_BYTES_MAX as usize];
+
+    // A JetStream publish, PubAck awaited, for an upload id nobody prepared: refused, saying
+    // why, and nothing stored.
+    let invented = Uuid::new_v4().to_string();
+    let refused = hostile
+        .publish_durable(
+            system.subjects.upload(&w, &invented),
+            &format!("{invented}:0"),
+            Default::default(),
+            chunk(&invented, 0, full.clone()).into(),
+        )
+        .await
+        .expect_err("a chunk without a session was acknowledged");
+    let why = refused.to_string();
+    assert!(
+        why.contains(&format!(
+            "no open upload session {invented} for this worker"
+        )) && why.contains("prepare one first"),
+        "{why}"
+    );
+    // The victim's session id on the hostile worker's own subject: not its session.
+    let victim_id = victim_upload.to_string();
+    let refused = hostile
+        .publish_durable(
+            system.subjects.upload(&w, &victim_id),
+            &format!("{victim_id}:0"),
+            Default::default(),
+            chunk(&victim_id, 0, full.clone()).into(),
+        )
+        .await
+        .expect_err("a chunk of another worker's session was acknowledged");
+    assert!(
+        refused.to_string().contains("no open upload session"),
+        "{refused}"
+    );
+    // Plain publishes, no reply asked for: many, none kept.
+    for index in 0..32 {
+        let upload = Uuid::new_v4().to_string();
+        for subject in [
+            system.subjects.upload(&w, &upload),
+            system.subjects.upload(&w, &victim_id),
+        ] {
+            let _ = hostile
+                .client()
+                .publish(subject, chunk(&upload, index, full.clone()).into())
+                .await;
+        }
+    }
+    // The victim's own subject: the hostile worker's account cannot publish there at all, so
+    // no PubAck comes, whether the chunk names the victim's session or not.
+    let aimed = tokio::time::timeout(
+        SETTLE,
+        hostile.publish_durable(
+            system
+                .subjects
+                .upload(&victim.worker.id.to_string(), &victim_id),
+            &format!("{victim_id}:0"),
+            Default::default(),
+            chunk(&victim_id, 0, full.clone()).into(),
+        ),
+    )
+    .await;
+    assert!(
+        !matches!(aimed, Ok(Ok(_))),
+        "a PubAck came for another worker's upload subject: {aimed:?}"
+    );
+    let _ = hostile
+        .client()
+        .publish(
+            system
+                .subjects
+                .upload(&victim.worker.id.to_string(), &victim_id),
+            chunk(&victim_id, 1, full.clone()).into(),
+        )
+        .await;
+    // Nor the stream's own subjects, which only ingestion publishes on.
+    let _ = hostile
+        .client()
+        .publish(
+            system.subjects.upload_stored(&w, &invented),
+            chunk(&invented, 0, full.clone()).into(),
+        )
+        .await;
+    let _ = hostile.client().flush().await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(
+        uploads_state(&system).await,
+        before,
+        "the uploads stream stored something without a session"
+    );
+
+    // The hostile worker's own open session works as before: acknowledged by the uploads
+    // stream, a resend kept once, what is not a chunk of it (past the last index, another
+    // upload's id) refused, and the file commits.
+    let upload = Uuid::new_v4();
+    let id = upload.to_string();
+    let prepared = scan
+        .worker
+        .prepare_upload(&lease, upload, "mine.json")
+        .await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    assert_eq!(prepared.chunk_subject, system.subjects.upload(&w, &id));
+    let data = b"my own artifact".to_vec();
+    let send = async |index: u32, upload_id: &str| {
+        hostile
+            .publish_durable(
+                prepared.chunk_subject.clone(),
+                &format!("{id}:{index}"),
+                Default::default(),
+                chunk(upload_id, index, data.clone()).into(),
+            )
+            .await
+    };
+    let ack = send(0, &id).await.expect("a chunk of an open session");
+    assert_eq!(ack.stream, system.subjects.uploads_stream());
+    assert!(!ack.duplicate);
+    let again = send(0, &id).await.expect("a resend");
+    assert!(again.duplicate, "{again:?}");
+    assert_eq!(again.sequence, ack.sequence);
+    let past = send(u32::MAX, &id)
+        .await
+        .expect_err("an index past the last");
+    assert!(past.to_string().contains("too_large"), "{past}");
+    let other = send(1, &invented)
+        .await
+        .expect_err("another upload's chunk");
+    assert!(other.to_string().contains("invalid_field"), "{other}");
+    assert_eq!(uploads_state(&system).await.0, before.0 + 1);
+    let committed = scan
+        .worker
+        .commit_upload(
+            &lease,
+            upload,
+            data.len() as u64,
+            &messages::sha256_hex(&data),
+            1,
+        )
+        .await;
+    assert!(committed.error.is_none(), "{committed:?}");
+    // Committed, the session takes no more chunks.
+    let late = send(1, &id).await.expect_err("a chunk after the commit");
+    assert!(
+        late.to_string().contains("no open upload session"),
+        "{late}"
+    );
     system.finish().await;
 }

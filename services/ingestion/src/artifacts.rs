@@ -2,7 +2,8 @@
 //! `<prefix>.v1.worker.<worker_id>.artifact` (request/reply, queue group `ingestion`).
 //!
 //! - **prepare** opens a session for the worker's live lease (fenced) and tells it where to
-//!   publish the chunks (`<prefix>.v1.upload.<worker_id>.<upload_id>`, the uploads stream).
+//!   publish the chunks (`<prefix>.v1.upload.<worker_id>.<upload_id>`, which ingestion serves:
+//!   [`crate::uploads`] stores the chunks of an open session on the uploads stream).
 //! - **commit** reads those chunks back, checks the chunk count, size and sha256 the worker
 //!   names (a mismatch fails the session: `checksum_mismatch`), records the session
 //!   `uploaded` (fenced), puts the file into the artifact store, records it `committed`

@@ -1,12 +1,14 @@
 //! Ingestion (SPEC §4.3): consumes result batches, completions and failures from the results
 //! stream, decides each under the fence in one transaction per fetched batch (a savepoint per
 //! message), and only after the commit answers the worker and acknowledges JetStream. It also
-//! answers a tenant's reads: its findings (`findings`) and its events (`events`).
+//! answers a tenant's reads: its findings (`findings`) and its events (`events`), and a
+//! worker's artifact uploads: sessions (`artifact`) and their chunks (`upload`).
 
 pub mod artifacts;
 pub mod events;
 pub mod findings;
 pub mod parse;
+pub mod uploads;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -77,7 +79,7 @@ impl Settings {
 
 /// The findings request server's name in `palisade_requests_total`.
 const REQUEST_SERVER: &str = "ingestion.findings";
-/// The queue group of ingestion's request servers (findings, events, artifacts).
+/// The queue group of ingestion's request servers (findings, events, artifacts, uploads).
 const QUEUE_GROUP: &str = "ingestion";
 
 /// A built ingestion service.
@@ -194,6 +196,25 @@ impl Service {
             // As the findings server: ends when the consumer has.
             CancellationToken::new(),
         );
+        // Every worker's chunks: stored on the uploads stream only for an open session of
+        // the worker that sent them, answered in the form of a PubAck.
+        let uploads = Arc::new(uploads::Uploads {
+            pool: self.ingestion.pool.clone(),
+            bus: self.bus.clone(),
+            limits: self.settings.artifact_limits,
+        });
+        let upload_server = bus::serve::serve(
+            &self.bus,
+            uploads::REQUEST_SERVER,
+            subjects.upload_wildcard(),
+            QUEUE_GROUP,
+            move |message| {
+                let uploads = uploads.clone();
+                async move { Some(uploads.reply(&message).await) }
+            },
+            // As the findings server: ends when the consumer has.
+            CancellationToken::new(),
+        );
         let artifacts = std::sync::Arc::new(artifacts::Artifacts {
             pool: self.ingestion.pool.clone(),
             bus: self.bus.clone(),
@@ -227,6 +248,7 @@ impl Service {
             result = consumer => result.context("ingestion consumer stopped"),
             result = server => result.context("findings request server stopped"),
             result = artifact_server => result.context("artifact request server stopped"),
+            result = upload_server => result.context("upload chunk server stopped"),
             result = events_server => result.context("events request server stopped"),
         };
         waker.abort();

@@ -2,9 +2,11 @@
 //! `<PREFIX>_UPLOADS`), read back whole when it commits, and the store that keeps a committed
 //! artifact ([`ArtifactStore`]; the JetStream Object Store bucket `<PREFIX>_ARTIFACTS` here).
 //!
-//! A worker never touches the store: it may only publish on its own upload subjects
-//! (`<prefix>.v1.upload.<worker_id>.<upload_id>`), and only ingestion, after checking size
-//! and digest, writes what it sent into the store.
+//! A worker never touches the store nor the stream: it may only publish on its own upload
+//! subjects (`<prefix>.v1.upload.<worker_id>.<upload_id>`), which ingestion serves. Ingestion
+//! stores a chunk of an open session of that worker on the stream's own subject
+//! (`<prefix>.v1.uploaded.<worker_id>.<upload_id>`, [`messages::Subjects::upload_stored`])
+//! and, after checking size and digest at commit, writes the file into the store.
 
 use std::collections::BTreeMap;
 
@@ -196,7 +198,8 @@ impl Bus {
         Ok(ObjectStoreArtifacts { store, bucket })
     }
 
-    /// Everything sent on one upload subject, assembled in chunk order: duplicates of a chunk
+    /// Everything stored for one upload session (on its stored subject,
+    /// [`messages::Subjects::upload_stored`]), assembled in chunk order: duplicates of a chunk
     /// (a resend whose PubAck was lost) are kept once, a chunk sent twice with other contents
     /// or a gap is a mismatch. Stops reading past `size_max` bytes.
     pub async fn read_upload(
@@ -205,7 +208,7 @@ impl Bus {
         upload_id: &str,
         size_max: u64,
     ) -> Result<Result<UploadedFile, UploadMismatch>, BusError> {
-        let subject = self.subjects.upload(worker_id, upload_id);
+        let subject = self.subjects.upload_stored(worker_id, upload_id);
         let stream_name = self.subjects.uploads_stream();
         let failed = |message: String| BusError::Artifacts {
             message: format!("reading upload {upload_id} from {stream_name}: {message}"),
@@ -303,10 +306,12 @@ impl Bus {
             .map_err(|error| error.to_string())
     }
 
-    /// Removes everything sent on one upload subject (after its commit, or once its session
-    /// expired or failed). Removing nothing is not an error.
+    /// Removes everything stored for one upload session (after its commit, or once it expired
+    /// or failed). Removing nothing is not an error. Chunks an older build let the stream
+    /// capture on the workers' own upload subjects are not looked at: they age out
+    /// ([`UPLOAD_MAX_AGE`]).
     pub async fn purge_upload(&self, worker_id: &str, upload_id: &str) -> Result<(), BusError> {
-        let subject = self.subjects.upload(worker_id, upload_id);
+        let subject = self.subjects.upload_stored(worker_id, upload_id);
         let stream_name = self.subjects.uploads_stream();
         let failed = |message: String| BusError::Artifacts {
             message: format!("purging upload {upload_id} from {stream_name}: {message}"),

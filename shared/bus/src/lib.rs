@@ -394,7 +394,7 @@ impl Bus {
             ),
             (
                 subjects.uploads_stream(),
-                vec![subjects.uploads_wildcard()],
+                vec![subjects.stored_uploads_wildcard()],
                 refusing(artifacts::UPLOAD_MAX_AGE, MESSAGE_BYTES_MAX, -1),
             ),
         ];

@@ -201,6 +201,7 @@ impl Subjects {
             })
         } else {
             self.worker_id_of(subject)
+                .or_else(|| self.upload_of(subject).map(|(worker_id, _)| worker_id))
                 .and_then(|worker_id| worker_id.parse().ok())
                 .map(|worker_id| Identity::Worker { worker_id })
         };
@@ -208,7 +209,9 @@ impl Subjects {
     }
 
     /// What palisade's account offers other accounts: every worker and client subject, each
-    /// account importing only its own ([`Subjects::imports`]).
+    /// account importing only its own ([`Subjects::imports`]). The subjects the uploads stream
+    /// captures (`<prefix>.v1.uploaded.*.*`) are not among them: a worker's chunks reach the
+    /// stream only through ingestion, which serves `<prefix>.v1.upload.*.*`.
     pub fn exports(&self) -> Crossing {
         let mut services: Vec<String> = ClientVerb::ALL
             .into_iter()
@@ -219,7 +222,7 @@ impl Subjects {
                 .into_iter()
                 .map(|verb| self.worker_wildcard(verb)),
         );
-        services.push(self.uploads_wildcard());
+        services.push(self.upload_wildcard());
         Crossing {
             services,
             streams: vec![self.worker_wildcard(WorkerVerb::Ack), self.dispatch_ready()],
@@ -325,9 +328,13 @@ impl Subjects {
                 subscribe.push(self.client_wildcard(ClientVerb::Events));
                 subscribe.push(self.tenant_events_wildcard());
                 publish.push(format!("{JS_API}.STREAM.MSG.GET.{}", self.events_stream()));
-                // Upload sessions: read a session's chunks back (an ordered consumer), keep
-                // the verified file in the artifact store, purge what was sent.
+                // Upload sessions: receive every worker's chunks (queue group `ingestion`)
+                // and store those of an open session on the uploads stream's own subjects;
+                // read a session's chunks back (an ordered consumer), keep the verified file
+                // in the artifact store, purge what was sent.
                 subscribe.push(self.worker_wildcard(WorkerVerb::Artifact));
+                subscribe.push(self.upload_wildcard());
+                publish.push(self.stored_uploads_wildcard());
                 publish.extend(self.artifact_store_access());
                 responses = true;
             }
@@ -396,7 +403,7 @@ mod tests {
             !permissions
                 .publish
                 .iter()
-                .any(|subject| subject.ends_with(".ack"))
+                .any(|subject| subject.ends_with(".ack") || subject.contains(".uploaded."))
         );
         assert!(
             permissions
@@ -467,6 +474,71 @@ mod tests {
                     || subject.ends_with(".ack")
                     || subject.contains(".event."))
         );
+        // The uploads stream's own subjects cross no account boundary: a worker's chunks reach
+        // the stream only through ingestion.
+        assert!(exported(
+            &s.upload(&worker_id.to_string(), "u"),
+            &exports.services
+        ));
+        assert!(!exported(
+            &s.upload_stored(&worker_id.to_string(), "u"),
+            &exports.services
+        ));
+        assert!(!exported(
+            &s.upload_stored(&worker_id.to_string(), "u"),
+            &exports.streams
+        ));
+        for subject in exports.services.iter().chain(&exports.streams) {
+            assert!(!subject.contains(".v1.uploaded."), "{subject} is exported");
+        }
+    }
+
+    #[test]
+    fn only_ingestion_stores_upload_chunks_and_it_serves_the_workers_upload_subjects() {
+        let s = subjects();
+        let stored = s.stored_uploads_wildcard();
+        for service in Service::ALL {
+            let permissions = s.permissions(&Identity::Service(service));
+            assert_eq!(
+                permissions.publish.contains(&stored),
+                service == Service::Ingestion,
+                "{service:?}"
+            );
+            assert!(
+                !permissions
+                    .publish
+                    .iter()
+                    .any(|subject| *subject == s.upload_wildcard()),
+                "{service:?} publishes on the workers' upload subjects"
+            );
+            assert_eq!(
+                permissions.subscribe.contains(&s.upload_wildcard()),
+                service == Service::Ingestion,
+                "{service:?}"
+            );
+        }
+        let worker_id = Uuid::now_v7();
+        let worker = s.permissions(&Identity::Worker { worker_id });
+        assert!(
+            worker
+                .publish
+                .contains(&s.worker_uploads(&worker_id.to_string()))
+        );
+        let imports = s.imports(&Identity::Worker { worker_id }).unwrap();
+        assert!(
+            imports
+                .services
+                .iter()
+                .chain(&imports.streams)
+                .all(|subject| !subject.contains(".v1.uploaded."))
+        );
+        // The operator's command publishes no chunk either.
+        assert!(
+            !s.permissions(&Identity::Operator)
+                .publish
+                .iter()
+                .any(|subject| subject.contains(".uploaded.") || subject.contains(".upload."))
+        );
     }
 
     #[test]
@@ -475,8 +547,11 @@ mod tests {
         let worker_id = Uuid::now_v7();
         let acquire = s.worker(&worker_id.to_string(), WorkerVerb::Acquire);
         let submit = format!("p.v1.org.{}.client.ci.submit", Uuid::now_v7());
+        let chunk = s.upload(&worker_id.to_string(), &Uuid::new_v4().to_string());
         for (subject, reply) in [
             (&acquire, format!("_INBOX_p.worker-{worker_id}.abc.1")),
+            (&chunk, format!("_INBOX_p.worker-{worker_id}.abc.1")),
+            (&chunk, "_R_.Ab12Cd.x9".to_owned()),
             (&acquire, "_R_.Ab12Cd.x9".to_owned()),
             (&acquire, "_INBOX_p.operator.abc.1".to_owned()),
             (&submit, "_INBOX_p.client-ci.abc.1".to_owned()),
@@ -491,6 +566,8 @@ mod tests {
                 "$JS.API.CONSUMER.DELETE.P_RESULTS.ingestion".to_owned(),
             ),
             (&acquire, format!("_INBOX_p.worker-{other}.abc.1")),
+            (&chunk, format!("_INBOX_p.worker-{other}.abc.1")),
+            (&chunk, "$JS.API.STREAM.PURGE.P_UPLOADS".to_owned()),
             (&acquire, format!("p.v1.worker.{other}.ack")),
             (&acquire, format!("_INBOX_p.worker-{worker_id}")),
             (&acquire, format!("_INBOX_p.worker-{worker_id}x.abc")),

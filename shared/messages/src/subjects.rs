@@ -413,9 +413,11 @@ impl Subjects {
         token("worker_id", worker_id).ok()
     }
 
-    /// Where a worker publishes the chunks of one upload session (JetStream, the uploads
-    /// stream): `<prefix>.v1.upload.<worker_id>.<upload_id>`. Both are tokens (a worker id and
-    /// an upload id are UUIDs); a worker may publish under its own id only.
+    /// Where a worker publishes the chunks of one upload session (a JetStream publish, its
+    /// PubAck awaited): `<prefix>.v1.upload.<worker_id>.<upload_id>`. Ingestion serves it: it
+    /// checks that the session is open and the chunk is one of it, stores it on
+    /// [`Subjects::upload_stored`] and answers in the PubAck's form. Both are tokens (a worker
+    /// id and an upload id are UUIDs); a worker may publish under its own id only.
     pub fn upload(&self, worker_id: &str, upload_id: &str) -> String {
         debug_assert!(token("worker_id", worker_id).is_ok(), "{worker_id:?}");
         debug_assert!(token("upload_id", upload_id).is_ok(), "{upload_id:?}");
@@ -427,9 +429,39 @@ impl Subjects {
         format!("{}.v1.upload.{worker_id}.*", self.prefix)
     }
 
-    /// `<prefix>.v1.upload.*.*`: the uploads stream's subjects.
-    pub fn uploads_wildcard(&self) -> String {
+    /// `<prefix>.v1.upload.*.*`: every worker's upload subjects, what ingestion serves (and
+    /// palisade's account exports, each worker's account importing its own). No stream
+    /// captures it.
+    pub fn upload_wildcard(&self) -> String {
         format!("{}.v1.upload.*.*", self.prefix)
+    }
+
+    /// The worker id and upload id tokens of a `<prefix>.v1.upload.<worker_id>.<upload_id>`
+    /// subject, each one token as [`token`] defines it; `None` for anything else.
+    pub fn upload_of<'s>(&self, subject: &'s str) -> Option<(&'s str, &'s str)> {
+        let rest = subject
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(".v1.upload.")?;
+        let (worker_id, upload_id) = rest.split_once('.')?;
+        Some((
+            token("worker_id", worker_id).ok()?,
+            token("upload_id", upload_id).ok()?,
+        ))
+    }
+
+    /// Where ingestion stores a chunk it accepted on [`Subjects::upload`]: the uploads
+    /// stream's subject `<prefix>.v1.uploaded.<worker_id>.<upload_id>`. Only palisade's
+    /// services may publish there (ingestion does); no worker or client account imports it.
+    pub fn upload_stored(&self, worker_id: &str, upload_id: &str) -> String {
+        debug_assert!(token("worker_id", worker_id).is_ok(), "{worker_id:?}");
+        debug_assert!(token("upload_id", upload_id).is_ok(), "{upload_id:?}");
+        format!("{}.v1.uploaded.{worker_id}.{upload_id}", self.prefix)
+    }
+
+    /// `<prefix>.v1.uploaded.*.*`: the uploads stream's subjects (what ingestion publishes
+    /// the chunks it accepted on).
+    pub fn stored_uploads_wildcard(&self) -> String {
+        format!("{}.v1.uploaded.*.*", self.prefix)
     }
 
     fn stream(&self, suffix: &str) -> String {
@@ -518,6 +550,10 @@ mod tests {
         assert_eq!(s.worker_id_of("other.v1.worker.abc.renew"), None);
         assert_eq!(s.results_stream(), "T_1_RESULTS");
         assert_eq!(s.upload("w", "u"), "t-1.v1.upload.w.u");
+        assert_eq!(s.upload_of("t-1.v1.upload.w.u"), Some(("w", "u")));
+        assert_eq!(s.upload_stored("w", "u"), "t-1.v1.uploaded.w.u");
+        assert_eq!(s.upload_wildcard(), "t-1.v1.upload.*.*");
+        assert_eq!(s.stored_uploads_wildcard(), "t-1.v1.uploaded.*.*");
         assert_eq!(s.uploads_stream(), "T_1_UPLOADS");
         assert_eq!(s.artifacts_bucket(), "T_1_ARTIFACTS");
     }
@@ -543,6 +579,10 @@ mod tests {
         assert_eq!(s.worker_id_of("p.v1.worker.a.result.x"), None);
         assert_eq!(s.client_of("p.v1.org.o.client.c:d.submit"), None);
         assert_eq!(s.client_of("p.v1.org.o.client.c.submit.x"), None);
+        assert_eq!(s.upload_of("p.v1.upload.w.u.x"), None);
+        assert_eq!(s.upload_of("p.v1.upload.w:x.u"), None);
+        assert_eq!(s.upload_of("p.v1.uploaded.w.u"), None);
+        assert_eq!(s.upload_of("p.v1.upload.w."), None);
     }
 
     #[test]
@@ -563,6 +603,7 @@ mod tests {
                 Just("p".to_owned()),
                 Just("v1".to_owned()),
                 Just("worker".to_owned()),
+                Just("upload".to_owned()),
                 Just("org".to_owned()),
                 Just("client".to_owned()),
                 Just("*".to_owned()),
@@ -592,6 +633,10 @@ mod tests {
                 if let Some(tokens) = s.client_of(&subject) {
                     prop_assert!(is_one_token(tokens.organization_id));
                     prop_assert!(is_one_token(tokens.client_id));
+                }
+                if let Some((worker_id, upload_id)) = s.upload_of(&subject) {
+                    prop_assert!(is_one_token(worker_id), "{worker_id:?}");
+                    prop_assert!(is_one_token(upload_id), "{upload_id:?}");
                 }
                 let _ = s.event_kind_of(&subject);
                 if let Some((organization_id, _)) = s.tenant_event_of(&subject) {

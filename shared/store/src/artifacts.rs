@@ -1,5 +1,6 @@
 //! Artifact upload sessions (RFC 003, `worker_artifact_uploads`): a worker holding a live
-//! lease opens a session ([`prepare`]), sends its file on the bus, and commits; ingestion
+//! lease opens a session ([`prepare`]), sends its file on the bus (ingestion stores a chunk
+//! only while [`open_for_chunks`] says the session takes them), and commits; ingestion
 //! reads the file back, and [`mark_uploaded`] / [`commit`] move the session on under the
 //! fence, [`fail`] ends it when what arrived is not what the commit described. The reaper
 //! expires sessions left open ([`crate::recover::expire_uploads`]) and removes what ended
@@ -151,6 +152,24 @@ pub async fn of_claim(
             format!("no upload session {upload_id} of this attempt: prepare one first"),
         )),
     })
+}
+
+/// Whether worker `worker_id` may still send chunks of session `upload_id`: the session is
+/// its own, `prepared`, and not expired. Ingestion asks for every chunk before storing it.
+pub async fn open_for_chunks(
+    pool: &PgPool,
+    worker_id: Uuid,
+    upload_id: Uuid,
+) -> Result<bool, StoreError> {
+    Ok(
+        sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::OPEN_FOR_CHUNKS)
+            .bind(upload_id)
+            .bind(worker_id)
+            .bind(UploadStatus::Prepared.as_str())
+            .fetch_optional(pool)
+            .await?
+            .is_some(),
+    )
 }
 
 /// What ingestion found the file to be.

@@ -1,7 +1,9 @@
 //! Uploading a file a plugin produced as an artifact of its task (`docs/protocol/worker.md`,
 //! "Artifacts"): prepare a session with ingestion, publish the chunks on the subject it names
-//! (JetStream, every PubAck awaited), commit with the size and sha256. The worker needs no
-//! storage credentials: it only publishes on its own upload subjects.
+//! (JetStream publishes, every PubAck awaited: ingestion receives them, stores those of the
+//! open session and answers in the PubAck's form, or with a JetStream error saying why not),
+//! commit with the size and sha256. The worker needs no storage credentials: it only
+//! publishes on its own upload subjects.
 
 use std::sync::Arc;
 use std::time::Duration;
