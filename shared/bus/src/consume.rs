@@ -185,6 +185,11 @@ fn pull_heartbeat(spec: &ConsumerSpec) -> Duration {
 /// either, since no pull is open. So every reconnection opens a fresh pull at once.
 const RECONNECT_CHECK: Duration = Duration::from_millis(250);
 
+/// How often a consumer that removes what it decided checks that its stream still keeps only
+/// undecided messages: another process's provisioning, racing the switch at start-up, may have
+/// written the retention it read before the switch.
+const RETENTION_CHECK: Duration = Duration::from_secs(30);
+
 /// A consumer's open pull, read in chunks of up to its batch size.
 type Pull = futures::stream::ReadyChunks<pull::Stream>;
 
@@ -201,7 +206,7 @@ async fn next_chunk(
 /// Switches `stream` to interest retention (see [`ConsumerSpec::removes_decided`]); nothing
 /// to do when it already is.
 async fn keep_only_undecided(bus: &Bus, stream: &str) -> Result<(), String> {
-    let mut info = bus
+    let mut config = bus
         .jetstream()
         .get_stream(stream)
         .await
@@ -209,12 +214,12 @@ async fn keep_only_undecided(bus: &Bus, stream: &str) -> Result<(), String> {
         .cached_info()
         .config
         .clone();
-    if info.retention == jetstream::stream::RetentionPolicy::Interest {
+    if config.retention == jetstream::stream::RetentionPolicy::Interest {
         return Ok(());
     }
-    info.retention = jetstream::stream::RetentionPolicy::Interest;
+    config.retention = jetstream::stream::RetentionPolicy::Interest;
     bus.jetstream()
-        .update_stream(&info)
+        .update_stream(&config)
         .await
         .map(|_| {
             tracing::info!(
@@ -283,6 +288,11 @@ pub async fn run<H: BatchHandler>(
     let mut connects_seen = connects();
     let mut reconnect_check = tokio::time::interval(RECONNECT_CHECK);
     reconnect_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retention_check = tokio::time::interval_at(
+        tokio::time::Instant::now() + RETENTION_CHECK,
+        RETENTION_CHECK,
+    );
+    retention_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let spec = &spec;
     let holding = Holding::new(&spec.durable_name);
@@ -317,6 +327,12 @@ pub async fn run<H: BatchHandler>(
                 continue;
             }
             () = &mut changed => continue,
+            _ = retention_check.tick(), if spec.removes_decided => {
+                if let Err(error) = keep_only_undecided(bus, &spec.stream).await {
+                    tracing::warn!(consumer = %spec.durable_name, %error, "checking the stream's retention failed; trying again later");
+                }
+                continue;
+            }
             _ = reconnect_check.tick() => {
                 if connects() != connects_seen {
                     connects_seen = connects();
