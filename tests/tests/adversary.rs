@@ -790,6 +790,46 @@ async fn filling_the_streams_is_refused_at_each_identitys_quota_and_loses_nothin
     system.finish().await;
 }
 
+/// The requests and results streams keep only undecided messages even when a provisioning
+/// raced the switch and wrote limits retention back: the consumer switches it again.
+#[tokio::test]
+async fn a_stream_set_back_to_keeping_decided_messages_is_switched_again() {
+    use async_nats::jetstream::stream::RetentionPolicy;
+    let system = TestSystem::spawn_with(|settings| {
+        settings.admission.consumer.retention_check = Duration::from_millis(200);
+        settings.ingestion.consumer.retention_check = Duration::from_millis(200);
+    })
+    .await;
+    let retention = |stream: String| {
+        let system = &system;
+        async move { stream_info(system, &stream).await.config.retention }
+    };
+    for stream in [
+        system.subjects.requests_stream(),
+        system.subjects.results_stream(),
+    ] {
+        system
+            .wait_for("interest retention once the consumer exists", || async {
+                (retention(stream.clone()).await == RetentionPolicy::Interest).then_some(())
+            })
+            .await;
+        let mut config = stream_info(&system, &stream).await.config;
+        config.retention = RetentionPolicy::Limits;
+        system
+            .bus
+            .jetstream()
+            .update_stream(&config)
+            .await
+            .expect("a provisioning's late update");
+        system
+            .wait_for("interest retention again", || async {
+                (retention(stream.clone()).await == RetentionPolicy::Interest).then_some(())
+            })
+            .await;
+    }
+    system.finish().await;
+}
+
 /// Every seed and `.creds` file palisade writes is readable by its owner only, also where a
 /// readable file was there before.
 #[tokio::test]

@@ -52,6 +52,10 @@ pub struct ConsumerSpec {
     /// ([`crate::StreamQuotas`]). Switched on after the consumer is created, never before: a
     /// stream with interest retention and no consumer would drop what is published to it.
     pub removes_decided: bool,
+    /// How often such a consumer checks that its stream still keeps only undecided messages:
+    /// another process's provisioning, racing the switch at start-up, may have written back
+    /// the retention it read before the switch.
+    pub retention_check: Duration,
 }
 
 impl ConsumerSpec {
@@ -62,6 +66,7 @@ impl ConsumerSpec {
     pub const MAX_ACK_PENDING_DEFAULT: i64 = 20_000;
     pub const BATCH_SIZE_DEFAULT: usize = 128;
     pub const BATCHES_IN_FLIGHT_DEFAULT: usize = 4;
+    pub const RETENTION_CHECK_DEFAULT: Duration = Duration::from_secs(30);
 
     pub fn new(stream: String, durable_name: &str, filter_subject: String) -> Self {
         Self {
@@ -77,6 +82,7 @@ impl ConsumerSpec {
             retry_delay_max: Duration::from_secs(30),
             crash_after_commit: None,
             removes_decided: false,
+            retention_check: Self::RETENTION_CHECK_DEFAULT,
         }
     }
 
@@ -185,11 +191,6 @@ fn pull_heartbeat(spec: &ConsumerSpec) -> Duration {
 /// either, since no pull is open. So every reconnection opens a fresh pull at once.
 const RECONNECT_CHECK: Duration = Duration::from_millis(250);
 
-/// How often a consumer that removes what it decided checks that its stream still keeps only
-/// undecided messages: another process's provisioning, racing the switch at start-up, may have
-/// written the retention it read before the switch.
-const RETENTION_CHECK: Duration = Duration::from_secs(30);
-
 /// A consumer's open pull, read in chunks of up to its batch size.
 type Pull = futures::stream::ReadyChunks<pull::Stream>;
 
@@ -289,8 +290,8 @@ pub async fn run<H: BatchHandler>(
     let mut reconnect_check = tokio::time::interval(RECONNECT_CHECK);
     reconnect_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retention_check = tokio::time::interval_at(
-        tokio::time::Instant::now() + RETENTION_CHECK,
-        RETENTION_CHECK,
+        tokio::time::Instant::now() + spec.retention_check,
+        spec.retention_check,
     );
     retention_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 

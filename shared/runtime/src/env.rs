@@ -107,6 +107,9 @@ pub struct ConsumerTuning {
     pub max_deliver: i64,
     /// Batches decided at once, 1..=16.
     pub batches_in_flight: usize,
+    /// How often the stream's interest retention is checked (not read from the environment:
+    /// `bus::ConsumerSpec::RETENTION_CHECK_DEFAULT`; tests shorten it).
+    pub retention_check: std::time::Duration,
 }
 
 /// The variable names of one consumer's [`ConsumerTuning`].
@@ -141,6 +144,7 @@ impl ConsumerTuning {
                 ConsumerSpec::ACK_WAIT_DEFAULT.as_millis() as u64,
             )?),
             max_deliver,
+            retention_check: ConsumerSpec::RETENTION_CHECK_DEFAULT,
         })
     }
 
@@ -150,5 +154,6 @@ impl ConsumerTuning {
         spec.ack_wait = self.ack_wait;
         spec.max_deliver = self.max_deliver;
         spec.batches_in_flight = self.batches_in_flight;
+        spec.retention_check = self.retention_check;
     }
 }
