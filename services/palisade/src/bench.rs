@@ -157,6 +157,99 @@ pub struct BurnDown {
     pub cost: BTreeMap<&'static str, LaneCost>,
     /// Per durable consumer: the batches its handler decided in that window.
     pub consumers: BTreeMap<String, ConsumerBatches>,
+    /// Per table: the rows written from before the first request to after the run's tail
+    /// (outbox, enrichment) settled, from `pg_stat_user_tables`.
+    pub writes: BTreeMap<String, TableWrites>,
+}
+
+/// What was written to one table, from PostgreSQL's counters (`pg_stat_user_tables`): every
+/// insert and update writes a row version; a HOT update writes no index entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct TableWrites {
+    pub inserted: i64,
+    pub updated: i64,
+    pub hot_updated: i64,
+    pub deleted: i64,
+}
+
+impl TableWrites {
+    /// Row versions written: inserts and updates.
+    pub fn row_versions(&self) -> i64 {
+        self.inserted + self.updated
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            inserted: self.inserted - before.inserted,
+            updated: self.updated - before.updated,
+            hot_updated: self.hot_updated - before.hot_updated,
+            deleted: self.deleted - before.deleted,
+        }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.inserted += other.inserted;
+        self.updated += other.updated;
+        self.hot_updated += other.hot_updated;
+        self.deleted += other.deleted;
+    }
+}
+
+/// PostgreSQL 15 publishes a backend's table counters when it goes idle, but at most once a
+/// second, else within 10 s: wait this long before reading them.
+const STATISTICS_FLUSH: Duration = Duration::from_secs(11);
+
+/// Every table's write counters, once what the backends did until now is published.
+async fn table_writes(harness: &Harness) -> anyhow::Result<BTreeMap<String, TableWrites>> {
+    tokio::time::sleep(STATISTICS_FLUSH).await;
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
+         FROM pg_stat_user_tables",
+    )
+    .fetch_all(&harness.pool)
+    .await
+    .context("cannot read PostgreSQL's table statistics")?;
+    Ok(rows
+        .into_iter()
+        .map(|(table, inserted, updated, hot_updated, deleted)| {
+            let writes = TableWrites {
+                inserted,
+                updated,
+                hot_updated,
+                deleted,
+            };
+            (table, writes)
+        })
+        .collect())
+}
+
+/// What each table had written between two readings; tables with nothing written left out.
+fn writes_between(
+    before: &BTreeMap<String, TableWrites>,
+    after: &BTreeMap<String, TableWrites>,
+) -> BTreeMap<String, TableWrites> {
+    after
+        .iter()
+        .map(|(table, after)| {
+            let before = before.get(table).copied().unwrap_or_default();
+            (table.clone(), after.since(&before))
+        })
+        .filter(|(_, writes)| *writes != TableWrites::default())
+        .collect()
+}
+
+/// A burn-down with what it wrote to each table: settled before and after, so the previous
+/// scenario's tail is not counted and this one's (outbox, enrichment) is.
+async fn burn_down_writing(
+    harness: &Harness,
+    run: impl std::future::Future<Output = anyhow::Result<BurnDown>>,
+) -> anyhow::Result<BurnDown> {
+    settle(harness).await?;
+    let before = table_writes(harness).await?;
+    let mut run = run.await?;
+    settle(harness).await?;
+    run.writes = writes_between(&before, &table_writes(harness).await?);
+    Ok(run)
 }
 
 /// What one durable consumer's handler did in a window, from `/metrics`'
@@ -361,29 +454,33 @@ async fn scenarios(
         );
     }
     if wants(Scenario::BurnDown) {
-        settle(harness).await?;
         report.burn_down = Some(
-            burn_down(
+            burn_down_writing(
                 harness,
-                "burn-down",
-                &BURN_DOWN_PROFILE,
-                options.scans,
-                |index| format!("synthetic://bench/burn-down/{index}?duration_ms=0&findings=1"),
-                options,
+                burn_down(
+                    harness,
+                    "burn-down",
+                    &BURN_DOWN_PROFILE,
+                    options.scans,
+                    |index| format!("synthetic://bench/burn-down/{index}?duration_ms=0&findings=1"),
+                    options,
+                ),
             )
             .await?,
         );
     }
     if wants(Scenario::Profile) {
-        settle(harness).await?;
         report.profile = Some(
-            burn_down(
+            burn_down_writing(
                 harness,
-                "profile",
-                &THREE_PLUGIN_PROFILE,
-                options.profile_scans,
-                |index| format!("http://{web_app}/profile/{index}"),
-                options,
+                burn_down(
+                    harness,
+                    "profile",
+                    &THREE_PLUGIN_PROFILE,
+                    options.profile_scans,
+                    |index| format!("http://{web_app}/profile/{index}"),
+                    options,
+                ),
             )
             .await?,
         );
@@ -999,6 +1096,7 @@ pub fn print_report(report: &BenchReport) -> bool {
         }
         print_stages(&run.stages);
         print_cost(&run.cost, run.completed, WIDTH);
+        print_writes(&run.writes, run.completed);
         for (consumer, spent) in &run.consumers {
             println!(
                 "  consumer {consumer}: {:.0} batches, {:.1} messages and {:.1} ms each",
@@ -1041,6 +1139,33 @@ pub fn print_report(report: &BenchReport) -> bool {
         all &= held;
     }
     all
+}
+
+/// Row versions written per completed scan, in all and per table.
+fn print_writes(writes: &BTreeMap<String, TableWrites>, completed: usize) {
+    let per_scan = |count: i64| count as f64 / completed.max(1) as f64;
+    let mut total = TableWrites::default();
+    for table in writes.values() {
+        total.add(table);
+    }
+    println!(
+        "  row versions per scan {:.1}: inserted {:.1}, updated {:.1} ({:.1} HOT); deleted {:.1}",
+        per_scan(total.row_versions()),
+        per_scan(total.inserted),
+        per_scan(total.updated),
+        per_scan(total.hot_updated),
+        per_scan(total.deleted),
+    );
+    for (table, spent) in writes {
+        println!(
+            "    {table:<28} {:>6.2} = {:.2} inserted + {:.2} updated ({:.2} HOT); {:.2} deleted",
+            per_scan(spent.row_versions()),
+            per_scan(spent.inserted),
+            per_scan(spent.updated),
+            per_scan(spent.hot_updated),
+            per_scan(spent.deleted),
+        );
+    }
 }
 
 /// Pickup and the stages, as rows of the table.
@@ -1135,6 +1260,16 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "latency_ms": run.latency_ms.to_json(),
             "time": stages_json(&run.stages),
             "cost_per_scan": cost_json(&run.cost, run.completed),
+            "writes_per_scan": run.writes.iter().map(|(table, spent)| {
+                let per_scan = |count: i64| round(count as f64 / run.completed.max(1) as f64);
+                (table.clone(), json!({
+                    "row_versions": per_scan(spent.row_versions()),
+                    "inserted": per_scan(spent.inserted),
+                    "updated": per_scan(spent.updated),
+                    "hot_updated": per_scan(spent.hot_updated),
+                    "deleted": per_scan(spent.deleted),
+                }))
+            }).collect::<serde_json::Map<_, _>>(),
             "consumers": run.consumers.iter().map(|(consumer, spent)| (consumer.clone(), json!({
                 "batches": spent.batches,
                 "messages_per_batch": round(spent.messages / spent.batches.max(1.0)),
