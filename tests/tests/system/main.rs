@@ -30,6 +30,7 @@ mod recovery;
 mod redaction;
 mod redelivery;
 mod renew;
+mod rows;
 mod schema;
 mod scripts;
 mod security;
