@@ -1150,3 +1150,43 @@ async fn a_worker_stores_upload_chunks_only_for_an_open_session_of_its_own() {
     );
     system.finish().await;
 }
+
+/// One upload session's chunks are bounded on the stream too: past the quota (twice a
+/// largest file's chunks; 2 here) a chunk is refused `too_large`, whatever its index.
+#[tokio::test]
+async fn an_upload_session_stores_no_more_chunks_than_its_quota() {
+    let system = TestSystem::spawn_with(|settings| {
+        settings.common.streams.quotas.chunks_stored_per_upload = 2;
+    })
+    .await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let w = scan.worker.id.to_string();
+    let worker = system.worker_bus(scan.worker.id).await;
+    let lease = scan.lease.lease.clone().expect("lease ref");
+    let upload = Uuid::new_v4();
+    let id = upload.to_string();
+    let prepared = scan.worker.prepare_upload(&lease, upload, "big.bin").await;
+    assert!(prepared.error.is_none(), "{prepared:?}");
+    for index in 0..3 {
+        let sent = worker
+            .publish_durable(
+                system.subjects.upload(&w, &id),
+                &format!("{id}:{index}"),
+                Default::default(),
+                chunk(&id, index, vec![1_u8; 16]).into(),
+            )
+            .await;
+        if index < 2 {
+            sent.expect("within the session's quota");
+        } else {
+            let why = sent
+                .expect_err("a chunk past the quota was stored")
+                .to_string();
+            assert!(
+                why.contains("too_large") && why.contains("prepare a new upload"),
+                "{why}"
+            );
+        }
+    }
+    system.finish().await;
+}

@@ -52,7 +52,7 @@ pub struct Chunk {
 /// The most chunks one session may have: a file of `PALISADE_ARTIFACT_BYTES_MAX` bytes in
 /// chunks of [`CHUNK_BYTES_MAX`].
 pub fn chunks_max(limits: &ArtifactLimits) -> u64 {
-    limits.bytes_max.div_ceil(u64::from(CHUNK_BYTES_MAX))
+    bus::artifacts::chunks_max(limits.bytes_max)
 }
 
 fn no_session(upload_id: &str) -> v1::Error {
@@ -200,7 +200,15 @@ impl Uploads {
                 message.payload.clone(),
             )
             .await
-            .map_err(|error| internal("storing the chunk", &telemetry::chain(&error)))
+            .map_err(|error| match error {
+                bus::BusError::Quota { .. } => v1::Error::new(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "upload {upload} already holds the most chunks a session may store (twice the chunks of a file of PALISADE_ARTIFACT_BYTES_MAX); prepare a new upload"
+                    ),
+                ),
+                error => internal("storing the chunk", &telemetry::chain(&error)),
+            })
     }
 }
 

@@ -22,6 +22,15 @@ use crate::{Bus, BusError, StreamSettings};
 /// Largest chunk a worker may send: well under NATS's default 1 MiB payload.
 pub const CHUNK_BYTES_MAX: u32 = 256 * 1024;
 
+/// The largest file a worker may commit unless `PALISADE_ARTIFACT_BYTES_MAX` says otherwise.
+pub const ARTIFACT_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+
+/// The most chunks one upload session may have: a file of `bytes_max` bytes in chunks of
+/// [`CHUNK_BYTES_MAX`].
+pub fn chunks_max(bytes_max: u64) -> u64 {
+    bytes_max.div_ceil(u64::from(CHUNK_BYTES_MAX))
+}
+
 /// How long the uploads stream keeps a chunk whatever happens to its session: a safety net
 /// only; the reaper removes the chunks of every session that expired or failed, and
 /// ingestion those of a committed one.

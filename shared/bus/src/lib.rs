@@ -185,12 +185,21 @@ pub struct StreamQuotas {
     /// Bytes each of the requests, results, uploads and events streams may hold
     /// (`PALISADE_STREAM_BYTES_MAX`). The server reserves them when it creates the stream.
     pub stream_bytes_max: i64,
+    /// Chunks the uploads stream keeps of one upload session: twice the chunks of the largest
+    /// file (`PALISADE_ARTIFACT_BYTES_MAX`), room for every chunk and a resend of each after
+    /// JetStream's duplicate window ([`StreamQuotas::chunks_stored_per_upload_for`]).
+    pub chunks_stored_per_upload: i64,
 }
 
 impl StreamQuotas {
     pub const REQUESTS_WAITING_PER_CLIENT_DEFAULT: i64 = 100_000;
     pub const RESULTS_WAITING_PER_WORKER_DEFAULT: i64 = 10_000;
     pub const STREAM_BYTES_MAX_DEFAULT: i64 = 1024 * 1024 * 1024;
+
+    /// [`StreamQuotas::chunks_stored_per_upload`] for files of at most `artifact_bytes_max`.
+    pub fn chunks_stored_per_upload_for(artifact_bytes_max: u64) -> i64 {
+        i64::try_from(2 * artifacts::chunks_max(artifact_bytes_max)).unwrap_or(i64::MAX)
+    }
 }
 
 impl Default for StreamQuotas {
@@ -199,6 +208,9 @@ impl Default for StreamQuotas {
             requests_waiting_per_client: Self::REQUESTS_WAITING_PER_CLIENT_DEFAULT,
             results_waiting_per_worker: Self::RESULTS_WAITING_PER_WORKER_DEFAULT,
             stream_bytes_max: Self::STREAM_BYTES_MAX_DEFAULT,
+            chunks_stored_per_upload: Self::chunks_stored_per_upload_for(
+                artifacts::ARTIFACT_BYTES_MAX_DEFAULT,
+            ),
         }
     }
 }
@@ -395,7 +407,11 @@ impl Bus {
             (
                 subjects.uploads_stream(),
                 vec![subjects.stored_uploads_wildcard()],
-                refusing(artifacts::UPLOAD_MAX_AGE, MESSAGE_BYTES_MAX, -1),
+                refusing(
+                    artifacts::UPLOAD_MAX_AGE,
+                    MESSAGE_BYTES_MAX,
+                    quotas.chunks_stored_per_upload,
+                ),
             ),
         ];
         for (name, stream_subjects, limits) in streams {

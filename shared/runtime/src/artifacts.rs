@@ -26,7 +26,7 @@ pub struct ArtifactLimits {
 }
 
 impl ArtifactLimits {
-    pub const BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+    pub const BYTES_MAX_DEFAULT: u64 = bus::artifacts::ARTIFACT_BYTES_MAX_DEFAULT;
     pub const UPLOAD_TTL_MS_DEFAULT: u64 = 15 * 60 * 1000;
 
     pub fn from_env() -> Result<Self, SettingsError> {

@@ -125,6 +125,9 @@ fn stream_quotas_from_env() -> Result<bus::StreamQuotas, SettingsError> {
             Q::STREAM_BYTES_MAX_DEFAULT,
             16 * 1024 * 1024..=i64::MAX,
         )?,
+        chunks_stored_per_upload: Q::chunks_stored_per_upload_for(
+            ArtifactLimits::from_env()?.bytes_max,
+        ),
     })
 }
 
