@@ -37,6 +37,8 @@ const WORKERS: usize = 2;
 const WORKER_CAPACITY: u32 = 8;
 /// Scans completed before the first fault: the load is flowing.
 const WARM_UP_SCANS: i64 = 20;
+/// How long the warm-up scans may take to complete on a fresh cluster.
+const LOAD_START_MAX: Duration = Duration::from_secs(60);
 /// How long the load runs on after each fault has healed.
 const LOAD_AFTER_FAULT: Duration = Duration::from_secs(3);
 /// How long one request may take to be confirmed, retries included, before the test fails.
@@ -229,7 +231,9 @@ impl Scenario {
                 .expect("a token"),
         );
         system
-            .wait_for("the load to flow", || async {
+            // The first scans on a fresh cluster took over WAIT_MAX once, with the whole
+            // suite running on two cores.
+            .wait_for_within("the load to flow", LOAD_START_MAX, || async {
                 (completed_scans(&system).await >= WARM_UP_SCANS).then_some(())
             })
             .await;
