@@ -971,6 +971,24 @@ async fn uploads_state(system: &TestSystem) -> (u64, u64) {
     (info.state.last_sequence, info.state.bytes)
 }
 
+/// Chunk `index` of `upload_id` sent on `subject` as the SDK sends it: a JetStream publish
+/// with `Nats-Msg-Id` `<upload_id>:<index>`, its PubAck awaited.
+async fn send_chunk(
+    bus: &Bus,
+    subject: String,
+    upload_id: &str,
+    index: u32,
+    data: Vec<u8>,
+) -> Result<async_nats::jetstream::publish::PublishAck, bus::BusError> {
+    bus.publish_durable(
+        subject,
+        &format!("{upload_id}:{index}"),
+        Default::default(),
+        chunk(upload_id, index, data).into(),
+    )
+    .await
+}
+
 /// An encoded `ArtifactChunk` of `upload_id`.
 fn chunk(upload_id: &str, index: u32, data: Vec<u8>) -> Vec<u8> {
     v1::ArtifactChunk {
@@ -1007,15 +1025,15 @@ async fn a_worker_stores_upload_chunks_only_for_an_open_session_of_its_own() {
     // A JetStream publish, PubAck awaited, for an upload id nobody prepared: refused, saying
     // why, and nothing stored.
     let invented = Uuid::new_v4().to_string();
-    let refused = hostile
-        .publish_durable(
-            system.subjects.upload(&w, &invented),
-            &format!("{invented}:0"),
-            Default::default(),
-            chunk(&invented, 0, full.clone()).into(),
-        )
-        .await
-        .expect_err("a chunk without a session was acknowledged");
+    let refused = send_chunk(
+        &hostile,
+        system.subjects.upload(&w, &invented),
+        &invented,
+        0,
+        full.clone(),
+    )
+    .await
+    .expect_err("a chunk without a session was acknowledged");
     let why = refused.to_string();
     assert!(
         why.contains(&format!(
@@ -1025,15 +1043,15 @@ async fn a_worker_stores_upload_chunks_only_for_an_open_session_of_its_own() {
     );
     // The victim's session id on the hostile worker's own subject: not its session.
     let victim_id = victim_upload.to_string();
-    let refused = hostile
-        .publish_durable(
-            system.subjects.upload(&w, &victim_id),
-            &format!("{victim_id}:0"),
-            Default::default(),
-            chunk(&victim_id, 0, full.clone()).into(),
-        )
-        .await
-        .expect_err("a chunk of another worker's session was acknowledged");
+    let refused = send_chunk(
+        &hostile,
+        system.subjects.upload(&w, &victim_id),
+        &victim_id,
+        0,
+        full.clone(),
+    )
+    .await
+    .expect_err("a chunk of another worker's session was acknowledged");
     assert!(
         refused.to_string().contains("no open upload session"),
         "{refused}"
@@ -1107,14 +1125,14 @@ async fn a_worker_stores_upload_chunks_only_for_an_open_session_of_its_own() {
     assert_eq!(prepared.chunk_subject, system.subjects.upload(&w, &id));
     let data = b"my own artifact".to_vec();
     let send = async |index: u32, upload_id: &str| {
-        hostile
-            .publish_durable(
-                prepared.chunk_subject.clone(),
-                &format!("{id}:{index}"),
-                Default::default(),
-                chunk(upload_id, index, data.clone()).into(),
-            )
-            .await
+        send_chunk(
+            &hostile,
+            prepared.chunk_subject.clone(),
+            upload_id,
+            index,
+            data.clone(),
+        )
+        .await
     };
     let ack = send(0, &id).await.expect("a chunk of an open session");
     assert_eq!(ack.stream, system.subjects.uploads_stream());
@@ -1168,14 +1186,14 @@ async fn an_upload_session_stores_no_more_chunks_than_its_quota() {
     let prepared = scan.worker.prepare_upload(&lease, upload, "big.bin").await;
     assert!(prepared.error.is_none(), "{prepared:?}");
     for index in 0..3 {
-        let sent = worker
-            .publish_durable(
-                system.subjects.upload(&w, &id),
-                &format!("{id}:{index}"),
-                Default::default(),
-                chunk(&id, index, vec![1_u8; 16]).into(),
-            )
-            .await;
+        let sent = send_chunk(
+            &worker,
+            system.subjects.upload(&w, &id),
+            &id,
+            index,
+            vec![1_u8; 16],
+        )
+        .await;
         if index < 2 {
             sent.expect("within the session's quota");
         } else {
