@@ -641,6 +641,19 @@ impl TestSystem {
                 tokio::spawn(service.run_until_stopped(token))
             }
         };
+        // A component that ends by itself says why in the test's log (the handle is awaited
+        // only by a test that stops it).
+        let handle = tokio::spawn(async move {
+            let ended = handle.await.expect("component did not panic");
+            if let Err(error) = &ended {
+                tracing::error!(
+                    ?component,
+                    error = format!("{error:#}"),
+                    "component ended by itself"
+                );
+            }
+            ended
+        });
         let previous = self
             .running
             .lock()

@@ -191,6 +191,9 @@ fn pull_heartbeat(spec: &ConsumerSpec) -> Duration {
 /// either, since no pull is open. So every reconnection opens a fresh pull at once.
 const RECONNECT_CHECK: Duration = Duration::from_millis(250);
 
+/// How soon a switch to interest retention that failed at start is tried again.
+const RETENTION_RETRY: Duration = Duration::from_secs(2);
+
 /// A consumer's open pull, read in chunks of up to its batch size.
 type Pull = futures::stream::ReadyChunks<pull::Stream>;
 
@@ -265,10 +268,15 @@ pub async fn run<H: BatchHandler>(
         .create_consumer(config)
         .await
         .map_err(|error| consume_error(error.to_string()))?;
-    if spec.removes_decided {
-        keep_only_undecided(bus, &spec.stream)
-            .await
-            .map_err(consume_error)?;
+    // A switch that fails (a stream whose Raft group has just formed may not answer in time)
+    // does not stop the consumer: the stream keeps more than it needs until the next check,
+    // which comes soon.
+    let mut retention_switched = true;
+    if spec.removes_decided
+        && let Err(error) = keep_only_undecided(bus, &spec.stream).await
+    {
+        tracing::warn!(consumer = %spec.durable_name, %error, "switching the stream to interest retention failed; trying again shortly");
+        retention_switched = false;
     }
     let open = || async {
         consumer
@@ -289,8 +297,13 @@ pub async fn run<H: BatchHandler>(
     let mut connects_seen = connects();
     let mut reconnect_check = tokio::time::interval(RECONNECT_CHECK);
     reconnect_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let first_retention_check = if retention_switched {
+        spec.retention_check
+    } else {
+        spec.retention_check.min(RETENTION_RETRY)
+    };
     let mut retention_check = tokio::time::interval_at(
-        tokio::time::Instant::now() + spec.retention_check,
+        tokio::time::Instant::now() + first_retention_check,
         spec.retention_check,
     );
     retention_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

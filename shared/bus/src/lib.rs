@@ -512,8 +512,8 @@ impl Bus {
         acks.into_iter().next().expect("one message, one result")
     }
 
-    /// Publishes every message without waiting in between, then awaits every PubAck. The
-    /// result for each message is in input order.
+    /// Publishes every message without waiting in between, then awaits every PubAck together.
+    /// The result for each message is in input order.
     pub async fn publish_durable_all(
         &self,
         messages: Vec<OutgoingMessage>,
@@ -536,21 +536,26 @@ impl Bus {
             count_messages(Direction::Sent, 1);
             pending.push((message.subject, sent, span));
         }
-        let mut results = Vec::with_capacity(pending.len());
-        for (subject, sent, _span) in pending {
-            let result = match sent {
-                Ok(ack_future) => ack_future
-                    .await
-                    .inspect(|_| count_messages(Direction::Received, 1))
-                    .map_err(|error| publish_error(subject, error.to_string())),
-                Err(error) => Err(BusError::Publish {
-                    subject,
-                    message: error.to_string(),
+        // Every PubAck is awaited at once: each one's timeout starts when it is awaited, so
+        // awaiting them in turn made a round whose acknowledgements were lost (a frozen
+        // server) last its size times the timeout.
+        futures::future::join_all(
+            pending
+                .into_iter()
+                .map(|(subject, sent, _span)| async move {
+                    match sent {
+                        Ok(ack_future) => ack_future
+                            .await
+                            .inspect(|_| count_messages(Direction::Received, 1))
+                            .map_err(|error| publish_error(subject, error.to_string())),
+                        Err(error) => Err(BusError::Publish {
+                            subject,
+                            message: error.to_string(),
+                        }),
+                    }
                 }),
-            };
-            results.push(result);
-        }
-        results
+        )
+        .await
     }
 
     /// Core-NATS publish (replies and acknowledgements to workers). Best effort by design:

@@ -230,13 +230,18 @@ impl Scenario {
                 )
                 .expect("a token"),
         );
-        system
-            // The first scans on a fresh cluster took over WAIT_MAX once, with the whole
-            // suite running on two cores.
-            .wait_for_within("the load to flow", LOAD_START_MAX, || async {
-                (completed_scans(&system).await >= WARM_UP_SCANS).then_some(())
-            })
-            .await;
+        // The first scans on a fresh cluster took over WAIT_MAX once, with the whole suite
+        // running on two cores.
+        let deadline = Instant::now() + LOAD_START_MAX;
+        while completed_scans(&system).await < WARM_UP_SCANS {
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for the load to flow: {}",
+                    where_the_load_stands(&system, &load).await
+                );
+            }
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
         Self {
             started,
             cluster,
@@ -921,6 +926,57 @@ async fn completed_scans(system: &TestSystem) -> i64 {
         .fetch_one(&system.pool)
         .await
         .expect("completed scans counted")
+}
+
+/// What a load that does not flow has reached: requests confirmed, rows per state, what the
+/// streams and consumers hold.
+async fn where_the_load_stands(system: &TestSystem, load: &Load) -> String {
+    let confirmed = load.ledger.lock().expect("not poisoned").len();
+    let errors = load.errors.lock().expect("not poisoned").clone();
+    let states: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT 'scans', state, count(*) FROM scans GROUP BY state
+         UNION ALL SELECT 'worker_tasks', state, count(*) FROM worker_tasks GROUP BY state
+         UNION ALL SELECT 'outbox unpublished', '', count(*) FROM outbox WHERE published_at IS NULL
+         ORDER BY 1, 2",
+    )
+    .fetch_all(&system.pool)
+    .await
+    .unwrap_or_default();
+    let jetstream = bus::async_nats::jetstream::new(system.bus.client().clone());
+    let mut streams = Vec::new();
+    for name in [
+        system.subjects.requests_stream(),
+        system.subjects.results_stream(),
+    ] {
+        let info = match jetstream.get_stream(&name).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => format!(
+                    "{name}: {} messages, leader {:?}",
+                    info.state.messages,
+                    info.cluster
+                        .as_ref()
+                        .and_then(|cluster| cluster.leader.clone())
+                ),
+                Err(error) => format!("{name}: {error}"),
+            },
+            Err(error) => format!("{name}: {error}"),
+        };
+        streams.push(info);
+    }
+    let ended: Vec<Component> = [
+        Component::Admission,
+        Component::Dispatch,
+        Component::Ingestion,
+        Component::Reaper,
+        Component::Enrichment,
+    ]
+    .into_iter()
+    .filter(|component| !system.is_running(*component))
+    .collect();
+    format!(
+        "{confirmed} requests confirmed; publish errors {errors:?}; rows {states:?}; {streams:?}; \
+         ended (their error is logged): {ended:?}"
+    )
 }
 
 /// How many of the scans with these idempotency keys completed.

@@ -118,3 +118,56 @@ async fn progress_events_can_be_turned_off_and_outcomes_still_go_out() {
     );
     system.finish().await;
 }
+
+/// A round of publishes whose PubAcks never come (the server froze) fails after one
+/// acknowledgement timeout, not one per message: the outbox's rounds and a stopping service
+/// wait seconds, not minutes (a round of 82 lost acknowledgements once held a shutdown for
+/// 400 s).
+#[tokio::test]
+async fn a_round_whose_acknowledgements_are_lost_fails_after_one_timeout() {
+    const MESSAGES: usize = 6;
+    /// async-nats' JetStream acknowledgement timeout.
+    const ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+    let server = tests::servers::NatsServer::start().await;
+    let subjects = messages::Subjects::new("frozen").expect("valid prefix");
+    let bus = bus::Bus::connect(
+        &server.url(),
+        &bus::NatsCredentials::default(),
+        &bus::NatsTls::default(),
+        subjects,
+        &messages::Identity::Operator,
+    )
+    .await
+    .expect("connected");
+    bus::async_nats::jetstream::new(bus.client().clone())
+        .create_stream(bus::async_nats::jetstream::stream::Config {
+            name: "FROZEN".into(),
+            subjects: vec!["frozen.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("a stream");
+    let round = || {
+        (0..MESSAGES)
+            .map(|index| bus::OutgoingMessage {
+                subject: format!("frozen.{index}"),
+                msg_id: uuid::Uuid::new_v4().to_string(),
+                headers: Default::default(),
+                payload: "event".into(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let acknowledged = bus.publish_durable_all(round()).await;
+    assert!(acknowledged.iter().all(Result::is_ok), "{acknowledged:?}");
+
+    server.pause();
+    let started = std::time::Instant::now();
+    let lost = bus.publish_durable_all(round()).await;
+    let took = started.elapsed();
+    server.resume();
+    assert!(lost.iter().all(Result::is_err), "{lost:?}");
+    assert!(
+        took < ACK_TIMEOUT * 2,
+        "{MESSAGES} lost acknowledgements took {took:?}: one timeout each, awaited in turn"
+    );
+}
