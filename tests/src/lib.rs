@@ -5,7 +5,7 @@
 //!
 //! PostgreSQL and NATS come from `DATABASE_URL` / `NATS_URL`, else the local defaults.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -1455,9 +1455,89 @@ pub async fn stream_subject_counts(
         .expect("subject counts")
 }
 
-/// A `LIKE` pattern for the outbox subjects of `kind` (a tenant's or the services').
-pub fn outbox_subject_like(kind: messages::EventKind) -> String {
-    format!("%.event.{}", kind.name())
+/// Every event on the events stream, in order, as the outbox row it was published from (its
+/// id is the message's `Nats-Msg-Id`; published rows are no longer in the table).
+pub async fn published_events(system: &TestSystem) -> Vec<store::OutboxEvent> {
+    let mut stream = system
+        .bus
+        .jetstream()
+        .get_stream(system.subjects.events_stream())
+        .await
+        .expect("events stream exists");
+    let last = stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence;
+    let mut events = Vec::new();
+    for sequence in 1..=last {
+        let message = stream
+            .get_raw_message(sequence)
+            .await
+            .expect("an event on the stream");
+        let id = message
+            .headers
+            .get(messages::HEADER_MSG_ID)
+            .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+            .expect("every event carries its outbox id as Nats-Msg-Id");
+        events.push(store::OutboxEvent {
+            id,
+            kind: system.subjects.event_kind_of(&message.subject),
+            subject: message.subject.to_string(),
+            payload: message.payload.to_vec(),
+            headers: Default::default(),
+            trace_scan_id: None,
+        });
+    }
+    events
+}
+
+/// Every event written, published or not: those on the events stream, then the outbox rows
+/// not among them. Exact whenever it is read: the rows are read first, and a row removed
+/// since was published before it was removed, so it is on the stream when that is read.
+pub async fn written_events(system: &TestSystem) -> Vec<store::OutboxEvent> {
+    let rows: Vec<(Uuid, String, Vec<u8>)> =
+        sqlx::query_as("SELECT id, subject, payload FROM outbox ORDER BY id")
+            .fetch_all(&system.pool)
+            .await
+            .expect("outbox rows");
+    let mut events = published_events(system).await;
+    let published: HashSet<Uuid> = events.iter().map(|event| event.id).collect();
+    for (id, subject, payload) in rows {
+        if !published.contains(&id) {
+            events.push(store::OutboxEvent {
+                id,
+                kind: system.subjects.event_kind_of(&subject),
+                subject,
+                payload,
+                headers: Default::default(),
+                trace_scan_id: None,
+            });
+        }
+    }
+    events
+}
+
+/// The payloads of every event of `kind` written ([`written_events`]).
+pub async fn written_payloads(system: &TestSystem, kind: messages::EventKind) -> Vec<Vec<u8>> {
+    written_events(system)
+        .await
+        .into_iter()
+        .filter(|event| event.kind == Some(kind))
+        .map(|event| event.payload)
+        .collect()
+}
+
+/// Puts every event on the events stream back in the outbox, unpublished, under its own id:
+/// what a relay finds after publishing rows whose PubAcks it never saw. Returns how many.
+pub async fn put_published_events_back(system: &TestSystem) -> usize {
+    let events = published_events(system).await;
+    let mut conn = system.pool.acquire().await.expect("a connection");
+    store::outbox::enqueue(&mut conn, &events)
+        .await
+        .expect("events back in the outbox");
+    events.len()
 }
 
 /// Messages on the events stream by event name (`scan.completed`), tenant and services'

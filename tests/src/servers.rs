@@ -560,12 +560,27 @@ impl Drop for PostgresServer {
     }
 }
 
-/// Sends `signal` (`INT`, `STOP`, …) to a running child.
+/// Sends `signal` (`INT`, `STOP`, …) to a running child. After `STOP` it returns once the
+/// child is stopped: a signal is delivered asynchronously, and a process still running on
+/// another core could answer what is sent to it just after.
 pub fn signal(child: &Child, signal: &str) {
     if let Some(pid) = child.id() {
         let _ = std::process::Command::new("kill")
             .args([&format!("-{signal}"), &pid.to_string()])
             .status();
+        if signal == "STOP" {
+            let stopped = || {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    // The state follows the command name, which is in parentheses.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T'))
+                })
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !stopped() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 }
 

@@ -4,14 +4,15 @@
 //! Two ways out. **Hand-off**: a service's hot path stages its events (`store::outbox::stage`,
 //! the rows claimed by their committer) and hands them to [`Relay::hand_off`] right after its
 //! commit; they are published at once, pipelined with whatever else was handed off meanwhile,
-//! and marked published in bulk by one statement per round. An event then costs no claim, no
-//! poll and no relay pass on the latency path. **Poll**: the relay claims unpublished rows with
+//! and removed from the table in bulk by one statement per round. An event then costs no claim,
+//! no poll and no relay pass on the latency path. **Poll**: the relay claims unpublished rows with
 //! `FOR UPDATE SKIP LOCKED` and a claim deadline (never "id > cursor": ids commit out of
 //! order), commits the claim before publishing so no connection is held across a network wait,
 //! and publishes them; it picks up rows enqueued without a hand-off (the operator's commands)
 //! and staged rows whose hand-off lapsed (a committer that crashed between commit and publish,
-//! a publish NATS refused). Every PubAck is awaited and only acknowledged rows are marked
-//! published. Any number of relays (one per service replica) can run at once.
+//! a publish NATS refused). Every PubAck is awaited and only acknowledged rows are removed:
+//! the stream keeps the event, the table only what is not yet on it. Any number of relays (one
+//! per service replica) can run at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,9 +34,9 @@ pub struct RelayConfig {
     /// Poll interval when nobody signals new rows (rows committed by other processes, staged
     /// rows whose hand-off lapsed).
     pub idle_poll: Duration,
-    /// Most handed-off events published in one pipelined round (and marked by one statement).
+    /// Most handed-off events published in one pipelined round (and removed by one statement).
     pub hand_off_round: usize,
-    /// Rounds of handed-off events being published (and marked) at once.
+    /// Rounds of handed-off events being published (and removed) at once.
     pub hand_off_rounds_in_flight: usize,
 }
 
@@ -100,14 +101,14 @@ impl Relay {
         let _ = self.handed_off.send(staged.into_events());
     }
 
-    /// One pass: claim, publish (pipelined, every PubAck awaited), mark published.
+    /// One pass: claim, publish (pipelined, every PubAck awaited), remove the published.
     pub async fn run_once(&self) -> Result<RelayOutcome, store::StoreError> {
         let events =
             store::outbox::claim(&self.pool, self.config.batch_size, self.config.claim_for).await?;
         self.publish(events).await
     }
 
-    /// Publishes `events` pipelined, marks the acknowledged ones published and gives the
+    /// Publishes `events` pipelined, removes the acknowledged ones and gives the
     /// others back to the poll (one statement each, whatever their number).
     async fn publish(&self, events: Vec<OutboxEvent>) -> Result<RelayOutcome, store::StoreError> {
         if events.is_empty() {
@@ -152,7 +153,7 @@ impl Relay {
                 "outbox publishes failed; those rows will be retried"
             );
         }
-        store::outbox::mark_published(&self.pool, &published).await?;
+        store::outbox::remove_published(&self.pool, &published).await?;
         store::outbox::unclaim(&self.pool, &failed).await?;
         Ok(RelayOutcome {
             published: published.len(),
@@ -175,8 +176,8 @@ impl Relay {
 
     /// Publishes handed-off events as they come: each round takes everything handed off
     /// since the last (up to `hand_off_round` events), so under load a round carries many
-    /// commits' events and costs one marking statement. Up to `hand_off_rounds_in_flight`
-    /// rounds run at once, so an event never waits behind another round's PubAcks or marking
+    /// commits' events and costs one removing statement. Up to `hand_off_rounds_in_flight`
+    /// rounds run at once, so an event never waits behind another round's PubAcks or removing
     /// statement. At shutdown it publishes what was handed off before it stopped; what comes
     /// later waits for a poll.
     async fn publish_hand_offs(&self, shutdown: CancellationToken) {
@@ -205,7 +206,7 @@ impl Relay {
                 rounds.spawn(telemetry::cost::inherit(async move {
                     if let Err(error) = relay.publish(round).await {
                         // The rows are not lost: their hand-off lapses and a poll publishes them.
-                        tracing::warn!(error = %telemetry::chain(&error), "marking handed-off outbox rows failed; a poll will publish them again");
+                        tracing::warn!(error = %telemetry::chain(&error), "removing published outbox rows failed; a poll will publish them again");
                     }
                 }));
             }

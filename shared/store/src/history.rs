@@ -1,6 +1,6 @@
 //! History written set-wise in SQL: N completed one-plugin scans as a completed scan leaves
 //! them (targets, scans, scan jobs, tasks, attempts, result batches, findings, assets and
-//! their scan links, completed enrichment jobs and published outbox rows), so that a
+//! their scan links, completed enrichment jobs; published events leave no outbox row), so that a
 //! benchmark (`palisade bench --history N`) and the flat-cost system test
 //! (`tests/tests/system/flat.rs`) run against full tables as well as empty ones. Not called
 //! by any service.
@@ -17,9 +17,6 @@ use crate::states::{
 
 /// Scans written per statement: one statement's work stays a few seconds.
 pub const CHUNK_SCANS: usize = 50_000;
-
-/// Outbox rows (published events) each scan of history leaves.
-pub const OUTBOX_ROWS_PER_SCAN: usize = 5;
 
 /// Writes `scans` completed scans of history for `organization_id`, their attempts held by
 /// `worker_id`, then analyzes the database (a table never analyzed is planned as if it were

@@ -252,13 +252,13 @@ pub async fn claim(
     Ok(events)
 }
 
-/// Marks rows published (their PubAck arrived), whoever published them: one statement for any
-/// number of rows.
-pub async fn mark_published(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
+/// Removes rows once published (their PubAck arrived), whoever published them: the event is on
+/// the stream, which keeps it. One statement for any number of rows.
+pub async fn remove_published(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
-    sql::query(sql::outbox::MARK_PUBLISHED)
+    sql::query(sql::outbox::REMOVE_PUBLISHED)
         .bind(ids)
         .execute(pool)
         .await?;

@@ -268,9 +268,9 @@ pub struct Pruned {
     pub dead_letters: u64,
 }
 
-/// Removes transport history older than `retention`: published outbox rows, result-batch
-/// records of tasks that ended, dead letters. Evidence (scans, findings, assets) and attempt
-/// history are kept. At most `limit` rows of each per pass.
+/// Removes transport history older than `retention`: outbox rows earlier versions marked
+/// published (published rows are deleted at once now), result-batch records of tasks that
+/// ended, dead letters. Evidence (scans, findings, assets) and attempt history are kept. At most `limit` rows of each per pass.
 ///
 /// Each statement reads only what it removes, whatever the tables hold: the rows are chosen
 /// in an index's order (`ARRAY(…)`, an init plan run once) and then deleted by primary key,

@@ -74,17 +74,6 @@ pub async fn make_task_due(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreErr
     )
 }
 
-/// Outbox rows per subject (tests: "exactly one scan.completed").
-pub async fn outbox_subject_counts(
-    pool: &PgPool,
-) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT subject, count(*) FROM outbox GROUP BY subject")
-            .fetch_all(pool)
-            .await?;
-    Ok(rows.into_iter().collect())
-}
-
 /// The definition of a CHECK constraint (tests compare it with the state enums).
 pub async fn check_constraint(
     pool: &PgPool,
@@ -99,16 +88,6 @@ pub async fn check_constraint(
     .bind(name)
     .fetch_one(pool)
     .await?)
-}
-
-/// Test aid: marks every outbox row unpublished, as if every relay had lost its PubAcks.
-pub async fn forget_outbox_publication(pool: &PgPool) -> Result<u64, StoreError> {
-    Ok(
-        sqlx::query("UPDATE outbox SET published_at = NULL, claimed_until = NULL")
-            .execute(pool)
-            .await?
-            .rows_affected(),
-    )
 }
 
 /// Ends the hand-off of every staged, unpublished outbox row now, as if its committer had
@@ -283,7 +262,8 @@ pub async fn workers_seen(pool: &PgPool, organization_id: Uuid) -> Result<i64, S
     .await?)
 }
 
-/// Test aid: makes published outbox rows, ended tasks and result batches look `by` older.
+/// Test aid: makes published outbox rows (as versions before published rows were removed at
+/// once left them), ended tasks and result batches look `by` older.
 pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), StoreError> {
     let seconds = crate::seconds(by);
     sqlx::query("UPDATE outbox SET published_at = published_at - make_interval(secs => $1) WHERE published_at IS NOT NULL")

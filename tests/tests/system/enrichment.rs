@@ -34,14 +34,9 @@ async fn job_row(system: &TestSystem, job_id: Uuid) -> (String, i32, serde_json:
     .expect("the job")
 }
 
-/// Outbox rows of `kind` naming `job_id`.
+/// Events of `kind` naming `job_id`, published or not.
 async fn events(system: &TestSystem, kind: EventKind, job_id: Uuid) -> usize {
-    let payloads: Vec<Vec<u8>> =
-        sqlx::query_scalar("SELECT payload FROM outbox WHERE subject LIKE $1")
-            .bind(format!("%.event.{}", kind.name()))
-            .fetch_all(&system.pool)
-            .await
-            .expect("outbox rows");
+    let payloads = tests::written_payloads(system, kind).await;
     payloads
         .iter()
         .filter(|payload| {

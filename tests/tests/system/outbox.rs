@@ -1,6 +1,7 @@
 //! How events leave the outbox: published by the service that committed them, right after its
 //! commit; published by a relay's poll only when their committer did not (it crashed between
-//! commit and publish); and the progress events left out when an operator turns them off.
+//! commit and publish); removed from the table once published; and the progress events left
+//! out when an operator turns them off.
 
 use std::collections::BTreeMap;
 
@@ -15,11 +16,11 @@ async fn events_by_name(system: &TestSystem) -> BTreeMap<String, usize> {
     tests::event_counts(system).await
 }
 
-/// Rows as (subject suffix, published, times a poll claimed it).
-async fn outbox_rows(system: &TestSystem) -> Vec<(String, bool, i32)> {
+/// The rows still in the outbox (not yet published) as (subject suffix, times a poll claimed
+/// it).
+async fn outbox_rows(system: &TestSystem) -> Vec<(String, i32)> {
     sqlx::query_as(
-        "SELECT split_part(subject, '.event.', 2), published_at IS NOT NULL, publish_attempts
-         FROM outbox ORDER BY id",
+        "SELECT split_part(subject, '.event.', 2), publish_attempts FROM outbox ORDER BY id",
     )
     .fetch_all(&system.pool)
     .await
@@ -29,17 +30,19 @@ async fn outbox_rows(system: &TestSystem) -> Vec<(String, bool, i32)> {
 #[tokio::test]
 async fn committed_events_are_published_by_their_committer_not_by_a_poll() {
     let system = TestSystem::spawn().await;
+    let started = std::time::Instant::now();
     let scan = system.leased_scan(&["alpha"]).await;
     system.complete_with_findings(&scan, 1).await;
 
-    let rows = outbox_rows(&system).await;
-    assert_eq!(rows.len(), 5, "{rows:?}");
-    // A poll increments publish_attempts when it claims a row; a hand-off does not.
+    // A poll takes a staged row only once its hand-off lapsed: gone before that, every row
+    // was published by its committer, and removed once published.
+    system.wait_outbox_drained().await;
     assert!(
-        rows.iter()
-            .all(|(_, published, claimed)| *published && *claimed == 0),
-        "every event published by its committer's hand-off: {rows:?}"
+        started.elapsed() < store::outbox::HANDOFF,
+        "the events waited for a poll: {:?}",
+        started.elapsed()
     );
+    assert_eq!(outbox_rows(&system).await, [], "published rows are removed");
     let events = events_by_name(&system).await;
     for name in [
         "scan.admitted",
@@ -76,8 +79,7 @@ async fn an_event_its_committer_never_published_goes_out_once_its_hand_off_lapse
     let outcome = poll.run_once().await.expect("a poll");
     assert_eq!(outcome.published, 0, "{outcome:?}");
     let rows = outbox_rows(&system).await;
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    assert!(rows.iter().all(|(_, published, _)| !published), "{rows:?}");
+    assert_eq!(rows.len(), 2, "both rows wait unpublished: {rows:?}");
     assert!(events_by_name(&system).await.is_empty());
 
     // Once the hand-off lapses, a poll publishes them, once.
@@ -85,12 +87,7 @@ async fn an_event_its_committer_never_published_goes_out_once_its_hand_off_lapse
         .await
         .expect("lapse");
     system.wait_outbox_drained().await;
-    let rows = outbox_rows(&system).await;
-    assert!(
-        rows.iter()
-            .all(|(_, published, claimed)| *published && *claimed == 1),
-        "published by a poll: {rows:?}"
-    );
+    assert_eq!(outbox_rows(&system).await, [], "published rows are removed");
     let events = events_by_name(&system).await;
     assert_eq!(events.get("scan.admitted"), Some(&1), "{events:?}");
     assert_eq!(events.get("task.ready"), Some(&1), "{events:?}");
@@ -108,9 +105,7 @@ async fn progress_events_can_be_turned_off_and_outcomes_still_go_out() {
     let scan = system.leased_scan(&["alpha"]).await;
     system.complete_with_findings(&scan, 1).await;
 
-    let rows = outbox_rows(&system).await;
-    let subjects: Vec<&str> = rows.iter().map(|(subject, ..)| subject.as_str()).collect();
-    assert_eq!(subjects, ["task.ready", "scan.completed"], "{rows:?}");
+    system.wait_outbox_drained().await;
     let events = events_by_name(&system).await;
     assert_eq!(
         events,

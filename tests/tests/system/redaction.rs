@@ -34,15 +34,13 @@ async fn database_text(system: &TestSystem) -> String {
     text
 }
 
-/// Every event in the outbox, its payload as (lossy) text: protobuf keeps strings as UTF-8.
+/// Every event written, published or not, its payload as (lossy) text: protobuf keeps strings
+/// as UTF-8.
 async fn events_text(system: &TestSystem) -> String {
-    let payloads: Vec<Vec<u8>> = sqlx::query_scalar("SELECT payload FROM outbox")
-        .fetch_all(&system.pool)
+    tests::written_events(system)
         .await
-        .unwrap();
-    payloads
         .iter()
-        .map(|payload| String::from_utf8_lossy(payload).into_owned())
+        .map(|event| String::from_utf8_lossy(&event.payload).into_owned())
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -161,21 +161,9 @@ async fn every_message_delivered_twice_ends_as_if_delivered_once() {
     assert_eq!(counts["findings"], 2);
     // attempts: alpha 1, beta released + failed = 3
     assert_eq!(counts["worker_task_attempts"], 3);
-    let events = store::testing::outbox_subject_counts(&system.pool)
-        .await
-        .unwrap();
-    let count = |name: &str| {
-        events
-            .iter()
-            .filter(|(subject, _)| {
-                system
-                    .subjects
-                    .event_kind_of(subject)
-                    .is_some_and(|kind| kind.name() == name)
-            })
-            .map(|(_, count)| *count)
-            .sum::<i64>()
-    };
+    system.wait_outbox_drained().await;
+    let events = tests::event_counts(&system).await;
+    let count = |name: &str| events.get(name).copied().unwrap_or(0);
     assert_eq!(count("scan.admitted"), 1);
     assert_eq!(count("task.completed"), 1);
     assert_eq!(count("scan.failed"), 1);

@@ -65,13 +65,9 @@ async fn rows(system: &TestSystem, scan_id: Uuid) -> Rows {
     }
 }
 
-/// Outbox rows of `kind` in this test's database.
+/// Events of `kind` written in this test, published or not.
 async fn events(system: &TestSystem, kind: EventKind) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE subject LIKE $1")
-        .bind(tests::outbox_subject_like(kind))
-        .fetch_one(&system.pool)
-        .await
-        .unwrap()
+    tests::written_payloads(system, kind).await.len() as i64
 }
 
 fn texts<const N: usize>(states: [&'static str; N]) -> Vec<String> {

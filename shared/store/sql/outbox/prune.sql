@@ -1,4 +1,5 @@
--- Retention: deletes a slice of rows published before the cutoff.
+-- Retention of rows marked published by versions before published rows were removed at once:
+-- deletes a slice of them once past the cutoff. Today's relays leave no such row.
 -- $1: seconds
 -- $2: limit
 DELETE FROM outbox WHERE id = ANY(ARRAY(

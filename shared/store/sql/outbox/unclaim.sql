@@ -1,3 +1,3 @@
 -- Gives rows the bus refused back to the poll.
 -- $1: ids
-UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1) AND published_at IS NULL
+UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1)

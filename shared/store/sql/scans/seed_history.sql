@@ -1,6 +1,6 @@
 -- One chunk of history: completed scans finished an hour or two ago (inside the retention
 -- window, so the reaper keeps them), each with its job, task, attempt, batch, finding, asset,
--- enrichment job and published events (`history::OUTBOX_ROWS_PER_SCAN`).
+-- enrichment job (its published events left the outbox when they were published).
 -- $1: organization_id
 -- $2: the first scan's number in the history
 -- $3: the last scan's number
@@ -64,10 +64,6 @@ WITH s AS (
 ), scan_assets AS (
     INSERT INTO scan_assets (scan_id, asset_id, scan_job_id, attempt_id)
     SELECT scan_id, asset_id, job_id, attempt_id FROM s
-), enrichment AS (
-    INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, finished_at, created_at, updated_at)
-    SELECT gen_random_uuid(), scan_id, $1, $10, at, at, at FROM s
 )
-INSERT INTO outbox (id, subject, payload, created_at, published_at)
-SELECT gen_random_uuid(), 'history.event', '\x00'::bytea, at, at
-FROM s CROSS JOIN generate_series(1, 5) -- OUTBOX_ROWS_PER_SCAN
+INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, finished_at, created_at, updated_at)
+SELECT gen_random_uuid(), scan_id, $1, $10, at, at, at FROM s
