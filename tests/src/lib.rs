@@ -63,6 +63,17 @@ pub enum Component {
     Enrichment,
 }
 
+impl Component {
+    /// Every component, in start order.
+    pub const ALL: [Component; 5] = [
+        Component::Admission,
+        Component::Dispatch,
+        Component::Ingestion,
+        Component::Reaper,
+        Component::Enrichment,
+    ];
+}
+
 /// A started component: how to stop it, and its task.
 type RunningComponent = (CancellationToken, JoinHandle<anyhow::Result<()>>);
 

@@ -311,13 +311,7 @@ impl Scenario {
 
         check_ledger(&system, &keys).await;
         check_events(&system, &organization_id, keys.len()).await;
-        for component in [
-            Component::Admission,
-            Component::Dispatch,
-            Component::Ingestion,
-            Component::Reaper,
-            Component::Enrichment,
-        ] {
+        for component in Component::ALL {
             assert!(
                 system.is_running(component),
                 "{component:?} ended by itself: the services must ride out a server's loss"
@@ -963,16 +957,10 @@ async fn where_the_load_stands(system: &TestSystem, load: &Load) -> String {
         };
         streams.push(info);
     }
-    let ended: Vec<Component> = [
-        Component::Admission,
-        Component::Dispatch,
-        Component::Ingestion,
-        Component::Reaper,
-        Component::Enrichment,
-    ]
-    .into_iter()
-    .filter(|component| !system.is_running(*component))
-    .collect();
+    let ended: Vec<Component> = Component::ALL
+        .into_iter()
+        .filter(|component| !system.is_running(*component))
+        .collect();
     format!(
         "{confirmed} requests confirmed; publish errors {errors:?}; rows {states:?}; {streams:?}; \
          ended (their error is logged): {ended:?}"
