@@ -1,7 +1,8 @@
 //! Admission (SPEC §4.1): consumes scan requests from JetStream (and answers the synchronous
 //! request/reply subject), and admits each request exactly once. A fetched batch is decided in
 //! one transaction by `store::admit` with a fixed number of statements (one by one in savepoints
-//! only when a set-wise statement fails); acknowledgements follow the commit.
+//! only when a set-wise statement fails); acknowledgements follow the commit. Request/reply
+//! submissions are decided the same way: those that arrive together are decided together.
 
 pub mod request;
 
@@ -19,6 +20,7 @@ use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::admit::{AdmitOutcome, AdmitParams};
 use store::{PgPool, StoreError};
 use telemetry::cost::{in_lane, lanes};
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::request::ValidScanRequest;
@@ -87,6 +89,8 @@ pub struct Service {
     settings: Settings,
     bus: Bus,
     admission: Arc<Admission>,
+    /// Request/reply submissions waiting for a decider (`decide_submissions`).
+    submissions: mpsc::UnboundedReceiver<Submission>,
     /// The health server and the outbox relay, started by `run_until_stopped`.
     plumbing: Plumbing,
 }
@@ -106,7 +110,9 @@ impl Service {
     /// Builds over existing connections (the all-in-one command and the tests).
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
         let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
+        let (submit, submissions) = mpsc::unbounded_channel();
         let admission = Arc::new(Admission {
+            submit,
             relay: plumbing.relay_outbox(&connections),
             pool: connections.pool,
             bus: connections.bus.clone(),
@@ -118,6 +124,7 @@ impl Service {
             settings,
             bus: connections.bus,
             admission,
+            submissions,
             plumbing,
         }
     }
@@ -156,13 +163,26 @@ impl Service {
                 async move {
                     Some(
                         admission
-                            .submit(message.subject.as_str(), &message.payload)
+                            .submit(message.subject.as_str(), message.payload)
                             .await,
                     )
                 }
             },
             stop.clone(),
         );
+        // Request/reply submissions are decided by as many deciders as the durable path has
+        // batches in flight, each taking what queued while it was busy, up to a batch.
+        let queue = Arc::new(Mutex::new(self.submissions));
+        let deciders = futures::future::join_all(
+            (0..self.settings.consumer.batches_in_flight.max(1)).map(|_| {
+                self.admission.clone().decide_submissions(
+                    queue.clone(),
+                    self.settings.consumer.batch_size.max(1),
+                    stop.clone(),
+                )
+            }),
+        );
+        let server = async move { tokio::join!(server, deciders).0 };
         let consumer = bus::consume::run(&self.bus, spec, self.admission.clone(), stop.clone());
         let result = tokio::select! {
             result = consumer => result.context("admission consumer stopped"),
@@ -197,7 +217,18 @@ enum Verdict {
     },
 }
 
+/// A request/reply submission waiting to be decided, and where its verdict goes.
+struct Submission {
+    subject: String,
+    payload: Bytes,
+    /// The request's span (its context becomes the scan's trace context).
+    span: tracing::Span,
+    verdict: oneshot::Sender<Verdict>,
+}
+
 struct Admission {
+    /// Where [`Admission::submit`] queues a request/reply submission.
+    submit: mpsc::UnboundedSender<Submission>,
     pool: PgPool,
     bus: Bus,
     relay: Relay,
@@ -335,15 +366,70 @@ impl Admission {
         Ok(verdicts)
     }
 
-    /// The request/reply path: one request, one transaction, one reply.
-    async fn submit(&self, subject: &str, payload: &[u8]) -> Bytes {
-        let span = tracing::Span::current();
-        let verdict = self
-            .decide(&[(subject, payload)], &[&span])
-            .await
-            .pop()
-            .expect("one verdict");
+    /// Decides queued request/reply submissions until `stop`: takes every submission queued
+    /// when it is free (up to `batch_max`) and decides them in one transaction, as the durable
+    /// path decides a fetched batch. Idle, a submission is decided at once, alone; under load,
+    /// what queued during one decision is the next decision's batch.
+    async fn decide_submissions(
+        self: Arc<Self>,
+        queue: Arc<Mutex<mpsc::UnboundedReceiver<Submission>>>,
+        batch_max: usize,
+        stop: CancellationToken,
+    ) {
+        let mut taken: Vec<Submission> = Vec::with_capacity(batch_max);
+        loop {
+            let received = tokio::select! {
+                () = stop.cancelled() => return,
+                received = async { queue.lock().await.recv_many(&mut taken, batch_max).await } => received,
+            };
+            if received == 0 {
+                return;
+            }
+            let messages: Vec<(&str, &[u8])> = taken
+                .iter()
+                .map(|submission| (submission.subject.as_str(), submission.payload.as_ref()))
+                .collect();
+            let spans: Vec<&tracing::Span> =
+                taken.iter().map(|submission| &submission.span).collect();
+            let verdicts = self.decide(&messages, &spans).await;
+            for (submission, verdict) in taken.drain(..).zip(verdicts) {
+                // A requester that stopped waiting reads its answer by asking again.
+                let _ = submission.verdict.send(verdict);
+            }
+        }
+    }
+
+    /// The request/reply path: the request is decided with whatever else was submitted at the
+    /// same time, in one transaction, then answered.
+    async fn submit(&self, subject: &str, payload: Bytes) -> Bytes {
+        let (verdict, decided) = oneshot::channel();
+        let submission = Submission {
+            subject: subject.to_owned(),
+            payload,
+            span: tracing::Span::current(),
+            verdict,
+        };
+        let verdict = match self.submit.send(submission) {
+            Ok(()) => decided.await.ok(),
+            Err(_) => None,
+        };
         let reply = match verdict {
+            None => v1::ScanRequestReply {
+                error: Some(runtime::internal_error(
+                    "admission's decision",
+                    &"admission is stopping",
+                    "retry with the same idempotency key",
+                )),
+                ..Default::default()
+            },
+            Some(verdict) => Self::reply(verdict),
+        };
+        reply.encode_to_vec().into()
+    }
+
+    /// The answer to a request/reply submission.
+    fn reply(verdict: Verdict) -> v1::ScanRequestReply {
+        match verdict {
             Verdict::Admitted { scan_id } => v1::ScanRequestReply {
                 scan_id: scan_id.to_string(),
                 deduplicated: false,
@@ -368,8 +454,7 @@ impl Admission {
                 )),
                 ..Default::default()
             },
-        };
-        reply.encode_to_vec().into()
+        }
     }
 }
 

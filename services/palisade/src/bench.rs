@@ -502,6 +502,7 @@ async fn settle(harness: &Harness) -> anyhow::Result<()> {
     loop {
         let busy: i64 = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL)
+                  + (SELECT count(*) FROM outbox_batches)
                   + (SELECT count(*) FROM enrichment_jobs WHERE state IN ('pending', 'running'))",
         )
         .fetch_one(&harness.pool)

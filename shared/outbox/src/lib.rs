@@ -1,5 +1,6 @@
-//! The outbox relay: publishes events that were committed to the `outbox` table to JetStream,
-//! with `Nats-Msg-Id` = the row id so a re-publish is de-duplicated by the stream.
+//! The outbox relay: publishes events that were committed to the outbox to JetStream, with
+//! `Nats-Msg-Id` = the event's id so a re-publish is de-duplicated by the stream. A row holds
+//! one decision's events (`store::OutboxRow`) and is removed once all of them are on the stream.
 //!
 //! Two ways out. **Hand-off**: a service's hot path stages its events (`store::outbox::stage`,
 //! the rows claimed by their committer) and hands them to [`Relay::hand_off`] right after its
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use bus::async_nats::HeaderMap;
 use bus::{Bus, OutgoingMessage};
-use store::{OutboxEvent, PgPool, Staged};
+use store::{OutboxRow, PgPool, Staged};
 use tokio::sync::{Mutex, Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -66,9 +67,9 @@ pub struct Relay {
     bus: Bus,
     config: RelayConfig,
     wake: Arc<Notify>,
-    handed_off: mpsc::UnboundedSender<Vec<OutboxEvent>>,
+    handed_off: mpsc::UnboundedSender<Vec<OutboxRow>>,
     /// Taken by [`Relay::run`] for as long as it runs.
-    hand_offs: Arc<Mutex<mpsc::UnboundedReceiver<Vec<OutboxEvent>>>>,
+    hand_offs: Arc<Mutex<mpsc::UnboundedReceiver<Vec<OutboxRow>>>>,
 }
 
 impl Relay {
@@ -98,67 +99,85 @@ impl Relay {
         }
         // An error means the relay has stopped (shutdown): the rows wait out their hand-off
         // and the next poll of any relay publishes them.
-        let _ = self.handed_off.send(staged.into_events());
+        let _ = self.handed_off.send(staged.into_rows());
     }
 
     /// One pass: claim, publish (pipelined, every PubAck awaited), remove the published.
     pub async fn run_once(&self) -> Result<RelayOutcome, store::StoreError> {
-        let events =
+        let rows =
             store::outbox::claim(&self.pool, self.config.batch_size, self.config.claim_for).await?;
-        self.publish(events).await
+        self.publish(rows).await
     }
 
-    /// Publishes `events` pipelined, removes the acknowledged ones and gives the
-    /// others back to the poll (one statement each, whatever their number).
-    async fn publish(&self, events: Vec<OutboxEvent>) -> Result<RelayOutcome, store::StoreError> {
-        if events.is_empty() {
+    /// Publishes the events of `rows` pipelined, removes the rows whose every event was
+    /// acknowledged and gives the others back to the poll without their acknowledged events
+    /// (one statement each, whatever their number). The outcome counts events.
+    async fn publish(&self, rows: Vec<OutboxRow>) -> Result<RelayOutcome, store::StoreError> {
+        if rows.is_empty() {
             return Ok(RelayOutcome::default());
         }
-        let ids: Vec<Uuid> = events.iter().map(|event| event.id).collect();
-        let outgoing = events
+        let row_ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
+        // Each event's row (by index into `rows`) and id, in publishing order.
+        let mut owners: Vec<(usize, Uuid)> = Vec::new();
+        let mut outgoing = Vec::new();
+        for (row, event) in rows
             .into_iter()
-            .map(|event| {
-                let mut headers = HeaderMap::new();
-                for (name, value) in &event.headers {
-                    headers.insert(name.as_str(), value.as_str());
-                }
-                OutgoingMessage {
-                    subject: event.subject,
-                    msg_id: event.id.to_string(),
-                    headers,
-                    payload: event.payload.into(),
-                }
-            })
-            .collect();
+            .enumerate()
+            .flat_map(|(index, row)| row.events.into_iter().map(move |event| (index, event)))
+        {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &event.headers {
+                headers.insert(name.as_str(), value.as_str());
+            }
+            owners.push((row, event.id));
+            outgoing.push(OutgoingMessage {
+                subject: event.subject,
+                msg_id: event.id.to_string(),
+                headers,
+                payload: event.payload.into(),
+            });
+        }
         let results = self.bus.publish_durable_all(outgoing).await;
-        let mut published = Vec::with_capacity(ids.len());
-        let mut failed = Vec::new();
+        let mut row_failed = vec![false; row_ids.len()];
+        let mut acknowledged = Vec::with_capacity(owners.len());
+        let mut outcome = RelayOutcome::default();
         let mut first_error = None;
-        for (id, result) in ids.into_iter().zip(results) {
+        for ((row, event_id), result) in owners.into_iter().zip(results) {
             match result {
-                Ok(_) => published.push(id),
+                Ok(_) => acknowledged.push((row, event_id)),
                 Err(error) => {
-                    first_error.get_or_insert((id, error));
-                    failed.push(id);
+                    first_error.get_or_insert((row_ids[row], error));
+                    row_failed[row] = true;
+                    outcome.failed += 1;
                 }
             }
         }
+        outcome.published = acknowledged.len();
         // One line per pass, not per row: during a NATS outage every row of every pass fails.
-        if let Some((first_id, error)) = first_error {
+        if let Some((first_row, error)) = first_error {
             tracing::warn!(
-                failed = failed.len(),
-                published = published.len(),
-                first_outbox_id = %first_id,
+                failed = outcome.failed,
+                published = outcome.published,
+                first_outbox_row = %first_row,
                 error = %telemetry::chain(&error),
-                "outbox publishes failed; those rows will be retried"
+                "outbox publishes failed; their rows will be published again"
             );
         }
-        store::outbox::remove_published(&self.pool, &published).await?;
-        store::outbox::unclaim(&self.pool, &failed).await?;
-        Ok(RelayOutcome {
-            published: published.len(),
-            failed: failed.len(),
-        })
+        let rows_where = |failed: bool| -> Vec<Uuid> {
+            (row_ids.iter().zip(&row_failed))
+                .filter(|(_, row_failed)| **row_failed == failed)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        store::outbox::remove_published(&self.pool, &rows_where(false)).await?;
+        // A row given back leaves out its events already on the stream.
+        let already_out: Vec<Uuid> = acknowledged
+            .into_iter()
+            .filter(|(row, _)| row_failed[*row])
+            .map(|(_, event_id)| event_id)
+            .collect();
+        store::outbox::unclaim(&self.pool, &rows_where(true), &already_out).await?;
+        Ok(outcome)
     }
 
     /// Runs passes until `shutdown`: immediately again while rows keep coming, otherwise on
@@ -182,7 +201,7 @@ impl Relay {
     /// later waits for a poll.
     async fn publish_hand_offs(&self, shutdown: CancellationToken) {
         let mut hand_offs = self.hand_offs.lock().await;
-        let mut received: Vec<Vec<OutboxEvent>> = Vec::new();
+        let mut received: Vec<Vec<OutboxRow>> = Vec::new();
         let mut rounds = tokio::task::JoinSet::new();
         loop {
             let open = tokio::select! {
@@ -194,11 +213,17 @@ impl Relay {
                     false
                 }
             };
-            let mut events: Vec<OutboxEvent> = received.drain(..).flatten().collect();
-            while !events.is_empty() {
-                let round: Vec<OutboxEvent> = events
-                    .drain(..events.len().min(self.config.hand_off_round))
-                    .collect();
+            let mut rows = received.drain(..).flatten().peekable();
+            while rows.peek().is_some() {
+                // Whole rows, up to `hand_off_round` events (at least one row).
+                let mut round: Vec<OutboxRow> = Vec::new();
+                let mut events = 0;
+                while let Some(row) = rows.next_if(|row| {
+                    round.is_empty() || events + row.events.len() <= self.config.hand_off_round
+                }) {
+                    events += row.events.len();
+                    round.push(row);
+                }
                 while rounds.len() >= self.config.hand_off_rounds_in_flight.max(1) {
                     rounds.join_next().await;
                 }

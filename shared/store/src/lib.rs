@@ -41,7 +41,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use thiserror::Error;
 
 pub use fence::LeaseClaim;
-pub use outbox::{OutboxEvent, ProgressEvents, Staged};
+pub use outbox::{OutboxEvent, OutboxRow, ProgressEvents, Staged};
 pub use retry::RetryPolicy;
 pub use sql::{STATEMENTS, Statement};
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};

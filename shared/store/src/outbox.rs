@@ -1,8 +1,12 @@
 //! The transactional outbox: events are inserted in the transaction that makes them true, and
-//! published to JetStream with `Nats-Msg-Id` = the row id.
+//! published to JetStream with `Nats-Msg-Id` = the event's id.
 //!
-//! Two ways out, one table. A service's hot path [`stage`]s its events: the rows are written
-//! already claimed for [`HANDOFF`] and handed back, and the committer publishes them right after
+//! A decision's events are one row of `outbox_batches` ([`OutboxRow`]): one row version per
+//! decision, not one per event. Rows an older build wrote to `outbox` (one event each) are
+//! claimed and published the same way.
+//!
+//! Two ways out. A service's hot path [`stage`]s its events: the row is written already
+//! claimed for [`HANDOFF`] and handed back, and the committer publishes it right after
 //! its commit (`outbox::Relay::hand_off`), so an event costs no claim and waits for no poll. The
 //! relay's poll ([`claim`]) publishes every row nobody published: [`enqueue`]d ones (the
 //! operator's commands, which run no relay) at once, staged ones only once their hand-off lapsed
@@ -103,9 +107,17 @@ impl std::str::FromStr for ProgressEvents {
 }
 
 /// How long a staged row belongs to its committer before the relay's poll may publish it.
-/// Long enough for a busy committer to publish and mark it; a re-publish after it is harmless
-/// (the stream drops a repeated `Nats-Msg-Id`), it only costs a message.
+/// Long enough for a busy committer to publish and remove it; a re-publish after it is
+/// harmless (the stream drops a repeated `Nats-Msg-Id`), it only costs a message.
 pub const HANDOFF: Duration = Duration::from_secs(10);
+
+/// One outbox row: the events one decision wrote, published together and removed together
+/// once every one of them is on the stream. A row an older build wrote holds one event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRow {
+    pub id: Uuid,
+    pub events: Vec<OutboxEvent>,
+}
 
 /// Events a transaction staged, for its committer to publish right after the commit.
 ///
@@ -119,51 +131,52 @@ pub const HANDOFF: Duration = Duration::from_secs(10);
 #[must_use = "hand staged events to the relay after the commit, or they wait out the hand-off"]
 pub struct Staged {
     progress_events: ProgressEvents,
-    events: Vec<OutboxEvent>,
+    rows: Vec<OutboxRow>,
 }
 
 impl Staged {
     pub fn new(progress_events: ProgressEvents) -> Self {
         Self {
             progress_events,
-            events: Vec::new(),
+            rows: Vec::new(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
+        self.rows.is_empty()
     }
 
+    /// How many events were staged.
     pub fn len(&self) -> usize {
-        self.events.len()
+        self.rows.iter().map(|row| row.events.len()).sum()
     }
 
-    /// Where the events staged from now on begin (before a savepoint).
+    /// Where the rows staged from now on begin (before a savepoint).
     pub(crate) fn mark(&self) -> usize {
-        self.events.len()
+        self.rows.len()
     }
 
     /// Forgets what was staged since `mark` (its savepoint was rolled back).
     pub(crate) fn roll_back_to(&mut self, mark: usize) {
-        self.events.truncate(mark);
+        self.rows.truncate(mark);
     }
 
-    /// The events as stored, headers included, in the order they were staged.
-    pub fn into_events(self) -> Vec<OutboxEvent> {
-        self.events
+    /// The rows as stored, headers included, in the order they were staged.
+    pub fn into_rows(self) -> Vec<OutboxRow> {
+        self.rows
     }
 }
 
-/// Inserts `events` in one statement, inside the caller's transaction, for the relay's poll to
+/// Writes `events` as one row, inside the caller's transaction, for the relay's poll to
 /// publish (paths that run no relay of their own: the operator's commands).
 pub async fn enqueue(conn: &mut PgConnection, events: &[OutboxEvent]) -> Result<(), StoreError> {
-    insert(conn, events, None).await?;
+    insert(conn, Uuid::now_v7(), events, None).await?;
     Ok(())
 }
 
-/// Inserts `events` in one statement, inside the caller's transaction, claimed by the caller
-/// for [`HANDOFF`], and adds them as stored (with the scan's trace context filled in) to
-/// `staged`, which the caller publishes after its commit.
+/// Writes `events` as one row, inside the caller's transaction, claimed by the caller for
+/// [`HANDOFF`], and adds it as stored (with the scan's trace context filled in) to `staged`,
+/// which the caller publishes after its commit.
 pub async fn stage(
     conn: &mut PgConnection,
     staged: &mut Staged,
@@ -174,22 +187,26 @@ pub async fn stage(
             .kind
             .is_none_or(|kind| staged.progress_events.writes(kind))
     });
-    let headers = insert(conn, &events, Some(HANDOFF)).await?;
-    for (event, (id, headers)) in events.iter_mut().zip(headers) {
-        debug_assert_eq!(event.id, id);
+    if events.is_empty() {
+        return Ok(());
+    }
+    let id = Uuid::now_v7();
+    let headers = insert(conn, id, &events, Some(HANDOFF)).await?;
+    for (event, headers) in events.iter_mut().zip(headers) {
         event.headers = serde_json::from_value(headers).unwrap_or_default();
     }
-    staged.events.append(&mut events);
+    staged.rows.push(OutboxRow { id, events });
     Ok(())
 }
 
-/// The one insert: rows claimed for `claimed_for` when set; returns each row's id and stored
-/// headers, in the order of `events`.
+/// The one insert: one row `id` holding `events`, claimed for `claimed_for` when set; returns
+/// each event's stored headers, in the order of `events`.
 async fn insert(
     conn: &mut PgConnection,
+    id: Uuid,
     events: &[OutboxEvent],
     claimed_for: Option<Duration>,
-) -> Result<Vec<(Uuid, serde_json::Value)>, StoreError> {
+) -> Result<Vec<serde_json::Value>, StoreError> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
@@ -205,55 +222,76 @@ async fn insert(
         .collect();
     let trace_scan_ids: Vec<Option<Uuid>> =
         events.iter().map(|event| event.trace_scan_id).collect();
-    let mut stored: Vec<(Uuid, serde_json::Value)> = sql::query_as(sql::outbox::INSERT_MANY)
+    let stored: Vec<serde_json::Value> = sql::query_scalar(sql::outbox::INSERT_BATCH)
+        .bind(id)
         .bind(&ids)
         .bind(&subjects)
         .bind(&payloads)
         .bind(&headers)
         .bind(&trace_scan_ids)
         .bind(claimed_for.map(crate::seconds))
-        .fetch_all(conn)
+        .fetch_one(conn)
         .await?;
-    // RETURNING follows no order; give the rows back in the order of `events`.
-    let position: std::collections::HashMap<Uuid, usize> = ids
-        .iter()
-        .enumerate()
-        .map(|(index, id)| (*id, index))
-        .collect();
-    stored.sort_by_key(|(id, _)| position[id]);
+    if stored.len() != events.len() {
+        return Err(StoreError::Corrupt(format!(
+            "outbox row {id}: {} events written, {} stored",
+            events.len(),
+            stored.len()
+        )));
+    }
     Ok(stored)
 }
 
-/// Claims up to `limit` unpublished rows that no other relay holds, oldest first, for
-/// `claim_for`; commits before returning so no connection is held while publishing.
+/// One row as the poll reads it: id, event ids, subjects, payloads, headers.
+type ClaimedRow = (
+    Uuid,
+    Vec<Uuid>,
+    Vec<String>,
+    Vec<Vec<u8>>,
+    Vec<serde_json::Value>,
+);
+
+/// Claims unpublished rows that no other relay holds, oldest first, for `claim_for`, until
+/// they carry about `limit` events; commits before returning so no connection is held while
+/// publishing.
 pub async fn claim(
     pool: &PgPool,
     limit: i64,
     claim_for: Duration,
-) -> Result<Vec<OutboxEvent>, StoreError> {
-    let rows: Vec<(Uuid, String, Vec<u8>, serde_json::Value)> = sql::query_as(sql::outbox::CLAIM)
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let claimed: Vec<ClaimedRow> = sql::query_as(sql::outbox::CLAIM)
         .bind(limit)
         .bind(crate::seconds(claim_for))
         .fetch_all(pool)
         .await?;
-    let mut events: Vec<OutboxEvent> = rows
+    let mut rows: Vec<OutboxRow> = claimed
         .into_iter()
-        .map(|(id, subject, payload, headers)| OutboxEvent {
+        .map(|(id, event_ids, subjects, payloads, headers)| OutboxRow {
             id,
-            subject,
-            payload,
-            headers: serde_json::from_value(headers).unwrap_or_default(),
-            trace_scan_id: None,
-            kind: None,
+            events: event_ids
+                .into_iter()
+                .zip(subjects)
+                .zip(payloads)
+                .zip(headers)
+                .map(|(((id, subject), payload), headers)| OutboxEvent {
+                    id,
+                    subject,
+                    payload,
+                    headers: serde_json::from_value(headers).unwrap_or_default(),
+                    trace_scan_id: None,
+                    kind: None,
+                })
+                .collect(),
         })
         .collect();
     // v7 ids sort by creation time; publish in that order.
-    events.sort_by_key(|event| event.id);
-    Ok(events)
+    rows.sort_by_key(|row| row.id);
+    Ok(rows)
 }
 
-/// Removes rows once published (their PubAck arrived), whoever published them: the event is on
-/// the stream, which keeps it. One statement for any number of rows.
+/// Removes rows once every event of theirs is published (its PubAck arrived), whoever
+/// published them: the events are on the stream, which keeps them. One statement for any
+/// number of rows.
 pub async fn remove_published(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
@@ -265,19 +303,21 @@ pub async fn remove_published(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreEr
     Ok(())
 }
 
-/// Gives claimed rows back so another pass can publish them at once.
-pub async fn unclaim(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreError> {
+/// Gives claimed rows back so another pass can publish them at once, without their events in
+/// `published` (acknowledged by the stream: a row that failed in part keeps only the rest).
+pub async fn unclaim(pool: &PgPool, ids: &[Uuid], published: &[Uuid]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
     sql::query(sql::outbox::UNCLAIM)
         .bind(ids)
+        .bind(published)
         .execute(pool)
         .await?;
     Ok(())
 }
 
-/// Rows not yet published and the age of the oldest, for lag metrics and tests.
+/// Events not yet published and the age of the oldest, for lag metrics and tests.
 pub async fn backlog(pool: &PgPool) -> Result<(i64, Option<f64>), StoreError> {
     let row: (i64, Option<f64>) = sql::query_as(sql::outbox::BACKLOG).fetch_one(pool).await?;
     Ok(row)

@@ -14,7 +14,7 @@ fn live() -> [&'static str; 2] {
 }
 
 /// Every table palisade writes, for "nothing was written" checks.
-pub const TABLES: [&str; 21] = [
+pub const TABLES: [&str; 22] = [
     "organizations",
     "targets",
     "workers",
@@ -30,6 +30,7 @@ pub const TABLES: [&str; 21] = [
     "findings",
     "enrichment_jobs",
     "outbox",
+    "outbox_batches",
     "dead_letters",
     "leader_leases",
     "clients",
@@ -93,13 +94,54 @@ pub async fn check_constraint(
 /// Ends the hand-off of every staged, unpublished outbox row now, as if its committer had
 /// crashed [`crate::outbox::HANDOFF`] ago: the relays' next poll publishes it.
 pub async fn lapse_outbox_hand_offs(pool: &PgPool) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "UPDATE outbox SET claimed_until = now() - interval '1 second'
-         WHERE published_at IS NULL AND claimed_until > now()",
+    let lapsed: i64 = sqlx::query_scalar(
+        "WITH single AS (
+             UPDATE outbox SET claimed_until = now() - interval '1 second'
+             WHERE published_at IS NULL AND claimed_until > now() RETURNING 1
+         ), batches AS (
+             UPDATE outbox_batches SET claimed_until = now() - interval '1 second'
+             WHERE claimed_until > now() RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM single) + (SELECT count(*) FROM batches)",
     )
-    .execute(pool)
-    .await?
-    .rows_affected())
+    .fetch_one(pool)
+    .await?;
+    Ok(lapsed as u64)
+}
+
+/// Every event written and not yet published, in either outbox table, in the order written,
+/// with how many times a poll claimed its row. Tests read events as the stream's plus these.
+pub async fn unpublished_events(
+    pool: &PgPool,
+) -> Result<Vec<(crate::OutboxEvent, i32)>, StoreError> {
+    let rows: Vec<(Uuid, String, Vec<u8>, i32)> = sqlx::query_as(
+        "SELECT id, subject, payload, publish_attempts FROM (
+             SELECT id AS row_id, 1 AS position, id, subject, payload, publish_attempts
+             FROM outbox WHERE published_at IS NULL
+             UNION ALL
+             SELECT b.id, e.position, e.id, e.subject, e.payload, b.publish_attempts
+             FROM outbox_batches b,
+                  UNNEST(b.event_ids, b.subjects, b.payloads) WITH ORDINALITY
+                      AS e(id, subject, payload, position)
+         ) waiting
+         ORDER BY row_id, position",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, subject, payload, attempts)| {
+            let event = crate::OutboxEvent {
+                id,
+                subject,
+                payload,
+                headers: Default::default(),
+                trace_scan_id: None,
+                kind: None,
+            };
+            (event, attempts)
+        })
+        .collect())
 }
 
 /// Live attempts a worker holds (tests and operators).

@@ -1,6 +1,7 @@
 //! The admission decision script (`store::admit`) driven directly against PostgreSQL: what a
 //! batch costs in statements whatever its size, and each request of a mixed batch getting the
-//! answer it would get decided alone, in order.
+//! answer it would get decided alone, in order; and request/reply submissions decided in
+//! batches as the durable path's are.
 
 use admission::request::{ValidScanRequest, validate};
 use messages::v1;
@@ -151,7 +152,7 @@ async fn statements_per_admission_batch_do_not_grow_with_the_batch() {
     let counts = system.table_counts().await;
     assert_eq!(counts["scans"], 110);
     assert_eq!(counts["worker_tasks"], 110);
-    assert_eq!(counts["outbox"], 220);
+    assert_eq!(counts["events_written"], 220);
     system.finish().await;
 }
 
@@ -275,7 +276,7 @@ async fn a_mixed_admission_batch_gives_each_request_its_own_answer() {
         ("targets", 3),
         ("scan_jobs", 3),
         ("worker_tasks", 3),
-        ("outbox", 6),
+        ("events_written", 6),
     ] {
         assert_eq!(after[table] - before[table], written, "{table}");
     }
@@ -334,5 +335,59 @@ async fn an_admission_request_the_schema_refuses_fails_alone_when_decided_one_by
     let counts = system.table_counts().await;
     assert_eq!(counts["scans"], 2);
     assert_eq!(counts["targets"], 2);
+    system.finish().await;
+}
+
+/// Request/reply submissions that arrive together are decided together (issue 24): a burst
+/// costs a few admission transactions, not one per request, and each request still gets its
+/// own answer, a repeated one the first one's scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_are_decided_in_shared_transactions() {
+    const SUBMISSIONS: usize = 60;
+    let system = tests::TestSystem::spawn().await;
+    let org = system.organization().await;
+    let client = system.client();
+    let mut requests: Vec<v1::ScanRequest> = (0..SUBMISSIONS)
+        .map(|index| system.request(org, &format!("http://together-{index}.test"), &["alpha"]))
+        .collect();
+    requests.push(requests[0].clone());
+
+    let before = cost::snapshot();
+    let replies =
+        futures::future::join_all(requests.iter().map(|request| client.submit(request))).await;
+    let spent = cost::spent(&before, &cost::snapshot());
+
+    let replies: Vec<v1::ScanRequestReply> = replies
+        .into_iter()
+        .map(|reply| reply.expect("admission answers"))
+        .collect();
+    for reply in &replies {
+        assert!(reply.error.is_none(), "{reply:?}");
+    }
+    let scans: std::collections::HashSet<&str> =
+        replies.iter().map(|reply| reply.scan_id.as_str()).collect();
+    assert_eq!(scans.len(), SUBMISSIONS, "one scan per distinct request");
+    let (first, repeated) = (&replies[0], &replies[SUBMISSIONS]);
+    assert_eq!(
+        first.scan_id, repeated.scan_id,
+        "the repeat names the first's scan"
+    );
+    assert_eq!(
+        [first.deduplicated, repeated.deduplicated]
+            .iter()
+            .filter(|deduplicated| **deduplicated)
+            .count(),
+        1,
+        "one of the two admitted it: {first:?} {repeated:?}"
+    );
+    assert_eq!(system.table_counts().await["scans"], SUBMISSIONS as i64);
+    // Decided one per transaction, the burst costs 61 commits; the deciders take what queued
+    // while they were busy, so a few transactions take it all.
+    let commits = spent[lanes::ADMISSION].commits;
+    assert!(
+        commits <= (SUBMISSIONS / 4) as u64,
+        "{commits} admission commits for {} submissions ({spent:?})",
+        SUBMISSIONS + 1
+    );
     system.finish().await;
 }

@@ -930,7 +930,7 @@ async fn where_the_load_stands(system: &TestSystem, load: &Load) -> String {
     let states: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT 'scans', state, count(*) FROM scans GROUP BY state
          UNION ALL SELECT 'worker_tasks', state, count(*) FROM worker_tasks GROUP BY state
-         UNION ALL SELECT 'outbox unpublished', '', count(*) FROM outbox WHERE published_at IS NULL
+         UNION ALL SELECT 'outbox rows unpublished', '', count(*) FROM outbox_batches
          ORDER BY 1, 2",
     )
     .fetch_all(&system.pool)

@@ -19,12 +19,15 @@ async fn events_by_name(system: &TestSystem) -> BTreeMap<String, usize> {
 /// The rows still in the outbox (not yet published) as (subject suffix, times a poll claimed
 /// it).
 async fn outbox_rows(system: &TestSystem) -> Vec<(String, i32)> {
-    sqlx::query_as(
-        "SELECT split_part(subject, '.event.', 2), publish_attempts FROM outbox ORDER BY id",
-    )
-    .fetch_all(&system.pool)
-    .await
-    .expect("outbox rows")
+    store::testing::unpublished_events(&system.pool)
+        .await
+        .expect("outbox rows")
+        .into_iter()
+        .map(|(event, attempts)| {
+            let name = event.subject.split_once(".event.").map(|(_, name)| name);
+            (name.unwrap_or_default().to_owned(), attempts)
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -79,7 +82,14 @@ async fn an_event_its_committer_never_published_goes_out_once_its_hand_off_lapse
     let outcome = poll.run_once().await.expect("a poll");
     assert_eq!(outcome.published, 0, "{outcome:?}");
     let rows = outbox_rows(&system).await;
-    assert_eq!(rows.len(), 2, "both rows wait unpublished: {rows:?}");
+    assert_eq!(rows.len(), 2, "both events wait unpublished: {rows:?}");
+    assert_eq!(
+        store::testing::count_rows(&system.pool, "outbox_batches")
+            .await
+            .expect("count"),
+        1,
+        "the decision's events are one row"
+    );
     assert!(events_by_name(&system).await.is_empty());
 
     // Once the hand-off lapses, a poll publishes them, once.
@@ -91,6 +101,71 @@ async fn an_event_its_committer_never_published_goes_out_once_its_hand_off_lapse
     let events = events_by_name(&system).await;
     assert_eq!(events.get("scan.admitted"), Some(&1), "{events:?}");
     assert_eq!(events.get("task.ready"), Some(&1), "{events:?}");
+    system.finish().await;
+}
+
+/// A row whose events were published in part goes back to the poll without the events the
+/// stream acknowledged: they are never published again, however long the rest waits (past the
+/// stream's duplicate window a second copy would be a second event).
+#[tokio::test]
+async fn a_row_published_in_part_keeps_only_what_the_stream_did_not_take() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let delivered = store::OutboxEvent::for_tenant(
+        &system.subjects,
+        &organization_id,
+        messages::EventKind::ScanCompleted,
+        b"taken".to_vec(),
+    );
+    // No stream captures this subject: its publish is refused, every time.
+    let mut refused = delivered.clone();
+    refused.id = uuid::Uuid::now_v7();
+    refused.subject = format!("{}.nowhere", system.subjects.prefix());
+    let mut conn = system.pool.acquire().await.expect("a connection");
+    store::outbox::enqueue(&mut conn, &[delivered.clone(), refused.clone()])
+        .await
+        .expect("enqueued");
+    drop(conn);
+
+    // The services' relays poll it: one event goes out, the other stays, alone in its row.
+    system
+        .wait_for("the row to keep only the refused event", || async {
+            let rows = store::testing::unpublished_events(&system.pool)
+                .await
+                .expect("outbox rows");
+            let ids: Vec<_> = rows.iter().map(|(event, _)| event.id).collect();
+            (ids == [refused.id]).then_some(())
+        })
+        .await;
+    let taken_once = || async {
+        tests::published_events(&system)
+            .await
+            .iter()
+            .filter(|event| event.id == delivered.id)
+            .count()
+    };
+    assert_eq!(taken_once().await, 1);
+    // Polls go on failing the rest; the event taken is not sent again.
+    system
+        .wait_for("two more polls of the row", || async {
+            let rows = store::testing::unpublished_events(&system.pool)
+                .await
+                .expect("outbox rows");
+            (rows.first().is_some_and(|(_, attempts)| *attempts >= 3)).then_some(())
+        })
+        .await;
+    let mut stream = system
+        .bus
+        .jetstream()
+        .get_stream(system.subjects.events_stream())
+        .await
+        .expect("events stream");
+    let info = stream.info().await.expect("stream info");
+    assert_eq!(
+        info.state.messages, 1,
+        "the acknowledged event was published once: {info:?}"
+    );
+    assert_eq!(taken_once().await, 1);
     system.finish().await;
 }
 
