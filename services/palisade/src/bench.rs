@@ -8,7 +8,9 @@
 //!   lease row guarded by its token and expiry, INSERT of a result row, INSERT of an outbox
 //!   row, COMMIT). It is the least a worker's result costs PostgreSQL, so steps/s is the
 //!   throughput no scan path built on fenced leases can beat on this machine; every other
-//!   throughput is also given as a ratio to it.
+//!   throughput is also given as a ratio to it. Then the same steps batched, as palisade's
+//!   consumers batch them ([`CEILING_BATCH`] leases per commit, set-wise statements): what
+//!   deciding in sets can reach on the same PostgreSQL.
 //! - **burn-down**: N scans of one `synthetic` plugin (no delay, one finding) sent at once;
 //!   scans/s from the first request to the last completion event, request-to-completion
 //!   latency, where the time went per stage (as for steady), and what each lane spent per scan
@@ -132,9 +134,22 @@ pub struct Ceiling {
     pub fence_misses: u64,
     /// Whether an UPDATE with a stale token matched nothing.
     pub stale_token_refused: bool,
-    /// Result and outbox rows in the scratch tables afterwards.
+    /// Result and outbox rows in the scratch tables afterwards (both phases).
     pub result_rows: i64,
     pub outbox_rows: i64,
+    /// The batched phase: [`CEILING_BATCH`] fenced steps per commit, for as long again.
+    pub batched: BatchedCeiling,
+}
+
+/// What the ceiling's batched phase measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchedCeiling {
+    pub per_commit: usize,
+    pub seconds: f64,
+    pub steps: u64,
+    pub steps_per_second: f64,
+    /// Fenced steps of a batch that did not match their lease row.
+    pub fence_misses: u64,
 }
 
 /// What a burn-down measured.
@@ -839,6 +854,13 @@ const CEILING_SCHEMA: [&str; 4] = [
 /// COMMIT (sqlx does not report `BEGIN`).
 const CEILING_STATEMENTS_PER_STEP: u64 = 4;
 
+/// Fenced steps per commit in the ceiling's batched phase: about what palisade's consumers
+/// decide per transaction under load.
+pub const CEILING_BATCH: usize = 100;
+
+/// Where the batched phase's lease rows begin, after the one-step phase's.
+const CEILING_BATCH_LEASES_FROM: i64 = 1_000_000;
+
 /// `connections` connections each repeating the fenced step on a lease row of its own for
 /// `duration`.
 async fn ceiling(
@@ -858,9 +880,14 @@ async fn ceiling(
     }
     sqlx::query(
         "INSERT INTO bench_leases (id, token, expires_at)
-         SELECT g, md5(g::text), now() + interval '1 hour' FROM generate_series(1, $1) g",
+         SELECT g, md5(g::text), now() + interval '1 hour' FROM generate_series(1, $1) g
+         UNION ALL
+         SELECT g, md5(g::text), now() + interval '1 hour'
+         FROM generate_series($2, $2 + $1 * $3 - 1) g",
     )
     .bind(connections as i64)
+    .bind(CEILING_BATCH_LEASES_FROM)
+    .bind(CEILING_BATCH as i64)
     .execute(&pool)
     .await
     .context("cannot create the ceiling's leases")?;
@@ -883,6 +910,24 @@ async fn ceiling(
     }
     report.seconds = started.elapsed().as_secs_f64();
     report.steps_per_second = report.steps as f64 / report.seconds.max(0.001);
+
+    // The same, batched: each connection fences its own CEILING_BATCH leases per commit.
+    let started = Instant::now();
+    let deadline = started + duration;
+    for connection in 0..connections as i64 {
+        let pool = pool.clone();
+        let first = CEILING_BATCH_LEASES_FROM + connection * CEILING_BATCH as i64;
+        steppers.spawn(async move { fenced_batches(&pool, first, deadline).await });
+    }
+    report.batched.per_commit = CEILING_BATCH;
+    while let Some(stepped) = steppers.join_next().await {
+        let (steps, misses) = stepped.context("a batched fenced stepper panicked")??;
+        report.batched.steps += steps;
+        report.batched.fence_misses += misses;
+    }
+    report.batched.seconds = started.elapsed().as_secs_f64();
+    report.batched.steps_per_second =
+        report.batched.steps as f64 / report.batched.seconds.max(0.001);
     report.stale_token_refused = sqlx::query(
         "UPDATE bench_leases SET renewed_at = now()
           WHERE id = 1 AND token = 'stale' AND expires_at > now()",
@@ -952,6 +997,77 @@ async fn fenced_steps(
     Ok((steps, misses))
 }
 
+/// The fenced step set-wise on the [`CEILING_BATCH`] lease rows from `first` until `deadline`:
+/// one UPDATE fencing all of them by id and token, one INSERT of their results, one of their
+/// outbox rows, COMMIT. Returns the steps committed and the leases a batch's UPDATE did not
+/// match (the batch is rolled back; there should be none).
+async fn fenced_batches(
+    pool: &sqlx::PgPool,
+    first: i64,
+    deadline: Instant,
+) -> anyhow::Result<(u64, u64)> {
+    let ids: Vec<i64> = (first..first + CEILING_BATCH as i64).collect();
+    let tokens: Vec<String> = sqlx::query_scalar(
+        "SELECT l.token FROM UNNEST($1::bigint[]) WITH ORDINALITY AS i(id, position)
+         JOIN bench_leases l ON l.id = i.id ORDER BY i.position",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    let findings: Vec<serde_json::Value> = (0..CEILING_BATCH)
+        .map(|index| {
+            json!({
+                "rule_id": format!("bench-{index}"),
+                "severity": "medium",
+                "resource": "bench://ceiling",
+                "title": "a result row the size of one finding",
+            })
+        })
+        .collect();
+    let subjects = vec!["bench.v1.event.result"; CEILING_BATCH];
+    let outbox_payloads = vec![vec![0x5a_u8; 160]; CEILING_BATCH];
+    let (mut steps, mut misses, mut sequence) = (0_u64, 0_u64, 0_i64);
+    while Instant::now() < deadline {
+        let mut transaction = pool.begin().await?;
+        let fenced = sqlx::query(
+            "UPDATE bench_leases l SET renewed_at = now(), steps = l.steps + 1
+              FROM UNNEST($1::bigint[], $2::text[]) AS f(id, token)
+              WHERE l.id = f.id AND l.token = f.token AND l.expires_at > now()",
+        )
+        .bind(&ids)
+        .bind(&tokens)
+        .execute(&mut *transaction)
+        .await?
+        .rows_affected();
+        if fenced != CEILING_BATCH as u64 {
+            misses += CEILING_BATCH as u64 - fenced;
+            transaction.rollback().await?;
+            continue;
+        }
+        sqlx::query(
+            "INSERT INTO bench_results (lease_id, sequence, payload)
+             SELECT id, $2, payload FROM UNNEST($1::bigint[], $3::jsonb[]) AS r(id, payload)",
+        )
+        .bind(&ids)
+        .bind(sequence)
+        .bind(&findings)
+        .execute(&mut *transaction)
+        .await?;
+        sqlx::query(
+            "INSERT INTO bench_outbox (subject, payload)
+             SELECT * FROM UNNEST($1::text[], $2::bytea[])",
+        )
+        .bind(&subjects)
+        .bind(&outbox_payloads)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        steps += CEILING_BATCH as u64;
+        sequence += 1;
+    }
+    Ok((steps, misses))
+}
+
 /// `/proc/loadavg`'s three load averages, or why not.
 fn load_average() -> String {
     match std::fs::read_to_string("/proc/loadavg") {
@@ -977,12 +1093,14 @@ pub fn checks(report: &BenchReport) -> Vec<Check> {
     if let Some(ceiling) = &report.ceiling {
         checks.push((
             "ceiling: every fenced UPDATE matched its lease, a stale token matched none".into(),
-            ceiling.fence_misses == 0 && ceiling.stale_token_refused,
+            ceiling.fence_misses == 0
+                && ceiling.batched.fence_misses == 0
+                && ceiling.stale_token_refused,
         ));
+        let steps = (ceiling.steps + ceiling.batched.steps) as i64;
         checks.push((
             "ceiling: one result row and one outbox row per committed step".into(),
-            ceiling.result_rows == ceiling.steps as i64
-                && ceiling.outbox_rows == ceiling.steps as i64,
+            ceiling.result_rows == steps && ceiling.outbox_rows == steps,
         ));
     }
     for (name, run) in [
@@ -1028,9 +1146,13 @@ pub fn print_report(report: &BenchReport) -> bool {
     let ceiling = report
         .ceiling
         .as_ref()
-        .map(|ceiling| ceiling.steps_per_second);
+        .map(|ceiling| (ceiling.steps_per_second, ceiling.batched.steps_per_second));
     let ratio = |per_second: f64| match ceiling {
-        Some(steps) if steps > 0.0 => format!("{:.3} × ceiling", per_second / steps),
+        Some((steps, batched)) if steps > 0.0 && batched > 0.0 => format!(
+            "{:.3} × ceiling, {:.3} × batched",
+            per_second / steps,
+            per_second / batched
+        ),
         _ => String::new(),
     };
     let line = || println!("{}", "-".repeat(WIDTH));
@@ -1059,6 +1181,15 @@ pub fn print_report(report: &BenchReport) -> bool {
             ceiling.steps_per_second
         );
         println!("  (UPDATE lease WHERE token AND expiry, INSERT result, INSERT outbox, COMMIT)");
+        println!(
+            "{:<46} {:>12.0} steps/s",
+            format!(
+                "ceiling, batched: {} steps per commit, {:.1} s",
+                ceiling.batched.per_commit, ceiling.batched.seconds
+            ),
+            ceiling.batched.steps_per_second
+        );
+        println!("  (the same three statements set-wise over the batch's leases, COMMIT)");
         line();
     }
     for (name, run) in [
@@ -1087,7 +1218,7 @@ pub fn print_report(report: &BenchReport) -> bool {
         );
         let total = total_cost(&run.cost);
         let per_scan = |count: u64| count as f64 / run.completed.max(1) as f64;
-        if let Some(steps) = ceiling {
+        if let Some((steps, _)) = ceiling {
             println!(
                 "  bound by the ceiling's PostgreSQL: {:.0} scans/s by statements ({} per step), {:.0} by commits",
                 steps * CEILING_STATEMENTS_PER_STEP as f64 / per_scan(total.statements).max(0.001),
@@ -1228,6 +1359,14 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             .filter(|steps| *steps > 0.0)
             .map(|steps| per_second / steps)
     };
+    let batched_ratio = |per_second: f64| {
+        report
+            .ceiling
+            .as_ref()
+            .map(|ceiling| ceiling.batched.steps_per_second)
+            .filter(|steps| *steps > 0.0)
+            .map(|steps| per_second / steps)
+    };
     let cost_json = |cost: &BTreeMap<&'static str, LaneCost>, completed: usize| {
         let per_scan = |count: u64| round(count as f64 / completed.max(1) as f64);
         let lane = |cost: &LaneCost| {
@@ -1258,6 +1397,7 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "seconds": round(run.seconds),
             "scans_per_second": round(run.scans_per_second),
             "ratio_to_ceiling": ratio(run.scans_per_second),
+            "ratio_to_batched_ceiling": batched_ratio(run.scans_per_second),
             "latency_ms": run.latency_ms.to_json(),
             "time": stages_json(&run.stages),
             "cost_per_scan": cost_json(&run.cost, run.completed),
@@ -1324,6 +1464,12 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "seconds": round(ceiling.seconds),
             "steps": ceiling.steps,
             "steps_per_second": round(ceiling.steps_per_second),
+            "batched": {
+                "steps_per_commit": ceiling.batched.per_commit,
+                "seconds": round(ceiling.batched.seconds),
+                "steps": ceiling.batched.steps,
+                "steps_per_second": round(ceiling.batched.steps_per_second),
+            },
         })),
         "burn_down": report.burn_down.as_ref().map(burn_down),
         "profile": report.profile.as_ref().map(burn_down),
