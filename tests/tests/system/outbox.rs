@@ -1,7 +1,8 @@
 //! How events leave the outbox: published by the service that committed them, right after its
 //! commit; published by a relay's poll only when their committer did not (it crashed between
-//! commit and publish); removed from the table once published; and the progress events left
-//! out when an operator turns them off.
+//! commit and publish); removed from the table once published, a row published in part keeping
+//! only the rest; rows an older build wrote published too; and the progress events left out
+//! when an operator turns them off.
 
 use std::collections::BTreeMap;
 
@@ -166,6 +167,47 @@ async fn a_row_published_in_part_keeps_only_what_the_stream_did_not_take() {
         "the acknowledged event was published once: {info:?}"
     );
     assert_eq!(taken_once().await, 1);
+    system.finish().await;
+}
+
+/// A row an older build wrote to the one-event-per-row `outbox` table during a rollout is
+/// published by this build's relays and removed, like a batch row.
+#[tokio::test]
+async fn an_event_an_older_build_wrote_is_published_once() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let event = store::OutboxEvent::for_tenant(
+        &system.subjects,
+        &organization_id,
+        messages::EventKind::ScanCompleted,
+        b"written by an older build".to_vec(),
+    );
+    sqlx::query("INSERT INTO outbox (id, subject, payload) VALUES ($1, $2, $3)")
+        .bind(event.id)
+        .bind(&event.subject)
+        .bind(&event.payload)
+        .execute(&system.pool)
+        .await
+        .expect("a row as an older build writes it");
+
+    system.wait_outbox_drained().await;
+    assert_eq!(
+        store::testing::count_rows(&system.pool, "outbox")
+            .await
+            .expect("count"),
+        0,
+        "the published row is removed"
+    );
+    let published = tests::published_events(&system).await;
+    assert_eq!(
+        published
+            .iter()
+            .filter(|published| published.id == event.id)
+            .map(|published| published.payload.as_slice())
+            .collect::<Vec<_>>(),
+        [event.payload.as_slice()],
+        "published once, under its row id"
+    );
     system.finish().await;
 }
 
