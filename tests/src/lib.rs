@@ -1475,16 +1475,21 @@ pub async fn stream_subject_counts(
         .expect("subject counts")
 }
 
-/// Every event on the events stream that came from the outbox, in order (its id is the
-/// message's `Nats-Msg-Id`; published rows are no longer in the table). `scan.rejected`, which
-/// admission publishes directly under a `scan-rejected:<sequence>` id, is left out.
-pub async fn published_events(system: &TestSystem) -> Vec<store::OutboxEvent> {
-    let mut stream = system
+/// The test system's events stream, to read what was published on it.
+pub async fn events_stream(system: &TestSystem) -> bus::async_nats::jetstream::stream::Stream {
+    system
         .bus
         .jetstream()
         .get_stream(system.subjects.events_stream())
         .await
-        .expect("events stream exists");
+        .expect("events stream exists")
+}
+
+/// Every event on the events stream that came from the outbox, in order (its id is the
+/// message's `Nats-Msg-Id`; published rows are no longer in the table). `scan.rejected`, which
+/// admission publishes directly under a `scan-rejected:<sequence>` id, is left out.
+pub async fn published_events(system: &TestSystem) -> Vec<store::OutboxEvent> {
+    let mut stream = events_stream(system).await;
     let last = stream
         .info()
         .await

@@ -511,22 +511,24 @@ async fn scenarios(
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 
 /// Waits until the previous scenario's work is done, so that it does not load the next: no
-/// unpublished outbox row and no unfinished enrichment job (or [`SETTLE_MAX`] passed).
+/// unpublished event and no unfinished enrichment job (or [`SETTLE_MAX`] passed).
 async fn settle(harness: &Harness) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
-        let busy: i64 = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL)
-                  + (SELECT count(*) FROM outbox_batches)
-                  + (SELECT count(*) FROM enrichment_jobs WHERE state IN ('pending', 'running'))",
+        let (unpublished, _) = store::outbox::backlog(&harness.pool)
+            .await
+            .context("cannot tell whether the system is idle")?;
+        let enriching: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM enrichment_jobs WHERE state IN ('pending', 'running')",
         )
         .fetch_one(&harness.pool)
         .await
         .context("cannot tell whether the system is idle")?;
+        let busy = unpublished + enriching;
         if busy == 0 || started.elapsed() >= SETTLE_MAX {
             if started.elapsed() >= Duration::from_millis(100) {
                 println!(
-                    "bench: waited {:.1} s for the previous scenario's tail ({busy} rows left)",
+                    "bench: waited {:.1} s for the previous scenario's tail ({busy} events and jobs left)",
                     started.elapsed().as_secs_f64()
                 );
             }

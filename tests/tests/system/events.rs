@@ -116,12 +116,7 @@ async fn a_client_reads_its_events_once_each_in_order_across_requests_and_a_woke
         (first.scan_id.as_str(), first.scan_id.as_str())
     );
     // Each as stored: its bytes and its traceparent header.
-    let stream = system
-        .bus
-        .jetstream()
-        .get_stream(system.subjects.events_stream())
-        .await
-        .unwrap();
+    let stream = tests::events_stream(&system).await;
     for event in &read {
         let stored = stream.get_raw_message(event.sequence).await.unwrap();
         assert_eq!(stored.payload.as_ref(), event.payload.as_slice());

@@ -155,12 +155,7 @@ async fn a_row_published_in_part_keeps_only_what_the_stream_did_not_take() {
             (rows.first().is_some_and(|(_, attempts)| *attempts >= 3)).then_some(())
         })
         .await;
-    let mut stream = system
-        .bus
-        .jetstream()
-        .get_stream(system.subjects.events_stream())
-        .await
-        .expect("events stream");
+    let mut stream = tests::events_stream(&system).await;
     let info = stream.info().await.expect("stream info");
     assert_eq!(
         info.state.messages, 1,
