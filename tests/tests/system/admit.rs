@@ -391,3 +391,80 @@ async fn concurrent_submissions_are_decided_in_shared_transactions() {
     );
     system.finish().await;
 }
+
+/// Submissions of two organizations decided in shared transactions still get each its own
+/// organization's answer: a request of another organization under the same idempotency key is
+/// a scan of its own, not a replay of the first organization's, and one organization's refused
+/// requests refuse nothing of the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_of_two_organizations_decided_together_stay_apart() {
+    const EACH: usize = 20;
+    let system = tests::TestSystem::spawn().await;
+    let (first_org, second_org) = (system.organization().await, system.organization().await);
+    let client = system.client();
+    let first: Vec<v1::ScanRequest> = (0..EACH)
+        .map(|index| system.request(first_org, &format!("http://first-{index}.test"), &["alpha"]))
+        .collect();
+    let second: Vec<v1::ScanRequest> = (0..EACH)
+        .map(|index| {
+            let mut request = system.request(
+                second_org,
+                &format!("http://second-{index}.test"),
+                &["alpha"],
+            );
+            if index % 4 == 1 {
+                request.priority = 5_000;
+            }
+            if index == 0 {
+                // The first organization's key, for a request of its own.
+                request.idempotency_key = first[0].idempotency_key.clone();
+            }
+            request
+        })
+        .collect();
+
+    let all: Vec<&v1::ScanRequest> = first
+        .iter()
+        .zip(&second)
+        .flat_map(|(a, b)| [a, b])
+        .collect();
+    let replies: Vec<v1::ScanRequestReply> =
+        futures::future::join_all(all.iter().map(|request| client.submit(request)))
+            .await
+            .into_iter()
+            .map(|reply| reply.expect("admission answers"))
+            .collect();
+
+    for (request, reply) in all.iter().zip(&replies) {
+        let refused = request.priority == 5_000;
+        assert_eq!(
+            reply.error.as_ref().and_then(|error| error.error_code()),
+            refused.then_some(messages::ErrorCode::InvalidField),
+            "{request:?} -> {reply:?}"
+        );
+        if !refused {
+            assert!(!reply.deduplicated, "{reply:?}");
+            let scan_id: Uuid = reply.scan_id.parse().expect("a scan id");
+            let organization: Uuid =
+                sqlx::query_scalar("SELECT organization_id FROM scans WHERE id = $1")
+                    .bind(scan_id)
+                    .fetch_one(&system.pool)
+                    .await
+                    .expect("the scan");
+            assert_eq!(organization.to_string(), request.organization_id);
+        }
+    }
+    assert_ne!(
+        replies[0].scan_id, replies[1].scan_id,
+        "one key, two organizations, two scans"
+    );
+    let refused = second
+        .iter()
+        .filter(|request| request.priority == 5_000)
+        .count();
+    assert_eq!(
+        system.table_counts().await["scans"],
+        (2 * EACH - refused) as i64
+    );
+    system.finish().await;
+}
