@@ -274,6 +274,13 @@ struct ClusterNode {
 impl NatsCluster {
     pub const SIZE: usize = 3;
     pub const NAME: &str = "palisade-test";
+    /// How often a node pings a peer (and a client) it has not heard from, and after how many
+    /// unanswered pings it drops the connection: the values `docs/operations.md` recommends.
+    /// A frozen or cut-off node's queue subscribers (dispatch's acquire, every service's verbs)
+    /// stay in its peers' interest until they drop its route; a request routed there meanwhile
+    /// is lost. With the server's defaults (2 minutes, 2 pings) that lasted minutes.
+    pub const PING_INTERVAL: &str = "5s";
+    pub const PING_MAX: u32 = 2;
 
     /// Three nodes without authentication.
     pub async fn start() -> Self {
@@ -308,10 +315,14 @@ impl NatsCluster {
             let config = format!(
                 "{auth}server_name: \"{name}\"\n\
                  http: \"127.0.0.1:{monitor_port}\"\n\
+                 ping_interval: \"{ping_interval}\"\n\
+                 ping_max: {ping_max}\n\
                  jetstream {{\n  sync_interval: always\n}}\n\
                  cluster {{\n  name: \"{cluster}\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{routes}]\n}}\n",
                 cluster = Self::NAME,
                 routes = routes.join(", "),
+                ping_interval = Self::PING_INTERVAL,
+                ping_max = Self::PING_MAX,
             );
             let path = server.dir.path().join("nats-server.conf");
             std::fs::write(&path, config).expect("cluster node configuration written");

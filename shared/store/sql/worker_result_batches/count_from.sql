@@ -1,5 +1,0 @@
--- Ingestion (one by one): how many of an attempt's batches are stored at or above a sequence
--- number.
--- $1: claim.attempt_id
--- $2: batch_count
-SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1 AND sequence_number >= $2
