@@ -1277,6 +1277,24 @@ impl ManualWorker {
     }
 }
 
+/// Decides `claim`'s completion (no batches) inside `tx` as ingestion does, through
+/// `ingest::decide`: a forced race drives the path production runs.
+pub async fn complete_attempt(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    subjects: &messages::Subjects,
+    claim: &store::LeaseClaim,
+) -> Result<store::ingest::IngestOutcome, store::StoreError> {
+    let completion = store::ingest::Message::Complete(store::ingest::CompleteParams {
+        claim,
+        batch_count: 0,
+        summary: "",
+    });
+    store::ingest::decide(tx, &mut store::Staged::default(), subjects, &[completion])
+        .await?
+        .pop()
+        .expect("one message, one outcome")
+}
+
 /// A small batch payload: `count` findings with stable keys.
 pub fn findings_payload(count: usize) -> v1::BatchPayload {
     v1::BatchPayload {

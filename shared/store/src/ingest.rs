@@ -1,24 +1,29 @@
-//! The ingestion decision script (SPEC §4.3): a fetched batch of worker messages decided in one
-//! transaction with a fixed number of statements, whatever the batch holds.
+//! The ingestion decision script (SPEC §4.3): a fetched batch of worker messages (result
+//! batches, completions, failures) decided in one transaction with a fixed number of
+//! statements, whatever the batch holds.
 //!
-//! The common shape of a batch, result batches of many attempts each followed by at most one
-//! completion, is decided set-wise:
+//! A batch is decided in waves: per attempt, its messages up to and including its first
+//! completion or failure are in the first wave, what follows that in the second, and so on.
+//! The common batch, result batches of many attempts each followed by at most one completion,
+//! is one wave. Each wave is decided set-wise:
 //! 1. one statement locks every named attempt and its task (`FOR UPDATE`, in task order) and
 //!    reads their scan jobs; one reads the batch rows the results could collide with;
 //! 2. the fence, replays, checksum and sequence conflicts are decided in Rust against that
 //!    snapshot, message by message in order, so each message gets the answer it would get alone;
 //! 3. accepted batches, their assets and their findings are written with one statement each;
 //! 4. one statement counts each completing attempt's batches; completions that pass move their
-//!    attempt, task and scan job in one statement, and [`progress`] advances their scans.
+//!    attempt, task and scan job in one statement, and [`progress`] advances their scans;
+//! 5. one statement ends every failing attempt, and [`progress::fail_tasks`] retries or fails
+//!    their tasks (once per distinct failure).
 //!
-//! Everything else (failures, and a second message for an attempt that already completed or
-//! failed in this batch) is decided afterwards one by one, each in a savepoint, by the
-//! functions of [`one_by_one`], which see what the set-wise part wrote. When a set-wise
-//! statement fails for a reason that retrying cannot fix (a row the schema refuses), the
-//! caller decides the batch again with [`decide_each`], so one bad message cannot fail its
-//! neighbours.
+//! A later wave sees what the earlier ones wrote, so a repeat after an attempt's completion is
+//! answered as a duplicate. When a statement fails for a reason that retrying cannot fix (a row
+//! the schema refuses), the caller decides the batch again with [`decide_each`]: the same
+//! code, run on one message at a time in a savepoint of its own, so one bad message cannot fail
+//! its neighbours.
 
-pub mod one_by_one;
+mod refusals;
+mod write;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -29,13 +34,52 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::evidence::{finding_key, redact};
 use crate::fence::{LeaseClaim, LockedAttempt, lease_lost};
 use crate::outbox::{self, OutboxEvent, Staged};
-use crate::progress::{self, CompletedJob};
+use crate::progress::{self, CompletedJob, FailedTask, Failure};
+use crate::retry::RetryPolicy;
 use crate::sql;
-use crate::states::{AttemptStatus, ResultBatchStatus, ScanJobState, TaskState};
-pub use one_by_one::{BatchParams, FailParams, IngestOutcome};
+use crate::states::{AttemptStatus, ScanJobState, TaskState};
+
+/// What ingestion decided about one message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IngestOutcome {
+    /// Written now.
+    Accepted,
+    /// Accepted earlier; nothing was written again.
+    Duplicate,
+    /// Refused; nothing was written.
+    Refused(v1::Error),
+}
+
+/// One result batch, its checksum already verified against its payload.
+#[derive(Debug, Clone)]
+pub struct BatchParams<'a> {
+    pub claim: &'a LeaseClaim,
+    pub sequence_number: i32,
+    pub idempotency_key: &'a str,
+    pub payload_sha256: &'a str,
+    pub findings: &'a [v1::Finding],
+    pub assets: &'a [v1::Asset],
+}
+
+/// A completion: every batch below `batch_count` must be persisted.
+#[derive(Debug, Clone)]
+pub struct CompleteParams<'a> {
+    pub claim: &'a LeaseClaim,
+    pub batch_count: i32,
+    pub summary: &'a str,
+}
+
+/// A worker-reported failure.
+#[derive(Debug, Clone)]
+pub struct FailParams<'a> {
+    pub claim: &'a LeaseClaim,
+    pub error_code: &'a str,
+    pub error_message: &'a str,
+    pub retryable: bool,
+    pub retry: RetryPolicy,
+}
 
 /// One message of a batch, validated.
 #[derive(Debug, Clone)]
@@ -53,7 +97,16 @@ impl Message<'_> {
             Message::Fail(params) => params.claim,
         }
     }
+
+    /// A completion or a failure: nothing its attempt sends after it can be accepted.
+    fn ends_attempt(&self) -> bool {
+        matches!(self, Message::Complete(_) | Message::Fail(_))
+    }
 }
+
+/// Each message's own outcome, in the order of the messages: an `Err` is that message's own
+/// failure, while an outer `Err` fails the whole transaction.
+pub type Outcomes = Vec<Result<IngestOutcome, StoreError>>;
 
 /// The ingestion script over `messages`, for [`crate::decide_batch`].
 pub struct Ingest<'a, 'm> {
@@ -62,7 +115,7 @@ pub struct Ingest<'a, 'm> {
 }
 
 impl crate::Script for Ingest<'_, '_> {
-    type Outcomes = Vec<Result<IngestOutcome, StoreError>>;
+    type Outcomes = Outcomes;
 
     fn set_wise(
         &self,
@@ -81,116 +134,73 @@ impl crate::Script for Ingest<'_, '_> {
     }
 }
 
-/// A completion: every batch below `batch_count` must be persisted.
-#[derive(Debug, Clone)]
-pub struct CompleteParams<'a> {
-    pub claim: &'a LeaseClaim,
-    pub batch_count: i32,
-    pub summary: &'a str,
-}
-
-/// Decides `messages` inside `tx`: set-wise where it can, then the rest one by one. The
-/// outcomes are in the order of `messages`; an `Err` in one is that message's own failure (its
-/// savepoint was rolled back), while the outer `Err` fails the whole transaction.
+/// Decides `messages` inside `tx`, wave by wave.
 pub async fn decide(
     tx: &mut Transaction<'_, Postgres>,
     staged: &mut Staged,
     subjects: &Subjects,
     messages: &[Message<'_>],
-) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
-    let (set_wise, one_by_one) = split(messages);
+) -> Result<Outcomes, StoreError> {
     let mut outcomes: Vec<Option<Result<IngestOutcome, StoreError>>> =
         messages.iter().map(|_| None).collect();
-    let decided = decide_set_wise(tx, staged, subjects, messages, &set_wise).await?;
-    let mut deferred = one_by_one;
-    for (index, outcome) in decided {
-        match outcome {
-            Some(outcome) => outcomes[index] = Some(Ok(outcome)),
-            // Rows the set-wise path does not handle (a task without a scan job).
-            None => deferred.push(index),
+    for wave in waves(messages) {
+        for (index, outcome) in decide_wave(tx, staged, subjects, messages, &wave).await? {
+            outcomes[index] = Some(outcome);
         }
-    }
-    deferred.sort_unstable();
-    for index in deferred {
-        outcomes[index] = Some(decide_one(tx, staged, subjects, &messages[index]).await?);
     }
     Ok(outcomes
         .into_iter()
-        .map(|outcome| outcome.expect("every message decided"))
+        .map(|outcome| outcome.expect("every message is in a wave"))
         .collect())
 }
 
-/// Decides `messages` one by one, each in a savepoint: the fallback when a set-wise statement
-/// failed for a reason retrying cannot fix, so that the message at fault is found and refused
-/// alone.
+/// Decides `messages` one at a time, each in a savepoint kept only when it was accepted: the
+/// fallback when a statement failed for a reason retrying cannot fix, so that the message at
+/// fault is found and fails alone (its error is its own outcome).
 pub async fn decide_each(
     tx: &mut Transaction<'_, Postgres>,
     staged: &mut Staged,
     subjects: &Subjects,
     messages: &[Message<'_>],
-) -> Result<Vec<Result<IngestOutcome, StoreError>>, StoreError> {
+) -> Result<Outcomes, StoreError> {
     let mut outcomes = Vec::with_capacity(messages.len());
-    for message in messages {
-        outcomes.push(decide_one(tx, staged, subjects, message).await?);
+    for index in 0..messages.len() {
+        let mark = staged.mark();
+        let mut savepoint = crate::savepoint(tx).await?;
+        let outcome = match decide_wave(&mut savepoint, staged, subjects, messages, &[index]).await
+        {
+            Ok(mut decided) => decided.pop().expect("one message, one outcome").1,
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(IngestOutcome::Accepted) => savepoint.commit().await?,
+            _ => {
+                savepoint.rollback().await?;
+                staged.roll_back_to(mark);
+            }
+        }
+        outcomes.push(outcome);
     }
     Ok(outcomes)
 }
 
-/// One message in its own savepoint; the savepoint is kept only when the message was accepted.
-async fn decide_one(
-    tx: &mut Transaction<'_, Postgres>,
-    staged: &mut Staged,
-    subjects: &Subjects,
-    message: &Message<'_>,
-) -> Result<Result<IngestOutcome, StoreError>, StoreError> {
-    let mark = staged.mark();
-    let mut savepoint = crate::savepoint(tx).await?;
-    let outcome = match message {
-        Message::Result(params) => one_by_one::accept_batch(&mut savepoint, params).await,
-        Message::Complete(params) => {
-            one_by_one::complete(
-                &mut savepoint,
-                staged,
-                subjects,
-                params.claim,
-                params.batch_count,
-                params.summary,
-            )
-            .await
-        }
-        Message::Fail(params) => one_by_one::fail(&mut savepoint, staged, subjects, params).await,
-    };
-    match outcome {
-        Ok(IngestOutcome::Accepted) => savepoint.commit().await?,
-        _ => {
-            savepoint.rollback().await?;
-            staged.roll_back_to(mark);
-        }
-    }
-    Ok(outcome)
-}
-
-/// Which messages are decided set-wise: per attempt, its result batches up to and including
-/// its first completion. Failures, and anything after an attempt's completion, go one by one.
-fn split(messages: &[Message<'_>]) -> (Vec<usize>, Vec<usize>) {
-    let mut closed: HashSet<Uuid> = HashSet::new();
-    let (mut set_wise, mut one_by_one) = (Vec::new(), Vec::new());
+/// The waves of `messages` (indices, in order): a message goes in the wave after the one that
+/// holds its attempt's last completion or failure before it.
+fn waves(messages: &[Message<'_>]) -> Vec<Vec<usize>> {
+    let mut next_wave: HashMap<Uuid, usize> = HashMap::new();
+    let mut waves: Vec<Vec<usize>> = Vec::new();
     for (index, message) in messages.iter().enumerate() {
         let attempt_id = message.claim().attempt_id;
-        match message {
-            Message::Fail(_) => {
-                closed.insert(attempt_id);
-                one_by_one.push(index);
-            }
-            _ if closed.contains(&attempt_id) => one_by_one.push(index),
-            Message::Complete(_) => {
-                closed.insert(attempt_id);
-                set_wise.push(index);
-            }
-            Message::Result(_) => set_wise.push(index),
+        let wave = next_wave.get(&attempt_id).copied().unwrap_or(0);
+        if message.ends_attempt() {
+            next_wave.insert(attempt_id, wave + 1);
         }
+        if waves.len() <= wave {
+            waves.resize_with(wave + 1, Vec::new);
+        }
+        waves[wave].push(index);
     }
-    (set_wise, one_by_one)
+    waves
 }
 
 /// An attempt and its task as locked by the batch, with the task's scan job.
@@ -224,24 +234,58 @@ struct Job {
 }
 
 impl LockedRow {
-    fn job(&self) -> Option<Job> {
-        Some(Job {
+    /// The scan job the attempt's results and completion write into; every task a worker
+    /// leases has one.
+    fn job(&self) -> Result<Job, StoreError> {
+        let corrupt =
+            || StoreError::Corrupt(format!("task {} has no scan job", self.attempt_task_id));
+        Ok(Job {
             organization_id: self.locked.organization_id,
-            scan_id: self.locked.scan_id?,
-            scan_job_id: self.locked.scan_job_id?,
-            position: self.position?,
+            scan_id: self.locked.scan_id.ok_or_else(corrupt)?,
+            scan_job_id: self.locked.scan_job_id.ok_or_else(corrupt)?,
+            position: self.position.ok_or_else(corrupt)?,
         })
+    }
+
+    /// The claim presents this attempt and the attempt already ended as `status`: the message
+    /// that ended it, sent again.
+    fn ended_by(&self, claim: &LeaseClaim, status: AttemptStatus) -> Result<bool, StoreError> {
+        Ok(self.attempt_task_id == claim.task_id
+            && self.locked.is_presented_by(claim)
+            && self.locked.attempt_status()? == status)
     }
 }
 
-/// Decides the set-wise messages; `None` for a message left to the one-by-one path.
-async fn decide_set_wise(
+/// The fence (SPEC I1) against the locked rows: the claim's row when it may write, its refusal
+/// otherwise.
+fn fenced<'r>(
+    rows: &'r HashMap<Uuid, LockedRow>,
+    claim: &LeaseClaim,
+) -> Result<Result<&'r LockedRow, v1::Error>, StoreError> {
+    let Some(row) = rows
+        .get(&claim.attempt_id)
+        .filter(|row| row.attempt_task_id == claim.task_id)
+    else {
+        return Ok(Err(lease_lost(claim)));
+    };
+    Ok(match row.locked.refusal(claim)? {
+        None => Ok(row),
+        Some(refusal) => Err(refusal),
+    })
+}
+
+/// What one message of a wave came to: decided, or written by the wave once it is.
+type Decided = Vec<(usize, Result<IngestOutcome, StoreError>)>;
+
+/// Decides one wave: the messages at `indices`, at most one completion or failure per attempt
+/// and nothing of that attempt after it.
+async fn decide_wave(
     conn: &mut PgConnection,
     staged: &mut Staged,
     subjects: &Subjects,
     messages: &[Message<'_>],
     indices: &[usize],
-) -> Result<Vec<(usize, Option<IngestOutcome>)>, StoreError> {
+) -> Result<Decided, StoreError> {
     if indices.is_empty() {
         return Ok(Vec::new());
     }
@@ -258,76 +302,87 @@ async fn decide_set_wise(
         );
         sequences.insert((row.attempt_id, row.sequence_number));
     }
-    let mut decided: Vec<(usize, Option<IngestOutcome>)> = Vec::with_capacity(indices.len());
+    let mut decided: Decided = Vec::with_capacity(indices.len());
     let mut accepted: Vec<(&BatchParams<'_>, &LockedRow, Job)> = Vec::new();
     let mut completing: Vec<(usize, &CompleteParams<'_>, &LockedRow, Job)> = Vec::new();
+    let mut failing: Vec<(&FailParams<'_>, &LockedRow)> = Vec::new();
     for &index in indices {
-        match &messages[index] {
+        let claim = messages[index].claim();
+        let outcome = match &messages[index] {
             Message::Result(params) => {
-                let claim = params.claim;
                 if let Some(checksum) = keys.get(&(claim.task_id, params.idempotency_key)) {
                     decided.push((
                         index,
-                        Some(one_by_one::same_checksum_or_conflict(checksum, params)),
+                        Ok(refusals::same_checksum_or_conflict(checksum, params)),
                     ));
                     continue;
                 }
-                let (row, job) = match live_job(&rows, claim)? {
-                    Ok(live) => live,
-                    Err(decision) => {
-                        decided.push((index, decision));
+                let row = match fenced(&rows, claim)? {
+                    Ok(row) => row,
+                    Err(refusal) => {
+                        decided.push((index, Ok(IngestOutcome::Refused(refusal))));
                         continue;
                     }
                 };
-                if !sequences.insert((claim.attempt_id, params.sequence_number)) {
-                    decided.push((
-                        index,
-                        Some(IngestOutcome::Refused(one_by_one::sequence_taken(params))),
-                    ));
-                    continue;
+                match row.job() {
+                    Err(error) => Err(error),
+                    Ok(_) if !sequences.insert((claim.attempt_id, params.sequence_number)) => {
+                        Ok(IngestOutcome::Refused(refusals::sequence_taken(params)))
+                    }
+                    Ok(job) => {
+                        keys.insert(
+                            (claim.task_id, params.idempotency_key),
+                            params.payload_sha256.to_owned(),
+                        );
+                        accepted.push((params, row, job));
+                        Ok(IngestOutcome::Accepted)
+                    }
                 }
-                keys.insert(
-                    (claim.task_id, params.idempotency_key),
-                    params.payload_sha256.to_owned(),
-                );
-                accepted.push((params, row, job));
-                decided.push((index, Some(IngestOutcome::Accepted)));
             }
             Message::Complete(params) => {
-                let claim = params.claim;
-                match rows.get(&claim.attempt_id) {
-                    Some(row)
-                        if row.attempt_task_id == claim.task_id
-                            && row.locked.is_presented_by(claim)
-                            && row.locked.attempt_status()? == AttemptStatus::Succeeded =>
-                    {
-                        decided.push((index, Some(IngestOutcome::Duplicate)));
-                        continue;
-                    }
-                    _ => {}
+                if let Some(row) = rows.get(&claim.attempt_id)
+                    && row.ended_by(claim, AttemptStatus::Succeeded)?
+                {
+                    decided.push((index, Ok(IngestOutcome::Duplicate)));
+                    continue;
                 }
-                let (row, job) = match live_job(&rows, claim)? {
-                    Ok(live) => live,
-                    Err(decision) => {
-                        decided.push((index, decision));
-                        continue;
-                    }
-                };
-                // Decided after the batches are written and counted: remember its slot.
-                completing.push((decided.len(), params, row, job));
-                decided.push((index, Some(IngestOutcome::Accepted)));
+                match fenced(&rows, claim)? {
+                    Err(refusal) => Ok(IngestOutcome::Refused(refusal)),
+                    Ok(row) => match row.job() {
+                        Err(error) => Err(error),
+                        Ok(job) => {
+                            // Decided once the batches are written and counted.
+                            completing.push((decided.len(), params, row, job));
+                            Ok(IngestOutcome::Accepted)
+                        }
+                    },
+                }
             }
-            Message::Fail(_) => unreachable!("failures are decided one by one"),
-        }
+            Message::Fail(params) => {
+                if let Some(row) = rows.get(&claim.attempt_id)
+                    && row.ended_by(claim, AttemptStatus::Failed)?
+                {
+                    decided.push((index, Ok(IngestOutcome::Duplicate)));
+                    continue;
+                }
+                match fenced(&rows, claim)? {
+                    Err(refusal) => Ok(IngestOutcome::Refused(refusal)),
+                    Ok(row) => {
+                        failing.push((params, row));
+                        Ok(IngestOutcome::Accepted)
+                    }
+                }
+            }
+        };
+        decided.push((index, outcome));
     }
 
-    write_batches(conn, &accepted).await?;
+    write::write_batches(conn, &accepted).await?;
     let counts = count_batches(conn, &completing).await?;
     let mut completed: Vec<(&CompleteParams<'_>, &LockedRow, Job)> = Vec::new();
     for (slot, params, row, job) in completing {
-        let verdict = completion_verdict(conn, params, row, job, &counts).await?;
-        match verdict {
-            Some(refusal) => decided[slot].1 = Some(IngestOutcome::Refused(refusal)),
+        match completion_verdict(conn, params, row, job, &counts).await? {
+            Some(refusal) => decided[slot].1 = Ok(IngestOutcome::Refused(refusal)),
             None => completed.push((params, row, job)),
         }
     }
@@ -365,27 +420,91 @@ async fn decide_set_wise(
         });
     }
     events.extend(progress::advance(conn, subjects, &jobs).await?);
+    events.extend(fail_attempts(conn, subjects, &failing).await?);
     outbox::stage(conn, staged, events).await?;
     Ok(decided)
 }
 
-/// The fence (SPEC I1) against the locked rows, and the scan job the live attempt writes
-/// into: `Err(Some(refusal))` when the claim may not write, `Err(None)` for a task without a
-/// scan job (left to the one-by-one path).
-fn live_job<'r>(
-    rows: &'r HashMap<Uuid, LockedRow>,
-    claim: &LeaseClaim,
-) -> Result<Result<(&'r LockedRow, Job), Option<IngestOutcome>>, StoreError> {
-    let Some(row) = rows
-        .get(&claim.attempt_id)
-        .filter(|row| row.attempt_task_id == claim.task_id)
-    else {
-        return Ok(Err(Some(IngestOutcome::Refused(lease_lost(claim)))));
-    };
-    if let Some(refusal) = row.locked.refusal(claim)? {
-        return Ok(Err(Some(IngestOutcome::Refused(refusal))));
+/// Ends the failing attempts (one statement), then retries or fails their tasks: one
+/// [`progress::fail_tasks`] per distinct failure, the failure logic the reaper's sweeps share.
+/// Returns the events to publish.
+async fn fail_attempts(
+    conn: &mut PgConnection,
+    subjects: &Subjects,
+    failing: &[(&FailParams<'_>, &LockedRow)],
+) -> Result<Vec<OutboxEvent>, StoreError> {
+    if failing.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(row.job().map(|job| (row, job)).ok_or(None))
+    let attempt_ids: Vec<Uuid> = failing
+        .iter()
+        .map(|(params, _)| params.claim.attempt_id)
+        .collect();
+    let codes: Vec<&str> = failing
+        .iter()
+        .map(|(params, _)| params.error_code)
+        .collect();
+    let texts: Vec<&str> = failing
+        .iter()
+        .map(|(params, _)| params.error_message)
+        .collect();
+    sql::query(sql::worker_task_attempts::FAIL_MANY)
+        .bind(&attempt_ids)
+        .bind(&codes)
+        .bind(&texts)
+        .bind(AttemptStatus::Failed.as_str())
+        .execute(&mut *conn)
+        .await?;
+
+    // The failures as workers reported them, each with the tasks that reported it.
+    type Reported<'f> = (&'f str, &'f str, bool, RetryPolicy);
+    let mut by_failure: Vec<(Reported<'_>, Vec<FailedTask<'_>>)> = Vec::new();
+    for (params, row) in failing {
+        let reported = (
+            params.error_code,
+            params.error_message,
+            params.retryable,
+            params.retry,
+        );
+        let task = FailedTask {
+            task_id: params.claim.task_id,
+            attempt_id: Some(params.claim.attempt_id),
+            organization_id: row.locked.organization_id,
+            scan_id: row.locked.scan_id,
+            scan_job_id: row.locked.scan_job_id,
+            plugin: &row.locked.plugin,
+            attempt_count: row.locked.attempt_count,
+            max_attempts: row.locked.max_attempts,
+        };
+        match by_failure.iter_mut().find(|(same, _)| *same == reported) {
+            Some((_, tasks)) => tasks.push(task),
+            None => by_failure.push((reported, vec![task])),
+        }
+    }
+    let mut events = Vec::new();
+    for ((code, message, retryable, retry), tasks) in by_failure {
+        let error = v1::Error {
+            code: code.to_owned(),
+            message: message.to_owned(),
+            ..Default::default()
+        };
+        let failed = progress::fail_tasks(
+            conn,
+            subjects,
+            retry,
+            &Failure {
+                error: &error,
+                task_message: &error.message,
+                retryable,
+                scan_reason: &format!("failed: {}", error.message),
+                from: &TaskState::LEASED,
+            },
+            &tasks,
+        )
+        .await?;
+        events.extend(failed.events);
+    }
+    Ok(events)
 }
 
 /// Locks every named attempt and its task, in task order (the order every writer of tasks
@@ -447,204 +566,6 @@ async fn colliding_batches(
         .await?)
 }
 
-/// Writes the accepted batches with their assets and findings: one statement each.
-async fn write_batches(
-    conn: &mut PgConnection,
-    accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
-) -> Result<(), StoreError> {
-    if accepted.is_empty() {
-        return Ok(());
-    }
-    let n = accepted.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut task_ids = Vec::with_capacity(n);
-    let mut attempt_ids = Vec::with_capacity(n);
-    let mut sequences = Vec::with_capacity(n);
-    let mut keys = Vec::with_capacity(n);
-    let mut checksums = Vec::with_capacity(n);
-    let mut finding_counts = Vec::with_capacity(n);
-    let mut asset_counts = Vec::with_capacity(n);
-    for (params, _, _) in accepted {
-        ids.push(Uuid::now_v7());
-        task_ids.push(params.claim.task_id);
-        attempt_ids.push(params.claim.attempt_id);
-        sequences.push(params.sequence_number);
-        keys.push(params.idempotency_key);
-        checksums.push(params.payload_sha256);
-        finding_counts.push(params.findings.len() as i32);
-        asset_counts.push(params.assets.len() as i32);
-    }
-    sql::query(sql::worker_result_batches::INSERT_MANY)
-        .bind(&ids)
-        .bind(&task_ids)
-        .bind(&attempt_ids)
-        .bind(&sequences)
-        .bind(&keys)
-        .bind(&checksums)
-        .bind(&finding_counts)
-        .bind(&asset_counts)
-        .bind(ResultBatchStatus::Persisted.as_str())
-        .execute(&mut *conn)
-        .await?;
-    let evidence: Vec<Evidence<'_, '_>> = accepted
-        .iter()
-        .map(|(params, row, job)| Evidence {
-            params,
-            plugin: &row.locked.plugin,
-            organization_id: job.organization_id,
-            scan_id: job.scan_id,
-            scan_job_id: job.scan_job_id,
-        })
-        .collect();
-    write_evidence(conn, &evidence).await
-}
-
-/// An accepted batch's evidence and where it belongs.
-pub(crate) struct Evidence<'e, 'p> {
-    pub params: &'e BatchParams<'p>,
-    /// The task's plugin, part of every finding's key.
-    pub plugin: &'e str,
-    pub organization_id: Uuid,
-    pub scan_id: Uuid,
-    pub scan_job_id: Uuid,
-}
-
-/// Upserts the batches' assets (linked to their scans) and findings: one statement each,
-/// whatever the number of batches. The one writer of evidence, set-wise and one by one.
-pub(crate) async fn write_evidence(
-    conn: &mut PgConnection,
-    evidence: &[Evidence<'_, '_>],
-) -> Result<(), StoreError> {
-    write_assets(conn, evidence).await?;
-    write_findings(conn, evidence).await
-}
-
-async fn write_assets(
-    conn: &mut PgConnection,
-    accepted: &[Evidence<'_, '_>],
-) -> Result<(), StoreError> {
-    // Assets once per (organization, kind, value), sorted, so that concurrent upserts lock
-    // shared assets in one order; links once per (scan, asset), the last writer winning.
-    let mut assets: BTreeSet<(Uuid, &str, &str)> = BTreeSet::new();
-    let mut links: BTreeMap<(Uuid, Uuid, &str, &str), (Uuid, Uuid)> = BTreeMap::new();
-    for batch in accepted {
-        for asset in batch.params.assets {
-            let identity = (
-                batch.organization_id,
-                asset.kind.as_str(),
-                asset.value.as_str(),
-            );
-            assets.insert(identity);
-            links.insert(
-                (batch.scan_id, identity.0, identity.1, identity.2),
-                (batch.scan_job_id, batch.params.claim.attempt_id),
-            );
-        }
-    }
-    if assets.is_empty() {
-        return Ok(());
-    }
-    let asset_ids: Vec<Uuid> = assets.iter().map(|_| Uuid::now_v7()).collect();
-    let organizations: Vec<Uuid> = assets.iter().map(|asset| asset.0).collect();
-    let kinds: Vec<&str> = assets.iter().map(|asset| asset.1).collect();
-    let values: Vec<&str> = assets.iter().map(|asset| asset.2).collect();
-    let link_scans: Vec<Uuid> = links.keys().map(|link| link.0).collect();
-    let link_organizations: Vec<Uuid> = links.keys().map(|link| link.1).collect();
-    let link_kinds: Vec<&str> = links.keys().map(|link| link.2).collect();
-    let link_values: Vec<&str> = links.keys().map(|link| link.3).collect();
-    let link_jobs: Vec<Uuid> = links.values().map(|link| link.0).collect();
-    let link_attempts: Vec<Uuid> = links.values().map(|link| link.1).collect();
-    sql::query(sql::assets::UPSERT_MANY)
-        .bind(&asset_ids)
-        .bind(&organizations)
-        .bind(&kinds)
-        .bind(&values)
-        .bind(&link_scans)
-        .bind(&link_organizations)
-        .bind(&link_kinds)
-        .bind(&link_values)
-        .bind(&link_jobs)
-        .bind(&link_attempts)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-async fn write_findings(
-    conn: &mut PgConnection,
-    accepted: &[Evidence<'_, '_>],
-) -> Result<(), StoreError> {
-    // One row per (scan, key), the last message winning, in key order: one statement never
-    // touches a row twice, and concurrent writers lock in one order.
-    let mut by_key: BTreeMap<(Uuid, String), (&v1::Finding, &Evidence<'_, '_>)> = BTreeMap::new();
-    for batch in accepted {
-        for finding in batch.params.findings {
-            let key = finding_key(
-                batch.plugin,
-                &finding.rule_id,
-                &finding.resource,
-                &finding.discriminator,
-            );
-            by_key.insert((batch.scan_id, key), (finding, batch));
-        }
-    }
-    if by_key.is_empty() {
-        return Ok(());
-    }
-    let n = by_key.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut organizations = Vec::with_capacity(n);
-    let mut scans = Vec::with_capacity(n);
-    let mut jobs = Vec::with_capacity(n);
-    let mut attempts = Vec::with_capacity(n);
-    let mut keys = Vec::with_capacity(n);
-    let mut plugins = Vec::with_capacity(n);
-    let mut rule_ids = Vec::with_capacity(n);
-    let mut resources = Vec::with_capacity(n);
-    let mut discriminators = Vec::with_capacity(n);
-    let mut severities = Vec::with_capacity(n);
-    let mut titles = Vec::with_capacity(n);
-    let mut descriptions = Vec::with_capacity(n);
-    let mut evidence = Vec::with_capacity(n);
-    let mut cves = Vec::with_capacity(n);
-    for ((scan_id, key), (finding, batch)) in &by_key {
-        ids.push(Uuid::now_v7());
-        organizations.push(batch.organization_id);
-        scans.push(*scan_id);
-        jobs.push(batch.scan_job_id);
-        attempts.push(batch.params.claim.attempt_id);
-        keys.push(key.as_str());
-        plugins.push(batch.plugin);
-        rule_ids.push(finding.rule_id.as_str());
-        resources.push(redact(&finding.resource));
-        discriminators.push(redact(&finding.discriminator));
-        severities.push(finding.severity.as_str());
-        titles.push(redact(&finding.title));
-        descriptions.push(redact(&finding.description));
-        evidence.push(redact(&finding.evidence));
-        cves.push(finding.cve_ids.join(","));
-    }
-    sql::query(sql::findings::INSERT_MANY)
-        .bind(&ids)
-        .bind(&organizations)
-        .bind(&scans)
-        .bind(&jobs)
-        .bind(&attempts)
-        .bind(&keys)
-        .bind(&plugins)
-        .bind(&rule_ids)
-        .bind(&resources)
-        .bind(&discriminators)
-        .bind(&severities)
-        .bind(&titles)
-        .bind(&descriptions)
-        .bind(&evidence)
-        .bind(&cves)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// Per completing attempt: its batches below `batch_count`, and at or above it.
 async fn count_batches(
     conn: &mut PgConnection,
@@ -673,8 +594,8 @@ async fn count_batches(
         .collect())
 }
 
-/// Why a fenced completion is refused, in the order of [`one_by_one::complete`]: batches
-/// missing, then batches beyond its count, then evidence already published.
+/// Why a fenced completion is refused: batches missing, then batches beyond its count, then
+/// evidence already published.
 async fn completion_verdict(
     conn: &mut PgConnection,
     params: &CompleteParams<'_>,
@@ -689,17 +610,17 @@ async fn completion_verdict(
     if below < i64::from(params.batch_count) {
         // Rare: name the missing numbers (one statement for this message only).
         return Ok(Some(
-            one_by_one::missing_batches(conn, params.claim.attempt_id, params.batch_count).await?,
+            refusals::missing_batches(conn, params.claim.attempt_id, params.batch_count).await?,
         ));
     }
     if beyond > 0 {
-        return Ok(Some(one_by_one::beyond_batch_count(
+        return Ok(Some(refusals::beyond_batch_count(
             beyond,
             params.batch_count,
         )));
     }
     if row.evidence_published == Some(true) {
-        return Ok(Some(one_by_one::evidence_conflict(job.scan_job_id)));
+        return Ok(Some(refusals::evidence_conflict(job.scan_job_id)));
     }
     Ok(None)
 }

@@ -220,7 +220,7 @@ pub fn release(protocol: Protocol, task: &mut Task, claim: Claim) -> Answer {
     Answer::Accepted
 }
 
-/// A result batch, as `ingest::decide` (set-wise) and `one_by_one::accept_batch` decide it:
+/// A result batch, as `ingest::decide` decides it:
 /// a key the task already has is answered from its row before the fence (same checksum:
 /// `duplicate`; another: `batch_conflict`), even after the attempt ended; then the fence;
 /// then the sequence number (`batch_conflict` when the attempt already used it); then the
@@ -268,7 +268,7 @@ pub fn accept_batch(
     Answer::Accepted
 }
 
-/// A completion, as `one_by_one::complete` (and the set-wise `ingest::decide`) decide it: an
+/// A completion, as `ingest::decide` decides it: an
 /// attempt that already succeeded, presented with its token, is answered `duplicate`; then the
 /// fence; then every batch of the attempt below `batch_count` must be persisted
 /// (`batch_missing`) and none at or above it (`sequence_out_of_range`); then the attempt
@@ -300,9 +300,9 @@ pub fn complete(protocol: Protocol, task: &mut Task, claim: Claim, batch_count: 
     Answer::Accepted
 }
 
-/// A worker-reported failure, as `one_by_one::fail` decides it: an attempt that already
+/// A worker-reported failure, as `ingest::decide` decides it: an attempt that already
 /// failed, presented with its token, is answered `duplicate`; then the fence; then the attempt
-/// `failed` (`worker_task_attempts/fail.sql`) and [`fail_task`].
+/// `failed` (`worker_task_attempts/fail_many.sql`) and [`fail_task`].
 pub fn fail(
     protocol: Protocol,
     task: &mut Task,

@@ -152,15 +152,7 @@ async fn cancellation_and_completion_race_cleanly_in_both_orders() {
                 }
                 retry_transient(|| async {
                     let mut tx = pool.begin().await?;
-                    let outcome = store::ingest::one_by_one::complete(
-                        &mut tx,
-                        &mut store::Staged::default(),
-                        &subjects,
-                        &claim,
-                        0,
-                        "",
-                    )
-                    .await?;
+                    let outcome = tests::complete_attempt(&mut tx, &subjects, &claim).await?;
                     tx.commit().await?;
                     Ok(outcome)
                 })

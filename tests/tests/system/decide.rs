@@ -181,21 +181,47 @@ async fn statements_per_batch_do_not_grow_with_the_batch() {
                 .all(|outcome| matches!(outcome, Ok(IngestOutcome::Accepted))),
             "{outcomes:?}"
         );
+
+        // Failures, all of one kind (a plugin timing out everywhere): retried or failed together.
+        let (worker, leases) = leased(&system, size).await;
+        let claims: Vec<LeaseClaim> = leases.iter().map(|lease| claim(&worker, lease)).collect();
+        let failures: Vec<Message<'_>> = claims
+            .iter()
+            .map(|claim| {
+                Message::Fail(FailParams {
+                    claim,
+                    error_code: "plugin_timeout",
+                    error_message: "the plugin ran out of time",
+                    retryable: true,
+                    retry: store::RetryPolicy::default(),
+                })
+            })
+            .collect();
+        let (outcomes, failure_statements) = decide(&system, &failures).await;
+        assert!(
+            outcomes
+                .iter()
+                .all(|outcome| matches!(outcome, Ok(IngestOutcome::Accepted))),
+            "{outcomes:?}"
+        );
         counts.push((
             size,
             result_statements,
             completion_statements,
             mixed_statements,
+            failure_statements,
         ));
     }
-    println!("(batch size, statements for results, completions, both): {counts:?}");
-    let (_, results_10, completions_10, mixed_10) = counts[0];
-    let (_, results_100, completions_100, mixed_100) = counts[1];
+    println!("(batch size, statements for results, completions, both, failures): {counts:?}");
+    let (_, results_10, completions_10, mixed_10, failures_10) = counts[0];
+    let (_, results_100, completions_100, mixed_100, failures_100) = counts[1];
     assert_eq!(
-        (results_10, completions_10, mixed_10),
-        (results_100, completions_100, mixed_100),
+        (results_10, completions_10, mixed_10, failures_10),
+        (results_100, completions_100, mixed_100, failures_100),
         "statements per batch grew with the batch: {counts:?}"
     );
+    // BEGIN, lock, the attempts, the tasks (retried: no scan moves), outbox, COMMIT.
+    assert!(failures_100 <= 6, "failures: {failures_100} statements");
     // BEGIN, lock, replays, batches, assets, findings, attempt/task update, COMMIT.
     assert!(results_100 <= 8, "results: {results_100} statements");
     // BEGIN, lock, count, finish, lock scans, complete scans, outbox, COMMIT.
@@ -216,12 +242,35 @@ async fn statements_per_batch_do_not_grow_with_the_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mixed_batch_gives_each_message_its_own_answer() {
     let system = TestSystem::spawn().await;
-    let (worker, leases) = leased(&system, 6).await;
+    mixed_batch(&system, Decider::Together).await;
+    system.finish().await;
+}
+
+/// The fallback runs the same code on one message at a time: the same answers, the same rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_batch_decided_one_at_a_time_gets_the_same_answers() {
+    let system = TestSystem::spawn().await;
+    mixed_batch(&system, Decider::OneAtATime).await;
+    system.finish().await;
+}
+
+enum Decider {
+    /// `ingest::decide`, the whole batch in one transaction.
+    Together,
+    /// `ingest::decide_each`, each message in a savepoint of its own.
+    OneAtATime,
+}
+
+/// A batch with every kind of answer, decided by `decider`: each message gets the answer it
+/// would get alone after the messages before it, and what is written is what the accepted
+/// messages carry.
+async fn mixed_batch(system: &TestSystem, decider: Decider) {
+    let (worker, leases) = leased(system, 6).await;
     let claims: Vec<LeaseClaim> = leases.iter().map(|lease| claim(&worker, lease)).collect();
 
     // Accepted earlier: batch 0 of task 1, so that this batch can replay and conflict with it.
     let earlier = Batch::new(claims[1].clone(), 0, findings_payload(1));
-    let (outcomes, _) = decide(&system, &[earlier.message()]).await;
+    let (outcomes, _) = decide(system, &[earlier.message()]).await;
     assert!(matches!(outcomes[0], Ok(IngestOutcome::Accepted)));
 
     let good = Batch::new(claims[0].clone(), 0, findings_payload(3));
@@ -243,25 +292,41 @@ async fn a_mixed_batch_gives_each_message_its_own_answer() {
         retry: store::RetryPolicy::default(),
     };
     let messages = [
-        good.message(),            // 0 accepted
-        completion(&claims[0], 1), // 1 accepted: completes the scan
-        replay.message(),          // 2 duplicate
-        other_checksum.message(),  // 3 batch_conflict (same key, other checksum)
-        sequence_taken.message(),  // 4 batch_conflict (sequence used under another key)
-        fenced_out.message(),      // 5 lease_lost (wrong token)
-        completion(&forged, 0),    // 6 lease_lost
-        only_first.message(),      // 7 accepted
-        completion(&claims[3], 2), // 8 batch_missing [1]
-        twice.message(),           // 9 accepted
-        twice.message(),           // 10 duplicate (same batch, same key)
-        completion(&claims[4], 1), // 11 accepted
-        completion(&claims[4], 1), // 12 duplicate (after its completion: one by one)
-        twice.message(),           // 13 duplicate (a replay after completion)
-        Message::Fail(failure),    // 14 accepted: fails the scan
-        completion(&claims[5], 0), // 15 lease_lost (after the failure)
-        completion(&claims[0], 1), // 16 duplicate
+        good.message(),                 // 0 accepted
+        completion(&claims[0], 1),      // 1 accepted: completes the scan
+        replay.message(),               // 2 duplicate
+        other_checksum.message(),       // 3 batch_conflict (same key, other checksum)
+        sequence_taken.message(),       // 4 batch_conflict (sequence used under another key)
+        fenced_out.message(),           // 5 lease_lost (wrong token)
+        completion(&forged, 0),         // 6 lease_lost
+        only_first.message(),           // 7 accepted
+        completion(&claims[3], 2),      // 8 batch_missing [1]
+        twice.message(),                // 9 accepted
+        twice.message(),                // 10 duplicate (same batch, same key)
+        completion(&claims[4], 1),      // 11 accepted
+        completion(&claims[4], 1),      // 12 duplicate (after its completion: one by one)
+        twice.message(),                // 13 duplicate (a replay after completion)
+        Message::Fail(failure.clone()), // 14 accepted: fails the scan
+        completion(&claims[5], 0),      // 15 lease_lost (after the failure)
+        completion(&claims[0], 1),      // 16 duplicate
+        Message::Fail(failure),         // 17 duplicate (the failure again)
     ];
-    let (outcomes, _) = decide(&system, &messages).await;
+    let outcomes = match decider {
+        Decider::Together => decide(system, &messages).await.0,
+        Decider::OneAtATime => {
+            let mut tx = system.pool.begin().await.expect("begin");
+            let outcomes = ingest::decide_each(
+                &mut tx,
+                &mut store::Staged::default(),
+                &system.subjects,
+                &messages,
+            )
+            .await
+            .expect("decided one by one");
+            tx.commit().await.expect("commit");
+            outcomes
+        }
+    };
     let answers: Vec<String> = outcomes
         .iter()
         .map(|outcome| match outcome {
@@ -290,6 +355,7 @@ async fn a_mixed_batch_gives_each_message_its_own_answer() {
             "duplicate",
             "accepted",
             "lease_lost",
+            "duplicate",
             "duplicate",
         ]
     );
@@ -324,7 +390,6 @@ async fn a_mixed_batch_gives_each_message_its_own_answer() {
             ("failed".to_owned(), 0),
         ]
     );
-    system.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -258,16 +258,9 @@ async fn completion_and_stale_recovery_race_cleanly() {
         let (scan, claim, completion, sweep) =
             race_with_recovery(&system, &reaper, round, |claim| async move {
                 let mut tx = pool.begin().await.unwrap();
-                let outcome = store::ingest::one_by_one::complete(
-                    &mut tx,
-                    &mut store::Staged::default(),
-                    &subjects,
-                    &claim,
-                    0,
-                    "",
-                )
-                .await
-                .unwrap();
+                let outcome = tests::complete_attempt(&mut tx, &subjects, &claim)
+                    .await
+                    .unwrap();
                 tx.commit().await.unwrap();
                 outcome
             })

@@ -1,5 +1,5 @@
--- Ingestion (one by one): locks an attempt and its task (attempt, then task) and reads what the
--- fence decides on.
+-- The fence of one claim (artifact uploads, renewals): locks an attempt and its task (attempt,
+-- then task) and reads what the fence decides on.
 -- $1: claim.attempt_id
 -- $2: claim.task_id
 SELECT a.attempt_number, a.lease_token, a.status AS attempt_status, a.worker_id,

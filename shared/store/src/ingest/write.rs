@@ -1,0 +1,213 @@
+//! What an ingestion decision writes for the result batches it accepted: the batch rows, their
+//! assets (linked to their scans) and their findings, one statement each whatever the number
+//! of batches.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use messages::v1;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::{BatchParams, Job, LockedRow};
+use crate::StoreError;
+use crate::evidence::{finding_key, redact};
+use crate::sql;
+use crate::states::ResultBatchStatus;
+
+/// Writes the accepted batches with their assets and findings: one statement each.
+pub(super) async fn write_batches(
+    conn: &mut PgConnection,
+    accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
+) -> Result<(), StoreError> {
+    if accepted.is_empty() {
+        return Ok(());
+    }
+    let n = accepted.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut task_ids = Vec::with_capacity(n);
+    let mut attempt_ids = Vec::with_capacity(n);
+    let mut sequences = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut checksums = Vec::with_capacity(n);
+    let mut finding_counts = Vec::with_capacity(n);
+    let mut asset_counts = Vec::with_capacity(n);
+    for (params, _, _) in accepted {
+        ids.push(Uuid::now_v7());
+        task_ids.push(params.claim.task_id);
+        attempt_ids.push(params.claim.attempt_id);
+        sequences.push(params.sequence_number);
+        keys.push(params.idempotency_key);
+        checksums.push(params.payload_sha256);
+        finding_counts.push(params.findings.len() as i32);
+        asset_counts.push(params.assets.len() as i32);
+    }
+    sql::query(sql::worker_result_batches::INSERT_MANY)
+        .bind(&ids)
+        .bind(&task_ids)
+        .bind(&attempt_ids)
+        .bind(&sequences)
+        .bind(&keys)
+        .bind(&checksums)
+        .bind(&finding_counts)
+        .bind(&asset_counts)
+        .bind(ResultBatchStatus::Persisted.as_str())
+        .execute(&mut *conn)
+        .await?;
+    let evidence: Vec<Evidence<'_, '_>> = accepted
+        .iter()
+        .map(|(params, row, job)| Evidence {
+            params,
+            plugin: &row.locked.plugin,
+            organization_id: job.organization_id,
+            scan_id: job.scan_id,
+            scan_job_id: job.scan_job_id,
+        })
+        .collect();
+    write_evidence(conn, &evidence).await
+}
+
+/// An accepted batch's evidence and where it belongs.
+struct Evidence<'e, 'p> {
+    params: &'e BatchParams<'p>,
+    /// The task's plugin, part of every finding's key.
+    plugin: &'e str,
+    organization_id: Uuid,
+    scan_id: Uuid,
+    scan_job_id: Uuid,
+}
+
+/// Upserts the batches' assets (linked to their scans) and findings: one statement each,
+/// whatever the number of batches.
+async fn write_evidence(
+    conn: &mut PgConnection,
+    evidence: &[Evidence<'_, '_>],
+) -> Result<(), StoreError> {
+    write_assets(conn, evidence).await?;
+    write_findings(conn, evidence).await
+}
+
+async fn write_assets(
+    conn: &mut PgConnection,
+    accepted: &[Evidence<'_, '_>],
+) -> Result<(), StoreError> {
+    // Assets once per (organization, kind, value), sorted, so that concurrent upserts lock
+    // shared assets in one order; links once per (scan, asset), the last writer winning.
+    let mut assets: BTreeSet<(Uuid, &str, &str)> = BTreeSet::new();
+    let mut links: BTreeMap<(Uuid, Uuid, &str, &str), (Uuid, Uuid)> = BTreeMap::new();
+    for batch in accepted {
+        for asset in batch.params.assets {
+            let identity = (
+                batch.organization_id,
+                asset.kind.as_str(),
+                asset.value.as_str(),
+            );
+            assets.insert(identity);
+            links.insert(
+                (batch.scan_id, identity.0, identity.1, identity.2),
+                (batch.scan_job_id, batch.params.claim.attempt_id),
+            );
+        }
+    }
+    if assets.is_empty() {
+        return Ok(());
+    }
+    let asset_ids: Vec<Uuid> = assets.iter().map(|_| Uuid::now_v7()).collect();
+    let organizations: Vec<Uuid> = assets.iter().map(|asset| asset.0).collect();
+    let kinds: Vec<&str> = assets.iter().map(|asset| asset.1).collect();
+    let values: Vec<&str> = assets.iter().map(|asset| asset.2).collect();
+    let link_scans: Vec<Uuid> = links.keys().map(|link| link.0).collect();
+    let link_organizations: Vec<Uuid> = links.keys().map(|link| link.1).collect();
+    let link_kinds: Vec<&str> = links.keys().map(|link| link.2).collect();
+    let link_values: Vec<&str> = links.keys().map(|link| link.3).collect();
+    let link_jobs: Vec<Uuid> = links.values().map(|link| link.0).collect();
+    let link_attempts: Vec<Uuid> = links.values().map(|link| link.1).collect();
+    sql::query(sql::assets::UPSERT_MANY)
+        .bind(&asset_ids)
+        .bind(&organizations)
+        .bind(&kinds)
+        .bind(&values)
+        .bind(&link_scans)
+        .bind(&link_organizations)
+        .bind(&link_kinds)
+        .bind(&link_values)
+        .bind(&link_jobs)
+        .bind(&link_attempts)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn write_findings(
+    conn: &mut PgConnection,
+    accepted: &[Evidence<'_, '_>],
+) -> Result<(), StoreError> {
+    // One row per (scan, key), the last message winning, in key order: one statement never
+    // touches a row twice, and concurrent writers lock in one order.
+    let mut by_key: BTreeMap<(Uuid, String), (&v1::Finding, &Evidence<'_, '_>)> = BTreeMap::new();
+    for batch in accepted {
+        for finding in batch.params.findings {
+            let key = finding_key(
+                batch.plugin,
+                &finding.rule_id,
+                &finding.resource,
+                &finding.discriminator,
+            );
+            by_key.insert((batch.scan_id, key), (finding, batch));
+        }
+    }
+    if by_key.is_empty() {
+        return Ok(());
+    }
+    let n = by_key.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut organizations = Vec::with_capacity(n);
+    let mut scans = Vec::with_capacity(n);
+    let mut jobs = Vec::with_capacity(n);
+    let mut attempts = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut plugins = Vec::with_capacity(n);
+    let mut rule_ids = Vec::with_capacity(n);
+    let mut resources = Vec::with_capacity(n);
+    let mut discriminators = Vec::with_capacity(n);
+    let mut severities = Vec::with_capacity(n);
+    let mut titles = Vec::with_capacity(n);
+    let mut descriptions = Vec::with_capacity(n);
+    let mut evidence = Vec::with_capacity(n);
+    let mut cves = Vec::with_capacity(n);
+    for ((scan_id, key), (finding, batch)) in &by_key {
+        ids.push(Uuid::now_v7());
+        organizations.push(batch.organization_id);
+        scans.push(*scan_id);
+        jobs.push(batch.scan_job_id);
+        attempts.push(batch.params.claim.attempt_id);
+        keys.push(key.as_str());
+        plugins.push(batch.plugin);
+        rule_ids.push(finding.rule_id.as_str());
+        resources.push(redact(&finding.resource));
+        discriminators.push(redact(&finding.discriminator));
+        severities.push(finding.severity.as_str());
+        titles.push(redact(&finding.title));
+        descriptions.push(redact(&finding.description));
+        evidence.push(redact(&finding.evidence));
+        cves.push(finding.cve_ids.join(","));
+    }
+    sql::query(sql::findings::INSERT_MANY)
+        .bind(&ids)
+        .bind(&organizations)
+        .bind(&scans)
+        .bind(&jobs)
+        .bind(&attempts)
+        .bind(&keys)
+        .bind(&plugins)
+        .bind(&rule_ids)
+        .bind(&resources)
+        .bind(&discriminators)
+        .bind(&severities)
+        .bind(&titles)
+        .bind(&descriptions)
+        .bind(&evidence)
+        .bind(&cves)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
