@@ -1241,6 +1241,7 @@ impl ManualWorker {
             batch_count,
             summary: "done".into(),
             final_batch: None,
+            lease_next: false,
         }
     }
 
@@ -1250,6 +1251,18 @@ impl ManualWorker {
             self.completion(lease, batch_count).encode_to_vec(),
         )
         .await;
+        self.next_ack().await
+    }
+
+    /// Completes `lease` asking for its scan's next plugin with the acknowledgement
+    /// (`TaskComplete.lease_next`).
+    pub async fn complete_asking_next(&self, lease: &v1::Lease, batch_count: u32) -> v1::IngestAck {
+        let completion = v1::TaskComplete {
+            lease_next: true,
+            ..self.completion(lease, batch_count)
+        };
+        self.publish_raw(WorkerVerb::Complete, completion.encode_to_vec())
+            .await;
         self.next_ack().await
     }
 

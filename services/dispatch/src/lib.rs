@@ -476,7 +476,10 @@ impl Dispatch {
             let eligibility = match acquired {
                 Ok((AcquireOutcome::Leases(leases), _)) if !leases.is_empty() => {
                     self.relay.hand_off(staged);
-                    return Ok(leases.iter().map(traced_lease).collect());
+                    return Ok(leases
+                        .iter()
+                        .map(|lease| runtime::traced_lease(lease, "dispatch"))
+                        .collect());
                 }
                 Ok((AcquireOutcome::Leases(_), eligibility)) => eligibility,
                 Ok((AcquireOutcome::Refused(error), _)) => return Err(error),
@@ -563,27 +566,4 @@ impl Dispatch {
             Err(error) => Err(internal(&error)),
         }
     }
-}
-
-/// The wire lease, with a `lease` span recording the grant in the scan's trace: a child of
-/// the scan's stored context, linked to the worker's acquire request (its cause, but in the
-/// worker's own trace, so parenting would lie). The worker's execution span is its child.
-fn traced_lease(lease: &store::lease::GrantedLease) -> v1::Lease {
-    let mut wire = lease.to_wire();
-    let span = tracing::info_span!(
-        parent: None,
-        "lease",
-        otel.name = %format!("lease {}", lease.plugin),
-        otel.kind = "internal",
-        palisade.service = "dispatch",
-        palisade.scan_id = %wire.scan_id,
-        palisade.task_id = %lease.task_id,
-        palisade.attempt_number = lease.attempt_number,
-    );
-    bus::trace::set_parent_from_traceparent(&span, &wire.traceparent);
-    bus::trace::link_to(&span, &tracing::Span::current());
-    if let Some(traceparent) = bus::trace::traceparent_of(&span) {
-        wire.traceparent = traceparent;
-    }
-    wire
 }

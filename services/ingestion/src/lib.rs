@@ -10,8 +10,10 @@ pub mod findings;
 pub mod parse;
 pub mod uploads;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
@@ -21,6 +23,7 @@ use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
 use runtime::{ArtifactLimits, BatchLimits, CommonSettings, Connections, Plumbing, SettingsError};
 use store::ingest::IngestOutcome;
+use store::lease::NextAsk;
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
@@ -42,6 +45,9 @@ pub struct Settings {
     /// Backoff between attempts of a failed task (`PALISADE_RETRY_BASE_MS` 5000,
     /// `PALISADE_RETRY_CAP_MS` 300000).
     pub retry: RetryPolicy,
+    /// How long a lease handed with a completion lasts (`PALISADE_LEASE_TTL_MS` 30000, as
+    /// dispatch's leases).
+    pub lease_ttl: Duration,
     /// The durable consumer (`PALISADE_INGESTION_BATCH_SIZE` 128, `PALISADE_INGESTION_ACK_WAIT_MS`
     /// 5000, `PALISADE_INGESTION_MAX_DELIVER` 10, `PALISADE_INGESTION_BATCHES_IN_FLIGHT` 4).
     pub consumer: ConsumerTuning,
@@ -70,6 +76,7 @@ impl Settings {
             batch_limits: BatchLimits::from_env()?,
             artifact_limits: ArtifactLimits::from_env()?,
             retry,
+            lease_ttl: runtime::LeaseSettings::ttl_from_env()?,
             consumer,
             crash_after_commit: None,
             http_addr: runtime::health::http_addr_from_env()?,
@@ -110,6 +117,7 @@ impl Service {
             bus: connections.bus.clone(),
             limits: settings.batch_limits,
             retry: settings.retry,
+            lease_ttl: settings.lease_ttl,
             progress_events: settings.common.progress_events,
         });
         Self {
@@ -292,6 +300,7 @@ struct Ingestion {
     relay: Relay,
     limits: BatchLimits,
     retry: RetryPolicy,
+    lease_ttl: Duration,
     progress_events: store::ProgressEvents,
 }
 
@@ -313,7 +322,7 @@ impl Ingestion {
         &self,
         messages: &[(usize, WorkerMessage)],
         spans: &[&tracing::Span],
-    ) -> Result<Vec<Verdict>, StoreError> {
+    ) -> Result<(Vec<Verdict>, store::Staged), StoreError> {
         // One transaction decides messages of many tasks and scans: its span is a root of
         // its own, linked to every message's `process` span (parenting would lie).
         let transaction_span = tracing::info_span!(
@@ -345,10 +354,8 @@ impl Ingestion {
         let (outcomes, staged) = store::decide_batch(&self.pool, self.progress_events, &script)
             .instrument(transaction_span)
             .await?;
-        // Committed: the events go out now (task.ready of next plugins, scan outcomes).
-        self.relay.hand_off(staged);
         let mut outcomes = outcomes.into_iter();
-        Ok(parts
+        let verdicts = parts
             .iter()
             .map(|part| {
                 let mut verdicts: Vec<Verdict> = outcomes
@@ -373,10 +380,50 @@ impl Ingestion {
                     _ => own,
                 }
             })
-            .collect())
+            .collect();
+        Ok((verdicts, staged))
     }
 
-    async fn answer(&self, address: &AckAddress, verdict: &Verdict) {
+    /// Leases the scans' next plugins to the workers whose completions asked for them
+    /// (`lease_next`), in one transaction after the decision's. Returns the wire leases per
+    /// message index. A failure leaves those workers to acquire as usual.
+    async fn lease_next(&self, asks: &[(usize, NextAsk)]) -> HashMap<usize, Vec<v1::Lease>> {
+        if asks.is_empty() {
+            return HashMap::new();
+        }
+        let mut staged = store::Staged::new(self.progress_events);
+        let only: Vec<NextAsk> = asks.iter().map(|(_, ask)| *ask).collect();
+        let granted = match store::lease::lease_next(
+            &self.pool,
+            &mut staged,
+            self.bus.subjects(),
+            &only,
+            self.lease_ttl,
+        )
+        .await
+        {
+            Ok(granted) => granted,
+            Err(error) => {
+                tracing::warn!(error = %telemetry::chain(&error), asks = asks.len(), "next plugins not leased with their completions; the workers acquire them");
+                return HashMap::new();
+            }
+        };
+        self.relay.hand_off(staged);
+        asks.iter()
+            .filter_map(|(index, ask)| {
+                let leases = granted.get(&ask.attempt_id)?;
+                Some((
+                    *index,
+                    leases
+                        .iter()
+                        .map(|lease| runtime::traced_lease(lease, "ingestion"))
+                        .collect(),
+                ))
+            })
+            .collect()
+    }
+
+    async fn answer(&self, address: &AckAddress, verdict: &Verdict, leases: Vec<v1::Lease>) {
         let Some(worker_id) = &address.worker_id else {
             return;
         };
@@ -393,6 +440,7 @@ impl Ingestion {
             sequence_number: address.sequence_number,
             error,
             duplicate: matches!(verdict, Verdict::Duplicate),
+            leases,
         };
         let subject = self.bus.subjects().worker(worker_id, WorkerVerb::Ack);
         if let Err(error) = self
@@ -430,11 +478,13 @@ impl BatchHandler for Ingestion {
         }
         valid.sort_by_key(|(_, message)| message.sort_key());
         let spans: Vec<&tracing::Span> = batch.iter().map(Delivery::span).collect();
+        let mut committed = None;
         match self.decide(&valid, &spans).await {
-            Ok(decided) => {
+            Ok((decided, staged)) => {
                 for ((index, _), verdict) in valid.iter().zip(decided) {
                     verdicts[*index] = Some(verdict);
                 }
+                committed = Some(staged);
             }
             Err(error) => {
                 // Logged once per message, by the bus, with the redelivery it causes.
@@ -447,10 +497,41 @@ impl BatchHandler for Ingestion {
                 }
             }
         }
+        // Completions that asked for their scan's next plugin, accepted now or earlier.
+        let asks: Vec<(usize, NextAsk)> = valid
+            .iter()
+            .filter_map(|(index, message)| match message {
+                WorkerMessage::Complete {
+                    claim,
+                    lease_next: true,
+                    ..
+                } if matches!(
+                    verdicts[*index],
+                    Some(Verdict::Accepted | Verdict::Duplicate)
+                ) =>
+                {
+                    Some((
+                        *index,
+                        NextAsk {
+                            worker_id: claim.worker_id,
+                            attempt_id: claim.attempt_id,
+                        },
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut leases = self.lease_next(&asks).await;
+        // The decision's events go out after the next plugins were handed on: a `task.ready`
+        // published before would wake an acquire that races the hand-off for the task.
+        if let Some(staged) = committed {
+            self.relay.hand_off(staged);
+        }
         let mut decisions = Vec::with_capacity(batch.len());
-        for (address, verdict) in addresses.iter().zip(verdicts) {
+        for (index, (address, verdict)) in addresses.iter().zip(verdicts).enumerate() {
             let verdict = verdict.expect("every message decided");
-            self.answer(address, &verdict).await;
+            self.answer(address, &verdict, leases.remove(&index).unwrap_or_default())
+                .await;
             decisions.push(match verdict {
                 Verdict::Accepted | Verdict::Duplicate => Decision::Ack,
                 Verdict::Refused(error) => {

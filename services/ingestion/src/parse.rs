@@ -35,6 +35,8 @@ pub enum WorkerMessage {
         /// The last batch, carried inside the completion (a `Result`).
         final_batch: Option<Box<WorkerMessage>>,
         summary: String,
+        /// The worker asks for its scan's next plugin with the acknowledgement.
+        lease_next: bool,
     },
     Fail {
         claim: LeaseClaim,
@@ -214,6 +216,7 @@ pub fn parse(
                         batch_count: message.batch_count as i32,
                         final_batch,
                         summary: worker_text(&message.summary),
+                        lease_next: message.lease_next,
                     })
                 })();
                 (address, parsed)

@@ -121,6 +121,8 @@ pub struct Settings {
     pub worker_id: Uuid,
     /// `PALISADE_WORKER_CAPACITY`, default [`Settings::CAPACITY_DEFAULT`].
     pub capacity: u32,
+    /// `PALISADE_WORKER_LEASE_NEXT`, default `true`: [`worker::WorkerConfig::lease_next`].
+    pub lease_next: bool,
     /// `PALISADE_OSV_DIR`, `PALISADE_TLS_TRUST` ([`PluginSettings`]).
     pub plugins: PluginSettings,
 }
@@ -136,6 +138,8 @@ pub enum SettingsError {
     InvalidWorkerId { value: String },
     #[error("PALISADE_WORKER_CAPACITY {value:?} is not a number in 1..={max}")]
     InvalidCapacity { value: String, max: u32 },
+    #[error("PALISADE_WORKER_LEASE_NEXT {value:?} is neither true nor false")]
+    InvalidLeaseNext { value: String },
     #[error(
         "PALISADE_OSV_DIR {value:?} is not an absolute path to a directory: point it at a directory of OSV JSON advisories, or unset it"
     )]
@@ -181,6 +185,14 @@ impl Settings {
                     max: messages::limits::WORKER_CAPACITY_MAX,
                 })?,
         };
+        let lease_next = match set("PALISADE_WORKER_LEASE_NEXT") {
+            None => true,
+            Some(value) => match value.trim() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(SettingsError::InvalidLeaseNext { value }),
+            },
+        };
         let plugins = PluginSettings::from_lookup(&lookup)?;
         Ok(Self {
             nats_url,
@@ -189,6 +201,7 @@ impl Settings {
             subjects,
             worker_id,
             capacity,
+            lease_next,
             plugins,
         })
     }
@@ -219,6 +232,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     .context("failed to connect to NATS")?;
     let mut config = worker::WorkerConfig::new(settings.worker_id, settings.capacity);
     config.software_version = format!("palisade-worker/{}", env!("CARGO_PKG_VERSION"));
+    config.lease_next = settings.lease_next;
     let worker = worker::Worker::new(bus, config, configured_plugins(&settings.plugins))
         .context("failed to set up the worker")?;
     worker.run(shutdown).await.context("worker stopped")

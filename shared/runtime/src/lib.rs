@@ -451,3 +451,30 @@ mod tests {
         assert_ne!(error.message, other.message, "each answer has its own id");
     }
 }
+
+/// The wire lease, with a `lease` span recording the grant in the scan's trace: a child of
+/// the scan's stored context, linked to the current span (the worker's acquire request, or
+/// the completion whose acknowledgement carries it: its cause, but in another trace, so
+/// parenting would lie). The worker's execution span is its child.
+pub fn traced_lease(
+    lease: &store::lease::GrantedLease,
+    service: &'static str,
+) -> messages::v1::Lease {
+    let mut wire = lease.to_wire();
+    let span = tracing::info_span!(
+        parent: None,
+        "lease",
+        otel.name = %format!("lease {}", lease.plugin),
+        otel.kind = "internal",
+        palisade.service = service,
+        palisade.scan_id = %wire.scan_id,
+        palisade.task_id = %lease.task_id,
+        palisade.attempt_number = lease.attempt_number,
+    );
+    bus::trace::set_parent_from_traceparent(&span, &wire.traceparent);
+    bus::trace::link_to(&span, &tracing::Span::current());
+    if let Some(traceparent) = bus::trace::traceparent_of(&span) {
+        wire.traceparent = traceparent;
+    }
+    wire
+}

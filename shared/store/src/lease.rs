@@ -1,7 +1,7 @@
 //! Dispatch (SPEC §4.2): worker hello, acquire (eligibility, capacity, fencing numbers, lease
 //! tokens), renew and release. Every decision uses the database clock.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use messages::limits::RENEW_LEASES_MAX;
@@ -85,6 +85,10 @@ pub struct GrantedLease {
     pub execution_deadline_seconds: Option<i32>,
     /// W3C `traceparent` of the scan's trace; `None` when admission ran without `telemetry::init`.
     pub trace_context: Option<String>,
+    pub worker_id: Uuid,
+    /// The request it was granted under: an acquire's request id, or the id of the completed
+    /// attempt whose acknowledgement carried it ([`lease_next`]).
+    pub request_id: Option<Uuid>,
     #[sqlx(skip)]
     pub discovered_assets: Vec<(String, String)>,
 }
@@ -200,8 +204,8 @@ pub async fn acquire(
     }
     if worker.replayed {
         let replayed = sql::query_as::<GrantedLease>(sql::worker_task_attempts::REPLAYED_LEASES)
-            .bind(params.worker_id)
-            .bind(params.request_id)
+            .bind([params.worker_id])
+            .bind([params.request_id])
             .fetch_all(&mut *tx)
             .await?;
         let leases = with_assets(&mut tx, replayed).await?;
@@ -262,14 +266,22 @@ pub async fn acquire(
         return Ok((AcquireOutcome::Leases(granted), eligibility));
     }
 
-    let events: Vec<OutboxEvent> = granted
+    outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
+    let leases = with_assets(&mut tx, granted).await?;
+    tx.commit().await?;
+    Ok((AcquireOutcome::Leases(leases), eligibility))
+}
+
+/// `task.leased` of each granted lease, in its scan's trace.
+fn leased_events(subjects: &Subjects, granted: &[GrantedLease]) -> Vec<OutboxEvent> {
+    granted
         .iter()
         .map(|lease| {
             let leased = v1::TaskLeased {
                 task_id: lease.task_id.to_string(),
                 attempt_id: lease.attempt_id.to_string(),
                 attempt_number: lease.attempt_number as u32,
-                worker_id: params.worker_id.to_string(),
+                worker_id: lease.worker_id.to_string(),
                 scan_id: lease.scan_id.map(|id| id.to_string()).unwrap_or_default(),
             };
             let event = OutboxEvent::new(subjects, EventKind::TaskLeased, leased.encode_to_vec());
@@ -278,12 +290,95 @@ pub async fn acquire(
                 None => event,
             }
         })
-        .collect();
-    outbox::stage(&mut tx, staged, events).await?;
+        .collect()
+}
 
-    let leases = with_assets(&mut tx, granted).await?;
+/// A completion that asked for its scan's next plugin with its acknowledgement
+/// (`TaskComplete.lease_next`), accepted now or earlier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextAsk {
+    pub worker_id: Uuid,
+    /// The completed attempt: the request id the next lease is granted under.
+    pub attempt_id: Uuid,
+}
+
+/// Leases handed with completions (issue 24): each asking worker gets its scan's next plugin
+/// when it offers the plugin, serves the scan's organization and has room, exactly as an
+/// acquire would grant it, under the completed attempt's id as request id. A completion asked
+/// again (its worker resent it) gets what the first ask granted. One transaction for any
+/// number of asks, in acquire's lock order (workers, then their assignments, then tasks).
+/// Returns the leases per completed attempt; asks that got nothing are absent.
+pub async fn lease_next(
+    pool: &PgPool,
+    staged: &mut Staged,
+    subjects: &Subjects,
+    asks: &[NextAsk],
+    lease_ttl: Duration,
+) -> Result<HashMap<Uuid, Vec<GrantedLease>>, StoreError> {
+    if asks.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut tx = pool.begin().await?;
+    let mut worker_ids: Vec<Uuid> = asks.iter().map(|ask| ask.worker_id).collect();
+    worker_ids.sort_unstable();
+    worker_ids.dedup();
+    let mut rooms: HashMap<Uuid, i64> = sql::query_as(sql::workers::LOCK_FOR_NEXT)
+        .bind(&worker_ids)
+        .bind(LIVE_ATTEMPT_STATUSES)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
+    let replayed: Vec<GrantedLease> = sql::query_as(sql::worker_task_attempts::REPLAYED_LEASES)
+        .bind(asks.iter().map(|ask| ask.worker_id).collect::<Vec<_>>())
+        .bind(asks.iter().map(|ask| ask.attempt_id).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await?;
+    let asked_before: HashSet<Uuid> = replayed
+        .iter()
+        .filter_map(|lease| lease.request_id)
+        .collect();
+    // The room left is counted here, per worker, in the order of the asks.
+    let (mut grant_workers, mut grant_requests) = (Vec::new(), Vec::new());
+    for ask in asks {
+        if asked_before.contains(&ask.attempt_id) {
+            continue;
+        }
+        if let Some(room) = rooms.get_mut(&ask.worker_id)
+            && *room > 0
+        {
+            *room -= 1;
+            grant_workers.push(ask.worker_id);
+            grant_requests.push(ask.attempt_id);
+        }
+    }
+    let granted: Vec<GrantedLease> = if grant_workers.is_empty() {
+        Vec::new()
+    } else {
+        sql::query_as(sql::worker_tasks::GRANT_NEXT)
+            .bind(&grant_workers)
+            .bind(&grant_requests)
+            .bind(crate::seconds(lease_ttl))
+            .bind(TaskState::Pending.as_str())
+            .bind(TaskState::Leased.as_str())
+            .bind(AttemptStatus::Leased.as_str())
+            .bind(ScanJobState::Running.as_str())
+            .bind(ScanJobState::Pending.as_str())
+            .bind(ScanState::Running.as_str())
+            .bind(ScanState::Pending.as_str())
+            .fetch_all(&mut *tx)
+            .await?
+    };
+    outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
+    let leases = with_assets(&mut tx, replayed.into_iter().chain(granted).collect()).await?;
     tx.commit().await?;
-    Ok((AcquireOutcome::Leases(leases), eligibility))
+    let mut by_completion: HashMap<Uuid, Vec<GrantedLease>> = HashMap::new();
+    for lease in leases {
+        if let Some(request_id) = lease.request_id {
+            by_completion.entry(request_id).or_default().push(lease);
+        }
+    }
+    Ok(by_completion)
 }
 
 /// The attempt statuses that hold a lease.

@@ -28,6 +28,9 @@ pub struct WorkerConfig {
     pub ack_timeout: Duration,
     /// How long shutdown waits for in-flight leases to be released.
     pub shutdown_grace: Duration,
+    /// Ask with every completion for the scan's next plugin, run in the slot the completion
+    /// frees (`TaskComplete.lease_next`); `false` leaves every plugin to acquire.
+    pub lease_next: bool,
 }
 
 impl WorkerConfig {
@@ -49,6 +52,7 @@ impl WorkerConfig {
             request_timeout: Self::REQUEST_TIMEOUT_DEFAULT,
             ack_timeout: Self::ACK_TIMEOUT_DEFAULT,
             shutdown_grace: Self::SHUTDOWN_GRACE_DEFAULT,
+            lease_next: true,
         }
     }
 

@@ -2,12 +2,15 @@
 //! the session from hello, the counters and the leases being renewed; plus the request/reply
 //! and release helpers.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use messages::{WorkerVerb, v1};
 
+use crate::acks::AckRouter;
+use crate::plugin::Plugin;
 use crate::renew::Renewals;
 use crate::stats::Counter;
 use crate::{Session, WorkerConfig, WorkerStats};
@@ -25,7 +28,6 @@ pub(crate) enum RequestError {
     Decode(#[from] prost::DecodeError),
 }
 
-#[derive(Debug)]
 pub(crate) struct Context {
     pub bus: bus::Bus,
     pub worker_id: String,
@@ -34,6 +36,19 @@ pub(crate) struct Context {
     pub stats: Arc<WorkerStats>,
     /// The session's leases, renewed together by `renew::run`.
     pub renewals: Renewals,
+    /// Where ingestion's acknowledgements go: the lease task of their attempt.
+    pub router: Arc<AckRouter>,
+    /// The worker's plugins by name.
+    pub plugins: HashMap<&'static str, Arc<dyn Plugin>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("worker_id", &self.worker_id)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Context {

@@ -22,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::acks::Route;
 use crate::batch::{self, Batcher};
@@ -58,6 +59,8 @@ pub(crate) const ATTEMPT_RESULT_BYTES_MAX: usize = 256 * 1024 * 1024;
 pub(crate) const PLUGIN_STOP_GRACE: Duration = Duration::from_secs(2);
 /// The release reason dispatch records on shutdown.
 pub(crate) const RELEASE_REASON_SHUTDOWN: &str = "worker shutting down";
+/// The release reason for leases granted beyond what the worker asked for.
+pub(crate) const RELEASE_REASON_OVER_CAPACITY: &str = "worker over capacity";
 
 /// How a lease ended; each is counted in [`crate::WorkerStats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,8 +86,90 @@ pub(crate) struct LeaseRun {
     pub permit: OwnedSemaphorePermit,
 }
 
-/// Runs one lease to its end and counts the outcome.
-pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToken) {
+/// A lease ready to run, with the span its work is recorded in.
+pub(crate) struct Prepared {
+    run: LeaseRun,
+    span: tracing::Span,
+}
+
+/// Makes a granted lease (from an acquire, or handed with a completion's acknowledgement) ready
+/// to run in `permit`'s slot: its acknowledgements routed to it, its plugin found, its span in
+/// the scan's trace. `None` when it cannot run: malformed (ignored), already running, or the
+/// worker is stopping (released).
+pub(crate) async fn prepare(
+    ctx: &Arc<Context>,
+    stop: &CancellationToken,
+    lease: v1::Lease,
+    permit: OwnedSemaphorePermit,
+    granted_at: Instant,
+) -> Option<Prepared> {
+    let Some(lease_ref) = lease.lease.clone().filter(|lease_ref| {
+        !lease_ref.task_id.is_empty()
+            && !lease_ref.attempt_id.is_empty()
+            && !lease_ref.lease_token.is_empty()
+    }) else {
+        tracing::error!(plugin = %lease.plugin, "a lease without ids was granted, ignored");
+        return None;
+    };
+    ctx.stats.add(Counter::LeasesAcquired);
+    if stop.is_cancelled() {
+        ctx.release(&lease_ref, RELEASE_REASON_SHUTDOWN).await;
+        return None;
+    }
+    let Some((route, acks)) = ctx.router.register(&lease_ref.attempt_id) else {
+        tracing::error!(attempt_id = %lease_ref.attempt_id, "a lease was granted for an attempt already running, ignored");
+        return None;
+    };
+    // The execution span joins the scan's trace as a child of the grant's lease span; every
+    // batch, completion and failure the lease publishes is its child.
+    let span = tracing::info_span!(
+        "lease",
+        otel.name = %format!("execute {}", lease.plugin),
+        otel.kind = "consumer",
+        palisade.service = "worker",
+        palisade.scan_id = %lease.scan_id,
+        palisade.task_id = %lease_ref.task_id,
+        task_id = %lease_ref.task_id,
+        attempt_id = %lease_ref.attempt_id,
+        attempt_number = lease_ref.attempt_number,
+        plugin = %lease.plugin,
+        scan_id = %lease.scan_id,
+    );
+    bus::trace::set_parent_from_traceparent(&span, &lease.traceparent);
+    span.in_scope(|| tracing::info!(target = %lease.target, "lease granted"));
+    let run = LeaseRun {
+        plugin: ctx.plugins.get(lease.plugin.as_str()).cloned(),
+        lease,
+        lease_ref,
+        granted_at,
+        acks,
+        route,
+        permit,
+    };
+    Some(Prepared { run, span })
+}
+
+/// Runs a lease to its end, then, in the same slot, each lease handed with its completion's
+/// acknowledgement (the scan's next plugin), until one ends without.
+pub(crate) async fn run(ctx: Arc<Context>, first: Prepared, stop: CancellationToken) {
+    let mut next = Some(first);
+    while let Some(Prepared { run, span }) = next.take() {
+        let handed = run_one(ctx.clone(), run, stop.clone())
+            .instrument(span)
+            .await;
+        if let Some((lease, permit, granted_at)) = handed {
+            next = prepare(&ctx, &stop, lease, permit, granted_at).await;
+        }
+    }
+}
+
+/// Runs one lease to its end and counts the outcome; returns the lease its completion's
+/// acknowledgement handed on, with the slot's permit and when it arrived.
+async fn run_one(
+    ctx: Arc<Context>,
+    run: LeaseRun,
+    stop: CancellationToken,
+) -> Option<(v1::Lease, OwnedSemaphorePermit, Instant)> {
     let LeaseRun {
         lease,
         lease_ref,
@@ -151,6 +236,8 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
         complete_rounds: 0,
         complete_sends: 0,
         final_pending: false,
+        handed: Vec::new(),
+        handed_at: Instant::now(),
     };
     let outcome = task.drive().await;
     task.renewal.end();
@@ -160,7 +247,16 @@ pub(crate) async fn run(ctx: Arc<Context>, run: LeaseRun, stop: CancellationToke
     }
     record(&ctx, outcome);
     drop(route);
-    drop(permit);
+    // At most one lease is handed on (a scan runs one plugin at a time); any other is given
+    // back rather than run beyond the worker's capacity.
+    let mut handed = std::mem::take(&mut task.handed).into_iter();
+    let next = handed.next();
+    for extra in handed {
+        if let Some(extra) = &extra.lease {
+            ctx.release(extra, RELEASE_REASON_OVER_CAPACITY).await;
+        }
+    }
+    next.map(|lease| (lease, permit, task.handed_at))
 }
 
 fn record(ctx: &Context, outcome: Outcome) {
@@ -256,6 +352,9 @@ struct LeaseTask {
     complete_sends: u32,
     /// The plugin finished and its last partial batch (if any) is still in the batcher.
     final_pending: bool,
+    /// Leases the completion's acknowledgement handed on, and when it arrived.
+    handed: Vec<v1::Lease>,
+    handed_at: Instant,
 }
 
 impl LeaseTask {
@@ -481,6 +580,9 @@ impl LeaseTask {
                 .expect("batches are bounded by BATCH_SEQUENCE_MAX"),
             summary: summary.to_owned(),
             final_batch,
+            // The slot this completion frees goes to the scan's next plugin, when this worker
+            // may take it.
+            lease_next: self.ctx.config.lease_next,
         };
         let outbound = Outbound {
             subject: self.ctx.subject(WorkerVerb::Complete),
@@ -694,6 +796,9 @@ impl LeaseTask {
 
     fn on_complete_ack(&mut self, ack: v1::IngestAck, summary: String, phase: &mut Phase) -> Step {
         let Some(error) = ack.error else {
+            // The scan's next plugin, when ingestion handed it on with the acknowledgement.
+            self.handed = ack.leases;
+            self.handed_at = Instant::now();
             return Step::End(Outcome::Completed);
         };
         match error.error_code() {

@@ -18,17 +18,14 @@ use uuid::Uuid;
 use crate::acks::AckRouter;
 use crate::context::{Context, RequestError};
 use crate::dispatchers::{Change, Dispatchers};
-use crate::lease::{self, LeaseRun};
+use crate::lease::{self, RELEASE_REASON_OVER_CAPACITY};
 use crate::renew::{self, Renewals};
 use crate::retry;
-use crate::stats::Counter;
 use crate::{Plugin, Session, WorkerConfig, WorkerError, WorkerStats};
 
 /// Pause after an acquire that came back empty, so a dispatch that answers at once instead of
 /// long-polling is not polled in a tight loop.
 const ACQUIRE_EMPTY_PAUSE: Duration = Duration::from_millis(100);
-/// The release reason for leases granted beyond what the worker asked for.
-const RELEASE_REASON_OVER_CAPACITY: &str = "worker over capacity";
 
 /// A worker process's connection to palisade: runs the plugins it was built with on the
 /// tasks dispatch leases to it.
@@ -201,6 +198,8 @@ impl Worker {
             session,
             stats: self.stats.clone(),
             renewals: Renewals::default(),
+            router: router.clone(),
+            plugins: self.plugins.clone(),
         });
         // One renewer for every lease of the session; it outlives the lease tasks.
         let renewer_stop = CancellationToken::new();
@@ -210,7 +209,7 @@ impl Worker {
         let stop = shutdown.child_token();
         let mut leases = JoinSet::new();
         let result = self
-            .acquire_loop(&ctx, router, dispatch_ready, &stop, &mut leases)
+            .acquire_loop(&ctx, dispatch_ready, &stop, &mut leases)
             .await;
         stop.cancel();
         let drained = tokio::time::timeout(self.config.shutdown_grace, async {
@@ -294,7 +293,6 @@ impl Worker {
     async fn acquire_loop(
         &self,
         ctx: &Arc<Context>,
-        router: &Arc<AckRouter>,
         dispatch_ready: &Notify,
         stop: &CancellationToken,
         leases: &mut JoinSet<()>,
@@ -343,7 +341,7 @@ impl Worker {
             refusals = 0;
             let granted = reply.leases.len();
             for lease in reply.leases {
-                self.start_lease(ctx, router, stop, leases, &mut held, lease, granted_at)
+                self.start_lease(ctx, stop, leases, &mut held, lease, granted_at)
                     .await;
             }
             if granted == 0 && !stop.is_cancelled() {
@@ -405,67 +403,27 @@ impl Worker {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Runs a granted lease in its own task, in the slot of one of the `held` permits.
     async fn start_lease(
         &self,
         ctx: &Arc<Context>,
-        router: &Arc<AckRouter>,
         stop: &CancellationToken,
         leases: &mut JoinSet<()>,
         held: &mut Vec<OwnedSemaphorePermit>,
         lease: v1::Lease,
         granted_at: Instant,
     ) {
-        let Some(lease_ref) = lease.lease.clone().filter(|lease_ref| {
-            !lease_ref.task_id.is_empty()
-                && !lease_ref.attempt_id.is_empty()
-                && !lease_ref.lease_token.is_empty()
-        }) else {
-            tracing::error!(plugin = %lease.plugin, "dispatch granted a lease without ids, ignored");
-            return;
-        };
-        ctx.stats.add(Counter::LeasesAcquired);
-        if stop.is_cancelled() {
-            ctx.release(&lease_ref, lease::RELEASE_REASON_SHUTDOWN)
-                .await;
-            return;
-        }
         let Some(permit) = held.pop() else {
-            tracing::error!(task_id = %lease_ref.task_id, "dispatch granted more leases than asked for");
-            ctx.release(&lease_ref, RELEASE_REASON_OVER_CAPACITY).await;
+            tracing::error!(plugin = %lease.plugin, "dispatch granted more leases than asked for");
+            if let Some(lease_ref) = &lease.lease {
+                ctx.release(lease_ref, RELEASE_REASON_OVER_CAPACITY).await;
+            }
             return;
         };
-        let Some((route, acks)) = router.register(&lease_ref.attempt_id) else {
-            tracing::error!(attempt_id = %lease_ref.attempt_id, "dispatch granted an attempt already running, ignored");
+        let Some(run) = lease::prepare(ctx, stop, lease, permit, granted_at).await else {
             return;
         };
-        // The execution span joins the scan's trace as a child of dispatch's lease span;
-        // every batch, completion and failure the lease publishes is its child.
-        let span = tracing::info_span!(
-            "lease",
-            otel.name = %format!("execute {}", lease.plugin),
-            otel.kind = "consumer",
-            palisade.service = "worker",
-            palisade.scan_id = %lease.scan_id,
-            palisade.task_id = %lease_ref.task_id,
-            task_id = %lease_ref.task_id,
-            attempt_id = %lease_ref.attempt_id,
-            attempt_number = lease_ref.attempt_number,
-            plugin = %lease.plugin,
-            scan_id = %lease.scan_id,
-        );
-        bus::trace::set_parent_from_traceparent(&span, &lease.traceparent);
-        span.in_scope(|| tracing::info!(target = %lease.target, "lease granted"));
-        let run = LeaseRun {
-            plugin: self.plugins.get(lease.plugin.as_str()).cloned(),
-            lease,
-            lease_ref,
-            granted_at,
-            acks,
-            route,
-            permit,
-        };
-        leases.spawn(inherit(lease::run(ctx.clone(), run, stop.clone())).instrument(span));
+        leases.spawn(inherit(lease::run(ctx.clone(), run, stop.clone())));
     }
 }
 

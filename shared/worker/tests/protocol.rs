@@ -531,6 +531,7 @@ fn ingest(
             sequence_number,
             error: None,
             duplicate: false,
+            leases: Vec::new(),
         });
         (Event::Batch { msg_id, batch }, ack)
     } else if subject.ends_with(".complete") {

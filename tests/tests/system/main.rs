@@ -16,6 +16,7 @@ mod enrichment;
 mod events;
 mod findings;
 mod flat;
+mod handoff;
 mod health;
 mod helm;
 mod ingestion;

@@ -213,6 +213,7 @@ proptest! {
             batch_count: batch.sequence_number + 1,
             summary,
             final_batch: Some(batch),
+            lease_next: false,
         };
         let subject_worker = wire.worker_id.clone();
         let expected = match fault {

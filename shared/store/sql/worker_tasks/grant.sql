@@ -5,7 +5,7 @@
 -- for that grant's commit on the worker row, read before the wait that nothing was granted, and
 -- sees the grant only here (the replay answers it on its next look).
 -- Its columns are `lease::GrantedLease`'s, the same as
--- `worker_task_attempts/replayed_leases.sql`'s.
+-- `worker_task_attempts/replayed_leases.sql`'s and `grant_next.sql`'s.
 -- $1: params.worker_id
 -- $2: eligibility.capabilities
 -- $3: free
@@ -82,6 +82,7 @@ SELECT
     coalesce((t.payload->>'position')::int, 0) AS position,
     greatest(0, (extract(epoch FROM a.lease_expires_at - now()) * 1000)::bigint) AS lease_expires_in_ms,
     t.execution_deadline_seconds,
-    (SELECT s.trace_context FROM scans s WHERE s.id = t.scan_id) AS trace_context
+    (SELECT s.trace_context FROM scans s WHERE s.id = t.scan_id) AS trace_context,
+    a.worker_id, a.acquire_request_id AS request_id
 FROM a JOIN leased t ON t.id = a.task_id
 ORDER BY t.priority DESC, t.created_at

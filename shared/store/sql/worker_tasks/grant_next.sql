@@ -1,0 +1,81 @@
+-- Leases handed with completions: for each (worker, request id) the caller allows (the request
+-- id is the completed attempt's id, the room counted under the workers' locks), the pending
+-- task of that attempt's scan, when the worker offers its plugin and serves its organization
+-- (assignments locked FOR SHARE, as acquire's grant does). Each is leased, its attempt created
+-- under that request id, the worker marked seen, its scan job and scan moved to running, as
+-- `grant.sql` does for an acquire. Its columns are `lease::GrantedLease`'s.
+-- $1: worker_ids
+-- $2: request_ids
+-- $3: crate::seconds(lease_ttl)
+-- $4: TaskState::Pending.as_str()
+-- $5: TaskState::Leased.as_str()
+-- $6: AttemptStatus::Leased.as_str()
+-- $7: ScanJobState::Running.as_str()
+-- $8: ScanJobState::Pending.as_str()
+-- $9: ScanState::Running.as_str()
+-- $10: ScanState::Pending.as_str()
+WITH asks AS (
+    SELECT u.worker_id, u.request_id, done.scan_id
+    FROM UNNEST($1::uuid[], $2::uuid[]) AS u(worker_id, request_id)
+    JOIN worker_task_attempts ca ON ca.id = u.request_id AND ca.worker_id = u.worker_id
+    JOIN worker_tasks done ON done.id = ca.task_id
+),
+assigned AS (
+    SELECT o.worker_id, o.organization_id FROM organization_workers o
+    WHERE o.worker_id = ANY($1) AND o.enabled AND o.revoked_at IS NULL
+    ORDER BY o.worker_id, o.organization_id
+    FOR SHARE
+),
+picked AS (
+    SELECT t.id, asks.worker_id, asks.request_id
+    FROM asks
+    JOIN workers w ON w.id = asks.worker_id
+    JOIN worker_tasks t ON t.scan_id = asks.scan_id
+    WHERE t.state = $4
+      AND t.available_at <= now()
+      AND t.cancel_requested_at IS NULL
+      AND t.required_capabilities <@ w.capabilities
+      AND EXISTS (SELECT 1 FROM assigned
+                  WHERE assigned.worker_id = asks.worker_id
+                    AND assigned.organization_id = t.organization_id)
+    FOR UPDATE OF t SKIP LOCKED
+),
+leased AS (
+    UPDATE worker_tasks t
+    SET state = $5, attempt_count = t.attempt_count + 1,
+        last_attempt_number = t.last_attempt_number + 1,
+        current_attempt_id = gen_random_uuid(), updated_at = now()
+    FROM picked WHERE t.id = picked.id
+    RETURNING t.*, picked.worker_id AS granted_to, picked.request_id AS granted_for
+),
+a AS (
+    INSERT INTO worker_task_attempts
+        (id, task_id, worker_id, attempt_number, lease_token, acquire_request_id, status, lease_expires_at)
+    SELECT l.current_attempt_id, l.id, l.granted_to, l.last_attempt_number,
+           replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''),
+           l.granted_for, $6, now() + make_interval(secs => $3)
+    FROM leased l
+    RETURNING *
+),
+seen AS (
+    UPDATE workers SET last_seen_at = now() WHERE id IN (SELECT granted_to FROM leased)
+),
+started_jobs AS (
+    UPDATE scan_jobs j SET state = $7, started_at = coalesce(j.started_at, now()), updated_at = now()
+    FROM leased WHERE j.id = leased.scan_job_id AND j.state = $8
+),
+started_scans AS (
+    UPDATE scans s SET state = $9, started_at = coalesce(s.started_at, now()), updated_at = now()
+    WHERE s.id IN (SELECT scan_id FROM leased) AND s.state = $10
+)
+SELECT
+    a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,
+    t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin,
+    coalesce(t.payload->>'target', '') AS target,
+    coalesce((t.payload->>'position')::int, 0) AS position,
+    greatest(0, (extract(epoch FROM a.lease_expires_at - now()) * 1000)::bigint) AS lease_expires_in_ms,
+    t.execution_deadline_seconds,
+    (SELECT s.trace_context FROM scans s WHERE s.id = t.scan_id) AS trace_context,
+    a.worker_id, a.acquire_request_id AS request_id
+FROM a JOIN leased t ON t.id = a.task_id
+ORDER BY t.priority DESC, t.created_at
