@@ -387,7 +387,11 @@ impl Ingestion {
     /// Leases the scans' next plugins to the workers whose completions asked for them
     /// (`lease_next`), in one transaction after the decision's. Returns the wire leases per
     /// message index. A failure leaves those workers to acquire as usual.
-    async fn lease_next(&self, asks: &[(usize, NextAsk)]) -> HashMap<usize, Vec<v1::Lease>> {
+    async fn lease_next(
+        &self,
+        asks: &[(usize, NextAsk)],
+        spans: &[&tracing::Span],
+    ) -> HashMap<usize, Vec<v1::Lease>> {
         if asks.is_empty() {
             return HashMap::new();
         }
@@ -414,10 +418,13 @@ impl Ingestion {
                 let leases = granted.get(&ask.attempt_id)?;
                 Some((
                     *index,
-                    leases
-                        .iter()
-                        .map(|lease| runtime::traced_lease(lease, "ingestion"))
-                        .collect(),
+                    // Linked to the completion's own span: the cause of the grant.
+                    spans[*index].in_scope(|| {
+                        leases
+                            .iter()
+                            .map(|lease| runtime::traced_lease(lease, "ingestion"))
+                            .collect()
+                    }),
                 ))
             })
             .collect()
@@ -521,7 +528,7 @@ impl BatchHandler for Ingestion {
                 _ => None,
             })
             .collect();
-        let mut leases = self.lease_next(&asks).await;
+        let mut leases = self.lease_next(&asks, &spans).await;
         // The decision's events go out after the next plugins were handed on: a `task.ready`
         // published before would wake an acquire that races the hand-off for the task.
         if let Some(staged) = committed {

@@ -47,6 +47,15 @@ impl SystemSettings {
         settings.reaper.http_addr = None;
         Ok(settings)
     }
+
+    /// Ingestion's settings as it runs beside dispatch in one process: the leases it hands on
+    /// with completions last as long as dispatch's (both read `PALISADE_LEASE_TTL_MS`; here
+    /// dispatch's settings may have been changed after they were read).
+    pub fn ingestion(&self) -> ingestion::Settings {
+        let mut ingestion = self.ingestion.clone();
+        ingestion.lease_ttl = self.dispatch.lease.ttl;
+        ingestion
+    }
 }
 
 /// What `palisade dev`, the demo and the benchmark print about the NATS they run on: they
@@ -107,6 +116,7 @@ impl System {
             workers: JoinSet::new(),
         };
         let c = || connections.clone();
+        let ingestion_settings = settings.ingestion();
         system.spawn(
             "admission",
             admission::Service::from_connections(settings.admission, c())
@@ -119,7 +129,7 @@ impl System {
         );
         system.spawn(
             "ingestion",
-            ingestion::Service::from_connections(settings.ingestion, c())
+            ingestion::Service::from_connections(ingestion_settings, c())
                 .run_until_stopped(shutdown.clone()),
         );
         system.spawn(
@@ -235,8 +245,8 @@ fn in_process_worker_config(worker_id: Uuid, capacity: u32) -> worker::WorkerCon
     let mut config = worker::WorkerConfig::new(worker_id, capacity);
     config.acquire_wait = std::time::Duration::from_secs(2);
     config.shutdown_grace = std::time::Duration::from_secs(5);
-    // As the reference worker reads it (`PALISADE_WORKER_LEASE_NEXT`); `bench` compares both.
+    // As the reference worker reads it (`PALISADE_WORKER_LEASE_NEXT`, off by default).
     config.lease_next =
-        std::env::var("PALISADE_WORKER_LEASE_NEXT").map_or(true, |value| value.trim() != "false");
+        std::env::var("PALISADE_WORKER_LEASE_NEXT").is_ok_and(|value| value.trim() == "true");
     config
 }

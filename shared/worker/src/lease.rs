@@ -367,9 +367,12 @@ impl LeaseTask {
             let linger_at = self.batch_started_at.map(|started| started + BATCH_LINGER);
             let deadline_armed = matches!(phase, Phase::Running | Phase::Draining { .. });
             let taking_results = running && sink_open && self.unacked.len() < BATCHES_UNACKED_MAX;
+            // A sent completion is waited for through a shutdown (within the worker's grace):
+            // its acknowledgement may hand on a lease, which is then released, not lost.
+            let completing = matches!(phase, Phase::Completing { .. });
             let step = tokio::select! {
                 biased;
-                () = self.stop.cancelled() => Step::End(Outcome::Released),
+                () = self.stop.cancelled(), if !completing => Step::End(Outcome::Released),
                 loss = self.renewal.lost() => Step::End(Outcome::Lost(loss)),
                 () = sleep_until(self.deadline), if deadline_armed && self.deadline.is_some() => {
                     tracing::warn!("execution deadline passed, stopping the plugin");
@@ -582,7 +585,7 @@ impl LeaseTask {
             final_batch,
             // The slot this completion frees goes to the scan's next plugin, when this worker
             // may take it.
-            lease_next: self.ctx.config.lease_next,
+            lease_next: self.ctx.config.lease_next && !self.stop.is_cancelled(),
         };
         let outbound = Outbound {
             subject: self.ctx.subject(WorkerVerb::Complete),
