@@ -763,22 +763,13 @@ impl TestSystem {
         organization_id: Uuid,
         capacity: u32,
     ) -> Arc<worker::WorkerStats> {
-        self.reference_worker_with(organization_id, capacity, |_| {})
-            .await
-    }
-
-    /// [`Self::reference_worker`], its configuration changed by `configure` first.
-    pub async fn reference_worker_with(
-        &self,
-        organization_id: Uuid,
-        capacity: u32,
-        configure: impl FnOnce(&mut worker::WorkerConfig),
-    ) -> Arc<worker::WorkerStats> {
         let id = self.registered_worker(organization_id, capacity).await;
-        let mut config = worker::WorkerConfig::new(id, capacity);
-        configure(&mut config);
-        let worker = worker::Worker::new(self.worker_bus(id).await, config, reference_plugins())
-            .expect("valid worker");
+        let worker = worker::Worker::new(
+            self.worker_bus(id).await,
+            worker::WorkerConfig::new(id, capacity),
+            reference_plugins(),
+        )
+        .expect("valid worker");
         let stats = worker.stats();
         tokio::spawn(worker.run(self.shutdown.child_token()));
         stats

@@ -245,8 +245,8 @@ fn in_process_worker_config(worker_id: Uuid, capacity: u32) -> worker::WorkerCon
     let mut config = worker::WorkerConfig::new(worker_id, capacity);
     config.acquire_wait = std::time::Duration::from_secs(2);
     config.shutdown_grace = std::time::Duration::from_secs(5);
-    // As the reference worker reads it (`PALISADE_WORKER_LEASE_NEXT`, off by default).
+    // As the reference worker reads it (`PALISADE_WORKER_LEASE_NEXT`, on by default).
     config.lease_next =
-        std::env::var("PALISADE_WORKER_LEASE_NEXT").is_ok_and(|value| value.trim() == "true");
+        std::env::var("PALISADE_WORKER_LEASE_NEXT").map_or(true, |value| value.trim() != "false");
     config
 }

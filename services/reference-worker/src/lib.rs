@@ -121,7 +121,7 @@ pub struct Settings {
     pub worker_id: Uuid,
     /// `PALISADE_WORKER_CAPACITY`, default [`Settings::CAPACITY_DEFAULT`].
     pub capacity: u32,
-    /// `PALISADE_WORKER_LEASE_NEXT`, default `false`: [`worker::WorkerConfig::lease_next`].
+    /// `PALISADE_WORKER_LEASE_NEXT`, default `true`: [`worker::WorkerConfig::lease_next`].
     pub lease_next: bool,
     /// `PALISADE_OSV_DIR`, `PALISADE_TLS_TRUST` ([`PluginSettings`]).
     pub plugins: PluginSettings,
@@ -186,7 +186,7 @@ impl Settings {
                 })?,
         };
         let lease_next = match set("PALISADE_WORKER_LEASE_NEXT") {
-            None => false,
+            None => true,
             Some(value) => match value.trim() {
                 "true" => true,
                 "false" => false,

@@ -29,9 +29,7 @@ pub struct WorkerConfig {
     /// How long shutdown waits for in-flight leases to be released.
     pub shutdown_grace: Duration,
     /// Ask with every completion for the scan's next plugin, run in the slot the completion
-    /// frees (`TaskComplete.lease_next`). Off by default: under a loaded 16-slot worker with
-    /// 2 s leases, handed leases were seen expiring before the worker ran them (not yet
-    /// understood); every plugin is then acquired.
+    /// frees (`TaskComplete.lease_next`); `false` leaves every plugin to acquire.
     pub lease_next: bool,
 }
 
@@ -54,7 +52,7 @@ impl WorkerConfig {
             request_timeout: Self::REQUEST_TIMEOUT_DEFAULT,
             ack_timeout: Self::ACK_TIMEOUT_DEFAULT,
             shutdown_grace: Self::SHUTDOWN_GRACE_DEFAULT,
-            lease_next: false,
+            lease_next: true,
         }
     }
 

@@ -367,13 +367,15 @@ impl LeaseTask {
             let linger_at = self.batch_started_at.map(|started| started + BATCH_LINGER);
             let deadline_armed = matches!(phase, Phase::Running | Phase::Draining { .. });
             let taking_results = running && sink_open && self.unacked.len() < BATCHES_UNACKED_MAX;
-            // A sent completion is waited for through a shutdown (within the worker's grace):
-            // its acknowledgement may hand on a lease, which is then released, not lost.
+            // A sent completion is waited for, through a shutdown (within the worker's grace) and
+            // through a refused renewal (ingestion may just have accepted it, so the attempt no
+            // longer holds a lease): its acknowledgement says how it ended, and may hand on a
+            // lease, which would be lost with nobody listening.
             let completing = matches!(phase, Phase::Completing { .. });
             let step = tokio::select! {
                 biased;
                 () = self.stop.cancelled(), if !completing => Step::End(Outcome::Released),
-                loss = self.renewal.lost() => Step::End(Outcome::Lost(loss)),
+                loss = self.renewal.lost(), if !completing => Step::End(Outcome::Lost(loss)),
                 () = sleep_until(self.deadline), if deadline_armed && self.deadline.is_some() => {
                     tracing::warn!("execution deadline passed, stopping the plugin");
                     Step::Fail(PluginError::permanent("deadline_exceeded", "the task ran past its execution deadline"))

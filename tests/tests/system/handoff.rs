@@ -119,7 +119,7 @@ async fn nothing_is_handed_to_a_worker_that_may_not_take_the_next_plugin() {
     system.finish().await;
 }
 
-/// The worker SDK, with `lease_next` on, asks with every completion and runs what it is handed in the same slot: each
+/// The worker SDK asks with every completion and runs what it is handed in the same slot: each
 /// plugin after the first is leased with its predecessor's completion, none through an acquire.
 /// (One slot, so no acquire of the worker's waits meanwhile: with free slots, an acquire that
 /// happens to look between the completion's commit and the hand-off may take the task first,
@@ -129,9 +129,7 @@ async fn a_reference_worker_runs_a_scans_plugins_one_after_another_without_acqui
     let system = TestSystem::spawn().await;
     let organization_id = system.organization().await;
     let address = tests::start_web_app().await;
-    let stats = system
-        .reference_worker_with(organization_id, 1, |config| config.lease_next = true)
-        .await;
+    let stats = system.reference_worker(organization_id, 1).await;
     let request = system.request(
         organization_id,
         &format!("http://{address}/"),

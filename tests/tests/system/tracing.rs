@@ -31,7 +31,9 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
     let system = TestSystem::spawn().await;
     let org = system.organization().await;
     let address = tests::start_web_app().await;
-    let _stats = system.reference_worker(org, 4).await;
+    // One slot: no acquire of the worker's is waiting while a plugin runs, so each later
+    // plugin is the one its predecessor's completion hands on, never taken by an acquire.
+    let _stats = system.reference_worker(org, 1).await;
     let request = system.request(org, &format!("http://{address}/"), &PROFILE);
     let reply = system.submit(&request).await;
     assert!(reply.error.is_none(), "{reply:?}");
@@ -140,24 +142,34 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
         "the client's span is the root"
     );
 
-    for plugin in PROFILE {
-        // dispatch's lease: a child of the scan context, linked to the worker's acquire.
+    for (position, plugin) in PROFILE.iter().enumerate() {
+        // The grant's lease span: a child of the scan context. The first plugin's is
+        // dispatch's, linked to the worker's acquire (in the worker's own trace); each later
+        // one is ingestion's, handed on with the previous plugin's completion and linked to
+        // that completion's span (in this trace).
         let lease = in_trace
             .iter()
             .find(|span| span.span.name == format!("lease {plugin}"))
-            .unwrap_or_else(|| panic!("dispatch's lease span of {plugin}"));
+            .unwrap_or_else(|| panic!("the lease span of {plugin}"));
         assert_eq!(lease.span.parent_span_id, admission.span.span_id);
+        let (granter, linked_trace_is_this_one) = if position == 0 {
+            ("dispatch", false)
+        } else {
+            ("ingestion", true)
+        };
         assert_eq!(
             lease.attribute("palisade.service").as_deref(),
-            Some("dispatch")
+            Some(granter),
+            "{plugin}"
         );
         assert!(
             lease
                 .span
                 .links
                 .iter()
-                .any(|link| link.trace_id != trace_id),
-            "the lease links to the acquire request in the worker's trace"
+                .any(|link| (link.trace_id == trace_id) == linked_trace_is_this_one),
+            "the lease of {plugin} links to what asked for it: {:?}",
+            lease.span.links
         );
         // The worker's execution: a child of the lease.
         let execute = in_trace
