@@ -124,6 +124,24 @@ async fn decide(
     (outcomes, spent[lanes::INGESTION].statements)
 }
 
+/// Decides `messages` one at a time (`ingest::decide_each`, the fallback) in one transaction.
+async fn decide_each(
+    system: &TestSystem,
+    messages: &[Message<'_>],
+) -> Vec<Result<IngestOutcome, store::StoreError>> {
+    let mut tx = system.pool.begin().await.expect("begin");
+    let outcomes = ingest::decide_each(
+        &mut tx,
+        &mut store::Staged::default(),
+        &system.subjects,
+        messages,
+    )
+    .await
+    .expect("decided one by one");
+    tx.commit().await.expect("commit");
+    outcomes
+}
+
 fn code(outcome: &Result<IngestOutcome, store::StoreError>) -> Option<ErrorCode> {
     match outcome {
         Ok(IngestOutcome::Refused(error)) => error.error_code(),
@@ -313,19 +331,7 @@ async fn mixed_batch(system: &TestSystem, decider: Decider) {
     ];
     let outcomes = match decider {
         Decider::Together => decide(system, &messages).await.0,
-        Decider::OneAtATime => {
-            let mut tx = system.pool.begin().await.expect("begin");
-            let outcomes = ingest::decide_each(
-                &mut tx,
-                &mut store::Staged::default(),
-                &system.subjects,
-                &messages,
-            )
-            .await
-            .expect("decided one by one");
-            tx.commit().await.expect("commit");
-            outcomes
-        }
+        Decider::OneAtATime => decide_each(system, &messages).await,
     };
     let answers: Vec<String> = outcomes
         .iter()
@@ -417,16 +423,7 @@ async fn a_row_the_schema_refuses_fails_alone_when_decided_one_by_one() {
     assert!(!error.is_transient(), "{error}");
     tx.rollback().await.expect("rollback");
 
-    let mut tx = system.pool.begin().await.expect("begin");
-    let outcomes = ingest::decide_each(
-        &mut tx,
-        &mut store::Staged::default(),
-        &system.subjects,
-        &messages,
-    )
-    .await
-    .expect("decided one by one");
-    tx.commit().await.expect("commit");
+    let outcomes = decide_each(&system, &messages).await;
     assert!(matches!(outcomes[0], Ok(IngestOutcome::Accepted)));
     assert!(outcomes[1].is_err(), "{:?}", outcomes[1]);
     assert!(matches!(outcomes[2], Ok(IngestOutcome::Accepted)));
