@@ -25,6 +25,8 @@
 //! the request stream), and completion is what a client sees: the `scan.completed` events of
 //! `client.outcomes()`.
 
+mod cpu;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -175,6 +177,8 @@ pub struct BurnDown {
     /// Per table: the rows written from before the first request to after the run's tail
     /// (outbox, enrichment) settled, from `pg_stat_user_tables`.
     pub writes: BTreeMap<String, TableWrites>,
+    /// Where the machine's CPU went while it ran; `None` where `/proc` cannot be read.
+    pub cpu: Option<cpu::CpuSplit>,
 }
 
 /// What was written to one table, from PostgreSQL's counters (`pg_stat_user_tables`): every
@@ -261,7 +265,11 @@ async fn burn_down_writing(
 ) -> anyhow::Result<BurnDown> {
     settle(harness).await?;
     let before = table_writes(harness).await?;
+    let cpu_before = cpu::sample();
     let mut run = run.await?;
+    run.cpu = cpu_before
+        .zip(cpu::sample())
+        .and_then(|(before, after)| cpu::split(&before, &after));
     settle(harness).await?;
     run.writes = writes_between(&before, &table_writes(harness).await?);
     Ok(run)
@@ -1231,6 +1239,9 @@ pub fn print_report(report: &BenchReport) -> bool {
         print_stages(&run.stages);
         print_cost(&run.cost, run.completed, WIDTH);
         print_writes(&run.writes, run.completed);
+        if let Some(cpu) = &run.cpu {
+            println!("  CPU of the machine: {}", cpu.line());
+        }
         for (consumer, spent) in &run.consumers {
             println!(
                 "  consumer {consumer}: {:.0} batches, {:.1} messages and {:.1} ms each",
@@ -1413,6 +1424,7 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
                     "deleted": per_scan(spent.deleted),
                 }))
             }).collect::<serde_json::Map<_, _>>(),
+            "cpu": run.cpu.map(cpu::CpuSplit::to_json),
             "consumers": run.consumers.iter().map(|(consumer, spent)| (consumer.clone(), json!({
                 "batches": spent.batches,
                 "messages_per_batch": round(spent.messages / spent.batches.max(1.0)),

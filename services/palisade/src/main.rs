@@ -1313,6 +1313,9 @@ async fn show_scan(common: &CommonSettings, scan_id: Uuid, output: Output) -> an
     println!("profile     {}", scan.plugins.join(" -> "));
     println!("client/key  {} / {}", scan.client_id, scan.idempotency_key);
     println!("admitted    {}", scan.created_at);
+    if let Some(started) = scan.started_at {
+        println!("started     {started}");
+    }
     if let Some(finished) = scan.finished_at {
         println!("finished    {finished}");
     }

@@ -175,6 +175,7 @@ mod tests {
                 failure_reason: String::new(),
                 finding_count: 0,
                 created_at: chrono::Utc::now(),
+                started_at: None,
                 finished_at: None,
             },
             jobs,

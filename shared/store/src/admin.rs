@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::sql;
+use crate::states::{ScanJobState, ScanState, TaskState};
 
 /// Creates an organization (idempotent by id).
 pub async fn create_organization(
@@ -67,6 +68,8 @@ pub struct ScanView {
     pub failure_reason: String,
     pub finding_count: i32,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When its first task was leased; `None` before.
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
     pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
@@ -84,18 +87,37 @@ pub struct ScanJobView {
     pub error_message: String,
 }
 
+/// The scan, with its state as reported ([`ScanState::reported`]).
 pub async fn scan(pool: &PgPool, scan_id: Uuid) -> Result<Option<ScanView>, StoreError> {
-    Ok(sql::query_as::<ScanView>(sql::scans::SHOW)
+    let Some(mut scan) = sql::query_as::<ScanView>(sql::scans::SHOW)
         .bind(scan_id)
         .fetch_optional(pool)
-        .await?)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let stored = ScanState::parse(&scan.state)
+        .ok_or_else(|| StoreError::Corrupt(format!("scan state {:?}", scan.state)))?;
+    scan.state = stored
+        .reported(scan.started_at.is_some())
+        .as_str()
+        .to_owned();
+    Ok(Some(scan))
 }
 
+/// The scan's plugin jobs, each with its state as reported ([`ScanJobState::reported`]).
 pub async fn scan_jobs(pool: &PgPool, scan_id: Uuid) -> Result<Vec<ScanJobView>, StoreError> {
-    Ok(sql::query_as::<ScanJobView>(sql::scan_jobs::SHOW_FOR_SCAN)
+    let mut jobs = sql::query_as::<ScanJobView>(sql::scan_jobs::SHOW_FOR_SCAN)
         .bind(scan_id)
         .fetch_all(pool)
-        .await?)
+        .await?;
+    for job in &mut jobs {
+        let stored = ScanJobState::parse(&job.state)
+            .ok_or_else(|| StoreError::Corrupt(format!("scan job state {:?}", job.state)))?;
+        let task = job.task_state.as_deref().and_then(TaskState::parse);
+        job.state = stored.reported(task).as_str().to_owned();
+    }
+    Ok(jobs)
 }
 
 /// A finding as stored.

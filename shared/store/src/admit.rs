@@ -129,8 +129,7 @@ pub async fn decide(
             (Some(id), Some(fingerprint), Some(state)) => Some(Seen {
                 id: *id,
                 fingerprint: fingerprint.as_str(),
-                state: ScanState::parse(state)
-                    .ok_or_else(|| StoreError::Corrupt(format!("scan state {state:?}")))?,
+                state: reported(state, found.key_started)?,
             }),
             _ => keys.get(&key).copied(),
         };
@@ -288,6 +287,7 @@ struct Found {
     key_scan_id: Option<Uuid>,
     key_fingerprint: Option<String>,
     key_state: Option<String>,
+    key_started: bool,
     /// The request's client is registered and revoked.
     client_revoked: bool,
     active_scan_id: Option<Uuid>,
@@ -472,6 +472,7 @@ struct ExistingScan {
     id: Uuid,
     request_fingerprint: String,
     state: String,
+    started: bool,
 }
 
 impl ExistingScan {
@@ -479,10 +480,16 @@ impl ExistingScan {
         Ok(Seen {
             id: self.id,
             fingerprint: &self.request_fingerprint,
-            state: ScanState::parse(&self.state)
-                .ok_or_else(|| StoreError::Corrupt(format!("scan state {:?}", self.state)))?,
+            state: reported(&self.state, self.started)?,
         })
     }
+}
+
+/// A stored scan state as a replay reports it.
+fn reported(stored: &str, started: bool) -> Result<ScanState, StoreError> {
+    ScanState::parse(stored)
+        .map(|state| state.reported(started))
+        .ok_or_else(|| StoreError::Corrupt(format!("scan state {stored:?}")))
 }
 
 async fn find_by_key(

@@ -15,7 +15,7 @@ use crate::StoreError;
 use crate::fence::{self, LeaseClaim, lease_lost};
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::sql;
-use crate::states::{AttemptStatus, ScanJobState, ScanState, TaskState};
+use crate::states::{AttemptStatus, TaskState};
 
 /// Discovered assets handed to one lease, at most: bounds the reply size.
 pub const LEASE_ASSETS_MAX: i64 = 1_000;
@@ -243,8 +243,7 @@ pub async fn acquire(
     }
 
     // One statement: lock the assignments (FOR SHARE), pick due
-    // tasks (SKIP LOCKED), lease them, create their attempts, mark the worker seen, and move
-    // their scan jobs and scans to running.
+    // tasks (SKIP LOCKED), lease them, create their attempts and mark the worker seen.
     let granted = sql::query_as::<GrantedLease>(sql::worker_tasks::GRANT)
         .bind(params.worker_id)
         .bind(&eligibility.capabilities)
@@ -254,10 +253,6 @@ pub async fn acquire(
         .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
         .bind(TaskState::Leased.as_str())
         .bind(AttemptStatus::Leased.as_str())
-        .bind(ScanJobState::Running.as_str())
-        .bind(ScanJobState::Pending.as_str())
-        .bind(ScanState::Running.as_str())
-        .bind(ScanState::Pending.as_str())
         .fetch_all(&mut *tx)
         .await?;
 
@@ -362,10 +357,6 @@ pub async fn lease_next(
             .bind(TaskState::Pending.as_str())
             .bind(TaskState::Leased.as_str())
             .bind(AttemptStatus::Leased.as_str())
-            .bind(ScanJobState::Running.as_str())
-            .bind(ScanJobState::Pending.as_str())
-            .bind(ScanState::Running.as_str())
-            .bind(ScanState::Pending.as_str())
             .fetch_all(&mut *tx)
             .await?
     };
@@ -595,14 +586,6 @@ pub async fn release(
         .bind(TaskState::Pending.as_str())
         .execute(&mut *tx)
         .await?;
-    if let Some(scan_job_id) = locked.scan_job_id {
-        sql::query(sql::scan_jobs::RELEASE)
-            .bind(scan_job_id)
-            .bind(ScanJobState::Pending.as_str())
-            .bind(ScanJobState::Running.as_str())
-            .execute(&mut *tx)
-            .await?;
-    }
     let ready = v1::TaskReady {
         task_id: claim.task_id.to_string(),
         scan_id: locked.scan_id.map(|id| id.to_string()).unwrap_or_default(),

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::outbox::{self, OutboxEvent};
 use crate::sql;
-use crate::states::{AttemptStatus, ScanJobState, TaskState};
+use crate::states::{AttemptStatus, TaskState};
 
 /// What happens to the leases the worker holds when it is revoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,13 +113,6 @@ async fn void_leases(
     if voided.is_empty() {
         return Ok(0);
     }
-    let task_ids: Vec<Uuid> = voided.iter().map(|(task_id, ..)| *task_id).collect();
-    sql::query(sql::scan_jobs::VOID_LEASES)
-        .bind(&task_ids)
-        .bind(ScanJobState::Pending.as_str())
-        .bind(ScanJobState::Running.as_str())
-        .execute(&mut *conn)
-        .await?;
     let events: Vec<OutboxEvent> = voided
         .iter()
         .map(|(task_id, scan_id, organization_id, plugin)| {

@@ -44,9 +44,12 @@ macro_rules! string_enum {
 string_enum! {
     /// A scan, as its submitter sees it.
     ScanState, "scans.scans_state_check" {
-        /// Admission creates it here; nothing has been leased yet.
+        /// Admission creates it here, and the row stays here until the scan ends: a lease
+        /// writes only its attempt. Reported while no task of the scan was ever leased.
         Pending => "pending",
-        /// Dispatch moves it here when its first task is leased.
+        /// Reported once a task of the scan was leased (see [`ScanState::reported`]). Not stored
+        /// any more; an older build stored it at the first lease, and every statement that
+        /// ends a scan still accepts it.
         Running => "running",
         /// Ingestion, when the last plugin's task completes. Terminal.
         Completed => "completed",
@@ -67,14 +70,29 @@ impl ScanState {
             ScanState::Completed | ScanState::Failed | ScanState::Cancelled
         )
     }
+
+    /// The state a reader is told, from the stored one and whether a task of the scan was
+    /// ever leased (an attempt exists): an unfinished scan is `running` from its first lease
+    /// to its end, `pending` before. Nothing writes the row at a lease, so this is where
+    /// `running` comes from.
+    pub fn reported(self, started: bool) -> ScanState {
+        match self {
+            ScanState::Pending | ScanState::Running if started => ScanState::Running,
+            ScanState::Pending | ScanState::Running => ScanState::Pending,
+            ended => ended,
+        }
+    }
 }
 
 string_enum! {
     /// One plugin's execution within a scan (user-visible).
     ScanJobState, "scan_jobs.scan_jobs_state_check" {
-        /// Created by admission (first plugin) or ingestion (next plugin); back here on retry.
+        /// Created by admission (first plugin) or ingestion (next plugin); the row stays here
+        /// until the job ends. Reported while its task holds no lease.
         Pending => "pending",
-        /// Dispatch, when a task attempt is leased.
+        /// Reported while its task is leased (see [`ScanJobState::reported`]). Not stored
+        /// any more; an older build stored it at each lease, and every statement that ends a
+        /// job still accepts it.
         Running => "running",
         /// Ingestion, with its evidence published in the same transaction. Terminal.
         Completed => "completed",
@@ -82,6 +100,22 @@ string_enum! {
         Failed => "failed",
         /// Cancellation. Terminal.
         Cancelled => "cancelled",
+    }
+}
+
+impl ScanJobState {
+    /// The state a reader is told, from the stored one and its task's: an unfinished job is
+    /// `running` while its task holds a lease, `pending` otherwise.
+    pub fn reported(self, task: Option<TaskState>) -> ScanJobState {
+        match self {
+            ScanJobState::Pending | ScanJobState::Running
+                if task.is_some_and(|task| TaskState::LEASED.contains(&task)) =>
+            {
+                ScanJobState::Running
+            }
+            ScanJobState::Pending | ScanJobState::Running => ScanJobState::Pending,
+            ended => ended,
+        }
     }
 }
 

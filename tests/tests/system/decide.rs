@@ -374,16 +374,15 @@ async fn mixed_batch(system: &TestSystem, decider: Decider) {
     // What was written is exactly what the accepted messages carry.
     let mut findings: Vec<(String, i64)> = Vec::new();
     for claim in &claims {
-        findings.push(
-            sqlx::query_as(
-                "SELECT s.state, (SELECT count(*) FROM findings f WHERE f.scan_id = s.id) \
-                 FROM worker_tasks t JOIN scans s ON s.id = t.scan_id WHERE t.id = $1",
-            )
-            .bind(claim.task_id)
-            .fetch_one(&system.pool)
-            .await
-            .expect("the task's scan"),
-        );
+        let (scan_id, count): (Uuid, i64) = sqlx::query_as(
+            "SELECT t.scan_id, (SELECT count(*) FROM findings f WHERE f.scan_id = t.scan_id) \
+             FROM worker_tasks t WHERE t.id = $1",
+        )
+        .bind(claim.task_id)
+        .fetch_one(&system.pool)
+        .await
+        .expect("the task's scan");
+        findings.push((system.scan_state(&scan_id.to_string()).await, count));
     }
     assert_eq!(
         findings,

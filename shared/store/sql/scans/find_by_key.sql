@@ -2,5 +2,9 @@
 -- $1: request.organization_id
 -- $2: request.client_id
 -- $3: request.idempotency_key
-SELECT id, request_fingerprint, state FROM scans
+-- `started`: a task of it was ever leased (`states::ScanState::reported`).
+SELECT id, request_fingerprint, state,
+       EXISTS (SELECT 1 FROM worker_tasks t WHERE t.scan_id = scans.id AND t.last_attempt_number > 0)
+           AS started
+FROM scans
 WHERE organization_id = $1 AND client_id = $2 AND idempotency_key = $3

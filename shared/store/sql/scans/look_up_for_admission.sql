@@ -25,6 +25,10 @@ WITH input AS (
     GROUP BY organization_id
 )
 SELECT k.id AS key_scan_id, k.request_fingerprint AS key_fingerprint, k.state AS key_state,
+       -- A task of the key's scan was ever leased (`states::ScanState::reported`).
+       k.id IS NOT NULL AND EXISTS (SELECT 1 FROM worker_tasks kt
+                                    WHERE kt.scan_id = k.id AND kt.last_attempt_number > 0)
+           AS key_started,
        c.revoked_at IS NOT NULL AS client_revoked,
        a.id AS active_scan_id, coalesce(r.admitted, 0) AS recent
 FROM input u

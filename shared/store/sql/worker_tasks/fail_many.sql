@@ -14,10 +14,11 @@
 -- $12: ScanJobState::Pending.as_str()
 -- $13: ScanJobState::Failed.as_str()
 -- $14: failure.error.message
--- $15: ScanJobState::Running.as_str()
+-- $15: ScanJobState::Running.as_str() (stored only by an older build: a retry moves such a job back
+--      to pending; this build leaves a retried job's row as it is)
 -- $16: ScanState::Failed.as_str()
 -- $17: ScanState::Pending.as_str()
--- $18: ScanState::Running.as_str()
+-- $18: ScanState::Running.as_str() (stored only by an older build)
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bool[], $5::float8[], $6::text[])
         WITH ORDINALITY AS u(task_id, scan_job_id, scan_id, retry, delay, reason, ord)

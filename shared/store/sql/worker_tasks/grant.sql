@@ -1,6 +1,7 @@
 -- Acquire: one statement locks the worker's assignments (FOR SHARE), picks due tasks it may take
--- (SKIP LOCKED), leases them, creates their attempts, marks the worker seen, and moves their scan
--- jobs and scans to running. It grants nothing under a request id that already has attempts: a
+-- (SKIP LOCKED), leases them, creates their attempts and marks the worker seen. Their scan jobs
+-- and scans are not written: a lease is the attempt row, and `running` is read from it (see
+-- `states::ScanState::reported`). It grants nothing under a request id that already has attempts: a
 -- worker that asked again with the same request id while its first ask was being granted waited
 -- for that grant's commit on the worker row, read before the wait that nothing was granted, and
 -- sees the grant only here (the replay answers it on its next look).
@@ -14,10 +15,6 @@
 -- $6: [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()]
 -- $7: TaskState::Leased.as_str()
 -- $8: AttemptStatus::Leased.as_str()
--- $9: ScanJobState::Running.as_str()
--- $10: ScanJobState::Pending.as_str()
--- $11: ScanState::Running.as_str()
--- $12: ScanState::Pending.as_str()
 WITH assigned AS (
     SELECT organization_id FROM organization_workers
     WHERE worker_id = $1 AND enabled AND revoked_at IS NULL
@@ -66,14 +63,6 @@ a AS (
 ),
 seen AS (
     UPDATE workers SET last_seen_at = now() WHERE id = $1
-),
-started_jobs AS (
-    UPDATE scan_jobs j SET state = $9, started_at = coalesce(j.started_at, now()), updated_at = now()
-    FROM leased WHERE j.id = leased.scan_job_id AND j.state = $10
-),
-started_scans AS (
-    UPDATE scans s SET state = $11, started_at = coalesce(s.started_at, now()), updated_at = now()
-    WHERE s.id IN (SELECT scan_id FROM leased) AND s.state = $12
 )
 SELECT
     a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,

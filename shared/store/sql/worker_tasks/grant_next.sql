@@ -2,18 +2,13 @@
 -- id is the completed attempt's id, the room counted under the workers' locks), the pending
 -- task of that attempt's scan, when the worker offers its plugin and serves its organization
 -- (assignments locked FOR SHARE, as acquire's grant does). Each is leased, its attempt created
--- under that request id, the worker marked seen, its scan job and scan moved to running, as
--- `grant.sql` does for an acquire. Its columns are `lease::GrantedLease`'s.
+-- under that request id and the worker marked seen, as `grant.sql` does for an acquire. Its columns are `lease::GrantedLease`'s.
 -- $1: worker_ids
 -- $2: request_ids
 -- $3: crate::seconds(lease_ttl)
 -- $4: TaskState::Pending.as_str()
 -- $5: TaskState::Leased.as_str()
 -- $6: AttemptStatus::Leased.as_str()
--- $7: ScanJobState::Running.as_str()
--- $8: ScanJobState::Pending.as_str()
--- $9: ScanState::Running.as_str()
--- $10: ScanState::Pending.as_str()
 WITH asks AS (
     SELECT u.worker_id, u.request_id, done.scan_id
     FROM UNNEST($1::uuid[], $2::uuid[]) AS u(worker_id, request_id)
@@ -59,14 +54,6 @@ a AS (
 ),
 seen AS (
     UPDATE workers SET last_seen_at = now() WHERE id IN (SELECT granted_to FROM leased)
-),
-started_jobs AS (
-    UPDATE scan_jobs j SET state = $7, started_at = coalesce(j.started_at, now()), updated_at = now()
-    FROM leased WHERE j.id = leased.scan_job_id AND j.state = $8
-),
-started_scans AS (
-    UPDATE scans s SET state = $9, started_at = coalesce(s.started_at, now()), updated_at = now()
-    WHERE s.id IN (SELECT scan_id FROM leased) AND s.state = $10
 )
 SELECT
     a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,
