@@ -777,19 +777,29 @@ async fn stages(
     .fetch_all(&harness.pool)
     .await
     .context("cannot read the scans' timestamps")?;
+    let stored_at = completions_stored_at(harness, name).await?;
     let ms = |from: DateTime<Utc>, to: DateTime<Utc>| {
         (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1_000.0
     };
     let mut pickup = Vec::new();
-    let mut spans: [Vec<f64>; 5] = Default::default();
+    let mut spans: [Vec<f64>; 7] = Default::default();
     for (key, created_at, leased_at, first_result_at, finished_at) in rows {
-        let (Some(requested), Some(leased), Some(first_result), Some(finished), Some(seen)) = (
+        let (
+            Some(requested),
+            Some(leased),
+            Some(first_result),
+            Some(finished),
+            Some(stored),
+            Some(seen),
+        ) = (
             requested_at.get(&key).copied(),
             leased_at,
             first_result_at,
             finished_at,
+            stored_at.get(&key).copied(),
             seen_at.get(&key).copied(),
-        ) else {
+        )
+        else {
             report.incomplete_timestamps += 1;
             continue;
         };
@@ -800,6 +810,8 @@ async fn stages(
             (leased, first_result),
             (first_result, finished),
             (finished, seen),
+            (finished, stored),
+            (stored, seen),
         ]) {
             samples.push(ms(from, to));
         }
@@ -820,6 +832,11 @@ async fn stages(
         ),
         ("completion", "first result persisted → scans.finished_at"),
         ("event", "scans.finished_at → client saw scan.completed"),
+        (
+            "event.publish",
+            "scans.finished_at → scan.completed stored on the stream",
+        ),
+        ("event.read", "stored → the client's events request answered it"),
     ];
     report.stages = names
         .into_iter()
@@ -832,6 +849,65 @@ async fn stages(
         })
         .collect();
     Ok(report)
+}
+
+/// When each `scan.completed` of scenario `name` was stored on the events stream (the stream's
+/// own timestamp), by idempotency key: read back after the run with an ordered consumer.
+async fn completions_stored_at(
+    harness: &Harness,
+    name: &str,
+) -> anyhow::Result<HashMap<String, DateTime<Utc>>> {
+    use bus::async_nats::jetstream::consumer::pull::OrderedConfig;
+    use prost::Message as _;
+
+    let subjects = harness.bus.subjects();
+    let stream = harness
+        .bus
+        .jetstream()
+        .get_stream(subjects.events_stream())
+        .await
+        .context("cannot open the events stream")?;
+    let mut stored_at = HashMap::new();
+    if stream.cached_info().state.messages == 0 {
+        return Ok(stored_at);
+    }
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subjects.tenant_event(
+                &harness.organization_id,
+                messages::EventKind::ScanCompleted,
+            ),
+            ..OrderedConfig::default()
+        })
+        .await
+        .context("cannot read the events stream back")?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .context("cannot read the events stream back")?;
+    let prefix = format!("{name}-");
+    // Ends at the last stored completion, or after a quiet second (none stored at all).
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_secs(1), messages.next()).await
+    {
+        let message = message.context("reading the events stream back")?;
+        let info = message
+            .info()
+            .map_err(|error| anyhow::anyhow!("a stream message without its info: {error}"))?;
+        let pending = info.pending;
+        let published = DateTime::<Utc>::from_timestamp_nanos(
+            i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(i64::MAX),
+        );
+        if let Ok(event) = messages::v1::ScanCompleted::decode(message.payload.as_ref())
+            && event.idempotency_key.starts_with(&prefix)
+        {
+            stored_at.entry(event.idempotency_key).or_insert(published);
+        }
+        if pending == 0 {
+            break;
+        }
+    }
+    Ok(stored_at)
 }
 
 /// The statements that set up the ceiling's scratch tables, shaped like palisade's own:
@@ -1320,12 +1396,12 @@ fn print_stages(stages: &Stages) {
         stages.pickup_ms.p50, stages.pickup_ms.p99
     );
     println!(
-        "  {:<12} {:>9} {:>9}  from → to (PostgreSQL's now(): the writing transaction's start)",
+        "  {:<13} {:>9} {:>9}  from → to (PostgreSQL's now(): the writing transaction's start)",
         "stage", "p50 ms", "p99 ms"
     );
     for stage in &stages.stages {
         println!(
-            "  {:<12} {:>9.1} {:>9.1}  {}",
+            "  {:<13} {:>9.1} {:>9.1}  {}",
             stage.name, stage.ms.p50, stage.ms.p99, stage.span
         );
     }
