@@ -836,7 +836,10 @@ async fn stages(
             "event.publish",
             "scans.finished_at → scan.completed stored on the stream",
         ),
-        ("event.read", "stored → the client's events request answered it"),
+        (
+            "event.read",
+            "stored → the client's events request answered it",
+        ),
     ];
     report.stages = names
         .into_iter()
@@ -873,10 +876,8 @@ async fn completions_stored_at(
     }
     let consumer = stream
         .create_consumer(OrderedConfig {
-            filter_subject: subjects.tenant_event(
-                &harness.organization_id,
-                messages::EventKind::ScanCompleted,
-            ),
+            filter_subject: subjects
+                .tenant_event(&harness.organization_id, messages::EventKind::ScanCompleted),
             ..OrderedConfig::default()
         })
         .await

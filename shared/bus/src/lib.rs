@@ -68,6 +68,11 @@ pub enum BusError {
         source: async_nats::ConnectError,
     },
     #[error(
+        "NATS at {url} refused this identity's credentials as too long (maximum control line exceeded): set max_control_line: {control_line} in every server's configuration (docs/deploy.md, section NATS)",
+        control_line = messages::limits::NATS_MAX_CONTROL_LINE
+    )]
+    ControlLine { url: String },
+    #[error(
         "cannot read the NATS credentials {path}: {reason}; NATS_CREDS names the .creds file `palisade nats init`, `worker add` or `client add` wrote"
     )]
     Credentials { path: String, reason: String },
@@ -322,9 +327,17 @@ impl Bus {
             .event_callback(|event| async move { connection_event(&event) })
             .connect(servers)
             .await
-            .map_err(|source| BusError::Connect {
-                url: redact_url(url),
-                source,
+            .map_err(|source| {
+                if source.to_string().contains("maximum control line exceeded") {
+                    BusError::ControlLine {
+                        url: redact_url(url),
+                    }
+                } else {
+                    BusError::Connect {
+                        url: redact_url(url),
+                        source,
+                    }
+                }
             })?;
         Self::from_client(client, subjects).await
     }
@@ -428,6 +441,9 @@ impl Bus {
                 discard: limits.discard,
                 discard_new_per_subject: limits.per_subject > 0,
                 duplicate_window: DUPLICATE_WINDOW,
+                // The events stream is read back in batches (`events`), which only a direct
+                // get does.
+                allow_direct: name == subjects.events_stream(),
                 ..Default::default()
             };
             let provision_error = |message: String| BusError::Provision {

@@ -321,14 +321,16 @@ impl Authority {
         })
     }
 
-    /// The part of a `nats-server` configuration that makes it trust this authority:
-    /// operator, system account, a full account resolver storing JWTs in `resolver_dir`
+    /// The part of a `nats-server` configuration that makes it trust this authority: a control
+    /// line long enough for every identity's credentials
+    /// ([`messages::limits::NATS_MAX_CONTROL_LINE`]), operator, system account, a full account resolver storing JWTs in `resolver_dir`
     /// (pushed accounts survive restarts there), and the system and palisade accounts
     /// preloaded. Worker and client accounts are pushed when they are issued.
     pub fn server_config(&self, subjects: &Subjects, resolver_dir: &Path) -> String {
         let palisade = self.palisade_account(subjects, &[]);
         format!(
-            "operator: {operator}\nsystem_account: {system}\nresolver: {{\n  type: full\n  dir: {dir:?}\n  allow_delete: false\n  interval: \"2m\"\n}}\nresolver_preload: {{\n  {system}: {system_jwt}\n  {account}: {account_jwt}\n}}\n",
+            "max_control_line: {control_line}\noperator: {operator}\nsystem_account: {system}\nresolver: {{\n  type: full\n  dir: {dir:?}\n  allow_delete: false\n  interval: \"2m\"\n}}\nresolver_preload: {{\n  {system}: {system_jwt}\n  {account}: {account_jwt}\n}}\n",
+            control_line = messages::limits::NATS_MAX_CONTROL_LINE,
             operator = self.operator_jwt(),
             system = self.system.public_key(),
             dir = resolver_dir.display().to_string(),
@@ -562,6 +564,37 @@ mod tests {
         let read = Authority::read(&dir).unwrap();
         assert_eq!(read.account_public_key(), authority.account_public_key());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every identity's `CONNECT` line (its user JWT, signature and options) fits the control
+    /// line the server is configured with, with the longest prefix a deployment may choose.
+    #[test]
+    fn every_identitys_credentials_fit_the_servers_control_line() {
+        /// What a `CONNECT` line holds besides the JWT: the nonce's signature, the client's
+        /// name, version, language and options (about 400 bytes with async-nats).
+        const CONNECT_BESIDES_JWT: usize = 1_024;
+        let authority = Authority::generate();
+        let subjects = Subjects::new(&"p".repeat(32)).unwrap();
+        let mut identities: Vec<Identity> = messages::Service::ALL.map(Identity::Service).to_vec();
+        identities.extend([
+            Identity::Operator,
+            Identity::Worker {
+                worker_id: uuid::Uuid::new_v4(),
+            },
+            Identity::Client {
+                client_id: "c".repeat(64),
+                organizations: vec![uuid::Uuid::new_v4(); 8],
+            },
+        ]);
+        for identity in &identities {
+            let credentials = authority.issue(&subjects, identity);
+            let jwt = credentials.file.lines().nth(1).unwrap();
+            assert!(
+                jwt.len() + CONNECT_BESIDES_JWT <= messages::limits::NATS_MAX_CONTROL_LINE,
+                "{identity:?}: a {}-byte JWT",
+                jwt.len()
+            );
+        }
     }
 
     #[test]

@@ -322,11 +322,12 @@ impl Subjects {
                 consumer_of(self.results_stream(), &mut publish);
                 publish.push(self.worker_wildcard(WorkerVerb::Ack));
                 subscribe.push(self.client_wildcard(ClientVerb::Findings));
-                // A tenant's events, read for it (`events`): the leader's message get by
-                // subject, and each organization's events as they are published, to wake the
-                // requests waiting for them.
+                // A tenant's events, read for it (`events`): a batched direct get, the
+                // leader's message get by subject, and each organization's events as they are
+                // published, to wake the requests waiting for them.
                 subscribe.push(self.client_wildcard(ClientVerb::Events));
                 subscribe.push(self.tenant_events_wildcard());
+                publish.push(format!("{JS_API}.DIRECT.GET.{}", self.events_stream()));
                 publish.push(format!("{JS_API}.STREAM.MSG.GET.{}", self.events_stream()));
                 // Upload sessions: receive every worker's chunks (queue group `ingestion`)
                 // and store those of an open session on the uploads stream's own subjects;

@@ -2,6 +2,12 @@
 //! (lease TTL, batch sizes) are settings in the services; these are the hard edges of the
 //! protocol itself.
 
+/// The `max_control_line` every NATS server palisade authenticates against must allow, in
+/// bytes. A user JWT lists every subject its identity may use, and the client sends it in its
+/// `CONNECT` line: ingestion's is 5 KB with a 32-character prefix, over the server's default
+/// of 4,096, which refuses the connection ("maximum control line exceeded").
+pub const NATS_MAX_CONTROL_LINE: usize = 16_384;
+
 /// A request's target string, in bytes: long URLs fit, a pasted document does not.
 pub const TARGET_BYTES_MAX: usize = 512;
 /// A scan request as encoded, unknown fields included: the largest valid request (a 512-byte

@@ -351,3 +351,61 @@ async fn outcomes_follow_the_organization_from_now_through_the_events_verb() {
     );
     system.finish().await;
 }
+
+/// A page is one request however many events it holds: a batched direct get, where reading
+/// message by message took one `MSG.GET` per event, one for the end and one `STREAM.INFO`
+/// (32 for the 30 events here). Read with ingestion's own credentials, so its permissions
+/// allow it.
+#[tokio::test]
+async fn a_page_of_events_is_read_in_one_request() {
+    const EVENTS: usize = 30;
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let client = system.client();
+    for index in 0..EVENTS {
+        let scan = system.request(
+            organization_id,
+            &format!("http://page-{index}.test"),
+            &["alpha"],
+        );
+        client.publish(&scan).await.expect("request confirmed");
+    }
+    let all = system
+        .wait_for("every scan.admitted on the stream", || async {
+            let reply = ask(&system, &request(organization_id, 0, 64)).await;
+            (reply.events.len() >= EVENTS).then_some(reply)
+        })
+        .await;
+
+    let ingestion = system
+        .nats
+        .connect(&messages::Identity::Service(messages::Service::Ingestion))
+        .await;
+    let sent = || {
+        ingestion
+            .client()
+            .statistics()
+            .out_messages
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = sent();
+    let page = ingestion
+        .tenant_events_page(
+            &organization_id,
+            0,
+            bus::events::PageBounds {
+                events_max: 64,
+                bytes_max: messages::limits::EVENTS_REPLY_BYTES_MAX,
+            },
+        )
+        .await
+        .expect("a page");
+    let requests = sent() - before;
+    assert_eq!(page.events, all.events);
+    assert_eq!(page.cursor, all.cursor);
+    assert_eq!(
+        requests, 1,
+        "{requests} requests for a page of {EVENTS} events"
+    );
+    system.finish().await;
+}
