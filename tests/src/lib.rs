@@ -139,6 +139,11 @@ pub struct TestNats {
 }
 
 impl TestNats {
+    /// The server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// Credentials for `identity`; none on an open server. A worker's or client's own account
     /// is pushed to the server the first time (as `worker add` and `client add` do).
     pub async fn credentials(&self, identity: &messages::Identity) -> bus::NatsCredentials {

@@ -22,8 +22,36 @@ use uuid::Uuid;
 use crate::{Bus, BusError};
 
 /// How long a batched read waits for each of its messages before it falls back to reading
-/// message by message: as long as a JetStream API request waits (async-nats' default).
-const BATCH_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// message by message. A server answers it in milliseconds; what never answers is a request
+/// the server refused (credentials issued before ingestion could publish direct gets).
+const BATCH_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long reads go message by message after a batched read failed, before one is tried
+/// again: a refused or unanswered batch costs [`BATCH_READ_TIMEOUT`] once a minute, not once
+/// a page.
+const BATCH_PAUSE: Duration = Duration::from_secs(60);
+
+/// Until when a [`Bus`]'s batched reads are paused; shared by its clones.
+#[derive(Clone, Default)]
+pub(crate) struct BatchPause(std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>);
+
+impl BatchPause {
+    fn paused(&self) -> bool {
+        let until = *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        until.is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    fn pause(&self) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            Some(std::time::Instant::now() + BATCH_PAUSE);
+    }
+}
 
 /// One read of an organization's events: what follows the cursor, oldest first.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,14 +95,17 @@ impl Bus {
     ) -> Result<EventsPage, BusError> {
         assert!(bounds.events_max > 0, "a page holds at least one event");
         let filter = self.subjects.tenant_events(organization_id);
-        match self.events_batch(&filter, after_sequence, bounds).await {
-            Ok(events) if !events.is_empty() => {
-                let cursor = events.last().map_or(after_sequence, |event| event.sequence);
-                return Ok(EventsPage { events, cursor });
-            }
-            Ok(_) => {}
-            Err(error) => {
-                tracing::debug!(%error, "batched read of the events stream failed; reading it message by message");
+        if !self.events_batch_paused.paused() {
+            match self.events_batch(&filter, after_sequence, bounds).await {
+                Ok(events) if !events.is_empty() => {
+                    let cursor = events.last().map_or(after_sequence, |event| event.sequence);
+                    return Ok(EventsPage { events, cursor });
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    self.events_batch_paused.pause();
+                    tracing::warn!(%error, pause_seconds = BATCH_PAUSE.as_secs(), "a batched read of the events stream failed; reading message by message meanwhile (a server before 2.11, or ingestion's credentials issued before it could publish $JS.API.DIRECT.GET: issue them again)");
+                }
             }
         }
         let stream = self.events_stream().await?;

@@ -271,6 +271,8 @@ pub struct Bus {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     subjects: Subjects,
+    /// Until when batched reads of the events stream are not tried (`events`).
+    events_batch_paused: events::BatchPause,
 }
 
 impl std::fmt::Debug for Bus {
@@ -354,6 +356,7 @@ impl Bus {
             client,
             jetstream,
             subjects,
+            events_batch_paused: events::BatchPause::default(),
         })
     }
 

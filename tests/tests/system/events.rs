@@ -409,3 +409,74 @@ async fn a_page_of_events_is_read_in_one_request() {
     );
     system.finish().await;
 }
+
+/// Ingestion running with credentials issued before it could publish direct gets (an upgrade
+/// that kept them): its first batched read is refused and unanswered, the page is read message
+/// by message within the batch's timeout, and the reads that follow do not try again.
+#[tokio::test]
+async fn credentials_without_direct_gets_read_message_by_message_and_stop_trying() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let client = system.client();
+    for index in 0..3 {
+        let scan = system.request(
+            organization_id,
+            &format!("http://old-{index}.test"),
+            &["alpha"],
+        );
+        client.publish(&scan).await.expect("request confirmed");
+    }
+    let all = system
+        .wait_for("every scan.admitted on the stream", || async {
+            let reply = ask(&system, &request(organization_id, 0, 64)).await;
+            (reply.events.len() >= 3).then_some(reply)
+        })
+        .await;
+
+    let authority = system.nats.authority.clone().expect("a secured server");
+    let identity = messages::Identity::Service(messages::Service::Ingestion);
+    let mut permissions = system.subjects.permissions(&identity);
+    permissions
+        .publish
+        .retain(|subject| !subject.contains("DIRECT.GET"));
+    let credentials = authority.issue_with("ingestion-before-direct-gets", &permissions);
+    let old = bus::Bus::connect(
+        system.nats.url(),
+        &bus::NatsCredentials::from_creds(credentials.file.as_str()),
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &identity,
+    )
+    .await
+    .expect("ingestion connects with its old credentials");
+    let bounds = bus::events::PageBounds {
+        events_max: 64,
+        bytes_max: messages::limits::EVENTS_REPLY_BYTES_MAX,
+    };
+    let started = Instant::now();
+    let first = old
+        .tenant_events_page(&organization_id, 0, bounds)
+        .await
+        .expect("a page");
+    assert_eq!(
+        (first.events, first.cursor),
+        (all.events.clone(), all.cursor)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let second = old
+        .tenant_events_page(&organization_id, 0, bounds)
+        .await
+        .expect("a page");
+    assert_eq!(second.events, all.events);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "the second read tried the batch again: {:?}",
+        started.elapsed()
+    );
+    system.finish().await;
+}
