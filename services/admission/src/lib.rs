@@ -20,7 +20,7 @@ use runtime::{CommonSettings, Connections, Plumbing, SettingsError, env};
 use store::admit::{AdmitOutcome, AdmitParams};
 use store::{PgPool, StoreError};
 use telemetry::cost::{in_lane, lanes};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::request::ValidScanRequest;
@@ -172,15 +172,13 @@ impl Service {
         );
         // Request/reply submissions are decided by as many deciders as the durable path has
         // batches in flight, each taking what queued while it was busy, up to a batch.
-        let queue = Arc::new(Mutex::new(self.submissions));
-        let deciders = futures::future::join_all(
-            (0..self.settings.consumer.batches_in_flight.max(1)).map(|_| {
-                self.admission.clone().decide_submissions(
-                    queue.clone(),
-                    self.settings.consumer.batch_size.max(1),
-                    stop.clone(),
-                )
-            }),
+        let deciding = self.admission.clone();
+        let deciders = runtime::deciders::decide_queued(
+            self.submissions,
+            self.settings.consumer.batches_in_flight,
+            self.settings.consumer.batch_size,
+            stop.clone(),
+            move |taken| deciding.clone().decide_submissions(taken),
         );
         let server = async move { tokio::join!(server, deciders).0 };
         let consumer = bus::consume::run(&self.bus, spec, self.admission.clone(), stop.clone());
@@ -366,36 +364,18 @@ impl Admission {
         Ok(verdicts)
     }
 
-    /// Decides queued request/reply submissions until `stop`: takes every submission queued
-    /// when it is free (up to `batch_max`) and decides them in one transaction, as the durable
-    /// path decides a fetched batch. Idle, a submission is decided at once, alone; under load,
-    /// what queued during one decision is the next decision's batch.
-    async fn decide_submissions(
-        self: Arc<Self>,
-        queue: Arc<Mutex<mpsc::UnboundedReceiver<Submission>>>,
-        batch_max: usize,
-        stop: CancellationToken,
-    ) {
-        let mut taken: Vec<Submission> = Vec::with_capacity(batch_max);
-        loop {
-            let received = tokio::select! {
-                () = stop.cancelled() => return,
-                received = async { queue.lock().await.recv_many(&mut taken, batch_max).await } => received,
-            };
-            if received == 0 {
-                return;
-            }
-            let messages: Vec<(&str, &[u8])> = taken
-                .iter()
-                .map(|submission| (submission.subject.as_str(), submission.payload.as_ref()))
-                .collect();
-            let spans: Vec<&tracing::Span> =
-                taken.iter().map(|submission| &submission.span).collect();
-            let verdicts = self.decide(&messages, &spans).await;
-            for (submission, verdict) in taken.drain(..).zip(verdicts) {
-                // A requester that stopped waiting reads its answer by asking again.
-                let _ = submission.verdict.send(verdict);
-            }
+    /// Decides request/reply submissions that queued together in one transaction, as the
+    /// durable path decides a fetched batch, and answers each (`runtime::deciders`).
+    async fn decide_submissions(self: Arc<Self>, taken: Vec<Submission>) {
+        let messages: Vec<(&str, &[u8])> = taken
+            .iter()
+            .map(|submission| (submission.subject.as_str(), submission.payload.as_ref()))
+            .collect();
+        let spans: Vec<&tracing::Span> = taken.iter().map(|submission| &submission.span).collect();
+        let verdicts = self.decide(&messages, &spans).await;
+        for (submission, verdict) in taken.into_iter().zip(verdicts) {
+            // A requester that stopped waiting reads its answer by asking again.
+            let _ = submission.verdict.send(verdict);
         }
     }
 

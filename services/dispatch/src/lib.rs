@@ -19,16 +19,26 @@ use runtime::{
     BatchLimits, CommonSettings, Connections, LeaseSettings, Plumbing, SettingsError, env,
 };
 use store::cancel::CancelOutcome;
-use store::lease::{AcquireOutcome, AcquireParams, HelloOutcome, ReleaseOutcome, RenewOutcome};
+use store::lease::{
+    AcquireOutcome, AcquireParams, Acquired, HelloOutcome, ReleaseOutcome, RenewOutcome,
+};
 use store::{PgPool, Staged, StoreError};
 
 use crate::waiters::Waiters;
 use telemetry::cost::{Direction, count_messages, in_lane, inherit, lanes};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// Transient failures (a deadlock lost to a racing completion) a cancel retries by itself.
 const CANCEL_TRANSIENT_RETRIES_MAX: usize = 3;
+
+/// Acquires decided at the same time (each decider takes what queued while it was busy, at
+/// most [`ACQUIRE_BATCH_MAX`], and decides it in one transaction; `runtime::deciders`).
+const ACQUIRE_DECIDERS: usize = 4;
+
+/// Acquires one decision takes at most.
+const ACQUIRE_BATCH_MAX: usize = 64;
 
 /// Queue group shared by dispatch replicas.
 pub const QUEUE_GROUP: &str = "dispatch";
@@ -88,6 +98,8 @@ impl Settings {
 pub struct Service {
     bus: Bus,
     dispatch: Arc<Dispatch>,
+    /// Acquires waiting for a decider (`Dispatch::decide_acquires`).
+    acquires: mpsc::UnboundedReceiver<QueuedAcquire>,
     /// The health server and the outbox relay, started by `run_until_stopped`.
     plumbing: Plumbing,
 }
@@ -105,7 +117,9 @@ impl Service {
 
     pub fn from_connections(settings: Settings, connections: Connections) -> Self {
         let mut plumbing = Plumbing::new(&settings.common, settings.http_addr, &connections);
+        let (queue_acquire, acquires) = mpsc::unbounded_channel();
         let dispatch = Arc::new(Dispatch {
+            queue_acquire,
             relay: plumbing.relay_outbox(&connections),
             pool: connections.pool,
             bus: connections.bus.clone(),
@@ -115,6 +129,7 @@ impl Service {
         Self {
             bus: connections.bus,
             dispatch,
+            acquires,
             plumbing,
         }
     }
@@ -194,6 +209,15 @@ impl Service {
             stop.clone(),
         )));
 
+        let deciding = self.dispatch.clone();
+        let deciders = tokio::spawn(inherit(runtime::deciders::decide_queued(
+            self.acquires,
+            ACQUIRE_DECIDERS,
+            ACQUIRE_BATCH_MAX,
+            stop.clone(),
+            move |taken| deciding.clone().decide_acquires(taken),
+        )));
+
         let mut servers = tokio::task::JoinSet::new();
         for (verb, subscription) in verbs.into_iter().zip(subscriptions) {
             let dispatch = self.dispatch.clone();
@@ -252,6 +276,7 @@ impl Service {
         while servers.join_next().await.is_some() {}
         let _ = waker.await;
         let _ = announcer.await;
+        let _ = deciders.await;
         plumbing.stop().await;
         result
     }
@@ -292,7 +317,15 @@ async fn announce(bus: Bus, heartbeat: Duration, stop: CancellationToken) {
     }
 }
 
+/// An acquire waiting for a decider, and where its answer goes.
+struct QueuedAcquire {
+    params: AcquireParams,
+    answer: oneshot::Sender<Result<Acquired, v1::Error>>,
+}
+
 struct Dispatch {
+    /// Where [`Dispatch::decide_acquire`] queues an acquire.
+    queue_acquire: mpsc::UnboundedSender<QueuedAcquire>,
     pool: PgPool,
     bus: Bus,
     relay: Relay,
@@ -470,20 +503,15 @@ impl Dispatch {
             tokio::time::Instant::now() + Duration::from_millis(u64::from(request.wait_ms));
         let mut waiter: Option<crate::waiters::Waiter<'_>> = None;
         loop {
-            let mut staged = Staged::new(self.settings.common.progress_events);
-            let acquired =
-                store::lease::acquire(&self.pool, &mut staged, self.bus.subjects(), &params).await;
-            let eligibility = match acquired {
-                Ok((AcquireOutcome::Leases(leases), _)) if !leases.is_empty() => {
-                    self.relay.hand_off(staged);
+            let eligibility = match self.decide_acquire(params.clone()).await? {
+                (AcquireOutcome::Leases(leases), _) if !leases.is_empty() => {
                     return Ok(leases
                         .iter()
                         .map(|lease| runtime::traced_lease(lease, "dispatch"))
                         .collect());
                 }
-                Ok((AcquireOutcome::Leases(_), eligibility)) => eligibility,
-                Ok((AcquireOutcome::Refused(error), _)) => return Err(error),
-                Err(error) => return Err(internal(&error)),
+                (AcquireOutcome::Leases(_), eligibility) => eligibility,
+                (AcquireOutcome::Refused(error), _) => return Err(error),
             };
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -498,6 +526,57 @@ impl Dispatch {
             };
             let pause = (deadline - now).min(self.settings.acquire_poll);
             let _ = tokio::time::timeout(pause, waiter.woken()).await;
+        }
+    }
+
+    /// Decides one look of an acquire together with whatever other acquires queued with it.
+    async fn decide_acquire(&self, params: AcquireParams) -> Result<Acquired, v1::Error> {
+        let (answer, answered) = oneshot::channel();
+        let stopping =
+            || runtime::internal_error("dispatch's decision", &"dispatch is stopping", "retry");
+        self.queue_acquire
+            .send(QueuedAcquire { params, answer })
+            .map_err(|_| stopping())?;
+        answered.await.map_err(|_| stopping())?
+    }
+
+    /// Decides acquires that queued together: those of distinct workers in one transaction
+    /// (a worker's second acquire, a resent request, in the next), each alone when their
+    /// shared transaction fails, so one acquire's failure is only its own.
+    async fn decide_acquires(self: Arc<Self>, mut taken: Vec<QueuedAcquire>) {
+        while !taken.is_empty() {
+            let mut workers = std::collections::HashSet::new();
+            let (round, later): (Vec<_>, Vec<_>) = taken
+                .into_iter()
+                .partition(|queued| workers.insert(queued.params.worker_id));
+            taken = later;
+            let mut staged = Staged::new(self.settings.common.progress_events);
+            let params: Vec<AcquireParams> =
+                round.iter().map(|queued| queued.params.clone()).collect();
+            match store::lease::acquire_many(&self.pool, &mut staged, self.bus.subjects(), &params)
+                .await
+            {
+                Ok(decided) => {
+                    self.relay.hand_off(staged);
+                    for (queued, acquired) in round.into_iter().zip(decided) {
+                        let _ = queued.answer.send(Ok(acquired));
+                    }
+                }
+                Err(error) if round.len() == 1 => {
+                    let queued = round.into_iter().next().expect("one acquire");
+                    let _ = queued.answer.send(Err(internal(&error)));
+                }
+                Err(error) => {
+                    tracing::debug!(
+                        error = %telemetry::chain(&error),
+                        acquires = round.len(),
+                        "acquires decided together failed; deciding each alone"
+                    );
+                    for queued in round {
+                        Box::pin(self.clone().decide_acquires(vec![queued])).await;
+                    }
+                }
+            }
         }
     }
 

@@ -12,6 +12,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod artifacts;
+pub mod deciders;
 pub mod env;
 pub mod health;
 pub mod metrics;

@@ -155,6 +155,7 @@ impl Eligibility {
 
 #[derive(sqlx::FromRow)]
 struct AcquiringWorker {
+    id: Uuid,
     enabled: bool,
     revoked: bool,
     capabilities: Vec<String>,
@@ -164,15 +165,44 @@ struct AcquiringWorker {
     organization_ids: Vec<Uuid>,
 }
 
+/// What one acquire decided, and what the worker may be leased (for the queue of waiting
+/// acquires).
+pub type Acquired = (AcquireOutcome, Eligibility);
+
 /// Grants up to `max_tasks` leases in one transaction of three statements (the worker, the
 /// grant, its events). A replayed `request_id` returns the leases that request was granted,
-/// so a lost reply never strands a lease.
+/// so a lost reply never strands a lease. [`acquire_many`] run on one acquire.
 pub async fn acquire(
     pool: &PgPool,
     staged: &mut Staged,
     subjects: &Subjects,
     params: &AcquireParams,
-) -> Result<(AcquireOutcome, Eligibility), StoreError> {
+) -> Result<Acquired, StoreError> {
+    let mut decided = acquire_many(pool, staged, subjects, std::slice::from_ref(params)).await?;
+    Ok(decided.pop().expect("one decision per acquire"))
+}
+
+/// Decides acquires of distinct workers in one transaction (issue 24: dispatch decides the
+/// acquires that queued together, as admission decides submissions): one statement locks
+/// every worker in id order, one answers every replayed request, one grant per worker with
+/// room (each sees the tasks the grants before it leased), one stages every `task.leased`.
+/// The answers are in the order of `acquires`. The caller keeps two acquires of one worker
+/// out of one call: both would count the same free slots.
+pub async fn acquire_many(
+    pool: &PgPool,
+    staged: &mut Staged,
+    subjects: &Subjects,
+    acquires: &[AcquireParams],
+) -> Result<Vec<Acquired>, StoreError> {
+    debug_assert!(
+        acquires
+            .iter()
+            .map(|params| params.worker_id)
+            .collect::<HashSet<_>>()
+            .len()
+            == acquires.len(),
+        "one acquire per worker in a decision"
+    );
     let mut tx = pool.begin().await?;
 
     // FOR NO KEY UPDATE: a revocation (an UPDATE of this row) waits for us, and we wait for
@@ -180,91 +210,163 @@ pub async fn acquire(
     // same request asked again while its first ask is granted) take turns, and the grant below
     // refuses to grant a request id twice. The assignments are read here to answer
     // `worker_not_assigned`, and locked by the grant itself.
-    let worker = sql::query_as::<AcquiringWorker>(sql::workers::FOR_ACQUIRE)
-        .bind(params.worker_id)
-        .bind(params.request_id)
-        .bind(LIVE_ATTEMPT_STATUSES)
-        .fetch_optional(&mut *tx)
-        .await?;
-    let Some(worker) = worker else {
-        return Ok((
-            AcquireOutcome::Refused(unknown_worker(params.worker_id)),
-            Eligibility::default(),
-        ));
-    };
-    let eligibility = Eligibility {
-        organization_ids: worker.organization_ids,
-        capabilities: worker.capabilities,
-    };
-    if !worker.enabled || worker.revoked {
-        return Ok((
-            AcquireOutcome::Refused(worker_disabled(params.worker_id)),
-            eligibility,
-        ));
-    }
-    if worker.replayed {
-        let replayed = sql::query_as::<GrantedLease>(sql::worker_task_attempts::REPLAYED_LEASES)
-            .bind([params.worker_id])
-            .bind([params.request_id])
+    let mut workers: HashMap<Uuid, AcquiringWorker> =
+        sql::query_as::<AcquiringWorker>(sql::workers::FOR_ACQUIRE)
+            .bind(
+                acquires
+                    .iter()
+                    .map(|params| params.worker_id)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                acquires
+                    .iter()
+                    .map(|params| params.request_id)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(LIVE_ATTEMPT_STATUSES)
             .fetch_all(&mut *tx)
-            .await?;
-        let leases = with_assets(&mut tx, replayed).await?;
-        tx.commit().await?;
-        return Ok((AcquireOutcome::Leases(leases), eligibility));
+            .await?
+            .into_iter()
+            .map(|worker| (worker.id, worker))
+            .collect();
+
+    let mut decided: Vec<Acquired> = Vec::with_capacity(acquires.len());
+    let (mut replays, mut grants) = (Vec::new(), Vec::new());
+    for (index, params) in acquires.iter().enumerate() {
+        let Some(worker) = workers.remove(&params.worker_id) else {
+            decided.push((
+                AcquireOutcome::Refused(unknown_worker(params.worker_id)),
+                Eligibility::default(),
+            ));
+            continue;
+        };
+        let (outcome, step) = check_acquire(params, &worker);
+        match step {
+            AcquireStep::Answered => {}
+            AcquireStep::Replay => replays.push(index),
+            AcquireStep::Grant { free } => grants.push((index, free)),
+        }
+        decided.push((
+            outcome,
+            Eligibility {
+                organization_ids: worker.organization_ids,
+                capabilities: worker.capabilities,
+            },
+        ));
     }
 
-    if eligibility.capabilities.is_empty() {
-        return Ok((
-            AcquireOutcome::Refused(v1::Error::new(
-                ErrorCode::InvalidField,
-                format!(
-                    "worker {} has no capabilities: send hello (with its plugins) before acquire",
-                    params.worker_id
-                ),
-            )),
-            eligibility,
+    let mut leases: Vec<GrantedLease> = if replays.is_empty() {
+        Vec::new()
+    } else {
+        sql::query_as::<GrantedLease>(sql::worker_task_attempts::REPLAYED_LEASES)
+            .bind(
+                replays
+                    .iter()
+                    .map(|&index| acquires[index].worker_id)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                replays
+                    .iter()
+                    .map(|&index| acquires[index].request_id)
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&mut *tx)
+            .await?
+    };
+    // One statement per worker: lock its assignments (FOR SHARE), pick due tasks
+    // (SKIP LOCKED), lease them, create their attempts and mark the worker seen.
+    let mut granted: Vec<GrantedLease> = Vec::new();
+    for (index, free) in grants {
+        let params = &acquires[index];
+        let eligibility = &decided[index].1;
+        granted.extend(
+            sql::query_as::<GrantedLease>(sql::worker_tasks::GRANT)
+                .bind(params.worker_id)
+                .bind(&eligibility.capabilities)
+                .bind(free)
+                .bind(params.request_id)
+                .bind(crate::seconds(params.lease_ttl))
+                .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
+                .bind(TaskState::Leased.as_str())
+                .bind(AttemptStatus::Leased.as_str())
+                .fetch_all(&mut *tx)
+                .await?,
+        );
+    }
+    if !granted.is_empty() {
+        outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
+    }
+    leases.extend(granted);
+    let leases = with_assets(&mut tx, leases).await?;
+    tx.commit().await?;
+
+    let positions: HashMap<Uuid, usize> = acquires
+        .iter()
+        .enumerate()
+        .map(|(index, params)| (params.worker_id, index))
+        .collect();
+    for lease in leases {
+        if let Some((AcquireOutcome::Leases(granted), _)) = positions
+            .get(&lease.worker_id)
+            .and_then(|&index| decided.get_mut(index))
+        {
+            granted.push(lease);
+        }
+    }
+    Ok(decided)
+}
+
+/// What an acquire's worker row leaves to do.
+enum AcquireStep {
+    /// The outcome is the answer.
+    Answered,
+    /// The request was granted before: answer what it was granted.
+    Replay,
+    /// Grant up to `free` leases.
+    Grant { free: i64 },
+}
+
+/// Checks an acquire against its worker (disabled or revoked, a replay, no capabilities, no
+/// room, no organization), in that order.
+fn check_acquire(
+    params: &AcquireParams,
+    worker: &AcquiringWorker,
+) -> (AcquireOutcome, AcquireStep) {
+    let leases = AcquireOutcome::Leases(Vec::new());
+    if !worker.enabled || worker.revoked {
+        let refused = AcquireOutcome::Refused(worker_disabled(params.worker_id));
+        return (refused, AcquireStep::Answered);
+    }
+    if worker.replayed {
+        return (leases, AcquireStep::Replay);
+    }
+    if worker.capabilities.is_empty() {
+        let refused = AcquireOutcome::Refused(v1::Error::new(
+            ErrorCode::InvalidField,
+            format!(
+                "worker {} has no capabilities: send hello (with its plugins) before acquire",
+                params.worker_id
+            ),
         ));
+        return (refused, AcquireStep::Answered);
     }
     let free = (i64::from(worker.capacity) - worker.live).min(params.max_tasks);
     if free <= 0 {
-        return Ok((AcquireOutcome::Leases(Vec::new()), eligibility));
+        return (leases, AcquireStep::Answered);
     }
-    if eligibility.organization_ids.is_empty() {
-        return Ok((
-            AcquireOutcome::Refused(v1::Error::new(
-                ErrorCode::WorkerNotAssigned,
-                format!(
-                    "worker {} serves no organization; assign it with `palisade worker assign`",
-                    params.worker_id
-                ),
-            )),
-            eligibility,
+    if worker.organization_ids.is_empty() {
+        let refused = AcquireOutcome::Refused(v1::Error::new(
+            ErrorCode::WorkerNotAssigned,
+            format!(
+                "worker {} serves no organization; assign it with `palisade worker assign`",
+                params.worker_id
+            ),
         ));
+        return (refused, AcquireStep::Answered);
     }
-
-    // One statement: lock the assignments (FOR SHARE), pick due
-    // tasks (SKIP LOCKED), lease them, create their attempts and mark the worker seen.
-    let granted = sql::query_as::<GrantedLease>(sql::worker_tasks::GRANT)
-        .bind(params.worker_id)
-        .bind(&eligibility.capabilities)
-        .bind(free)
-        .bind(params.request_id)
-        .bind(crate::seconds(params.lease_ttl))
-        .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
-        .bind(TaskState::Leased.as_str())
-        .bind(AttemptStatus::Leased.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
-
-    if granted.is_empty() {
-        tx.commit().await?;
-        return Ok((AcquireOutcome::Leases(granted), eligibility));
-    }
-
-    outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
-    let leases = with_assets(&mut tx, granted).await?;
-    tx.commit().await?;
-    Ok((AcquireOutcome::Leases(leases), eligibility))
+    (leases, AcquireStep::Grant { free })
 }
 
 /// `task.leased` of each granted lease, in its scan's trace.

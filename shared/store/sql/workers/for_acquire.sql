@@ -1,17 +1,20 @@
--- Acquire: the worker (locked: a revocation waits for this acquire and this acquire for a
--- revocation; two acquires of one worker take turns), its live leases, whether this request was
--- already granted, and its organizations.
--- $1: params.worker_id
--- $2: params.request_id
+-- Acquire, for acquires of distinct workers decided together: each worker (locked in id order,
+-- as every grant locks workers: a revocation waits for this acquire and this acquire for a
+-- revocation; two acquires of one worker take turns), its live leases, whether its request was
+-- already granted, and its organizations. Unknown workers are not returned.
+-- $1: worker_ids
+-- $2: request_ids
 -- $3: LIVE_ATTEMPT_STATUSES
-SELECT w.enabled, w.revoked_at IS NOT NULL AS revoked, w.capabilities,
+SELECT w.id, w.enabled, w.revoked_at IS NOT NULL AS revoked, w.capabilities,
        w.max_concurrent_tasks AS capacity,
        (SELECT count(*) FROM worker_task_attempts a
         WHERE a.worker_id = w.id AND a.status = ANY($3) AND a.lease_expires_at > now()) AS live,
        EXISTS (SELECT 1 FROM worker_task_attempts a
-               WHERE a.worker_id = w.id AND a.acquire_request_id = $2) AS replayed,
+               WHERE a.worker_id = w.id AND a.acquire_request_id = r.request_id) AS replayed,
        ARRAY(SELECT o.organization_id FROM organization_workers o
              WHERE o.worker_id = w.id AND o.enabled AND o.revoked_at IS NULL
              ORDER BY o.organization_id) AS organization_ids
-FROM workers w WHERE w.id = $1
+FROM UNNEST($1::uuid[], $2::uuid[]) AS r(worker_id, request_id)
+JOIN workers w ON w.id = r.worker_id
+ORDER BY w.id
 FOR NO KEY UPDATE OF w
