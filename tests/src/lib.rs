@@ -312,8 +312,17 @@ pub fn write_credentials(
 }
 
 /// Logs of a test's child process (`test-service`, `test-worker`): plain text on stderr, which
-/// the test may send to a file, filtered by `RUST_LOG` (default `warn`).
-pub fn init_child_logging() {
+/// the test may send to a file, filtered by `RUST_LOG` (default `warn`). With
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` set, installs what the production binaries install instead (`telemetry::init` as
+/// `service_name`, exporting spans); keep the guard until the process ends.
+pub fn init_child_logging(service_name: &str) -> Option<telemetry::TelemetryGuard> {
+    let otlp = telemetry::OtlpSettings::from_env().expect("valid OTLP settings");
+    if otlp.is_some() {
+        let mut settings = telemetry::TelemetrySettings::from_env().expect("valid settings");
+        settings.default_filter = "warn".into();
+        settings.to_stderr = true;
+        return Some(telemetry::init(service_name, &settings).expect("telemetry installs"));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -322,6 +331,7 @@ pub fn init_child_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    None
 }
 
 /// Statement counting (as in every palisade process) and, with `TEST_LOG` set, logs filtered
@@ -1654,8 +1664,20 @@ impl WorkerProcess {
         organization_id: Uuid,
         capacity: u32,
     ) -> Self {
+        Self::start_with_env(system, binary, organization_id, capacity, &[]).await
+    }
+
+    /// [`WorkerProcess::start`] with more environment (`OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub async fn start_with_env(
+        system: &TestSystem,
+        binary: &str,
+        organization_id: Uuid,
+        capacity: u32,
+        env: &[(String, String)],
+    ) -> Self {
         let worker_id = system.registered_worker(organization_id, capacity).await;
         let child = tokio::process::Command::new(binary)
+            .envs(env.iter().map(|(key, value)| (key, value)))
             .envs(
                 system
                     .nats
@@ -1677,6 +1699,18 @@ impl WorkerProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id().expect("still running")
+    }
+
+    /// SIGTERM, as an orchestrator stops it: it releases its leases and flushes its spans.
+    /// Waits at most `grace` for it to exit, then kills it.
+    pub async fn terminate(mut self, grace: std::time::Duration) {
+        self.signal("TERM");
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
     }
 
     /// SIGKILL: no release, no goodbye; its lease must expire and be recovered.

@@ -479,7 +479,12 @@ impl BatchHandler for Admission {
                             .unwrap_or_default(),
                         error: Some(error.clone()),
                     };
-                    tracing::info!(code = %error.code, stream_sequence = delivery.stream_sequence, "scan request refused");
+                    let span = delivery.span();
+                    span.in_scope(|| tracing::info!(code = %error.code, stream_sequence = delivery.stream_sequence, "scan request refused"));
+                    telemetry::record_error(span, &error.code, &error.message);
+                    // The rejection event is published in the request's trace.
+                    let mut headers = bus::async_nats::HeaderMap::new();
+                    bus::trace::inject_span(span, &mut headers);
                     // Told to the organization the request was published for: the one its
                     // sender's credentials allow (a subject that names none has no reader).
                     let organization = self
@@ -496,7 +501,7 @@ impl BatchHandler for Admission {
                                     .subjects()
                                     .tenant_event(&organization, EventKind::ScanRejected),
                                 msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
-                                headers: Default::default(),
+                                headers,
                                 payload: rejected.encode_to_vec().into(),
                             },
                         ));

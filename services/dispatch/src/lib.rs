@@ -251,13 +251,11 @@ impl Service {
                     move |message| {
                         let dispatch = dispatch.clone();
                         async move {
-                            Some(
-                                dispatch
-                                    .cancel(message.subject.as_str(), &message.payload)
-                                    .await
-                                    .encode_to_vec()
-                                    .into(),
-                            )
+                            let reply = dispatch
+                                .cancel(message.subject.as_str(), &message.payload)
+                                .await;
+                            runtime::record_refusal(reply.error.as_ref());
+                            Some(reply.encode_to_vec().into())
                         }
                     },
                     stop,
@@ -306,7 +304,7 @@ async fn announce(bus: Bus, heartbeat: Duration, stop: CancellationToken) {
             () = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        match bus.publish_core(subject.clone(), payload.clone()).await {
+        match bus.publish_untraced(subject.clone(), payload.clone()).await {
             Ok(()) => failing = false,
             Err(error) if !failing => {
                 failing = true;
@@ -424,35 +422,51 @@ impl Dispatch {
                     error: Some(error),
                     ..Default::default()
                 };
-                match self.hello(subject_worker, payload).await {
+                let reply = match self.hello(subject_worker, payload).await {
                     Ok(reply) => reply,
                     Err(refusal) => error(refusal),
-                }
-                .encode_to_vec()
+                };
+                runtime::record_refusal(reply.error.as_ref());
+                reply.encode_to_vec()
             }
-            WorkerVerb::Acquire => match self.acquire(subject_worker, payload).await {
-                Ok(leases) => v1::AcquireReply {
-                    error: None,
-                    leases,
-                },
-                Err(error) => v1::AcquireReply {
-                    error: Some(error),
-                    leases: Vec::new(),
-                },
+            WorkerVerb::Acquire => {
+                let reply = match self.acquire(subject_worker, payload).await {
+                    Ok(leases) => v1::AcquireReply {
+                        error: None,
+                        leases,
+                    },
+                    Err(error) => v1::AcquireReply {
+                        error: Some(error),
+                        leases: Vec::new(),
+                    },
+                };
+                runtime::record_refusal(reply.error.as_ref());
+                reply.encode_to_vec()
             }
-            .encode_to_vec(),
-            WorkerVerb::Renew => match self.renew(subject_worker, payload).await {
-                Ok(reply) => reply,
-                Err(error) => v1::RenewReply {
-                    error: Some(error),
-                    ..Default::default()
-                },
+            WorkerVerb::Renew => {
+                let reply = match self.renew(subject_worker, payload).await {
+                    Ok(reply) => reply,
+                    Err(error) => v1::RenewReply {
+                        error: Some(error),
+                        ..Default::default()
+                    },
+                };
+                // A lost lease is a refusal, of the whole renew or of one lease in a batch (the
+                // first names the span's error); a cancellation is what someone asked for.
+                let refused = std::iter::once(reply.error.as_ref())
+                    .chain(reply.renewals.iter().map(|renewal| renewal.error.as_ref()))
+                    .flatten()
+                    .find(|error| error.error_code() != Some(ErrorCode::CancelRequested));
+                runtime::record_refusal(refused);
+                reply.encode_to_vec()
             }
-            .encode_to_vec(),
-            WorkerVerb::Release => v1::ReleaseReply {
-                error: self.release(subject_worker, payload).await.err(),
+            WorkerVerb::Release => {
+                let reply = v1::ReleaseReply {
+                    error: self.release(subject_worker, payload).await.err(),
+                };
+                runtime::record_refusal(reply.error.as_ref());
+                reply.encode_to_vec()
             }
-            .encode_to_vec(),
             WorkerVerb::Result
             | WorkerVerb::Complete
             | WorkerVerb::Fail

@@ -351,10 +351,15 @@ impl Ingestion {
             subjects,
             messages: &decisions,
         };
-        let (outcomes, staged) = store::decide_batch(&self.pool, self.progress_events, &script)
+        let (decisions, staged) = store::decide_batch(&self.pool, self.progress_events, &script)
             .instrument(transaction_span)
             .await?;
-        let mut outcomes = outcomes.into_iter();
+        for (index, message) in messages {
+            if let Some(scan_id) = decisions.scans.get(&message.claim().task_id) {
+                spans[*index].record("palisade.scan_id", tracing::field::display(scan_id));
+            }
+        }
+        let mut outcomes = decisions.outcomes.into_iter();
         let verdicts = parts
             .iter()
             .map(|part| {
@@ -537,14 +542,20 @@ impl BatchHandler for Ingestion {
         let mut decisions = Vec::with_capacity(batch.len());
         for (index, (address, verdict)) in addresses.iter().zip(verdicts).enumerate() {
             let verdict = verdict.expect("every message decided");
+            // The acknowledgement and the log line belong to the message's trace.
+            let span = batch[index].span();
             self.answer(address, &verdict, leases.remove(&index).unwrap_or_default())
+                .instrument(span.clone())
                 .await;
             decisions.push(match verdict {
                 Verdict::Accepted | Verdict::Duplicate => Decision::Ack,
                 Verdict::Refused(error) => {
-                    if error.error_code() != Some(ErrorCode::LeaseLost) {
-                        tracing::info!(code = %error.code, kind = address.kind, task_id = %address.task_id, "worker message refused");
-                    }
+                    span.in_scope(|| {
+                        if error.error_code() != Some(ErrorCode::LeaseLost) {
+                            tracing::info!(code = %error.code, kind = address.kind, task_id = %address.task_id, "worker message refused");
+                        }
+                    });
+                    telemetry::record_error(span, &error.code, &error.message);
                     bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
                     Decision::Reject { reason: error.code }
                 }

@@ -11,6 +11,7 @@ use palisade::probe;
 use palisade::system::{self, System, SystemSettings};
 use palisade::{exit, migrate, scans};
 use runtime::CommonSettings;
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 /// palisade: durable security scans on remote workers over NATS JetStream and PostgreSQL.
@@ -645,7 +646,19 @@ async fn run() -> anyhow::Result<()> {
             request.priority = priority;
             request.execution_deadline_seconds = deadline_secs;
             let timeout = Duration::from_secs(timeout_secs);
-            let reply = match client.submit_or_queue(&request).await? {
+            // The command's span is the root of the scan's trace: its id is printed with the
+            // answer, for the tracing UI.
+            let span = tracing::info_span!(
+                "scan submit",
+                otel.name = "palisade scan submit",
+                palisade.service = "cli",
+            );
+            let trace_id = bus::trace::trace_id_of(&span);
+            let reply = match client
+                .submit_or_queue(&request)
+                .instrument(span.clone())
+                .await?
+            {
                 client::Submitted::Answered(reply) => reply,
                 client::Submitted::Queued { reason } if wait => {
                     eprintln!(
@@ -653,7 +666,7 @@ async fn run() -> anyhow::Result<()> {
                     );
                     tokio::time::timeout(timeout, async {
                         loop {
-                            match client.submit(&request).await {
+                            match client.submit(&request).instrument(span.clone()).await {
                                 Err(client::ClientError::NoAnswer { .. }) => continue,
                                 answered => return answered,
                             }
@@ -673,7 +686,7 @@ async fn run() -> anyhow::Result<()> {
                     match output {
                         Output::Json => println!(
                             "{}",
-                            serde_json::json!({ "queued": true, "idempotency_key": key, "message": message })
+                            serde_json::json!({ "queued": true, "idempotency_key": key, "message": message, "trace_id": trace_id })
                         ),
                         Output::Text => println!("{message}"),
                     }
@@ -699,6 +712,8 @@ async fn run() -> anyhow::Result<()> {
                 }
                 return scans::outcome(&detail);
             }
+            // A replay's scan is in the trace of the request that created it (`scan show`).
+            let trace_id = trace_id.filter(|_| !reply.deduplicated);
             match output {
                 Output::Json => println!(
                     "{}",
@@ -706,13 +721,16 @@ async fn run() -> anyhow::Result<()> {
                         "scan_id": reply.scan_id,
                         "state": reply.state,
                         "deduplicated": reply.deduplicated,
+                        "trace_id": trace_id,
                     })
                 ),
                 Output::Text => {
-                    let note = if reply.deduplicated {
-                        " (replay: the original scan)"
-                    } else {
-                        ""
+                    let note = match &trace_id {
+                        _ if reply.deduplicated => {
+                            " (replay: the original scan; `scan show` names its trace)".to_owned()
+                        }
+                        Some(trace_id) => format!(" trace {trace_id}"),
+                        None => String::new(),
                     };
                     println!("{} {}{note}", reply.scan_id, reply.state);
                 }
@@ -1321,6 +1339,9 @@ async fn show_scan(common: &CommonSettings, scan_id: Uuid, output: Output) -> an
     }
     if !scan.failure_code.is_empty() {
         println!("failure     {}: {}", scan.failure_code, scan.failure_reason);
+    }
+    if let Some(trace_id) = &scan.trace_id {
+        println!("trace       {trace_id}");
     }
     println!(
         "\n{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",

@@ -177,6 +177,7 @@ mod tests {
                 created_at: chrono::Utc::now(),
                 started_at: None,
                 finished_at: None,
+                trace_id: None,
             },
             jobs,
             findings: Vec::new(),

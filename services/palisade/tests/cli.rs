@@ -111,6 +111,12 @@ async fn one_shot_commands_print_only_their_answer_and_log_to_stderr_when_asked(
     let answer = submitted.json();
     let scan_id = answer["scan_id"].as_str().expect("a scan id").to_owned();
     assert_eq!(answer["deduplicated"], false);
+    // The scan's trace, for the tracing UI (the multi-process trace test finds it there).
+    let trace_id = answer["trace_id"].as_str().expect("a trace id");
+    assert!(
+        trace_id.len() == 32 && trace_id.bytes().all(|byte| byte.is_ascii_hexdigit()),
+        "{answer}"
+    );
     assert!(!has_log_lines(&submitted.stderr), "{submitted:?}");
 
     // -v: the answer alone on stdout still, info lines on stderr.

@@ -245,7 +245,7 @@ impl Service {
             // A hint that wakes waiting acquires for retried tasks whose backoff passed.
             let wakeup = self
                 .bus
-                .publish_core(subjects.dispatch_wakeup(), bytes::Bytes::new());
+                .publish_untraced(subjects.dispatch_wakeup(), bytes::Bytes::new());
             let _ = in_lane(lanes::REAPER_RETRIES, wakeup).await;
         }
         Ok(outcome)

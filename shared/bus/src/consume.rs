@@ -371,6 +371,7 @@ pub async fn run<H: BatchHandler>(
                         Err(_) => (1, 0),
                     };
                     let span = crate::trace::process_span(
+                        bus.subjects(),
                         message.subject.as_str(),
                         message
                             .headers
@@ -619,9 +620,11 @@ async fn acknowledge<H: BatchHandler>(
             if let Err(error) = handler.dead_letter(delivery, &reason).await {
                 return Some(format!("its dead letter could not be recorded: {error}"));
             }
+            telemetry::record_error(delivery.span(), decisions::DEAD, &reason);
             (AckKind::Term, decisions::DEAD)
         }
         Decision::Retry { reason } => {
+            telemetry::record_error(delivery.span(), decisions::RETRY, &reason);
             tracing::warn!(
                 subject = delivery.subject(),
                 delivered = delivery.delivered,

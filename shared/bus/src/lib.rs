@@ -541,7 +541,12 @@ impl Bus {
         for message in messages {
             let mut headers = message.headers;
             headers.insert(messages::HEADER_MSG_ID, message.msg_id.as_str());
-            let span = trace::send_span(&message.subject, Some(&message.msg_id), "producer");
+            let span = trace::send_span(
+                &self.subjects,
+                &message.subject,
+                Some(&message.msg_id),
+                "producer",
+            );
             // Headers that already carry a context (outbox rows) name the send's parent.
             if headers.get("traceparent").is_some() {
                 trace::set_parent_from(&span, Some(&headers));
@@ -581,12 +586,26 @@ impl Bus {
     /// every such message has a durable fallback (the requester retries).
     pub async fn publish_core(&self, subject: String, payload: Bytes) -> Result<(), BusError> {
         let mut headers = HeaderMap::new();
-        let span = trace::send_span(&subject, None, "producer");
+        let span = trace::send_span(&self.subjects, &subject, None, "producer");
         trace::inject_span(&span, &mut headers);
         count_messages(Direction::Sent, 1);
         self.client
             .publish_with_headers(subject.clone(), headers, payload)
             .instrument(span)
+            .await
+            .map_err(|error| BusError::Publish {
+                subject,
+                message: error.to_string(),
+            })
+    }
+
+    /// Core-NATS publish outside every trace: no span, no trace context. For periodic hints
+    /// (dispatch's `dispatch.ready` heartbeat, every second per replica) that would otherwise
+    /// each be a trace of their own and fill the tracing UI's search while nothing happens.
+    pub async fn publish_untraced(&self, subject: String, payload: Bytes) -> Result<(), BusError> {
+        count_messages(Direction::Sent, 1);
+        self.client
+            .publish(subject.clone(), payload)
             .await
             .map_err(|error| BusError::Publish {
                 subject,
@@ -602,7 +621,7 @@ impl Bus {
         timeout: Duration,
     ) -> Result<async_nats::Message, BusError> {
         let mut headers = HeaderMap::new();
-        let span = trace::send_span(&subject, None, "client");
+        let span = trace::send_span(&self.subjects, &subject, None, "client");
         trace::inject_span(&span, &mut headers);
         let request = async_nats::Request::new()
             .payload(payload)

@@ -105,6 +105,7 @@ where
         let handler = handler.clone();
         let client = bus.client().clone();
         let span = crate::trace::process_span(
+            bus.subjects(),
             message.subject.as_str(),
             None,
             queue_group,

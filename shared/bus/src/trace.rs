@@ -2,6 +2,7 @@
 //! every consume, so one scan is one trace across services.
 
 use async_nats::HeaderMap;
+use messages::Subjects;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator as _};
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -84,6 +85,16 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
         .map(|value| value.as_str().to_owned())
 }
 
+/// The W3C trace id of `span` (32 hex digits), `None` when it has no OpenTelemetry context: what
+/// a person pastes into the tracing UI.
+pub fn trace_id_of(span: &tracing::Span) -> Option<String> {
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context
+        .is_valid()
+        .then(|| span_context.trace_id().to_string())
+}
+
 /// Makes `span` a child of the context in a stored `traceparent` (ignored when empty or
 /// malformed).
 pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
@@ -104,35 +115,48 @@ pub fn link_to(span: &tracing::Span, other: &tracing::Span) {
     }
 }
 
-/// A producer span for one message to `subject` (OpenTelemetry messaging conventions).
-pub fn send_span(subject: &str, msg_id: Option<&str>, kind: &'static str) -> tracing::Span {
+/// A producer span for one message to `subject` (OpenTelemetry messaging conventions). Its
+/// name is the subject's template (`send {prefix}.v1.worker.{worker_id}.acquire`: names of
+/// low cardinality); the subject itself is an attribute.
+pub fn send_span(
+    subjects: &Subjects,
+    subject: &str,
+    msg_id: Option<&str>,
+    kind: &'static str,
+) -> tracing::Span {
+    let template = subjects.template_of(subject);
     tracing::info_span!(
         "send",
-        otel.name = %format!("send {subject}"),
+        otel.name = %format!("send {template}"),
         otel.kind = kind,
         messaging.system = "nats",
         messaging.operation.type = "send",
         messaging.destination.name = %subject,
+        messaging.destination.template = %template,
         messaging.message.id = msg_id,
     )
 }
 
-/// A consumer span for one received message, a child of the context in its headers.
+/// A consumer span for one received message, a child of the context in its headers, named
+/// from the subject's template as [`send_span`] is.
 pub fn process_span(
+    subjects: &Subjects,
     subject: &str,
     msg_id: Option<&str>,
     service: &str,
     kind: &'static str,
     headers: Option<&HeaderMap>,
 ) -> tracing::Span {
+    let template = subjects.template_of(subject);
     let span = tracing::info_span!(
         parent: None,
         "process",
-        otel.name = %format!("process {subject}"),
+        otel.name = %format!("process {template}"),
         otel.kind = kind,
         messaging.system = "nats",
         messaging.operation.type = "process",
         messaging.destination.name = %subject,
+        messaging.destination.template = %template,
         messaging.consumer.group.name = %service,
         messaging.message.id = msg_id,
         palisade.service = %service,

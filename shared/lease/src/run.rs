@@ -165,7 +165,9 @@ impl<S: Store, C: Clock> Election<S, C> {
         F: FnMut(TermGuard) -> Fut + Send,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let span = tracing::info_span!("lease", lease = %self.name, owner = %self.owner);
+        // Names the lease and owner in every log line of the campaign and its terms; never
+        // exported (it lives as long as the process): what a term does starts traces of its own.
+        let span = tracing::info_span!(target: telemetry::UNTRACED, "lease", lease = %self.name, owner = %self.owner);
         self.campaign(&mut work, &shutdown).instrument(span).await;
     }
 

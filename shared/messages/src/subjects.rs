@@ -464,6 +464,61 @@ impl Subjects {
         format!("{}.v1.uploaded.*.*", self.prefix)
     }
 
+    /// The template `subject` was built from, for span names (OpenTelemetry wants names of
+    /// low cardinality): the prefix and every id replaced by a placeholder, e.g.
+    /// `{prefix}.v1.org.{organization_id}.client.{client_id}.submit` or
+    /// `{prefix}.v1.worker.{worker_id}.acquire`. Verbs and event names are kept when they are
+    /// palisade's own and become `{verb}` / `{event}` otherwise, so a hostile subject adds no
+    /// name either. A subject outside this installation keeps its first two tokens
+    /// (`$JS.API.…` → `$JS.API.{request}`, `_INBOX_….…` → `{inbox}`).
+    pub fn template_of(&self, subject: &str) -> String {
+        let verb = |name: &str, known: &[&str]| {
+            if known.contains(&name) {
+                name.to_owned()
+            } else {
+                "{verb}".to_owned()
+            }
+        };
+        let event = |name: &str| {
+            EventKind::ALL
+                .into_iter()
+                .find(|kind| kind.name() == name)
+                .map_or_else(|| "{event}".to_owned(), |kind| kind.name().to_owned())
+        };
+        let Some(rest) = subject
+            .strip_prefix(&self.prefix)
+            .and_then(|rest| rest.strip_prefix(".v1."))
+        else {
+            if subject.starts_with("_INBOX") {
+                return "{inbox}".to_owned();
+            }
+            let mut tokens = subject.splitn(3, '.');
+            return match (tokens.next(), tokens.next(), tokens.next()) {
+                (Some(first), Some(second), Some(_)) => format!("{first}.{second}.{{request}}"),
+                _ => "{subject}".to_owned(),
+            };
+        };
+        let client_verbs: Vec<&str> = ClientVerb::ALL.iter().map(|verb| verb.name()).collect();
+        let worker_verbs: Vec<&str> = WorkerVerb::ALL.iter().map(|verb| verb.name()).collect();
+        let tokens: Vec<&str> = rest.split('.').collect();
+        let tail = match tokens.as_slice() {
+            ["org", _, "client", _, name] => format!(
+                "org.{{organization_id}}.client.{{client_id}}.{}",
+                verb(name, &client_verbs)
+            ),
+            ["org", _, "event", name @ ..] => {
+                format!("org.{{organization_id}}.event.{}", event(&name.join(".")))
+            }
+            ["event", name @ ..] => format!("event.{}", event(&name.join("."))),
+            ["worker", _, name] => format!("worker.{{worker_id}}.{}", verb(name, &worker_verbs)),
+            ["upload", _, _] => "upload.{worker_id}.{upload_id}".to_owned(),
+            ["uploaded", _, _] => "uploaded.{worker_id}.{upload_id}".to_owned(),
+            ["dispatch", name @ ("wakeup" | "ready")] => format!("dispatch.{name}"),
+            _ => "{subject}".to_owned(),
+        };
+        format!("{{prefix}}.v1.{tail}")
+    }
+
     fn stream(&self, suffix: &str) -> String {
         format!(
             "{}_{}",
@@ -556,6 +611,55 @@ mod tests {
         assert_eq!(s.stored_uploads_wildcard(), "t-1.v1.uploaded.*.*");
         assert_eq!(s.uploads_stream(), "T_1_UPLOADS");
         assert_eq!(s.artifacts_bucket(), "T_1_ARTIFACTS");
+    }
+
+    #[test]
+    fn span_names_come_from_templates_without_ids() {
+        let subjects = Subjects::new("acme").unwrap();
+        let organization = uuid::Uuid::new_v4();
+        let worker = uuid::Uuid::new_v4().to_string();
+        let cases = [
+            (
+                subjects
+                    .client(&organization, "ci-1", ClientVerb::Submit)
+                    .unwrap(),
+                "{prefix}.v1.org.{organization_id}.client.{client_id}.submit",
+            ),
+            (
+                subjects.worker(&worker, WorkerVerb::Acquire),
+                "{prefix}.v1.worker.{worker_id}.acquire",
+            ),
+            (
+                subjects.tenant_event(&organization, EventKind::ScanCompleted),
+                "{prefix}.v1.org.{organization_id}.event.scan.completed",
+            ),
+            (
+                subjects.event(EventKind::TaskReady),
+                "{prefix}.v1.event.task.ready",
+            ),
+            (
+                subjects.upload(&worker, "u1"),
+                "{prefix}.v1.upload.{worker_id}.{upload_id}",
+            ),
+            (subjects.dispatch_ready(), "{prefix}.v1.dispatch.ready"),
+            (
+                "acme.v1.worker.w1.{forged}".to_owned(),
+                "{prefix}.v1.worker.{worker_id}.{verb}",
+            ),
+            (
+                "acme.v1.org.o.client.c.anything".to_owned(),
+                "{prefix}.v1.org.{organization_id}.client.{client_id}.{verb}",
+            ),
+            ("acme.v1.a.b.c.d.e".to_owned(), "{prefix}.v1.{subject}"),
+            (
+                "$JS.API.STREAM.INFO.ACME_EVENTS".to_owned(),
+                "$JS.API.{request}",
+            ),
+            ("_INBOX_acme.worker_x.abc".to_owned(), "{inbox}"),
+        ];
+        for (subject, template) in cases {
+            assert_eq!(subjects.template_of(&subject), template, "{subject}");
+        }
     }
 
     #[test]

@@ -421,6 +421,15 @@ pub fn internal_error(
     )
 }
 
+/// Marks the current span (a request's `process` span) failed when the reply carries
+/// `error`: a refused request is an ERROR span in its trace, with the error code
+/// (`telemetry::record_error`).
+pub fn record_refusal(error: Option<&messages::v1::Error>) {
+    if let Some(error) = error {
+        telemetry::record_error(&tracing::Span::current(), &error.code, &error.message);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,12 +465,17 @@ mod tests {
 /// The wire lease, with a `lease` span recording the grant in the scan's trace: a child of
 /// the scan's stored context, linked to the current span (the worker's acquire request, or
 /// the completion whose acknowledgement carries it: its cause, but in another trace, so
-/// parenting would lie). The worker's execution span is its child.
+/// parenting would lie). The worker's execution span is its child. A lease answered again (a
+/// resent acquire) opens no second span: its `traceparent` is the scan's.
 pub fn traced_lease(
     lease: &store::lease::GrantedLease,
     service: &'static str,
 ) -> messages::v1::Lease {
     let mut wire = lease.to_wire();
+    if lease.replayed {
+        // Its span was opened when it was granted; the worker's work joins the scan's trace.
+        return wire;
+    }
     let span = tracing::info_span!(
         parent: None,
         "lease",

@@ -71,6 +71,8 @@ pub struct ScanView {
     /// When its first task was leased; `None` before.
     pub started_at: Option<chrono::DateTime<chrono::Utc>>,
     pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The scan's trace (W3C trace id, 32 hex digits): paste it into the tracing UI.
+    pub trace_id: Option<String>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]

@@ -108,6 +108,14 @@ impl Message<'_> {
 /// failure, while an outer `Err` fails the whole transaction.
 pub type Outcomes = Vec<Result<IngestOutcome, StoreError>>;
 
+/// What [`Ingest`] decided: each message's outcome, and the scan of each task the decision
+/// locked (task id → scan id), so ingestion's spans can name the scan a message acted on.
+#[derive(Debug)]
+pub struct Decisions {
+    pub outcomes: Outcomes,
+    pub scans: HashMap<Uuid, Uuid>,
+}
+
 /// The ingestion script over `messages`, for [`crate::decide_batch`].
 pub struct Ingest<'a, 'm> {
     pub subjects: &'a Subjects,
@@ -115,14 +123,14 @@ pub struct Ingest<'a, 'm> {
 }
 
 impl crate::Script for Ingest<'_, '_> {
-    type Outcomes = Outcomes;
+    type Outcomes = Decisions;
 
     fn set_wise(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide(tx, staged, self.subjects, self.messages)
+        decide_recording_scans(tx, staged, self.subjects, self.messages)
     }
 
     fn one_by_one(
@@ -130,7 +138,7 @@ impl crate::Script for Ingest<'_, '_> {
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide_each(tx, staged, self.subjects, self.messages)
+        decide_each_recording_scans(tx, staged, self.subjects, self.messages)
     }
 }
 
@@ -141,17 +149,32 @@ pub async fn decide(
     subjects: &Subjects,
     messages: &[Message<'_>],
 ) -> Result<Outcomes, StoreError> {
+    Ok(decide_recording_scans(tx, staged, subjects, messages)
+        .await?
+        .outcomes)
+}
+
+/// [`decide`], with the scans of the tasks it locked.
+async fn decide_recording_scans(
+    tx: &mut Transaction<'_, Postgres>,
+    staged: &mut Staged,
+    subjects: &Subjects,
+    messages: &[Message<'_>],
+) -> Result<Decisions, StoreError> {
+    let mut scans = HashMap::new();
     let mut outcomes: Vec<Option<Result<IngestOutcome, StoreError>>> =
         messages.iter().map(|_| None).collect();
     for wave in waves(messages) {
-        for (index, outcome) in decide_wave(tx, staged, subjects, messages, &wave).await? {
+        let decided = decide_wave(tx, staged, subjects, messages, &wave, &mut scans).await?;
+        for (index, outcome) in decided {
             outcomes[index] = Some(outcome);
         }
     }
-    Ok(outcomes
+    let outcomes = outcomes
         .into_iter()
         .map(|outcome| outcome.expect("every message is in a wave"))
-        .collect())
+        .collect();
+    Ok(Decisions { outcomes, scans })
 }
 
 /// Decides `messages` one at a time, each in a savepoint kept only when it was accepted: the
@@ -163,12 +186,33 @@ pub async fn decide_each(
     subjects: &Subjects,
     messages: &[Message<'_>],
 ) -> Result<Outcomes, StoreError> {
+    Ok(decide_each_recording_scans(tx, staged, subjects, messages)
+        .await?
+        .outcomes)
+}
+
+/// [`decide_each`], with the scans of the tasks it locked.
+async fn decide_each_recording_scans(
+    tx: &mut Transaction<'_, Postgres>,
+    staged: &mut Staged,
+    subjects: &Subjects,
+    messages: &[Message<'_>],
+) -> Result<Decisions, StoreError> {
+    let mut scans = HashMap::new();
     let mut outcomes = Vec::with_capacity(messages.len());
     for index in 0..messages.len() {
         let mark = staged.mark();
         let mut savepoint = crate::savepoint(tx).await?;
-        let outcome = match decide_wave(&mut savepoint, staged, subjects, messages, &[index]).await
-        {
+        let decided = decide_wave(
+            &mut savepoint,
+            staged,
+            subjects,
+            messages,
+            &[index],
+            &mut scans,
+        )
+        .await;
+        let outcome = match decided {
             Ok(mut decided) => decided.pop().expect("one message, one outcome").1,
             Err(error) => Err(error),
         };
@@ -181,7 +225,7 @@ pub async fn decide_each(
         }
         outcomes.push(outcome);
     }
-    Ok(outcomes)
+    Ok(Decisions { outcomes, scans })
 }
 
 /// The waves of `messages` (indices, in order): a message goes in the wave after the one that
@@ -278,18 +322,23 @@ fn fenced<'r>(
 type Decided = Vec<(usize, Result<IngestOutcome, StoreError>)>;
 
 /// Decides one wave: the messages at `indices`, at most one completion or failure per attempt
-/// and nothing of that attempt after it.
+/// and nothing of that attempt after it. The scan of each task it locks goes to `scans`.
 async fn decide_wave(
     conn: &mut PgConnection,
     staged: &mut Staged,
     subjects: &Subjects,
     messages: &[Message<'_>],
     indices: &[usize],
+    scans: &mut HashMap<Uuid, Uuid>,
 ) -> Result<Decided, StoreError> {
     if indices.is_empty() {
         return Ok(Vec::new());
     }
     let rows = lock(conn, messages, indices).await?;
+    scans.extend(
+        rows.values()
+            .filter_map(|row| Some((row.attempt_task_id, row.locked.scan_id?))),
+    );
     let batch_rows = colliding_batches(conn, messages, indices).await?;
 
     // The results, in order, against the snapshot and what earlier messages accepted.

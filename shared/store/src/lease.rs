@@ -91,6 +91,10 @@ pub struct GrantedLease {
     pub request_id: Option<Uuid>,
     #[sqlx(skip)]
     pub discovered_assets: Vec<(String, String)>,
+    /// Granted before, to the same request, and answered again (a resent acquire, a
+    /// redelivered completion): its `lease` span was opened the first time.
+    #[sqlx(skip)]
+    pub replayed: bool,
 }
 
 impl GrantedLease {
@@ -259,21 +263,18 @@ pub async fn acquire_many(
     let mut leases: Vec<GrantedLease> = if replays.is_empty() {
         Vec::new()
     } else {
-        sql::query_as::<GrantedLease>(sql::worker_task_attempts::REPLAYED_LEASES)
-            .bind(
-                replays
-                    .iter()
-                    .map(|&index| acquires[index].worker_id)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                replays
-                    .iter()
-                    .map(|&index| acquires[index].request_id)
-                    .collect::<Vec<_>>(),
-            )
-            .fetch_all(&mut *tx)
-            .await?
+        replayed_leases(
+            &mut tx,
+            replays
+                .iter()
+                .map(|&index| acquires[index].worker_id)
+                .collect(),
+            replays
+                .iter()
+                .map(|&index| acquires[index].request_id)
+                .collect(),
+        )
+        .await?
     };
     // One statement per worker: lock its assignments (FOR SHARE), pick due tasks
     // (SKIP LOCKED), lease them, create their attempts and mark the worker seen.
@@ -316,6 +317,23 @@ pub async fn acquire_many(
         }
     }
     Ok(decided)
+}
+
+/// The leases granted before to each (worker, request) pair, marked replayed.
+async fn replayed_leases(
+    conn: &mut PgConnection,
+    worker_ids: Vec<Uuid>,
+    request_ids: Vec<Uuid>,
+) -> Result<Vec<GrantedLease>, StoreError> {
+    let mut leases: Vec<GrantedLease> = sql::query_as(sql::worker_task_attempts::REPLAYED_LEASES)
+        .bind(worker_ids)
+        .bind(request_ids)
+        .fetch_all(conn)
+        .await?;
+    for lease in &mut leases {
+        lease.replayed = true;
+    }
+    Ok(leases)
 }
 
 /// What an acquire's worker row leaves to do.
@@ -426,11 +444,12 @@ pub async fn lease_next(
         .await?
         .into_iter()
         .collect();
-    let replayed: Vec<GrantedLease> = sql::query_as(sql::worker_task_attempts::REPLAYED_LEASES)
-        .bind(asks.iter().map(|ask| ask.worker_id).collect::<Vec<_>>())
-        .bind(asks.iter().map(|ask| ask.attempt_id).collect::<Vec<_>>())
-        .fetch_all(&mut *tx)
-        .await?;
+    let replayed = replayed_leases(
+        &mut tx,
+        asks.iter().map(|ask| ask.worker_id).collect(),
+        asks.iter().map(|ask| ask.attempt_id).collect(),
+    )
+    .await?;
     let asked_before: HashSet<Uuid> = replayed
         .iter()
         .filter_map(|lease| lease.request_id)

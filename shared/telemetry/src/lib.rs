@@ -17,7 +17,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
 use thiserror::Error;
-use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::{FilterExt as _, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -36,6 +36,11 @@ pub struct TelemetrySettings {
     /// is their answer (`palisade worker add` prints an id a script reads). Lines are then
     /// coloured only when standard error is a terminal.
     pub to_stderr: bool,
+    /// How long spans not yet exported are flushed for when the process stops
+    /// (`PALISADE_TRACE_FLUSH_TIMEOUT_MS`); `None`: [`SERVICE_FLUSH_TIMEOUT`], or
+    /// [`ONE_SHOT_FLUSH_TIMEOUT`] for a one-shot command (`to_stderr`). A collector that hangs
+    /// delays the process's exit by this much.
+    pub flush_timeout: Option<Duration>,
 }
 
 /// OTLP span export.
@@ -82,22 +87,39 @@ impl OtlpSettings {
 
 impl TelemetrySettings {
     /// Reads `PALISADE_LOG_FORMAT` (`text`, the default, or `json`).
+    /// `PALISADE_TRACE_FLUSH_TIMEOUT_MS` too.
     pub fn from_env() -> Result<Self, TelemetryError> {
-        match std::env::var("PALISADE_LOG_FORMAT").as_deref() {
-            Err(_) | Ok("") | Ok("text") => Ok(Self {
-                json: false,
-                default_filter: String::new(),
-                otlp: OtlpSettings::from_env()?,
-                to_stderr: false,
-            }),
-            Ok("json") => Ok(Self {
-                json: true,
-                default_filter: String::new(),
-                otlp: OtlpSettings::from_env()?,
-                to_stderr: false,
-            }),
-            Ok(other) => Err(TelemetryError::LogFormat(other.to_owned())),
-        }
+        let json = match std::env::var("PALISADE_LOG_FORMAT").as_deref() {
+            Err(_) | Ok("") | Ok("text") => false,
+            Ok("json") => true,
+            Ok(other) => return Err(TelemetryError::LogFormat(other.to_owned())),
+        };
+        let flush_timeout = match std::env::var("PALISADE_TRACE_FLUSH_TIMEOUT_MS") {
+            Err(_) => None,
+            Ok(value) if value.is_empty() => None,
+            Ok(value) => Some(Duration::from_millis(
+                value
+                    .parse()
+                    .map_err(|_| TelemetryError::FlushTimeout(value.clone()))?,
+            )),
+        };
+        Ok(Self {
+            json,
+            default_filter: String::new(),
+            otlp: OtlpSettings::from_env()?,
+            to_stderr: false,
+            flush_timeout,
+        })
+    }
+
+    /// How long the flush at exit may take: the setting, else the default for the kind of
+    /// process.
+    pub fn flush_timeout(&self) -> Duration {
+        self.flush_timeout.unwrap_or(if self.to_stderr {
+            ONE_SHOT_FLUSH_TIMEOUT
+        } else {
+            SERVICE_FLUSH_TIMEOUT
+        })
     }
 }
 
@@ -111,18 +133,51 @@ pub enum TelemetryError {
     OtlpProtocol(String),
     #[error("failed to build the OTLP span exporter: {0}")]
     Exporter(String),
+    #[error("PALISADE_TRACE_FLUSH_TIMEOUT_MS={0:?} is not a number of milliseconds: use e.g. 1000")]
+    FlushTimeout(String),
 }
 
-/// Spans not yet exported when the process stops are flushed for at most this long.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// A service flushes the spans not yet exported for at most this long when it stops.
+pub const SERVICE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A one-shot command (`palisade scan show`) flushes for at most this long at exit: a hung
+/// collector delays a person's command by no more.
+pub const ONE_SHOT_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Spans whose target this is give log lines their context (a worker's id, the leader lease
+/// a loop serves under) but are never exported and never parent an exported span: a span
+/// that lives as long as the process would be one trace that grows without end and is
+/// exported only at exit, its children orphans meanwhile. What runs under it starts traces of
+/// its own. `tracing::info_span!(target: telemetry::UNTRACED, "worker", …)`.
+pub const UNTRACED: &str = "palisade::untraced";
+
+/// Marks `span` failed, as OpenTelemetry's conventions have it: status ERROR with `message`,
+/// the error code in `palisade.error_code`, and an `exception` event carrying both. For every
+/// span whose operation failed or was refused (a refused batch, a lost lease, a failed plugin,
+/// a refused request): an SRE searches `error=true` and finds them. Nothing happens to a span
+/// without OpenTelemetry data (export off in tests, [`UNTRACED`]).
+pub fn record_error(span: &tracing::Span, code: &str, message: &str) {
+    use opentelemetry::KeyValue;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    span.set_status(opentelemetry::trace::Status::error(message.to_owned()));
+    span.set_attribute("palisade.error_code", code.to_owned());
+    span.add_event(
+        "exception",
+        vec![
+            KeyValue::new("exception.type", code.to_owned()),
+            KeyValue::new("exception.message", message.to_owned()),
+        ],
+    );
+}
 
 /// Keeps telemetry running; dropping it flushes and stops span export (on a blocking thread,
-/// at most `SHUTDOWN_TIMEOUT`).
+/// at most the settings' flush timeout).
 #[derive(Debug)]
 pub struct TelemetryGuard {
     _service_name: String,
     /// `None` only while dropping.
     provider: Option<SdkTracerProvider>,
+    flush_timeout: Duration,
 }
 
 impl TelemetryGuard {
@@ -144,7 +199,8 @@ impl Drop for TelemetryGuard {
             return;
         };
         // Shutting down blocks on the exporter; never block a runtime thread with it.
-        let stopped = std::thread::spawn(move || provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT));
+        let timeout = self.flush_timeout;
+        let stopped = std::thread::spawn(move || provider.shutdown_with_timeout(timeout));
         let _ = stopped.join();
     }
 }
@@ -242,6 +298,7 @@ where
     Ok(TelemetryGuard {
         _service_name: service_name.to_owned(),
         provider: Some(provider),
+        flush_timeout: settings.flush_timeout(),
     })
 }
 
@@ -278,7 +335,11 @@ where
     layers.push(
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("palisade"))
-            .with_filter(LevelFilter::INFO)
+            .with_filter(
+                LevelFilter::INFO.and(tracing_subscriber::filter::filter_fn(|metadata| {
+                    metadata.target() != UNTRACED
+                })),
+            )
             .boxed(),
     );
     layers.push(if log_format.json {

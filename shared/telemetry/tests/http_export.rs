@@ -29,6 +29,7 @@ async fn spans_are_posted_to_v1_traces_over_http() {
                 endpoint: Some(format!("http://{addr}/v1/traces")),
             }),
             to_stderr: false,
+            flush_timeout: None,
         },
     )
     .unwrap();

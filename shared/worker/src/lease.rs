@@ -272,12 +272,26 @@ fn record(ctx: &Context, outcome: Outcome) {
         Outcome::Lost(loss) => {
             ctx.stats.add(Counter::Lost);
             tracing::info!(reason = loss.as_str(), "lease ended, work stopped");
+            // A cancellation is what was asked for; a lost or expired lease is a failure of
+            // this attempt (another one runs the task).
+            if loss != LeaseLoss::Cancelled {
+                telemetry::record_error(
+                    &tracing::Span::current(),
+                    loss.as_str(),
+                    "the lease was lost: the work stopped and another attempt runs the task",
+                );
+            }
         }
         // Counted by the release itself, which may not be answered.
         Outcome::Released => {}
         Outcome::Abandoned => {
             ctx.stats.add(Counter::Abandoned);
             tracing::error!("attempt abandoned; its lease will expire and the reaper retries it");
+            telemetry::record_error(
+                &tracing::Span::current(),
+                "abandoned",
+                "the attempt's messages were never acknowledged; its lease expires and the reaper retries it",
+            );
         }
     }
 }
@@ -625,6 +639,7 @@ impl LeaseTask {
         };
         self.send_last(outbound).await;
         tracing::info!(code = %error.code, retryable = error.retryable, "failure sent");
+        telemetry::record_error(&tracing::Span::current(), &error.code, &error.message);
     }
 
     async fn send_last(&mut self, mut outbound: Outbound) {

@@ -100,7 +100,10 @@ impl Worker {
     /// that fails. Timeouts and unanswered requests are retried with backoff.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
         let worker_id = self.config.worker_id.to_string();
-        let span = tracing::info_span!("worker", worker_id = %worker_id);
+        // Gives every log line the worker id; never exported (a process-lifetime trace would
+        // grow without end): its hellos, acquires and renewals are short traces of their own.
+        let span =
+            tracing::info_span!(target: telemetry::UNTRACED, "worker", worker_id = %worker_id);
         let running = async move {
             // Subscribe before sending anything: ingestion's first acknowledgement must
             // find the subscription in place.

@@ -14,8 +14,8 @@ use reaper::SweepEvent;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tests::init_child_logging();
     let service = std::env::args().nth(1).unwrap_or_default();
+    let _telemetry = tests::init_child_logging(&format!("palisade-{service}"));
     let shutdown = runtime::shutdown_on_signal();
     match service.as_str() {
         "admission" => {

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tests::init_child_logging();
+    let _telemetry = tests::init_child_logging("palisade-worker");
     let settings = reference_worker::Settings::from_env().context("invalid worker settings")?;
     let shutdown = CancellationToken::new();
     reference_worker::cancel_on_signal(shutdown.clone())?;

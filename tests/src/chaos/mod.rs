@@ -11,7 +11,7 @@
 pub mod check;
 mod injector;
 mod ledger;
-mod processes;
+pub mod processes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

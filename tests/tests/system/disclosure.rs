@@ -57,6 +57,7 @@ pub(crate) fn capture_logs(
                 endpoint: Some(format!("http://{addr}")),
             }),
             to_stderr: false,
+            flush_timeout: None,
         },
         move || writer.clone(),
     )

@@ -36,4 +36,5 @@ mod schema;
 mod scripts;
 mod security;
 mod tls;
+mod traces;
 mod tracing;

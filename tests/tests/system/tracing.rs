@@ -24,6 +24,7 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
                 endpoint: Some(format!("http://{collector_addr}")),
             }),
             to_stderr: false,
+            flush_timeout: None,
         },
     )
     .expect("telemetry installs once per test process");
@@ -255,10 +256,16 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
             span.attribute("messaging.operation.type").as_deref(),
             Some(operation)
         );
+        // Named from the subject's template (ids in attributes only).
         let destination = span
             .attribute("messaging.destination.name")
             .expect("destination");
-        assert!(span.span.name.ends_with(&destination), "{}", span.span.name);
+        let template = system.subjects.template_of(&destination);
+        assert_eq!(
+            span.attribute("messaging.destination.template").as_deref(),
+            Some(template.as_str())
+        );
+        assert!(span.span.name.ends_with(&template), "{}", span.span.name);
     }
     assert!(
         in_trace
