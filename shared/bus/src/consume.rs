@@ -504,6 +504,9 @@ async fn decide_and_acknowledge<H: BatchHandler>(
         crate::metrics::observe_handler_seconds(
             &spec.durable_name,
             handle_started.elapsed().as_secs_f64(),
+            batch
+                .first()
+                .and_then(|delivery| crate::trace::trace_id_of(delivery.span())),
         );
         assert_eq!(
             decisions.len(),

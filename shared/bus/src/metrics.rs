@@ -12,9 +12,10 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use messages::ErrorCode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 pub use prometheus_client;
@@ -101,9 +102,19 @@ pub struct LeaseLabels {
     pub lease: &'static str,
 }
 
-fn handler_seconds_histogram() -> Histogram {
+/// An exemplar's labels: the trace of a recent observation (OpenMetrics exemplars), so a
+/// slow bucket leads to a trace that was slow.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceLabels {
+    pub trace_id: String,
+}
+
+/// A latency histogram whose buckets each keep the trace id of their latest observation.
+pub type TracedHistogram = HistogramWithExemplars<TraceLabels>;
+
+fn handler_seconds_histogram() -> TracedHistogram {
     // 1 ms .. ~33 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+    HistogramWithExemplars::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 /// The metric families the message path updates. Cheap to clone (handles share their values).
@@ -111,11 +122,11 @@ fn handler_seconds_histogram() -> Histogram {
 pub struct BusMetrics {
     pub messages: Family<DecisionLabels, Counter>,
     pub redeliveries: Family<ConsumerLabels, Counter>,
-    pub handler_seconds: Family<ConsumerLabels, Histogram, fn() -> Histogram>,
+    pub handler_seconds: Family<ConsumerLabels, TracedHistogram, fn() -> TracedHistogram>,
     pub refusals: Family<RefusalLabels, Counter>,
     pub leader: Family<LeaseLabels, Gauge>,
     pub requests: Family<RequestLabels, Counter>,
-    pub request_seconds: Family<ServerLabels, Histogram, fn() -> Histogram>,
+    pub request_seconds: Family<ServerLabels, TracedHistogram, fn() -> TracedHistogram>,
     pub held: Family<ConsumerLabels, Gauge>,
     pub connection_events: Family<ConnectionEventLabels, Counter>,
     pub stream_bytes: Family<StreamLabels, Gauge>,
@@ -296,7 +307,6 @@ pub fn record_decision(consumer: &str, decision: &'static str, redelivered: bool
     }
 }
 
-/// Records how long one batch took in `consumer`'s handler.
 /// Adds `change` (negative to release) to the messages `consumer` holds undecided.
 pub fn add_held(consumer: &str, change: i64) {
     bus_metrics()
@@ -307,13 +317,19 @@ pub fn add_held(consumer: &str, change: i64) {
         .inc_by(change);
 }
 
-pub fn observe_handler_seconds(consumer: &str, seconds: f64) {
+/// Records how long one batch took in `consumer`'s handler, with the trace of one of its
+/// messages as the exemplar.
+pub fn observe_handler_seconds(consumer: &str, seconds: f64, trace_id: Option<String>) {
     bus_metrics()
         .handler_seconds
         .get_or_create(&ConsumerLabels {
             consumer: consumer.to_owned(),
         })
-        .observe(seconds);
+        .observe(
+            seconds,
+            trace_id.map(|trace_id| TraceLabels { trace_id }),
+            None,
+        );
 }
 
 /// The `code` label for a wire error code: its `ErrorCode` name, or [`CODE_OTHER`].
@@ -346,7 +362,12 @@ pub fn register_server(server: &'static str) {
 }
 
 /// Counts one served request and how long it took.
-pub fn record_request(server: &'static str, outcome: &'static str, seconds: f64) {
+pub fn record_request(
+    server: &'static str,
+    outcome: &'static str,
+    seconds: f64,
+    trace_id: Option<String>,
+) {
     let metrics = bus_metrics();
     metrics
         .requests
@@ -355,7 +376,11 @@ pub fn record_request(server: &'static str, outcome: &'static str, seconds: f64)
     metrics
         .request_seconds
         .get_or_create(&ServerLabels { server })
-        .observe(seconds);
+        .observe(
+            seconds,
+            trace_id.map(|trace_id| TraceLabels { trace_id }),
+            None,
+        );
 }
 
 /// Counts one event of a NATS connection (one of [`connection_events::ALL`]).

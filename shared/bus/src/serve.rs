@@ -94,6 +94,7 @@ where
                 server,
                 request_outcomes::REFUSED_REPLY,
                 received.elapsed().as_secs_f64(),
+                None,
             );
             continue;
         }
@@ -112,6 +113,7 @@ where
             "server",
             message.headers.as_ref(),
         );
+        let trace_id = crate::trace::trace_id_of(&span);
         tokio::spawn(telemetry::cost::inherit(async move {
             let reply_to = message.reply.clone();
             let reply = handler(message).instrument(span).await;
@@ -128,7 +130,12 @@ where
                 }
                 _ => request_outcomes::UNANSWERED,
             };
-            crate::metrics::record_request(server, outcome, received.elapsed().as_secs_f64());
+            crate::metrics::record_request(
+                server,
+                outcome,
+                received.elapsed().as_secs_f64(),
+                trace_id,
+            );
             drop(permit);
         }));
     }

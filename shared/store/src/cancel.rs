@@ -165,7 +165,8 @@ async fn cancel_scan(
             &organization_id,
             EventKind::ScanCancelled,
             event.encode_to_vec(),
-        )],
+        )
+        .in_trace_of(scan_id)],
     )
     .await?;
     Ok(CancelOutcome::Cancelled { scan_id })

@@ -399,11 +399,8 @@ fn leased_events(subjects: &Subjects, granted: &[GrantedLease]) -> Vec<OutboxEve
                 worker_id: lease.worker_id.to_string(),
                 scan_id: lease.scan_id.map(|id| id.to_string()).unwrap_or_default(),
             };
-            let event = OutboxEvent::new(subjects, EventKind::TaskLeased, leased.encode_to_vec());
-            match lease.scan_id {
-                Some(scan_id) => event.in_trace_of(scan_id),
-                None => event,
-            }
+            OutboxEvent::new(subjects, EventKind::TaskLeased, leased.encode_to_vec())
+                .in_trace_of(lease.scan_id)
         })
         .collect()
 }
@@ -714,16 +711,9 @@ pub async fn release(
         plugin: locked.plugin.clone(),
         required_capabilities: vec![locked.plugin.clone()],
     };
-    outbox::stage(
-        &mut tx,
-        staged,
-        vec![OutboxEvent::new(
-            subjects,
-            EventKind::TaskReady,
-            ready.encode_to_vec(),
-        )],
-    )
-    .await?;
+    let event = OutboxEvent::new(subjects, EventKind::TaskReady, ready.encode_to_vec());
+    let event = event.in_trace_of(locked.scan_id);
+    outbox::stage(&mut tx, staged, vec![event]).await?;
     tx.commit().await?;
     Ok(ReleaseOutcome::Released)
 }

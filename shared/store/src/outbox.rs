@@ -65,9 +65,10 @@ impl OutboxEvent {
         }
     }
 
-    /// Publishes this event in scan `scan_id`'s trace (see `trace_scan_id`).
-    pub fn in_trace_of(mut self, scan_id: Uuid) -> Self {
-        self.trace_scan_id = Some(scan_id);
+    /// Publishes this event in scan `scan_id`'s trace (see `trace_scan_id`); an event of no
+    /// scan (`None`: a task without one) keeps the relay's.
+    pub fn in_trace_of(mut self, scan_id: impl Into<Option<Uuid>>) -> Self {
+        self.trace_scan_id = scan_id.into();
         self
     }
 }

@@ -362,10 +362,7 @@ pub async fn fail_tasks(
             .ok()
             .and_then(|index| tasks.get(index))
             .ok_or_else(|| StoreError::Corrupt(format!("failed task ordinal {}", row.ord)))?;
-        let in_trace = |event: OutboxEvent| match task.scan_id {
-            Some(scan_id) => event.in_trace_of(scan_id),
-            None => event,
-        };
+        let in_trace = |event: OutboxEvent| event.in_trace_of(task.scan_id);
         outcome.events.push(in_trace(OutboxEvent::new(
             subjects,
             EventKind::TaskFailed,

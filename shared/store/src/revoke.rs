@@ -123,7 +123,8 @@ async fn void_leases(
                 plugin: plugin.clone(),
                 required_capabilities: vec![plugin.clone()],
             };
-            OutboxEvent::new(subjects, EventKind::TaskReady, ready.encode_to_vec())
+            let event = OutboxEvent::new(subjects, EventKind::TaskReady, ready.encode_to_vec());
+            event.in_trace_of(*scan_id)
         })
         .collect();
     outbox::enqueue(conn, &events).await?;

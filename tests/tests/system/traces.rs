@@ -10,7 +10,8 @@
 //! - while idle, no trace starts but a worker's long-poll for work;
 //! - span names come from a bounded set: no prefix, no id;
 //! - failures are ERROR spans: the failing scans', the forged batch's;
-//! - one `lease` span per attempt, the acknowledgements inside their message's trace.
+//! - one `lease` span per attempt, the acknowledgements inside their message's trace;
+//! - the request latency histogram's exemplars name exported traces.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -104,6 +105,9 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
                 ("DATABASE_URL", system.settings.common.database.url.clone()),
                 ("PALISADE_DB_MAX_CONNECTIONS", "4".to_owned()),
                 ("PALISADE_ACQUIRE_POLL_MS", "200".to_owned()),
+                // A cancelled attempt's worker hears of it at its next renew, within a second.
+                ("PALISADE_LEASE_TTL_MS", "6000".to_owned()),
+                ("PALISADE_RENEW_INTERVAL_MS", "1000".to_owned()),
                 ("PALISADE_DISPATCH_HEARTBEAT_MS", "500".to_owned()),
                 ("PALISADE_REAPER_INTERVAL_MS", "200".to_owned()),
                 ("PALISADE_ENRICHMENT_POLL_MS", "200".to_owned()),
@@ -214,6 +218,12 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
             vec!["synthetic"],
             "failed",
         ),
+        (
+            "cancelled",
+            "synthetic://cancelled?duration_ms=20000".to_owned(),
+            vec!["synthetic"],
+            "cancelled",
+        ),
     ];
     let mut scan_ids = vec![("by hand", by_hand.scan_id.clone(), "completed")];
     for (what, target, plugins, _) in &scans {
@@ -223,6 +233,14 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         assert!(reply.error.is_none(), "{what}: {reply:?}");
         scan_ids.push((what, reply.scan_id, ""));
     }
+    let cancelled = scan_ids.last().expect("the cancelled scan").1.clone();
+    system.wait_scan_state(&cancelled, "running").await;
+    let reply = system
+        .client()
+        .cancel_scan(&organization_id, &cancelled, "not needed after all")
+        .await
+        .expect("dispatch answers");
+    assert_eq!(reply.outcome, "cancelled", "{reply:?}");
     for ((_, scan_id, _), (_, _, _, state)) in scan_ids.iter().skip(1).zip(&scans) {
         system.wait_scan_state(scan_id, state).await;
     }
@@ -242,15 +260,39 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         "spans exported while their parent never was (a span as long as the process?): {waiting:?}"
     );
 
+    // Exemplars: dispatch's request latencies name traces the collector has.
+    let dispatch = messages::Service::ALL
+        .iter()
+        .position(|service| *service == messages::Service::Dispatch)
+        .expect("dispatch");
+    let metrics = palisade::probe::probe(&format!(
+        "http://127.0.0.1:{}/metrics",
+        services[dispatch].http_port.expect("a port")
+    ))
+    .await
+    .expect("dispatch serves /metrics")
+    .body;
+    let exemplars: Vec<String> = metrics
+        .lines()
+        .filter(|line| line.starts_with("palisade_request_seconds_bucket"))
+        .filter_map(|line| line.split("# {trace_id=\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect();
+    let traced: BTreeSet<String> = running
+        .iter()
+        .map(|span| hex(&span.span.trace_id))
+        .collect();
+    assert!(
+        exemplars.iter().any(|trace_id| traced.contains(trace_id)),
+        "request latency exemplars {exemplars:?} name no exported trace"
+    );
+
     // Stopped as an orchestrator stops them: a worker asked to stop waits for the answer to
     // its long-poll (it may carry leases), which dispatch gives as it stops.
     for worker in &workers {
         worker.signal("TERM");
     }
-    let dispatch = messages::Service::ALL
-        .iter()
-        .position(|service| *service == messages::Service::Dispatch)
-        .expect("dispatch");
     services[dispatch].stop(Duration::from_secs(20)).await;
     for worker in workers {
         worker.terminate(Duration::from_secs(20)).await;
@@ -359,11 +401,17 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
             "palisade-test-client",
             "palisade-admission",
             "palisade-dispatch",
-            "palisade-ingestion",
         ] {
             assert!(
                 services.contains(service),
                 "{what}: no {service} in {services:?}"
+            );
+        }
+        // A cancelled scan's worker sends nothing more to ingestion.
+        if *what != "cancelled" {
+            assert!(
+                services.contains("palisade-ingestion"),
+                "{what}: {services:?}"
             );
         }
         if *what != "by hand" {
@@ -388,6 +436,12 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
             "failing at once" | "failing after its attempts" => {
                 assert!(!errors.is_empty(), "{what}: no ERROR span")
             }
+            "cancelled" => assert!(
+                trace
+                    .iter()
+                    .any(|span| span.span.name.ends_with(".event.scan.cancelled")),
+                "{what}: its scan.cancelled event is in its trace"
+            ),
             "by hand" => assert!(
                 trace.iter().any(|span| is_error(span)
                     && span.service_name == "palisade-ingestion"
