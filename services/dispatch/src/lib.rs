@@ -390,6 +390,13 @@ impl Dispatch {
                 _ => break,
             }
         }
+        if let Ok(
+            CancelOutcome::Cancelled { scan_id } | CancelOutcome::AlreadyTerminal { scan_id, .. },
+        ) = &outcome
+        {
+            // The request's span names the scan it acted on.
+            tracing::Span::current().record("palisade.scan_id", tracing::field::display(scan_id));
+        }
         match outcome {
             Ok(CancelOutcome::Cancelled { scan_id }) => {
                 self.relay.notify();
