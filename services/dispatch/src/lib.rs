@@ -524,7 +524,11 @@ impl Dispatch {
             tokio::time::Instant::now() + Duration::from_millis(u64::from(request.wait_ms));
         let mut waiter: Option<crate::waiters::Waiter<'_>> = None;
         loop {
-            let eligibility = match self.decide_acquire(params.clone()).await? {
+            // A dispatch that stops answers with no lease: the worker asks again, elsewhere.
+            let Some(decided) = self.decide_acquire(params.clone()).await else {
+                return Ok(Vec::new());
+            };
+            let eligibility = match decided? {
                 (AcquireOutcome::Leases(leases), _) if !leases.is_empty() => {
                     return Ok(leases
                         .iter()
@@ -550,15 +554,14 @@ impl Dispatch {
         }
     }
 
-    /// Decides one look of an acquire together with whatever other acquires queued with it.
-    async fn decide_acquire(&self, params: AcquireParams) -> Result<Acquired, v1::Error> {
+    /// Decides one look of an acquire together with whatever other acquires queued with it;
+    /// `None` when dispatch is stopping (its deciders are gone).
+    async fn decide_acquire(&self, params: AcquireParams) -> Option<Result<Acquired, v1::Error>> {
         let (answer, answered) = oneshot::channel();
-        let stopping =
-            || runtime::internal_error("dispatch's decision", &"dispatch is stopping", "retry");
         self.queue_acquire
             .send(QueuedAcquire { params, answer })
-            .map_err(|_| stopping())?;
-        answered.await.map_err(|_| stopping())?
+            .ok()?;
+        answered.await.ok()
     }
 
     /// Decides acquires that queued together: those of distinct workers in one transaction
