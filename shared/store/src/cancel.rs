@@ -26,7 +26,8 @@ const CANCELLED: &str = "cancelled";
 pub enum CancelTarget {
     /// The scan and every unfinished task of it.
     Scan(Uuid),
-    /// One task; a scan cannot finish without it, so its scan is cancelled too.
+    /// One task's scan, whatever the state of that task (a scan cannot finish without its
+    /// tasks).
     Task(Uuid),
 }
 
@@ -58,22 +59,15 @@ pub async fn cancel(
     let scan_id = match target {
         CancelTarget::Scan(scan_id) => Some(scan_id),
         CancelTarget::Task(task_id) => {
-            let task: Option<(Option<Uuid>, String, Uuid)> =
-                sql::query_as(sql::worker_tasks::SCAN_OF_TASK)
-                    .bind(task_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let task = task.filter(|(_, _, owner)| organization_id.is_none_or(|id| id == *owner));
-            match task.map(|(scan_id, state, _)| (scan_id, state)) {
-                // A task that ended stays ended (terminal is terminal); its scan goes on.
-                Some((Some(scan_id), state))
-                    if TaskState::parse(&state).is_some_and(TaskState::is_terminal) =>
-                {
-                    return Ok(CancelOutcome::AlreadyTerminal { scan_id, state });
-                }
-                Some((scan_id, _)) => scan_id,
-                None => None,
-            }
+            let task: Option<(Option<Uuid>, Uuid)> = sql::query_as(sql::worker_tasks::SCAN_OF_TASK)
+                .bind(task_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            // Any task of a scan names the scan, whatever the task's own state: cancelling the
+            // first plugin's task after it completed cancels the scan while a later plugin
+            // runs. The answer is the scan's (`AlreadyTerminal` only once the scan ended).
+            task.filter(|(_, owner)| organization_id.is_none_or(|id| id == *owner))
+                .and_then(|(scan_id, _)| scan_id)
         }
     };
     let Some(scan_id) = scan_id else {

@@ -292,6 +292,7 @@ pub async fn acquire_many(
                 .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
                 .bind(TaskState::Leased.as_str())
                 .bind(AttemptStatus::Leased.as_str())
+                .bind(LIVE_ATTEMPT_STATUSES)
                 .fetch_all(&mut *tx)
                 .await?,
         );

@@ -79,6 +79,48 @@ async fn a_cancelled_scan_stops_its_worker_at_the_next_renew() {
     system.finish().await;
 }
 
+/// Issue 26: the id of any task of a running scan cancels the scan, even the first plugin's
+/// task that already completed while the second runs (it answered `already_terminal` /
+/// `completed` and the scan ran on).
+#[tokio::test]
+async fn cancelling_by_a_completed_tasks_id_cancels_its_running_scan() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha", "beta"]).await;
+    assert!(scan.worker.complete(&scan.lease, 0).await.error.is_none());
+    let second = scan.worker.acquire_one().await;
+    assert_eq!(second.plugin, "beta");
+    let reply = system
+        .client()
+        .cancel_task(
+            &scan.organization_id,
+            &task_id(&scan.lease).to_string(),
+            "the first plugin's task names the scan",
+        )
+        .await
+        .unwrap();
+    assert!(reply.error.is_none(), "{reply:?}");
+    assert_eq!(
+        (
+            reply.outcome.as_str(),
+            reply.state.as_str(),
+            reply.scan_id.as_str()
+        ),
+        ("cancelled", "cancelled", scan.scan_id.as_str()),
+        "the reply's state is the scan's"
+    );
+    assert_eq!(system.scan_state(&scan.scan_id).await, "cancelled");
+    assert_eq!(
+        scan.worker
+            .renew(&second)
+            .await
+            .error
+            .map(|error| error.code),
+        Some("cancel_requested".to_owned()),
+        "the second plugin's worker hears of it at its next renew"
+    );
+    system.finish().await;
+}
+
 #[tokio::test]
 async fn cancelling_a_completed_scan_is_refused_cleanly() {
     let system = TestSystem::spawn().await;

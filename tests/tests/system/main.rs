@@ -11,6 +11,7 @@ mod cost;
 mod cve;
 mod decide;
 mod disclosure;
+mod eligibility;
 mod end_to_end;
 mod enrichment;
 mod events;

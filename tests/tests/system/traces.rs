@@ -375,9 +375,22 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
     }
     let mut sizes = BTreeMap::new();
     for (what, scan_id, _) in &scan_ids {
-        let traces: BTreeSet<Vec<u8>> = spans
+        let naming: Vec<&Exported> = spans
             .iter()
             .filter(|span| span.attribute("palisade.scan_id").as_deref() == Some(scan_id.as_str()))
+            .collect();
+        // A cancel is a request of its own (the canceller's trace) that names the scan it
+        // acted on; everything else naming the scan is in the scan's trace.
+        let (cancels, of_the_scan): (Vec<&Exported>, Vec<&Exported>) = naming
+            .into_iter()
+            .partition(|span| span.span.name.ends_with(".cancel"));
+        assert_eq!(
+            cancels.len(),
+            usize::from(*what == "cancelled"),
+            "{what}: the cancel request names its scan"
+        );
+        let traces: BTreeSet<Vec<u8>> = of_the_scan
+            .iter()
             .map(|span| span.span.trace_id.clone())
             .collect();
         assert_eq!(traces.len(), 1, "{what}: one trace, not {}", traces.len());

@@ -5,6 +5,10 @@
 -- worker that asked again with the same request id while its first ask was being granted waited
 -- for that grant's commit on the worker row, read before the wait that nothing was granted, and
 -- sees the grant only here (the replay answers it on its next look).
+-- It grants at most the worker's free slots counted here, not the count `workers/for_acquire.sql`
+-- read: that statement's snapshot predates its wait for the worker row, so an acquire that waited
+-- for another acquire of the same worker would count without the leases that one granted. This
+-- statement starts with the worker row locked, so it sees every committed lease.
 -- Its columns are `lease::GrantedLease`'s, the same as
 -- `worker_task_attempts/replayed_leases.sql`'s and `grant_next.sql`'s.
 -- $1: params.worker_id
@@ -15,7 +19,14 @@
 -- $6: [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()]
 -- $7: TaskState::Leased.as_str()
 -- $8: AttemptStatus::Leased.as_str()
-WITH assigned AS (
+-- $9: LIVE_ATTEMPT_STATUSES
+WITH room AS (
+    SELECT least($3::bigint, greatest(0, w.max_concurrent_tasks - (
+               SELECT count(*) FROM worker_task_attempts a
+               WHERE a.worker_id = w.id AND a.status = ANY($9) AND a.lease_expires_at > now()))) AS free
+    FROM workers w WHERE w.id = $1
+),
+assigned AS (
     SELECT organization_id FROM organization_workers
     WHERE worker_id = $1 AND enabled AND revoked_at IS NULL
       AND NOT EXISTS (SELECT 1 FROM worker_task_attempts a
@@ -38,11 +49,11 @@ picked AS (
           AND t.cancel_requested_at IS NULL
           AND t.required_capabilities <@ $2
         ORDER BY t.priority DESC, t.available_at, t.created_at
-        LIMIT $3
+        LIMIT coalesce((SELECT free FROM room), 0)
         FOR UPDATE SKIP LOCKED
     ) due
     ORDER BY due.priority DESC, due.available_at, due.created_at
-    LIMIT $3
+    LIMIT coalesce((SELECT free FROM room), 0)
 ),
 leased AS (
     UPDATE worker_tasks t

@@ -1,3 +1,3 @@
--- The scan a task belongs to, the task's state and its organization.
+-- The scan a task belongs to and its organization (a cancel by task id cancels that scan).
 -- $1: task_id
-SELECT scan_id, state, organization_id FROM worker_tasks WHERE id = $1
+SELECT scan_id, organization_id FROM worker_tasks WHERE id = $1

@@ -1,0 +1,207 @@
+//! Who may be granted what (issue 26, "keys and grants"): an acquire grants only tasks of a
+//! plugin the worker offers, of an organization it serves, at most as many as it has free
+//! slots, highest priority first.
+
+use tests::TestSystem;
+use uuid::Uuid;
+
+/// Submits a scan of `plugins` for `organization_id` with `priority`; its scan id.
+async fn submit(
+    system: &TestSystem,
+    organization_id: Uuid,
+    target: &str,
+    plugins: &[&str],
+    priority: i32,
+) -> String {
+    let mut request = system.request(organization_id, target, plugins);
+    request.priority = priority;
+    let reply = system.submit(&request).await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    reply.scan_id
+}
+
+#[tokio::test]
+async fn a_worker_is_granted_only_plugins_it_offers() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let worker = system.manual_worker(organization_id, 4).await;
+    assert!(worker.hello(&["alpha"]).await.error.is_none());
+    submit(&system, organization_id, "http://beta.test", &["beta"], 0).await;
+    let nothing = worker.acquire(Uuid::new_v4(), 4, 0).await;
+    assert!(
+        nothing.error.is_none() && nothing.leases.is_empty(),
+        "a plugin the worker does not offer: {nothing:?}"
+    );
+    let alpha = submit(&system, organization_id, "http://alpha.test", &["alpha"], 0).await;
+    let granted = worker.acquire(Uuid::new_v4(), 4, 0).await;
+    let scans: Vec<&str> = granted
+        .leases
+        .iter()
+        .map(|lease| lease.scan_id.as_str())
+        .collect();
+    assert_eq!(scans, [alpha.as_str()], "only the plugin it offers");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn a_worker_is_never_granted_another_organizations_task() {
+    let system = TestSystem::spawn().await;
+    let served = system.organization().await;
+    let other = system.organization().await;
+    let worker = system.manual_worker(served, 4).await;
+    assert!(worker.hello(&["alpha"]).await.error.is_none());
+    submit(&system, other, "http://other.test", &["alpha"], 10).await;
+    let nothing = worker.acquire(Uuid::new_v4(), 4, 0).await;
+    assert!(
+        nothing.error.is_none() && nothing.leases.is_empty(),
+        "a task of an organization the worker does not serve: {nothing:?}"
+    );
+    let own = submit(&system, served, "http://own.test", &["alpha"], 0).await;
+    let granted = worker.acquire(Uuid::new_v4(), 4, 0).await;
+    assert_eq!(granted.leases.len(), 1, "{granted:?}");
+    assert_eq!(
+        (
+            granted.leases[0].scan_id.as_str(),
+            granted.leases[0].organization_id.as_str()
+        ),
+        (own.as_str(), served.to_string().as_str())
+    );
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn an_acquire_is_granted_at_most_the_workers_free_slots() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let worker = system.manual_worker(organization_id, 2).await;
+    assert!(
+        worker
+            .hello_with_capacity(&["alpha"], 2)
+            .await
+            .error
+            .is_none()
+    );
+    for index in 0..5 {
+        submit(
+            &system,
+            organization_id,
+            &format!("http://slots-{index}.test"),
+            &["alpha"],
+            0,
+        )
+        .await;
+    }
+    let first = worker.acquire(Uuid::new_v4(), 10, 0).await;
+    assert_eq!(first.leases.len(), 2, "capacity 2, asked for 10: {first:?}");
+    let full = worker.acquire(Uuid::new_v4(), 10, 0).await;
+    assert!(
+        full.error.is_none() && full.leases.is_empty(),
+        "no free slot while both leases live: {full:?}"
+    );
+    assert!(worker.complete(&first.leases[0], 0).await.error.is_none());
+    let freed = worker.acquire(Uuid::new_v4(), 10, 0).await;
+    assert_eq!(freed.leases.len(), 1, "one slot freed: {freed:?}");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn the_highest_priority_due_task_is_granted_first() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let worker = system.manual_worker(organization_id, 1).await;
+    assert!(
+        worker
+            .hello_with_capacity(&["alpha"], 1)
+            .await
+            .error
+            .is_none()
+    );
+    let low = submit(&system, organization_id, "http://low.test", &["alpha"], 0).await;
+    let high = submit(&system, organization_id, "http://high.test", &["alpha"], 10).await;
+    let middle = submit(
+        &system,
+        organization_id,
+        "http://middle.test",
+        &["alpha"],
+        5,
+    )
+    .await;
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let lease = worker.acquire_one().await;
+        order.push(lease.scan_id.clone());
+        assert!(worker.complete(&lease, 0).await.error.is_none());
+    }
+    assert_eq!(order, [high, middle, low], "by priority, not by age");
+    system.finish().await;
+}
+
+/// Two acquires of one worker with different request ids, both waiting for its row: the
+/// second to get it must count the leases the first granted. (It counted with the snapshot it
+/// took before waiting, and a one-slot worker held two leases.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_of_one_worker_never_exceed_its_capacity() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let worker = system.manual_worker(organization_id, 1).await;
+    assert!(
+        worker
+            .hello_with_capacity(&["alpha"], 1)
+            .await
+            .error
+            .is_none()
+    );
+    for index in 0..3 {
+        submit(
+            &system,
+            organization_id,
+            &format!("http://race-{index}.test"),
+            &["alpha"],
+            0,
+        )
+        .await;
+    }
+    // Hold the worker row so both acquires read their snapshot, then wait for it.
+    let mut blocker = system.pool.begin().await.expect("a transaction");
+    sqlx::query("SELECT 1 FROM workers WHERE id = $1 FOR UPDATE")
+        .bind(worker.id)
+        .execute(&mut *blocker)
+        .await
+        .expect("worker row locked");
+    let acquire = || {
+        let (pool, subjects, worker_id) = (system.pool.clone(), system.subjects.clone(), worker.id);
+        tokio::spawn(async move {
+            let params = store::lease::AcquireParams {
+                worker_id,
+                request_id: Uuid::new_v4(),
+                max_tasks: 1,
+                lease_ttl: std::time::Duration::from_secs(30),
+            };
+            match store::lease::acquire(&pool, &mut store::Staged::default(), &subjects, &params)
+                .await
+                .expect("acquire decided")
+                .0
+            {
+                store::lease::AcquireOutcome::Leases(leases) => leases.len(),
+                store::lease::AcquireOutcome::Refused(error) => panic!("{error:?}"),
+            }
+        })
+    };
+    let (first, second) = (acquire(), acquire());
+    system
+        .wait_for("both acquires waiting for the worker row", || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&system.pool)
+            .await
+            .expect("pg_stat_activity");
+            (waiting >= 2).then_some(())
+        })
+        .await;
+    blocker.commit().await.expect("released");
+    let granted = first.await.unwrap() + second.await.unwrap();
+    assert_eq!(granted, 1, "a one-slot worker holds one lease");
+    system.finish().await;
+}
