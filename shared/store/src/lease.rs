@@ -476,6 +476,7 @@ pub async fn lease_next(
             .bind(TaskState::Pending.as_str())
             .bind(TaskState::Leased.as_str())
             .bind(AttemptStatus::Leased.as_str())
+            .bind(LIVE_ATTEMPT_STATUSES)
             .fetch_all(&mut *tx)
             .await?
     };

@@ -136,60 +136,10 @@ async fn the_highest_priority_due_task_is_granted_first() {
     system.finish().await;
 }
 
-/// Two acquires of one worker with different request ids, both waiting for its row: the
-/// second to get it must count the leases the first granted. (It counted with the snapshot it
-/// took before waiting, and a one-slot worker held two leases.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_acquires_of_one_worker_never_exceed_its_capacity() {
-    let system = TestSystem::spawn().await;
-    let organization_id = system.organization().await;
-    let worker = system.manual_worker(organization_id, 1).await;
-    assert!(
-        worker
-            .hello_with_capacity(&["alpha"], 1)
-            .await
-            .error
-            .is_none()
-    );
-    for index in 0..3 {
-        submit(
-            &system,
-            organization_id,
-            &format!("http://race-{index}.test"),
-            &["alpha"],
-            0,
-        )
-        .await;
-    }
-    // Hold the worker row so both acquires read their snapshot, then wait for it.
-    let mut blocker = system.pool.begin().await.expect("a transaction");
-    sqlx::query("SELECT 1 FROM workers WHERE id = $1 FOR UPDATE")
-        .bind(worker.id)
-        .execute(&mut *blocker)
-        .await
-        .expect("worker row locked");
-    let acquire = || {
-        let (pool, subjects, worker_id) = (system.pool.clone(), system.subjects.clone(), worker.id);
-        tokio::spawn(async move {
-            let params = store::lease::AcquireParams {
-                worker_id,
-                request_id: Uuid::new_v4(),
-                max_tasks: 1,
-                lease_ttl: std::time::Duration::from_secs(30),
-            };
-            match store::lease::acquire(&pool, &mut store::Staged::default(), &subjects, &params)
-                .await
-                .expect("acquire decided")
-                .0
-            {
-                store::lease::AcquireOutcome::Leases(leases) => leases.len(),
-                store::lease::AcquireOutcome::Refused(error) => panic!("{error:?}"),
-            }
-        })
-    };
-    let (first, second) = (acquire(), acquire());
+/// Waits until `count` backends of the test's database wait for a lock.
+async fn wait_for_lock_waiters(system: &TestSystem, count: i64) {
     system
-        .wait_for("both acquires waiting for the worker row", || async {
+        .wait_for("backends waiting for the worker row", || async {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
@@ -197,11 +147,154 @@ async fn concurrent_acquires_of_one_worker_never_exceed_its_capacity() {
             .fetch_one(&system.pool)
             .await
             .expect("pg_stat_activity");
-            (waiting >= 2).then_some(())
+            (waiting >= count).then_some(())
         })
         .await;
+}
+
+/// Holds `worker_id`'s row in a transaction of its own until it is committed.
+async fn hold_worker_row(
+    system: &TestSystem,
+    worker_id: Uuid,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut blocker = system.pool.begin().await.expect("a transaction");
+    sqlx::query("SELECT 1 FROM workers WHERE id = $1 FOR UPDATE")
+        .bind(worker_id)
+        .execute(&mut *blocker)
+        .await
+        .expect("worker row locked");
+    blocker
+}
+
+/// An acquire of one lease as dispatch decides it, in a task of its own; the leases granted.
+fn spawn_acquire(system: &TestSystem, worker_id: Uuid) -> tokio::task::JoinHandle<usize> {
+    let (pool, subjects) = (system.pool.clone(), system.subjects.clone());
+    tokio::spawn(async move {
+        let params = store::lease::AcquireParams {
+            worker_id,
+            request_id: Uuid::new_v4(),
+            max_tasks: 1,
+            lease_ttl: std::time::Duration::from_secs(30),
+        };
+        match store::lease::acquire(&pool, &mut store::Staged::default(), &subjects, &params)
+            .await
+            .expect("acquire decided")
+            .0
+        {
+            store::lease::AcquireOutcome::Leases(leases) => leases.len(),
+            store::lease::AcquireOutcome::Refused(error) => panic!("{error:?}"),
+        }
+    })
+}
+
+/// A one-slot worker ready to acquire `alpha` and `beta`, with three due scans of `alpha`; its
+/// organization.
+async fn one_slot_worker_and_three_scans(system: &TestSystem) -> (tests::ManualWorker, Uuid) {
+    let organization_id = system.organization().await;
+    let worker = system.manual_worker(organization_id, 1).await;
+    assert!(
+        worker
+            .hello_with_capacity(&["alpha", "beta"], 1)
+            .await
+            .error
+            .is_none()
+    );
+    for index in 0..3 {
+        submit(
+            system,
+            organization_id,
+            &format!("http://race-{index}.test"),
+            &["alpha"],
+            0,
+        )
+        .await;
+    }
+    (worker, organization_id)
+}
+
+/// Two acquires of one worker with different request ids, both waiting for its row: the
+/// second to get it must count the leases the first granted. (It counted with the snapshot it
+/// took before waiting, and a one-slot worker held two leases.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_of_one_worker_never_exceed_its_capacity() {
+    let system = TestSystem::spawn().await;
+    let (worker, _) = one_slot_worker_and_three_scans(&system).await;
+    let blocker = hold_worker_row(&system, worker.id).await;
+    let first = spawn_acquire(&system, worker.id);
+    wait_for_lock_waiters(&system, 1).await;
+    let second = spawn_acquire(&system, worker.id);
+    wait_for_lock_waiters(&system, 2).await;
     blocker.commit().await.expect("released");
     let granted = first.await.unwrap() + second.await.unwrap();
+    assert_eq!(granted, 1, "a one-slot worker holds one lease");
+    system.finish().await;
+}
+
+/// The same race between an acquire and a lease handed with a completion (`lease_next`):
+/// the hand-off, waiting behind the acquire for the worker's row, must count its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_handed_on_counts_an_acquire_that_committed_meanwhile() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let worker = system.manual_worker(organization_id, 1).await;
+    assert!(
+        worker
+            .hello_with_capacity(&["alpha", "beta"], 1)
+            .await
+            .error
+            .is_none()
+    );
+    // A two-plugin scan: its first task completed frees the slot, and its second is what the
+    // completion asks for.
+    submit(
+        &system,
+        organization_id,
+        "http://handed.test",
+        &["alpha", "beta"],
+        0,
+    )
+    .await;
+    let first = worker.acquire_one().await;
+    assert!(worker.complete(&first, 0).await.error.is_none());
+    let completed_attempt =
+        Uuid::parse_str(&first.lease.as_ref().expect("a lease reference").attempt_id)
+            .expect("an attempt id");
+    // Scans ahead of the second plugin in the queue, for the racing acquire.
+    for index in 0..2 {
+        submit(
+            &system,
+            organization_id,
+            &format!("http://ahead-{index}.test"),
+            &["alpha"],
+            10,
+        )
+        .await;
+    }
+
+    let blocker = hold_worker_row(&system, worker.id).await;
+    let acquired = spawn_acquire(&system, worker.id);
+    wait_for_lock_waiters(&system, 1).await;
+    let (pool, subjects, worker_id) = (system.pool.clone(), system.subjects.clone(), worker.id);
+    let handed = tokio::spawn(async move {
+        store::lease::lease_next(
+            &pool,
+            &mut store::Staged::default(),
+            &subjects,
+            &[store::lease::NextAsk {
+                worker_id,
+                attempt_id: completed_attempt,
+            }],
+            std::time::Duration::from_secs(30),
+        )
+        .await
+        .expect("hand-off decided")
+        .values()
+        .map(Vec::len)
+        .sum::<usize>()
+    });
+    wait_for_lock_waiters(&system, 2).await;
+    blocker.commit().await.expect("released");
+    let granted = acquired.await.unwrap() + handed.await.unwrap();
     assert_eq!(granted, 1, "a one-slot worker holds one lease");
     system.finish().await;
 }

@@ -9,6 +9,7 @@
 -- $4: TaskState::Pending.as_str()
 -- $5: TaskState::Leased.as_str()
 -- $6: AttemptStatus::Leased.as_str()
+-- $7: LIVE_ATTEMPT_STATUSES
 WITH asks AS (
     SELECT u.worker_id, u.request_id, done.scan_id
     FROM UNNEST($1::uuid[], $2::uuid[]) AS u(worker_id, request_id)
@@ -35,13 +36,30 @@ picked AS (
                     AND assigned.organization_id = t.organization_id)
     FOR UPDATE OF t SKIP LOCKED
 ),
+-- Each worker's free slots counted again here, with its row held: `workers/lock_for_next.sql`
+-- counted with a snapshot taken before it waited for the row, so an acquire of the same worker
+-- that committed meanwhile was not counted (as in `grant.sql`).
+room AS (
+    SELECT w.id AS worker_id,
+           w.max_concurrent_tasks - (SELECT count(*) FROM worker_task_attempts a
+                                     WHERE a.worker_id = w.id AND a.status = ANY($7)
+                                       AND a.lease_expires_at > now()) AS free
+    FROM workers w WHERE w.id = ANY($1)
+),
+fitting AS (
+    SELECT ranked.id, ranked.worker_id, ranked.request_id
+    FROM (SELECT picked.*, row_number() OVER (PARTITION BY picked.worker_id ORDER BY picked.id) AS n
+          FROM picked) ranked
+    JOIN room ON room.worker_id = ranked.worker_id
+    WHERE ranked.n <= room.free
+),
 leased AS (
     UPDATE worker_tasks t
     SET state = $5, attempt_count = t.attempt_count + 1,
         last_attempt_number = t.last_attempt_number + 1,
         current_attempt_id = gen_random_uuid(), updated_at = now()
-    FROM picked WHERE t.id = picked.id
-    RETURNING t.*, picked.worker_id AS granted_to, picked.request_id AS granted_for
+    FROM fitting WHERE t.id = fitting.id
+    RETURNING t.*, fitting.worker_id AS granted_to, fitting.request_id AS granted_for
 ),
 a AS (
     INSERT INTO worker_task_attempts
