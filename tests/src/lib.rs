@@ -1319,6 +1319,7 @@ pub async fn complete_attempt(
     });
     store::ingest::decide(tx, &mut store::Staged::default(), subjects, &[completion])
         .await?
+        .outcomes
         .pop()
         .expect("one message, one outcome")
 }

@@ -130,7 +130,7 @@ impl crate::Script for Ingest<'_, '_> {
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide_recording_scans(tx, staged, self.subjects, self.messages)
+        decide(tx, staged, self.subjects, self.messages)
     }
 
     fn one_by_one(
@@ -138,24 +138,12 @@ impl crate::Script for Ingest<'_, '_> {
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide_each_recording_scans(tx, staged, self.subjects, self.messages)
+        decide_each(tx, staged, self.subjects, self.messages)
     }
 }
 
 /// Decides `messages` inside `tx`, wave by wave.
 pub async fn decide(
-    tx: &mut Transaction<'_, Postgres>,
-    staged: &mut Staged,
-    subjects: &Subjects,
-    messages: &[Message<'_>],
-) -> Result<Outcomes, StoreError> {
-    Ok(decide_recording_scans(tx, staged, subjects, messages)
-        .await?
-        .outcomes)
-}
-
-/// [`decide`], with the scans of the tasks it locked.
-async fn decide_recording_scans(
     tx: &mut Transaction<'_, Postgres>,
     staged: &mut Staged,
     subjects: &Subjects,
@@ -181,18 +169,6 @@ async fn decide_recording_scans(
 /// fallback when a statement failed for a reason retrying cannot fix, so that the message at
 /// fault is found and fails alone (its error is its own outcome).
 pub async fn decide_each(
-    tx: &mut Transaction<'_, Postgres>,
-    staged: &mut Staged,
-    subjects: &Subjects,
-    messages: &[Message<'_>],
-) -> Result<Outcomes, StoreError> {
-    Ok(decide_each_recording_scans(tx, staged, subjects, messages)
-        .await?
-        .outcomes)
-}
-
-/// [`decide_each`], with the scans of the tasks it locked.
-async fn decide_each_recording_scans(
     tx: &mut Transaction<'_, Postgres>,
     staged: &mut Staged,
     subjects: &Subjects,

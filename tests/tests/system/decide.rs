@@ -115,7 +115,8 @@ async fn decide(
             messages,
         )
         .await
-        .expect("the batch is decided");
+        .expect("the batch is decided")
+        .outcomes;
         tx.commit().await.expect("commit");
         outcomes
     })
@@ -137,7 +138,8 @@ async fn decide_each(
         messages,
     )
     .await
-    .expect("decided one by one");
+    .expect("decided one by one")
+    .outcomes;
     tx.commit().await.expect("commit");
     outcomes
 }

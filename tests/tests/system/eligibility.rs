@@ -2,7 +2,7 @@
 //! plugin the worker offers, of an organization it serves, at most as many as it has free
 //! slots, highest priority first.
 
-use tests::TestSystem;
+use tests::{ManualWorker, TestSystem};
 use uuid::Uuid;
 
 /// Submits a scan of `plugins` for `organization_id` with `priority`; its scan id.
@@ -20,12 +20,25 @@ async fn submit(
     reply.scan_id
 }
 
+/// A registered worker of `organization_id` with `capacity` slots that said hello offering
+/// `plugins`.
+async fn ready_worker(
+    system: &TestSystem,
+    organization_id: Uuid,
+    capacity: u32,
+    plugins: &[&str],
+) -> ManualWorker {
+    let worker = system.manual_worker(organization_id, capacity).await;
+    let hello = worker.hello_with_capacity(plugins, capacity).await;
+    assert!(hello.error.is_none(), "{hello:?}");
+    worker
+}
+
 #[tokio::test]
 async fn a_worker_is_granted_only_plugins_it_offers() {
     let system = TestSystem::spawn().await;
     let organization_id = system.organization().await;
-    let worker = system.manual_worker(organization_id, 4).await;
-    assert!(worker.hello(&["alpha"]).await.error.is_none());
+    let worker = ready_worker(&system, organization_id, 4, &["alpha"]).await;
     submit(&system, organization_id, "http://beta.test", &["beta"], 0).await;
     let nothing = worker.acquire(Uuid::new_v4(), 4, 0).await;
     assert!(
@@ -48,8 +61,7 @@ async fn a_worker_is_never_granted_another_organizations_task() {
     let system = TestSystem::spawn().await;
     let served = system.organization().await;
     let other = system.organization().await;
-    let worker = system.manual_worker(served, 4).await;
-    assert!(worker.hello(&["alpha"]).await.error.is_none());
+    let worker = ready_worker(&system, served, 4, &["alpha"]).await;
     submit(&system, other, "http://other.test", &["alpha"], 10).await;
     let nothing = worker.acquire(Uuid::new_v4(), 4, 0).await;
     assert!(
@@ -73,14 +85,7 @@ async fn a_worker_is_never_granted_another_organizations_task() {
 async fn an_acquire_is_granted_at_most_the_workers_free_slots() {
     let system = TestSystem::spawn().await;
     let organization_id = system.organization().await;
-    let worker = system.manual_worker(organization_id, 2).await;
-    assert!(
-        worker
-            .hello_with_capacity(&["alpha"], 2)
-            .await
-            .error
-            .is_none()
-    );
+    let worker = ready_worker(&system, organization_id, 2, &["alpha"]).await;
     for index in 0..5 {
         submit(
             &system,
@@ -108,14 +113,7 @@ async fn an_acquire_is_granted_at_most_the_workers_free_slots() {
 async fn the_highest_priority_due_task_is_granted_first() {
     let system = TestSystem::spawn().await;
     let organization_id = system.organization().await;
-    let worker = system.manual_worker(organization_id, 1).await;
-    assert!(
-        worker
-            .hello_with_capacity(&["alpha"], 1)
-            .await
-            .error
-            .is_none()
-    );
+    let worker = ready_worker(&system, organization_id, 1, &["alpha"]).await;
     let low = submit(&system, organization_id, "http://low.test", &["alpha"], 0).await;
     let high = submit(&system, organization_id, "http://high.test", &["alpha"], 10).await;
     let middle = submit(
@@ -189,16 +187,9 @@ fn spawn_acquire(system: &TestSystem, worker_id: Uuid) -> tokio::task::JoinHandl
 
 /// A one-slot worker ready to acquire `alpha` and `beta`, with three due scans of `alpha`; its
 /// organization.
-async fn one_slot_worker_and_three_scans(system: &TestSystem) -> (tests::ManualWorker, Uuid) {
+async fn one_slot_worker_and_three_scans(system: &TestSystem) -> (ManualWorker, Uuid) {
     let organization_id = system.organization().await;
-    let worker = system.manual_worker(organization_id, 1).await;
-    assert!(
-        worker
-            .hello_with_capacity(&["alpha", "beta"], 1)
-            .await
-            .error
-            .is_none()
-    );
+    let worker = ready_worker(system, organization_id, 1, &["alpha", "beta"]).await;
     for index in 0..3 {
         submit(
             system,
@@ -236,14 +227,7 @@ async fn concurrent_acquires_of_one_worker_never_exceed_its_capacity() {
 async fn a_lease_handed_on_counts_an_acquire_that_committed_meanwhile() {
     let system = TestSystem::spawn().await;
     let organization_id = system.organization().await;
-    let worker = system.manual_worker(organization_id, 1).await;
-    assert!(
-        worker
-            .hello_with_capacity(&["alpha", "beta"], 1)
-            .await
-            .error
-            .is_none()
-    );
+    let worker = ready_worker(&system, organization_id, 1, &["alpha", "beta"]).await;
     // A two-plugin scan: its first task completed frees the slot, and its second is what the
     // completion asks for.
     submit(
