@@ -3,7 +3,8 @@
 //! window (refused beyond 120 days, as NVD does), paged by `startIndex` and `resultsPerPage`.
 //! It keeps every request it was sent, and answers a request for a given page with the
 //! faults queued for it first: a status with `Retry-After`, a truncated body, a slow answer,
-//! or a hang until the test lets go.
+//! or a hang until the test lets go. A CVE can be modified right after a page is served, as
+//! NVD modifies records while a client pages.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -84,6 +85,9 @@ struct Inner {
     cves: Vec<ServedCve>,
     /// Faults for the window query's page at a start index, answered in order.
     page_faults: HashMap<u64, VecDeque<Fault>>,
+    /// CVEs modified (id, new lastModified) once the window query's page at a start index
+    /// has been served.
+    modified_after: HashMap<u64, Vec<(String, DateTime<Utc>)>>,
     requests: Vec<Request>,
 }
 
@@ -153,6 +157,19 @@ impl FakeNvd {
             .entry(start_index)
             .or_default()
             .extend(faults);
+    }
+
+    /// Modifies CVE `id` (its `lastModified` becomes `at`) right after the window query's page
+    /// at `start_index` is next served.
+    pub fn modify_after_page(&self, start_index: u64, id: &str, at: DateTime<Utc>) {
+        self.shared
+            .inner
+            .lock()
+            .expect("not poisoned")
+            .modified_after
+            .entry(start_index)
+            .or_default()
+            .push((id.to_owned(), at));
     }
 
     /// Every request so far, in arrival order.
@@ -257,6 +274,19 @@ async fn answer(
             "vulnerabilities": page,
         })
         .to_string();
+        if window.is_some() && fault.is_none() {
+            for (id, at) in inner
+                .modified_after
+                .remove(&params.start_index)
+                .unwrap_or_default()
+            {
+                if let Some(cve) = inner.cves.iter_mut().find(|cve| cve.id == id) {
+                    cve.last_modified = at;
+                    cve.json["cve"]["lastModified"] =
+                        at.format("%Y-%m-%dT%H:%M:%S%.3f").to_string().into();
+                }
+            }
+        }
         inner.requests.push(Request {
             at: Instant::now(),
             cve_id: params.cve_id.clone(),

@@ -12,6 +12,17 @@
 //! page of the window), `lookup` (up to [`LOOKUP_BATCH`] missing ids by id), `write` (every
 //! CVE finding of the scan gets its CVE data, in one statement). Every write names the
 //! job's claim and changes nothing once a newer claim holds it.
+//!
+//! What upstream sends cannot stop a job (issue 26): a record PostgreSQL could not store as
+//! served is stored sanitised and one palisade cannot read is set aside, both recorded in
+//! `cve_quarantine` (logged once per record, counted on `/metrics`, listed by `palisade cve
+//! status`); one sync fetches at most `PALISADE_NVD_SYNC_MAX_PAGES` pages; and a window whose
+//! `totalResults` changes while it is paged is read again from its first page, because NVD
+//! pages by position: a record modified meanwhile leaves the window (its new `lastModified` is
+//! past the window's end) and every later record moves one place forward, so the record that
+//! moved across a page boundary already fetched would be skipped. Records can only leave a
+//! window being paged, never enter it (its end is in the past), so an unchanged total means no
+//! record moved.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +33,9 @@ use messages::v1;
 use runtime::{SettingsError, env};
 use serde::{Deserialize, Serialize};
 use store::PgPool;
-use store::cves::{CveOrigin, CveRecord, FindingsWritten, JobFence, Written};
+use store::cves::{
+    CveOrigin, CveRecord, FindingsWritten, JobFence, QuarantineAction, Quarantined, Written,
+};
 
 use crate::nvd::{self, Nvd, NvdError, NvdSettings, Query};
 use crate::{Enricher, JobInput, Step, StepError, metrics};
@@ -32,6 +45,9 @@ pub const LOOKUP_BATCH: usize = 8;
 /// Each sync window starts this much before the watermark: a CVE NVD modified just before
 /// the last window closed, but published to the API after, is not missed.
 const SYNC_OVERLAP: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+/// A window whose total keeps changing is read again at most this many times; then the sync
+/// goes on (the next sync's overlap and lookups by id cover what moved).
+const MAX_WINDOW_REREADS: u32 = 3;
 
 /// Which source enriches jobs (`PALISADE_CVE_SOURCE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +93,10 @@ pub struct CveSettings {
     /// An id NVD did not know is looked up again after this (`PALISADE_NVD_UNKNOWN_RECHECK_MS`,
     /// default 86400000); the sync brings it sooner once NVD publishes it.
     pub recheck_unknown_after: Duration,
+    /// Pages one sync fetches at most (`PALISADE_NVD_SYNC_MAX_PAGES`, default 500: a million
+    /// records at NVD's page size, more than all of NVD). A sync that reaches it stops with the
+    /// watermark at the window it was paging, and the next sync goes on from there.
+    pub sync_max_pages: u64,
 }
 
 impl CveSettings {
@@ -104,6 +124,7 @@ impl CveSettings {
                 "PALISADE_NVD_UNKNOWN_RECHECK_MS",
                 86_400_000_u64,
             )?),
+            sync_max_pages: env::parse_in("PALISADE_NVD_SYNC_MAX_PAGES", 500_u64, 1..=1_000_000)?,
         })
     }
 
@@ -118,7 +139,7 @@ impl CveSettings {
             }),
             CveSource::Nvd => Arc::new(CveEnricher {
                 pool: pool.clone(),
-                nvd: Some(Nvd::new(self.nvd.clone())?),
+                nvd: Some(Nvd::new(self.nvd.clone(), pool.clone())?),
                 settings: self.clone(),
             }),
         })
@@ -146,6 +167,12 @@ pub struct Progress {
     /// Ids this job looked up by id.
     #[serde(default)]
     pub looked_up: u64,
+    /// Records this job stored sanitised or set aside (`cve_quarantine`).
+    #[serde(default)]
+    pub quarantined: u64,
+    /// The sync stopped at `PALISADE_NVD_SYNC_MAX_PAGES`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sync_capped: bool,
     /// Once done: the CVE findings of the scan, and how many changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub findings: Option<u64>,
@@ -179,6 +206,12 @@ pub struct SyncProgress {
     /// Pages fetched by this sync so far.
     #[serde(default)]
     pub pages: u64,
+    /// `totalResults` of the window's first page, to see the window change while paged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_total: Option<u64>,
+    /// Times this window was read again from its first page.
+    #[serde(default)]
+    pub rereads: u32,
 }
 
 impl SyncProgress {
@@ -253,23 +286,32 @@ impl CveEnricher {
                         Phase::Write
                     } else {
                         let mut records = Vec::new();
+                        let mut quarantined = Vec::new();
                         for id in misses.iter().take(LOOKUP_BATCH) {
                             let page = nvd
                                 .page(&Query::Id(id.clone()), 0)
                                 .await
                                 .map_err(nvd_failure)?;
-                            records.push(
-                                page.records
-                                    .into_iter()
-                                    .find(|record| record.id == *id)
-                                    .unwrap_or_else(|| CveRecord::unknown(id)),
-                            );
+                            let set_aside = page.quarantined.iter().any(|entry| {
+                                entry.cve_id.as_ref() == Some(id)
+                                    && entry.action == QuarantineAction::SetAside
+                            });
+                            quarantined.extend(page.quarantined);
+                            // A record set aside is not recorded unknown: NVD knows it.
+                            if let Some(record) =
+                                page.records.into_iter().find(|record| record.id == *id)
+                            {
+                                records.push(record);
+                            } else if !set_aside {
+                                records.push(CveRecord::unknown(id));
+                            }
                         }
-                        progress.looked_up += records.len() as u64;
+                        progress.looked_up += misses.len().min(LOOKUP_BATCH) as u64;
                         match self.write(fence, &records).await? {
                             Some(written) => progress.written += written,
                             None => return Ok(Step::Lost),
                         }
+                        progress.quarantined += self.quarantine(&quarantined).await?;
                         return Ok(Step::Progress(to_value(&progress)));
                     }
                 }
@@ -296,6 +338,20 @@ impl CveEnricher {
         mut sync: SyncProgress,
         mut progress: Progress,
     ) -> Result<Step, StepError> {
+        if sync.pages >= self.settings.sync_max_pages {
+            // Everything before this window is in the table; the next sync goes on from it.
+            tracing::warn!(
+                pages = sync.pages,
+                window_start = %sync.window_start,
+                "the NVD sync fetched PALISADE_NVD_SYNC_MAX_PAGES pages and stops; the next \
+                 sync goes on from this window"
+            );
+            metrics::sync_capped();
+            self.finish_sync(fence, sync.window_start).await?;
+            progress.sync_capped = true;
+            progress.phase = Phase::Lookup;
+            return Ok(Step::Progress(to_value(&progress)));
+        }
         let query = Query::Modified {
             start: sync.window_start,
             end: sync.window_end(),
@@ -308,9 +364,27 @@ impl CveEnricher {
             Some(written) => progress.written += written,
             None => return Ok(Step::Lost),
         }
+        progress.quarantined += self.quarantine(&page.quarantined).await?;
         sync.pages += 1;
         let next = sync.start_index + page.count;
-        if page.count > 0 && next < page.total_results {
+        let moved = sync
+            .window_total
+            .is_some_and(|total| total != page.total_results);
+        if sync.start_index == 0 || moved {
+            sync.window_total = Some(page.total_results);
+        }
+        if moved && sync.rereads < MAX_WINDOW_REREADS {
+            // Records left the window while it was paged: read it again from the start.
+            tracing::info!(
+                window_start = %sync.window_start,
+                total = page.total_results,
+                "the NVD window changed while paged; reading it again"
+            );
+            metrics::window_reread();
+            sync.rereads += 1;
+            sync.start_index = 0;
+            progress.sync = Some(sync);
+        } else if page.count > 0 && next < page.total_results {
             sync.start_index = next;
             progress.sync = Some(sync);
         } else if page.count == 0 && sync.start_index < page.total_results {
@@ -328,6 +402,8 @@ impl CveEnricher {
         } else if sync.window_end() < sync.until {
             sync.window_start = sync.window_end();
             sync.start_index = 0;
+            sync.window_total = None;
+            sync.rereads = 0;
             progress.sync = Some(sync);
         } else {
             self.finish_sync(fence, sync.until).await?;
@@ -387,6 +463,8 @@ impl CveEnricher {
                 window_start: start,
                 start_index: 0,
                 pages: 0,
+                window_total: None,
+                rereads: 0,
             })),
             _ => {
                 self.finish_sync(fence, taken.until).await?;
@@ -422,14 +500,44 @@ impl CveEnricher {
     }
 }
 
+impl CveEnricher {
+    /// Records quarantined records; logs each the first time it is seen. How many there were.
+    async fn quarantine(&self, records: &[Quarantined]) -> Result<u64, StepError> {
+        quarantine(&self.pool, CveOrigin::Nvd, records)
+            .await
+            .map_err(store_failure)
+    }
+}
+
+/// Records quarantined records from `origin`, logging and counting those seen for the first
+/// time; how many `records` there were.
+pub async fn quarantine(
+    pool: &PgPool,
+    origin: CveOrigin,
+    records: &[Quarantined],
+) -> Result<u64, store::StoreError> {
+    for record in store::cves::quarantine(pool, origin, records).await? {
+        tracing::warn!(
+            record = %record.key,
+            action = record.action.as_str(),
+            reason = %record.reason,
+            source = origin.as_str(),
+            "a CVE record could not be kept as served; see palisade cve status"
+        );
+        metrics::quarantined(record.action);
+    }
+    Ok(records.len() as u64)
+}
+
 fn to_value(progress: &Progress) -> serde_json::Value {
     serde_json::to_value(progress).expect("a Progress is plain data")
 }
 
 fn nvd_failure(error: NvdError) -> StepError {
-    let code = match error {
+    let code = match &error {
         NvdError::Unavailable { .. } => "nvd_unavailable",
         NvdError::Refused { .. } => "nvd_refused",
+        NvdError::Limit(store) => return crate::store_failure(store),
     };
     StepError {
         retryable: matches!(error, NvdError::Unavailable { .. }),

@@ -2,6 +2,9 @@
 //! sites without internet: NVD's data feeds (`nvdcve-2.0-2024.json`, `.json.gz` too) or saved
 //! API pages, which share one format. A file's records are written in chunks; a record older
 //! than the one the table holds never replaces it, and importing a file again writes nothing.
+//! A record that cannot be kept as the file holds it is stored sanitised or set aside and
+//! recorded in `cve_quarantine`, as the sync does (`crate::cve::quarantine`): it costs the
+//! import that record only.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -42,6 +45,8 @@ pub struct FileImported {
     pub records: u64,
     /// Rows written (the rest were as new in the table already).
     pub written: u64,
+    /// Records stored sanitised or set aside.
+    pub quarantined: u64,
 }
 
 /// The files `path` names: itself, or the `.json` and `.json.gz` files in it (not its
@@ -92,10 +97,12 @@ pub async fn import_file(pool: &PgPool, path: &Path) -> Result<FileImported, Imp
             written += rows;
         }
     }
+    let quarantined = crate::cve::quarantine(pool, CveOrigin::Import, &page.quarantined).await?;
     Ok(FileImported {
         path: path.to_owned(),
         records: page.records.len() as u64,
         written,
+        quarantined,
     })
 }
 

@@ -1,12 +1,16 @@
 //! Enrichment's counters on `/metrics`, registered in the process-wide registry the first
-//! time one is used: executions by how they ended, NVD requests by outcome, and lookups in the
-//! local CVE table (hits and misses, for its hit ratio). Every label value is a constant here.
+//! time one is used: executions by how they ended, NVD requests by outcome, lookups in the
+//! local CVE table (hits and misses, for its hit ratio), upstream records quarantined by
+//! action, syncs stopped at their page cap and windows read again. Every label value is a
+//! constant here.
 
 use std::sync::LazyLock;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+
+use store::cves::QuarantineAction;
 
 use crate::Execution;
 
@@ -48,10 +52,18 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
 struct Metrics {
     executions: Family<OutcomeLabels, Counter>,
     nvd_requests: Family<OutcomeLabels, Counter>,
     lookups: Family<ResultLabels, Counter>,
+    quarantined: Family<ActionLabels, Counter>,
+    syncs_capped: Counter,
+    windows_reread: Counter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -59,7 +71,15 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         executions: Family::default(),
         nvd_requests: Family::default(),
         lookups: Family::default(),
+        quarantined: Family::default(),
+        syncs_capped: Counter::default(),
+        windows_reread: Counter::default(),
     };
+    for action in [QuarantineAction::Sanitised, QuarantineAction::SetAside] {
+        let _ = metrics.quarantined.get_or_create(&ActionLabels {
+            action: action.as_str(),
+        });
+    }
     for outcome in ["completed", "retrying", "failed", "lost"] {
         let _ = metrics.executions.get_or_create(&OutcomeLabels { outcome });
     }
@@ -90,6 +110,25 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "CVE ids of enrichment jobs looked up in the local CVE table: hit (it held them) or \
          miss (looked up at the source)",
         metrics.lookups.clone(),
+    );
+    registry.register(
+        "cve_records_quarantined",
+        "Upstream CVE records (NVD API or imported files) palisade could not keep as served, \
+         counted the first time each is seen, by action: sanitised (stored with a NUL replaced \
+         or an impossible date dropped) or set_aside (unreadable, not stored); palisade cve \
+         status lists them",
+        metrics.quarantined.clone(),
+    );
+    registry.register(
+        "nvd_syncs_capped",
+        "NVD syncs that stopped at PALISADE_NVD_SYNC_MAX_PAGES pages (the next sync goes on)",
+        metrics.syncs_capped.clone(),
+    );
+    registry.register(
+        "nvd_windows_reread",
+        "NVD sync windows read again from their first page because their totalResults changed \
+         while they were paged",
+        metrics.windows_reread.clone(),
     );
     metrics
 });
@@ -128,4 +167,21 @@ pub(crate) fn lookups(hits: u64, misses: u64) {
         .lookups
         .get_or_create(&ResultLabels { result: "miss" })
         .inc_by(misses);
+}
+
+pub(crate) fn quarantined(action: QuarantineAction) {
+    METRICS
+        .quarantined
+        .get_or_create(&ActionLabels {
+            action: action.as_str(),
+        })
+        .inc();
+}
+
+pub(crate) fn sync_capped() {
+    METRICS.syncs_capped.inc();
+}
+
+pub(crate) fn window_reread() {
+    METRICS.windows_reread.inc();
 }

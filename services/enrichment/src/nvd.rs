@@ -1,19 +1,20 @@
 //! A client of the NVD CVE API 2.0 (`/rest/json/cves/2.0`): pages of at most 2,000 followed
-//! by `startIndex`, the optional `apiKey` header, one rate limiter for every job of the
-//! process (NVD publishes about 5 requests per rolling 30 seconds without a key, 50 with
-//! one), and 403, 429 and 5xx answers, timeouts, broken connections and unreadable bodies
-//! retried with the jittered backoff or the `Retry-After` NVD asked for, a bounded number of
-//! times. The base URL is configuration, so a mirror or a test server can stand in.
+//! by `startIndex`, the optional `apiKey` header, one rate limit for every job of every
+//! replica, kept in PostgreSQL so a restart does not reset it (`store::rate_limits`; NVD
+//! publishes about 5 requests per rolling 30 seconds without a key, 50 with one), and 403, 429
+//! and 5xx answers, timeouts, broken connections and unreadable bodies retried with the
+//! jittered backoff or the `Retry-After` NVD asked for (seconds or an HTTP date), a bounded
+//! number of times. The base URL is configuration, so a mirror or a test server can stand in.
 
 pub mod format;
 
-use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use messages::retry::RetryPolicy;
 use runtime::{SettingsError, env};
-use tokio::time::Instant;
+use store::PgPool;
+use store::rate_limits::{self, Taken};
 
 use crate::metrics;
 pub use format::Page;
@@ -34,7 +35,8 @@ pub struct NvdSettings {
     pub base_url: reqwest::Url,
     /// `PALISADE_NVD_API_KEY`, sent as the `apiKey` header; never logged.
     pub api_key: Option<String>,
-    /// Requests per window (`PALISADE_NVD_REQUESTS_PER_WINDOW`, default 5, or 50 with a key).
+    /// Requests per window, shared by every replica (`PALISADE_NVD_REQUESTS_PER_WINDOW`,
+    /// default 5, or 50 with a key).
     pub requests_per_window: u32,
     /// The rolling window (`PALISADE_NVD_WINDOW_MS`, default 30000).
     pub window: Duration,
@@ -138,7 +140,7 @@ pub enum NvdSetupError {
 }
 
 /// Why NVD gave no page.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum NvdError {
     /// Still failing after every retry: worth another execution later.
     #[error("the NVD API did not answer usably after {attempts} attempts; the last: {last}")]
@@ -146,6 +148,9 @@ pub enum NvdError {
     /// An answer retrying cannot change (400, 404, …): the base URL or the query is wrong.
     #[error("the NVD API refused the request with HTTP {status}; check PALISADE_NVD_BASE_URL")]
     Refused { status: u16 },
+    /// The shared rate limit could not be read or counted.
+    #[error("cannot count the request against the NVD rate limit: {0}")]
+    Limit(#[source] store::StoreError),
 }
 
 /// One request's failure, and whether (and when) to try again.
@@ -157,55 +162,20 @@ struct Failure {
     retryable: Result<(), u16>,
 }
 
-/// A rolling-window limiter: at most `limit` requests start in any `window`. Waiters are
-/// served in order (tokio's mutex is fair).
-#[derive(Debug)]
-pub struct RateLimiter {
-    limit: usize,
-    window: Duration,
-    started: tokio::sync::Mutex<VecDeque<Instant>>,
-}
-
-impl RateLimiter {
-    pub fn new(limit: u32, window: Duration) -> Self {
-        Self {
-            limit: limit.max(1) as usize,
-            window,
-            started: tokio::sync::Mutex::new(VecDeque::new()),
-        }
-    }
-
-    /// Waits until a request may start, and counts it.
-    pub async fn acquire(&self) {
-        let mut started = self.started.lock().await;
-        loop {
-            let now = Instant::now();
-            while started
-                .front()
-                .is_some_and(|&at| now.duration_since(at) >= self.window)
-            {
-                started.pop_front();
-            }
-            if started.len() < self.limit {
-                started.push_back(now);
-                return;
-            }
-            let oldest = *started.front().expect("full, so not empty");
-            tokio::time::sleep_until(oldest + self.window).await;
-        }
-    }
-}
-
 /// The NVD API client; one per process, shared by all its jobs.
 #[derive(Debug)]
 pub struct Nvd {
     http: reqwest::Client,
     settings: NvdSettings,
-    limiter: RateLimiter,
+    /// Where the rate limit is counted.
+    pool: PgPool,
+    /// This process's requests wait for the shared limit one at a time, in order (tokio's
+    /// mutex is fair).
+    queue: tokio::sync::Mutex<()>,
 }
 
 impl Nvd {
-    pub fn new(settings: NvdSettings) -> Result<Self, NvdSetupError> {
+    pub fn new(settings: NvdSettings, pool: PgPool) -> Result<Self, NvdSetupError> {
         let mut http = reqwest::Client::builder()
             .timeout(settings.timeout)
             .user_agent(concat!("palisade-enrichment/", env!("CARGO_PKG_VERSION")));
@@ -227,9 +197,29 @@ impl Nvd {
         let http = http.build().map_err(NvdSetupError::Client)?;
         Ok(Self {
             http,
-            limiter: RateLimiter::new(settings.requests_per_window, settings.window),
             settings,
+            pool,
+            queue: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Waits until the shared limit lets a request start, and counts it.
+    async fn start_request(&self) -> Result<(), NvdError> {
+        let _turn = self.queue.lock().await;
+        loop {
+            match rate_limits::take(
+                &self.pool,
+                rate_limits::NVD,
+                self.settings.requests_per_window,
+                self.settings.window,
+            )
+            .await
+            .map_err(NvdError::Limit)?
+            {
+                Taken::Started => return Ok(()),
+                Taken::Wait(wait) => tokio::time::sleep(wait).await,
+            }
+        }
     }
 
     pub fn settings(&self) -> &NvdSettings {
@@ -250,7 +240,7 @@ impl Nvd {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            self.limiter.acquire().await;
+            self.start_request().await?;
             let failure = match self.once(&params).await {
                 Ok(page) => {
                     metrics::nvd_request(metrics::nvd_outcomes::OK);
@@ -306,8 +296,7 @@ impl Nvd {
                 .headers()
                 .get(reqwest::header::RETRY_AFTER)
                 .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
+                .and_then(|value| retry_after(value, SystemTime::now()));
             let (outcome, retryable) = match status.as_u16() {
                 429 => (metrics::nvd_outcomes::RATE_LIMITED, Ok(())),
                 403 => (metrics::nvd_outcomes::FORBIDDEN, Ok(())),
@@ -331,103 +320,36 @@ impl Nvd {
     }
 }
 
+/// A `Retry-After` value as a wait: delay-seconds, or an HTTP date (RFC 9110 §10.2.3; a date
+/// already past is no wait). `None` when it is neither.
+fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn the_limiter_lets_no_more_than_its_limit_start_in_any_window() {
-        let limiter = RateLimiter::new(3, Duration::from_secs(30));
-        let begin = Instant::now();
-        let mut starts = Vec::new();
-        for _ in 0..7 {
-            limiter.acquire().await;
-            starts.push(begin.elapsed());
-        }
-        let seconds: Vec<u64> = starts.iter().map(|at| at.as_secs()).collect();
-        assert_eq!(seconds, [0, 0, 0, 30, 30, 30, 60]);
-        for (i, at) in starts.iter().enumerate().skip(3) {
-            assert!(*at - starts[i - 3] >= Duration::from_secs(30));
-        }
-    }
-
-    fn settings(base_url: &str, ca: Option<std::path::PathBuf>) -> NvdSettings {
-        NvdSettings {
-            base_url: base_url.parse().unwrap(),
-            api_key: None,
-            requests_per_window: 100,
-            window: Duration::from_secs(1),
-            timeout: Duration::from_secs(5),
-            max_retries: 0,
-            retry: RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(1)),
-            page_size: MAX_PAGE_SIZE,
-            ca,
-        }
-    }
-
-    /// A mirror behind an internal authority: trusted with `PALISADE_NVD_CA`, refused without.
-    #[tokio::test]
-    async fn a_mirror_behind_an_internal_authority_is_trusted_through_its_ca_file() {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_key = KeyPair::generate().unwrap();
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-        let key = KeyPair::generate().unwrap();
-        let leaf = CertificateParams::new(vec!["localhost".to_owned()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            let body =
-                r#"{"resultsPerPage":0,"startIndex":0,"totalResults":0,"vulnerabilities":[]}"#;
-            while let Ok((stream, _)) = listener.accept().await {
-                let Ok(mut stream) = acceptor.accept(stream).await else {
-                    continue;
-                };
-                let mut request = vec![0; 4096];
-                let _ = stream.read(&mut request).await;
-                let response = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = stream.write_all(response.as_bytes()).await;
-                let _ = stream.shutdown().await;
-            }
-        });
-        let folder = tempfile::tempdir().unwrap();
-        let ca_file = folder.path().join("ca.pem");
-        std::fs::write(&ca_file, ca.pem()).unwrap();
-        let url = format!("https://localhost:{port}/rest/json/cves/2.0");
-        let query = Query::Id("CVE-2021-44228".into());
-
-        let trusting = Nvd::new(settings(&url, Some(ca_file))).unwrap();
-        let page = trusting.page(&query, 0).await.unwrap();
-        assert_eq!(page.total_results, 0);
-        let plain = Nvd::new(settings(&url, None)).unwrap();
-        assert!(matches!(
-            plain.page(&query, 0).await,
-            Err(NvdError::Unavailable { attempts: 1, .. })
-        ));
-        let empty = folder.path().join("empty.pem");
-        std::fs::write(&empty, "").unwrap();
-        let error = Nvd::new(settings(&url, Some(empty))).unwrap_err();
-        assert!(error.to_string().contains("PALISADE_NVD_CA"), "{error}");
+    #[test]
+    fn retry_after_is_read_as_seconds_or_as_an_http_date() {
+        let now = httpdate::parse_http_date("Wed, 02 Dec 2026 10:00:00 GMT").unwrap();
+        assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(
+            retry_after("Wed, 02 Dec 2026 10:01:30 GMT", now),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            retry_after("Wed, 02 Dec 2026 09:59:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date already past is no wait"
+        );
+        assert_eq!(retry_after("soon", now), None);
+        assert_eq!(retry_after("-3", now), None);
     }
 }

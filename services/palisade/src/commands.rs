@@ -37,11 +37,19 @@ pub async fn import_cves(
     mut progress: impl FnMut(String),
 ) -> anyhow::Result<serde_json::Value> {
     let files = enrichment::import::files(path)?;
-    let (mut records, mut written) = (0, 0);
+    let (mut records, mut written, mut quarantined) = (0, 0, 0);
     for (number, file) in files.iter().enumerate() {
         let imported = enrichment::import::import_file(pool, file).await?;
+        let set_apart = if imported.quarantined > 0 {
+            format!(
+                ", {} quarantined (see palisade cve status)",
+                imported.quarantined
+            )
+        } else {
+            String::new()
+        };
         progress(format!(
-            "[{}/{}] {}: {} CVE records, {} written",
+            "[{}/{}] {}: {} CVE records, {} written{set_apart}",
             number + 1,
             files.len(),
             file.display(),
@@ -50,8 +58,14 @@ pub async fn import_cves(
         ));
         records += imported.records;
         written += imported.written;
+        quarantined += imported.quarantined;
     }
-    Ok(serde_json::json!({ "files": files.len(), "records": records, "written": written }))
+    Ok(serde_json::json!({
+        "files": files.len(),
+        "records": records,
+        "written": written,
+        "quarantined": quarantined,
+    }))
 }
 
 /// A refusal of a `palisade finding` change, with what to do.

@@ -161,6 +161,13 @@ enum CveCommand {
     /// saved API pages) into the local CVE table, for sites without internet; a file or a
     /// folder of them. Prints a line per file on stderr, then a JSON summary.
     Import { path: std::path::PathBuf },
+    /// The local CVE table: how many ids it holds, where the NVD sync stands, and the upstream
+    /// records stored sanitised or set aside (quarantined), most recently seen first; JSON.
+    Status {
+        /// Quarantined records listed at most.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        limit: i64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -928,6 +935,7 @@ async fn run() -> anyhow::Result<()> {
             .await
         }
         Command::Cve(CveCommand::Import { path }) => import_cves(&common, &path).await,
+        Command::Cve(CveCommand::Status { limit }) => cve_status(&common, limit).await,
         Command::Nats(NatsCommand::Init { dir, resolver_dir }) => {
             nats_init(&common, &dir, &resolver_dir)
         }
@@ -1236,6 +1244,13 @@ async fn import_cves(common: &CommonSettings, path: &std::path::Path) -> anyhow:
     let pool = store::connect(&common.database).await?;
     let summary = palisade::commands::import_cves(&pool, path, |line| eprintln!("{line}")).await?;
     println!("{summary}");
+    Ok(())
+}
+
+async fn cve_status(common: &CommonSettings, limit: i64) -> anyhow::Result<()> {
+    let pool = store::connect(&common.database).await?;
+    let status = store::cves::status(&pool, limit).await?;
+    println!("{}", serde_json::to_string_pretty(&status)?);
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -102,8 +103,11 @@ impl CveRecord {
         serde_json::json!({
             "id": self.id,
             "known": self.known,
-            "published_at": self.published.map(|at| at.to_rfc3339()),
-            "last_modified_at": self.last_modified.map(|at| at.to_rfc3339()),
+            "published_at": self.published.filter(storable_date).map(|at| at.to_rfc3339()),
+            "last_modified_at": self
+                .last_modified
+                .filter(storable_date)
+                .map(|at| at.to_rfc3339()),
             "vuln_status": bounded(&self.vuln_status, 64),
             "description": bounded(&self.description, MAX_DESCRIPTION_CHARS),
             "cvss_v31_score": v31_score,
@@ -123,6 +127,11 @@ impl CveRecord {
     }
 }
 
+/// A date palisade stores: years 1..=9999 (PostgreSQL's range is wider, its text form not).
+fn storable_date(at: &DateTime<Utc>) -> bool {
+    (1..=9_999).contains(&chrono::Datelike::year(at))
+}
+
 fn split<A, B, C>(triple: Option<(A, B, C)>) -> (Option<A>, Option<B>, Option<C>) {
     match triple {
         Some((a, b, c)) => (Some(a), Some(b), Some(c)),
@@ -130,8 +139,13 @@ fn split<A, B, C>(triple: Option<(A, B, C)>) -> (Option<A>, Option<B>, Option<C>
     }
 }
 
+/// `text` cut to `chars` characters, with any NUL replaced by U+FFFD (PostgreSQL stores no
+/// NUL): a record [`CveRecord::sanitise`] was not called on is still written.
 fn bounded(text: &str, chars: usize) -> String {
-    text.chars().take(chars).collect()
+    text.chars()
+        .map(|c| if c == '\0' { '\u{FFFD}' } else { c })
+        .take(chars)
+        .collect()
 }
 
 pub use messages::validate::is_cve_id;
@@ -186,7 +200,8 @@ pub async fn upsert(
 }
 
 /// Of `ids`, those to look up: absent from the table, or unknown to NVD at a check more than
-/// `recheck_unknown_after` ago; sorted. Ids without a CVE id's shape are never looked up.
+/// `recheck_unknown_after` ago, and not set aside within it; sorted. Ids without a CVE id's
+/// shape are never looked up.
 pub async fn misses(
     pool: &PgPool,
     ids: &[String],
@@ -203,6 +218,7 @@ pub async fn misses(
     Ok(sql::query_scalar(sql::cves::MISSES)
         .bind(&ids)
         .bind(crate::seconds(recheck_unknown_after))
+        .bind(QuarantineAction::SetAside.as_str())
         .fetch_all(pool)
         .await?)
 }
@@ -285,5 +301,217 @@ pub async fn write_findings(pool: &PgPool, fence: JobFence) -> Result<FindingsWr
         }
     } else {
         FindingsWritten::Fenced
+    })
+}
+
+/// What was done with an upstream record palisade could not keep as served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuarantineAction {
+    /// Stored, changed so PostgreSQL accepts it ([`CveRecord::sanitise`]).
+    Sanitised,
+    /// Not stored: it could not be read.
+    SetAside,
+}
+
+impl QuarantineAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuarantineAction::Sanitised => "sanitised",
+            QuarantineAction::SetAside => "set_aside",
+        }
+    }
+}
+
+/// An upstream record stored sanitised or set aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    /// The record's CVE id, or `sha256:<hex>` of its JSON when it has no readable id.
+    pub key: String,
+    pub cve_id: Option<String>,
+    pub action: QuarantineAction,
+    /// What was wrong with it.
+    pub reason: String,
+}
+
+impl CveRecord {
+    /// Makes the record storable: PostgreSQL refuses a NUL in `text` and `jsonb`, so each is
+    /// replaced by U+FFFD; a date outside the years 1..=9999 is dropped. `None` when nothing
+    /// needed changing, else what was changed (a [`Quarantined`] entry's reason).
+    pub fn sanitise(&mut self) -> Option<String> {
+        let mut changed: Vec<&str> = Vec::new();
+        let mut clean = |field: &'static str, text: &mut String| {
+            if text.contains('\0') {
+                *text = text.replace('\0', "\u{FFFD}");
+                if !changed.contains(&field) {
+                    changed.push(field);
+                }
+            }
+        };
+        clean("vuln_status", &mut self.vuln_status);
+        clean("description", &mut self.description);
+        for cvss in [&mut self.cvss_v31, &mut self.cvss_v40]
+            .into_iter()
+            .flatten()
+        {
+            clean("cvss", &mut cvss.severity);
+            clean("cvss", &mut cvss.vector);
+        }
+        for cwe in &mut self.cwe_ids {
+            clean("cwe_ids", cwe);
+        }
+        for url in &mut self.references {
+            clean("references", url);
+        }
+        let mut reasons = Vec::new();
+        if !changed.is_empty() {
+            reasons.push(format!("NUL characters replaced in {}", changed.join(", ")));
+        }
+        let mut dropped = Vec::new();
+        if self.published.as_ref().is_some_and(|at| !storable_date(at)) {
+            self.published = None;
+            dropped.push("published");
+        }
+        if self
+            .last_modified
+            .as_ref()
+            .is_some_and(|at| !storable_date(at))
+        {
+            self.last_modified = None;
+            dropped.push("lastModified");
+        }
+        if !dropped.is_empty() {
+            reasons.push(format!(
+                "{} outside the years 1-9999 dropped",
+                dropped.join(", ")
+            ));
+        }
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+}
+
+/// Records quarantined records (each counted again when seen before); returns those recorded
+/// for the first time, for the caller to log once.
+pub async fn quarantine(
+    pool: &PgPool,
+    origin: CveOrigin,
+    records: &[Quarantined],
+) -> Result<Vec<Quarantined>, StoreError> {
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut latest: HashMap<&str, &Quarantined> = HashMap::with_capacity(records.len());
+    for record in records {
+        latest.insert(&record.key, record);
+    }
+    let rows = serde_json::Value::Array(
+        latest
+            .values()
+            .map(|record| {
+                serde_json::json!({
+                    "record_key": bounded(&record.key, 128),
+                    "cve_id": record.cve_id,
+                    "action": record.action.as_str(),
+                    "reason": bounded(&record.reason, 1_024),
+                })
+            })
+            .collect(),
+    );
+    let recorded: Vec<(String, bool)> = sql::query_as(sql::cve_quarantine::RECORD)
+        .bind(rows)
+        .bind(origin.as_str())
+        .fetch_all(pool)
+        .await?;
+    Ok(recorded
+        .into_iter()
+        .filter(|(_, first_seen)| *first_seen)
+        .filter_map(|(key, _)| latest.get(key.as_str()).map(|record| (*record).clone()))
+        .collect())
+}
+
+/// A quarantined record as `palisade cve status` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuarantineEntry {
+    pub record_key: String,
+    pub cve_id: Option<String>,
+    pub action: String,
+    pub reason: String,
+    pub source: String,
+    pub first_seen_at: DateTime<Utc>,
+    pub last_seen_at: DateTime<Utc>,
+    pub times_seen: i64,
+}
+
+/// The local CVE table and its sync, as `palisade cve status` shows them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CveStatus {
+    pub known: i64,
+    pub unknown: i64,
+    pub imported: i64,
+    pub synced_through: Option<DateTime<Utc>>,
+    pub sync_holder_job_id: Option<Uuid>,
+    pub sync_updated_at: Option<DateTime<Utc>>,
+    /// Every quarantined record.
+    pub quarantined: i64,
+    /// The most recently seen of them.
+    pub recent_quarantined: Vec<QuarantineEntry>,
+}
+
+/// The table's size, the NVD sync's watermark and the `recent` quarantined records last seen.
+pub async fn status(pool: &PgPool, recent: i64) -> Result<CveStatus, StoreError> {
+    type Sync = (
+        i64,
+        i64,
+        i64,
+        Option<DateTime<Utc>>,
+        Option<Uuid>,
+        DateTime<Utc>,
+    );
+    let (known, unknown, imported, synced_through, holder, updated): Sync =
+        sql::query_as(sql::cves::STATUS)
+            .bind(NVD_SYNC)
+            .bind(CveOrigin::Import.as_str())
+            .fetch_one(pool)
+            .await?;
+    type Row = (
+        String,
+        Option<String>,
+        String,
+        String,
+        String,
+        DateTime<Utc>,
+        DateTime<Utc>,
+        i64,
+        i64,
+    );
+    let rows: Vec<Row> = sql::query_as(sql::cve_quarantine::RECENT)
+        .bind(recent)
+        .fetch_all(pool)
+        .await?;
+    let quarantined = rows.first().map_or(0, |row| row.8);
+    Ok(CveStatus {
+        known,
+        unknown,
+        imported,
+        synced_through,
+        sync_holder_job_id: holder,
+        sync_updated_at: Some(updated),
+        quarantined,
+        recent_quarantined: rows
+            .into_iter()
+            .map(
+                |(record_key, cve_id, action, reason, source, first, last, times, _)| {
+                    QuarantineEntry {
+                        record_key,
+                        cve_id,
+                        action,
+                        reason,
+                        source,
+                        first_seen_at: first,
+                        last_seen_at: last,
+                        times_seen: times,
+                    }
+                },
+            )
+            .collect(),
     })
 }

@@ -24,6 +24,7 @@ pub mod lease;
 pub mod observability;
 pub mod outbox;
 pub mod progress;
+pub mod rate_limits;
 pub mod recover;
 pub mod retry;
 pub mod revoke;

@@ -350,7 +350,7 @@ async fn the_offline_import_fills_the_local_table_that_the_local_source_enriches
     // The second file repeats one CVE of the first: as new already, not written again.
     assert_eq!(
         summary,
-        serde_json::json!({"files": 2, "records": 6, "written": 5})
+        serde_json::json!({"files": 2, "records": 6, "written": 5, "quarantined": 0})
     );
     assert_eq!(lines.len(), 2);
     assert!(

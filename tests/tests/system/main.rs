@@ -10,6 +10,7 @@ mod cluster;
 mod control;
 mod cost;
 mod cve;
+mod cve_upstream;
 mod decide;
 mod disclosure;
 mod eligibility;

@@ -1,20 +1,30 @@
 //! The NVD CVE API 2.0 response format, which NVD's JSON 2.0 data feeds share: one page of
 //! `vulnerabilities` with `startIndex`, `resultsPerPage` and `totalResults`. Only what palisade
 //! keeps is read; a record without a CVE id's shape is skipped.
+//!
+//! One bad record never costs the page (issue 26): each vulnerability is read on its own, so
+//! one palisade cannot read is set aside, and one PostgreSQL could not store as served (a NUL
+//! in a string, a date out of range) is sanitised; both are returned as [`Quarantined`] for
+//! the caller to record.
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
-use store::cves::{CveRecord, Cvss};
+use serde_json::value::RawValue;
+use sha2::Digest as _;
+use store::cves::{CveRecord, Cvss, QuarantineAction, Quarantined};
 
 /// One page of CVEs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page {
     pub start_index: u64,
     pub total_results: u64,
-    /// How many vulnerabilities the page held, the skipped ones included: the next page
-    /// starts this much further.
+    /// How many vulnerabilities the page held, the skipped and set-aside ones included: the
+    /// next page starts this much further.
     pub count: u64,
+    /// The records to store, sanitised ones included.
     pub records: Vec<CveRecord>,
+    /// The records sanitised or set aside.
+    pub quarantined: Vec<Quarantined>,
 }
 
 /// Why a body is not an NVD page.
@@ -26,18 +36,64 @@ pub struct FormatError(#[from] serde_json::Error);
 pub fn parse(body: &[u8]) -> Result<Page, FormatError> {
     let response: Response = serde_json::from_slice(body)?;
     let count = response.vulnerabilities.len() as u64;
-    let records = response
-        .vulnerabilities
-        .into_iter()
-        .filter(|vulnerability| store::cves::is_cve_id(&vulnerability.cve.id))
-        .map(|vulnerability| vulnerability.cve.record())
-        .collect();
+    let mut records = Vec::with_capacity(response.vulnerabilities.len());
+    let mut quarantined = Vec::new();
+    for raw in &response.vulnerabilities {
+        match serde_json::from_str::<Vulnerability>(raw.get()) {
+            Ok(vulnerability) => {
+                if !store::cves::is_cve_id(&vulnerability.cve.id) {
+                    continue;
+                }
+                let mut record = vulnerability.cve.record();
+                if let Some(reason) = record.sanitise() {
+                    quarantined.push(Quarantined {
+                        key: record.id.clone(),
+                        cve_id: Some(record.id.clone()),
+                        action: QuarantineAction::Sanitised,
+                        reason,
+                    });
+                }
+                records.push(record);
+            }
+            Err(error) => quarantined.push(set_aside(raw, &error)),
+        }
+    }
     Ok(Page {
         start_index: response.start_index,
         total_results: response.total_results,
         count,
         records,
+        quarantined,
     })
+}
+
+/// A vulnerability that could not be read: keyed by its CVE id when that much is readable,
+/// else by the hash of its JSON.
+fn set_aside(raw: &RawValue, error: &serde_json::Error) -> Quarantined {
+    #[derive(Deserialize)]
+    struct Id {
+        cve: IdOnly,
+    }
+    #[derive(Deserialize)]
+    struct IdOnly {
+        id: String,
+    }
+    let cve_id = serde_json::from_str::<Id>(raw.get())
+        .ok()
+        .map(|id| id.cve.id)
+        .filter(|id| store::cves::is_cve_id(id));
+    let key = cve_id.clone().unwrap_or_else(|| {
+        format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(raw.get().as_bytes()))
+        )
+    });
+    Quarantined {
+        key,
+        cve_id,
+        action: QuarantineAction::SetAside,
+        reason: format!("unreadable: {error}"),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -47,7 +103,7 @@ struct Response {
     start_index: u64,
     total_results: u64,
     #[serde(default)]
-    vulnerabilities: Vec<Vulnerability>,
+    vulnerabilities: Vec<Box<RawValue>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,6 +308,50 @@ mod tests {
     fn a_truncated_body_is_not_a_page() {
         assert!(parse(&PAGE.as_bytes()[..PAGE.len() / 2]).is_err());
         assert!(parse(b"<html>busy</html>").is_err());
+    }
+
+    /// Issue 26: a NUL in a description (valid JSON, refused by PostgreSQL), a record of the
+    /// wrong shape and a lone surrogate cost their own record only, each reported once.
+    #[test]
+    fn one_bad_record_is_quarantined_and_the_rest_of_the_page_kept() {
+        let body = r#"{"startIndex": 0, "totalResults": 5, "vulnerabilities": [
+            {"cve": {"id": "CVE-2024-0001", "descriptions": [{"lang": "en", "value": "a\u0000b"}],
+              "references": [{"url": "https://x/\u0000"}], "published": "-200000-01-01T00:00:00"}},
+            {"cve": {"id": "CVE-2024-0002", "metrics": {"cvssMetricV31": [
+              {"type": "Primary", "cvssData": {"baseScore": "high", "vectorString": "x"}}]}}},
+            {"cve": {"id": "CVE-2024-0003", "descriptions": [{"lang": "en", "value": "\ud800"}]}},
+            {"cve": {"no id": true}},
+            {"cve": {"id": "CVE-2024-0005", "descriptions": [{"lang": "en", "value": "fine"}]}}
+        ]}"#;
+        let page = parse(body.as_bytes()).unwrap();
+        assert_eq!(page.count, 5, "the next page starts after all five");
+        let ids: Vec<&str> = page.records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["CVE-2024-0001", "CVE-2024-0005"]);
+        assert_eq!(page.records[0].description, "a\u{FFFD}b");
+        assert_eq!(page.records[0].references, ["https://x/\u{FFFD}"]);
+        let quarantined: Vec<(&str, QuarantineAction)> = page
+            .quarantined
+            .iter()
+            .map(|q| (q.key.as_str(), q.action))
+            .collect();
+        assert_eq!(
+            quarantined[..3],
+            [
+                ("CVE-2024-0001", QuarantineAction::Sanitised),
+                ("CVE-2024-0002", QuarantineAction::SetAside),
+                ("CVE-2024-0003", QuarantineAction::SetAside),
+            ]
+        );
+        assert!(
+            page.quarantined[0]
+                .reason
+                .contains("description, references"),
+            "{:?}",
+            page.quarantined[0]
+        );
+        assert!(quarantined[3].0.starts_with("sha256:"), "{quarantined:?}");
+        assert_eq!(page.quarantined[3].cve_id, None);
+        assert_eq!(page.quarantined.len(), 4);
     }
 
     #[test]

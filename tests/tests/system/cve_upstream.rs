@@ -1,0 +1,492 @@
+//! What upstream sends cannot stop enrichment (issue 26, item 1), against the local NVD
+//! stand-in (`tests::nvd::FakeNvd`): a record PostgreSQL refuses (a NUL in its description)
+//! among thousands is stored sanitised and reported once while every job completes; a record
+//! of the wrong shape is set aside and not looked up again; `palisade cve import` the same;
+//! the rate limit is one window for every replica and survives a restart; a sync stops at its
+//! page cap and the next goes on; a window that changes while it is paged is read again, so the
+//! record that moved across a page boundary is not skipped; and a mirror behind an internal
+//! authority is trusted through `PALISADE_NVD_CA`.
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use enrichment::Execution;
+use enrichment::cve::CveSource;
+use enrichment::nvd::{self, Nvd, NvdError, NvdSettings, Query};
+use messages::retry::RetryPolicy;
+use tests::TestSystem;
+use tests::nvd::{FakeNvd, ServedCve};
+use uuid::Uuid;
+
+/// An enrichment service reading `nvd` with pages of `page_size`, no rate limit to speak of.
+fn service(
+    system: &TestSystem,
+    nvd: &FakeNvd,
+    page_size: u32,
+    configure: impl FnOnce(&mut enrichment::cve::CveSettings),
+) -> enrichment::Service {
+    let mut settings = system.settings.enrichment.clone();
+    settings.http_addr = None;
+    settings.lease_ttl = Duration::from_secs(60);
+    settings.retry = RetryPolicy::new(Duration::ZERO, Duration::ZERO);
+    let cve = &mut settings.cve;
+    cve.source = CveSource::Nvd;
+    cve.sync_interval = Some(Duration::from_secs(3_600));
+    cve.nvd.base_url = nvd.url();
+    cve.nvd.page_size = page_size;
+    cve.nvd.requests_per_window = 1_000;
+    cve.nvd.window = Duration::from_secs(1);
+    cve.nvd.timeout = Duration::from_secs(10);
+    cve.nvd.max_retries = 2;
+    cve.nvd.retry = RetryPolicy::new(Duration::from_millis(10), Duration::from_millis(50));
+    configure(cve);
+    enrichment::Service::from_connections(
+        settings,
+        runtime::Connections {
+            pool: system.pool.clone(),
+            bus: system.bus.clone(),
+        },
+    )
+    .expect("an enrichment service")
+}
+
+/// `count` CVEs `CVE-2026-10000`… NVD modified over the last day, in id order.
+fn served(count: u32) -> Vec<ServedCve> {
+    let start = Utc::now() - TimeDelta::days(1);
+    (0..count)
+        .map(|n| {
+            ServedCve::numbered(
+                &format!("CVE-2026-{}", 10_000 + n),
+                n,
+                start + TimeDelta::seconds(i64::from(n)),
+            )
+        })
+        .collect()
+}
+
+async fn synced_days_ago(system: &TestSystem, days: i32) {
+    sqlx::query("UPDATE cve_sync SET synced_through = now() - make_interval(days => $1)")
+        .bind(days)
+        .execute(&system.pool)
+        .await
+        .expect("the watermark set back");
+}
+
+async fn checkpoint(system: &TestSystem, job_id: Uuid) -> serde_json::Value {
+    sqlx::query_scalar("SELECT checkpoint FROM enrichment_jobs WHERE id = $1")
+        .bind(job_id)
+        .fetch_one(&system.pool)
+        .await
+        .expect("the job")
+}
+
+async fn scalar<T>(system: &TestSystem, query: &'static str) -> T
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(query)
+        .fetch_one(&system.pool)
+        .await
+        .expect("a value")
+}
+
+/// A counter of this process's registry (0 when absent).
+fn counter(line: &str) -> u64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &bus::metrics::registry())
+        .expect("encoded");
+    text.lines()
+        .find_map(|row| row.strip_prefix(line))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The acceptance of item 1: a mirror serving 3,000 CVEs, one with a NUL in its description
+/// and one of the wrong shape. Today's code wrote each page as one `jsonb`, PostgreSQL refused
+/// the page with the NUL, and every job failed `database_unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_postgres_refuses_among_thousands_is_quarantined_and_every_job_completes() {
+    let system = TestSystem::spawn().await;
+    let mut cves = served(3_000);
+    cves[1_234].json["cve"]["descriptions"][0]["value"] = "before\u{0}after".into();
+    cves[2_345].json["cve"]["metrics"]["cvssMetricV31"][0]["cvssData"]["baseScore"] = "high".into();
+    let nvd = FakeNvd::start(cves).await;
+    synced_days_ago(&system, 2).await;
+    let (scan_a, job_a) = system
+        .scan_to_enrich(&["CVE-2026-11234", "CVE-2026-10001"])
+        .await;
+    let enrichment = service(&system, &nvd, 500, |_| {});
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job_a, Execution::Completed)]
+    );
+    let done = checkpoint(&system, job_a).await;
+    assert_eq!(done["phase"], "done", "{done}");
+    assert_eq!(done["quarantined"], 2, "{done}");
+    assert_eq!(
+        scalar::<i64>(&system, "SELECT count(*) FROM cves WHERE known").await,
+        2_999,
+        "every record but the unreadable one"
+    );
+    assert_eq!(
+        scalar::<String>(
+            &system,
+            "SELECT description FROM cves WHERE id = 'CVE-2026-11234'"
+        )
+        .await,
+        "before\u{FFFD}after"
+    );
+    let data: serde_json::Value =
+        sqlx::query_scalar("SELECT cve_data FROM findings WHERE scan_id = $1 ORDER BY id LIMIT 1")
+            .bind(scan_a)
+            .fetch_one(&system.pool)
+            .await
+            .unwrap();
+    assert_eq!(data[0]["status"], "known");
+    assert_eq!(data[0]["description"], "before\u{FFFD}after");
+
+    // Reported: in `palisade cve status`, on /metrics, once each.
+    let status = store::cves::status(&system.pool, 20).await.unwrap();
+    assert_eq!(status.quarantined, 2, "{status:?}");
+    let by_id: Vec<(Option<&str>, &str)> = status
+        .recent_quarantined
+        .iter()
+        .map(|entry| (entry.cve_id.as_deref(), entry.action.as_str()))
+        .collect();
+    assert!(
+        by_id.contains(&(Some("CVE-2026-11234"), "sanitised")),
+        "{by_id:?}"
+    );
+    assert!(
+        by_id.contains(&(Some("CVE-2026-12345"), "set_aside")),
+        "{by_id:?}"
+    );
+    let reasons: Vec<&str> = status
+        .recent_quarantined
+        .iter()
+        .map(|entry| entry.reason.as_str())
+        .collect();
+    assert!(
+        reasons.iter().any(|reason| reason.contains("NUL")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|reason| reason.contains("unreadable")),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        counter("palisade_cve_records_quarantined_total{action=\"sanitised\"} "),
+        1
+    );
+    assert_eq!(
+        counter("palisade_cve_records_quarantined_total{action=\"set_aside\"} "),
+        1
+    );
+
+    // The next job, whose CVE is the unreadable one: it completes, the sync is not due, the
+    // set-aside id is not looked up again (it would read the same record), and the finding
+    // says what the table holds: nothing.
+    let requests = nvd.requests().len();
+    let (scan_b, job_b) = system.scan_to_enrich(&["CVE-2026-12345"]).await;
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job_b, Execution::Completed)]
+    );
+    assert_eq!(nvd.requests().len(), requests, "nothing fetched");
+    let data: serde_json::Value =
+        sqlx::query_scalar("SELECT cve_data FROM findings WHERE scan_id = $1 ORDER BY id LIMIT 1")
+            .bind(scan_b)
+            .fetch_one(&system.pool)
+            .await
+            .unwrap();
+    assert_eq!(data[0]["status"], "missing");
+
+    // A later sync over the same records counts them again without reporting them again.
+    synced_days_ago(&system, 2).await;
+    let (_, job_c) = system.scan_to_enrich(&["CVE-2026-10002"]).await;
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job_c, Execution::Completed)]
+    );
+    assert_eq!(
+        scalar::<i64>(
+            &system,
+            "SELECT sum(times_seen)::bigint FROM cve_quarantine"
+        )
+        .await,
+        4
+    );
+    assert_eq!(
+        counter("palisade_cve_records_quarantined_total{action=\"sanitised\"} "),
+        1,
+        "logged and counted once"
+    );
+    system.finish().await;
+}
+
+/// `palisade cve import` of a file holding the same two records imports every other record
+/// and reports the two; today's code stopped at the NUL and imported nothing of the file.
+#[tokio::test]
+async fn an_import_keeps_every_record_but_the_unreadable_and_reports_both() {
+    let system = TestSystem::spawn().await;
+    let mut cves = served(600);
+    cves[10].json["cve"]["descriptions"][0]["value"] = "\u{0}".into();
+    cves[20].json["cve"]["references"] = serde_json::json!([{"url": 7}]);
+    let feed = serde_json::json!({
+        "resultsPerPage": cves.len(), "startIndex": 0, "totalResults": cves.len(),
+        "format": "NVD_CVE", "version": "2.0", "timestamp": "2026-12-01T00:00:00.000",
+        "vulnerabilities": cves.iter().map(|cve| cve.json.clone()).collect::<Vec<_>>(),
+    });
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(folder.path().join("nvdcve-2.0-2026.json"), feed.to_string()).unwrap();
+    let mut lines = Vec::new();
+    let summary =
+        palisade::commands::import_cves(&system.pool, folder.path(), |line| lines.push(line))
+            .await
+            .unwrap();
+    assert_eq!(
+        summary,
+        serde_json::json!({"files": 1, "records": 599, "written": 599, "quarantined": 2})
+    );
+    assert!(
+        lines[0].ends_with("2 quarantined (see palisade cve status)"),
+        "{lines:?}"
+    );
+    let status = store::cves::status(&system.pool, 20).await.unwrap();
+    assert_eq!(
+        (status.quarantined, status.imported),
+        (2, 599),
+        "{status:?}"
+    );
+    assert!(
+        status
+            .recent_quarantined
+            .iter()
+            .all(|entry| entry.source == "import")
+    );
+    system.finish().await;
+}
+
+/// Two replicas and a restart share one window: NVD saw 7 requests in 30 s against a limit of
+/// 5 across a restart with today's per-process limiter, and two replicas each spent the whole
+/// budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_and_a_restart_share_one_rate_window() {
+    const LIMIT: u32 = 3;
+    const WINDOW: Duration = Duration::from_millis(1_000);
+    let system = TestSystem::spawn().await;
+    let nvd = FakeNvd::start(served(5)).await;
+    let settings = NvdSettings {
+        base_url: nvd.url(),
+        api_key: None,
+        requests_per_window: LIMIT,
+        window: WINDOW,
+        timeout: Duration::from_secs(5),
+        max_retries: 0,
+        retry: RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(1)),
+        page_size: nvd::MAX_PAGE_SIZE,
+        ca: None,
+    };
+    let ask = |client: std::sync::Arc<Nvd>, n: u32| async move {
+        for i in 0..n {
+            let id = format!("CVE-2026-{}", 10_000 + i % 5);
+            client.page(&Query::Id(id), 0).await.expect("a page");
+        }
+    };
+    let first = std::sync::Arc::new(Nvd::new(settings.clone(), system.pool.clone()).unwrap());
+    let second = std::sync::Arc::new(Nvd::new(settings.clone(), system.pool.clone()).unwrap());
+    tokio::join!(ask(first.clone(), 4), ask(second, 4));
+    // A restart: the first replica's client gone, a new one asks at once.
+    drop(first);
+    let restarted = std::sync::Arc::new(Nvd::new(settings, system.pool.clone()).unwrap());
+    ask(restarted, 2).await;
+
+    let requests = nvd.requests();
+    assert_eq!(requests.len(), 10);
+    for (earlier, later) in requests.iter().zip(requests.iter().skip(LIMIT as usize)) {
+        // Arrival times, which the network may bunch a little: a tenth of the window spare.
+        assert!(
+            later.at - earlier.at >= WINDOW - WINDOW / 10,
+            "more than {LIMIT} requests within {WINDOW:?}: {:?}",
+            requests
+                .iter()
+                .map(|r| r.at - requests[0].at)
+                .collect::<Vec<_>>()
+        );
+    }
+    system.finish().await;
+}
+
+/// A mirror reporting more than a sync may fetch: the sync stops at its page cap, the job
+/// completes, the watermark stays at the window being paged, and the next sync goes on from
+/// it. Today's code followed a huge total indefinitely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_stops_at_its_page_cap_and_the_next_goes_on() {
+    let system = TestSystem::spawn().await;
+    let nvd = FakeNvd::start(served(20)).await;
+    synced_days_ago(&system, 2).await;
+    let before: chrono::DateTime<Utc> =
+        scalar(&system, "SELECT synced_through FROM cve_sync").await;
+    let enrichment = service(&system, &nvd, 4, |cve| cve.sync_max_pages = 3);
+    let (_, job) = system.scan_to_enrich(&["CVE-2026-10019"]).await;
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job, Execution::Completed)]
+    );
+    let done = checkpoint(&system, job).await;
+    assert_eq!(done["sync_capped"], true, "{done}");
+    let window_requests = |nvd: &FakeNvd| {
+        nvd.requests()
+            .iter()
+            .filter(|request| request.window.is_some())
+            .count()
+    };
+    assert_eq!(window_requests(&nvd), 3, "three pages, no more");
+    let after: chrono::DateTime<Utc> = scalar(&system, "SELECT synced_through FROM cve_sync").await;
+    assert!(
+        after <= before,
+        "the watermark does not pass the window it stopped in"
+    );
+    assert_eq!(
+        scalar::<Option<Uuid>>(&system, "SELECT holder_job_id FROM cve_sync").await,
+        None,
+        "the job let the sync go"
+    );
+    assert_eq!(counter("palisade_nvd_syncs_capped_total "), 1);
+
+    // The next sync (due again) fetches from the same window; with the cap raised it ends.
+    synced_days_ago(&system, 2).await;
+    let enrichment = service(&system, &nvd, 4, |cve| cve.sync_max_pages = 10);
+    let (_, job) = system.scan_to_enrich(&["CVE-2026-10019"]).await;
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job, Execution::Completed)]
+    );
+    let done = checkpoint(&system, job).await;
+    assert!(done.get("sync_capped").is_none(), "{done}");
+    assert_eq!(
+        scalar::<i64>(&system, "SELECT count(*) FROM cves").await,
+        20
+    );
+    system.finish().await;
+}
+
+/// NVD pages by position. A record on the first page modified while the window is paged
+/// leaves it, every later record moves one place forward, and the record first on the second
+/// page moves onto the first, already fetched: today's code skipped it (no later sync reads
+/// it, since it was not modified). The total changed, so the window is read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_modified_while_paged_is_read_again_and_nothing_is_skipped() {
+    let system = TestSystem::spawn().await;
+    let nvd = FakeNvd::start(served(12)).await;
+    synced_days_ago(&system, 2).await;
+    // CVE-2026-10001 modified after the first page (four records) was served.
+    nvd.modify_after_page(0, "CVE-2026-10001", Utc::now() + TimeDelta::minutes(5));
+    let enrichment = service(&system, &nvd, 4, |_| {});
+    let (_, job) = system.scan_to_enrich(&["CVE-2026-10004"]).await;
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job, Execution::Completed)]
+    );
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM cves ORDER BY id")
+        .fetch_all(&system.pool)
+        .await
+        .unwrap();
+    assert!(
+        ids.iter().any(|id| id == "CVE-2026-10004"),
+        "the record that moved across the page boundary: {ids:?}"
+    );
+    assert_eq!(ids.len(), 12, "{ids:?}");
+    let pages: Vec<u64> = nvd
+        .requests()
+        .iter()
+        .filter(|request| request.window.is_some())
+        .map(|request| request.start_index)
+        .collect();
+    assert_eq!(pages, [0, 4, 0, 4, 8], "read again from the first page");
+    assert_eq!(counter("palisade_nvd_windows_reread_total "), 1);
+    let done = checkpoint(&system, job).await;
+    assert_eq!(done["phase"], "done", "{done}");
+    system.finish().await;
+}
+
+fn settings(base_url: &str, ca: Option<std::path::PathBuf>) -> NvdSettings {
+    NvdSettings {
+        base_url: base_url.parse().unwrap(),
+        api_key: None,
+        requests_per_window: 100,
+        window: Duration::from_secs(1),
+        timeout: Duration::from_secs(5),
+        max_retries: 0,
+        retry: RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(1)),
+        page_size: nvd::MAX_PAGE_SIZE,
+        ca,
+    }
+}
+
+/// A mirror behind an internal authority: trusted with `PALISADE_NVD_CA`, refused without.
+#[tokio::test]
+async fn a_mirror_behind_an_internal_authority_is_trusted_through_its_ca_file() {
+    let system = TestSystem::spawn().await;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![leaf.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let body = r#"{"resultsPerPage":0,"startIndex":0,"totalResults":0,"vulnerabilities":[]}"#;
+        while let Ok((stream, _)) = listener.accept().await {
+            let Ok(mut stream) = acceptor.accept(stream).await else {
+                continue;
+            };
+            let mut request = vec![0; 4096];
+            let _ = stream.read(&mut request).await;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        }
+    });
+    let folder = tempfile::tempdir().unwrap();
+    let ca_file = folder.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let url = format!("https://localhost:{port}/rest/json/cves/2.0");
+    let query = Query::Id("CVE-2021-44228".into());
+
+    let trusting = Nvd::new(settings(&url, Some(ca_file)), system.pool.clone()).unwrap();
+    let page = trusting.page(&query, 0).await.unwrap();
+    assert_eq!(page.total_results, 0);
+    let plain = Nvd::new(settings(&url, None), system.pool.clone()).unwrap();
+    assert!(matches!(
+        plain.page(&query, 0).await,
+        Err(NvdError::Unavailable { attempts: 1, .. })
+    ));
+    let empty = folder.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let error = Nvd::new(settings(&url, Some(empty)), system.pool.clone()).unwrap_err();
+    assert!(error.to_string().contains("PALISADE_NVD_CA"), "{error}");
+    system.finish().await;
+}
