@@ -237,7 +237,6 @@ struct LockedRow {
 /// A batch row that a result of this batch may replay or collide with.
 #[derive(Debug, sqlx::FromRow)]
 struct BatchRow {
-    task_id: Uuid,
     attempt_id: Uuid,
     sequence_number: i32,
     idempotency_key: String,
@@ -317,12 +316,13 @@ async fn decide_wave(
     );
     let batch_rows = colliding_batches(conn, messages, indices).await?;
 
-    // The results, in order, against the snapshot and what earlier messages accepted.
+    // The results, in order, against the snapshot and what earlier messages accepted. A key
+    // is its attempt's: another attempt of the task may use it again.
     let mut keys: HashMap<(Uuid, &str), String> = HashMap::new();
     let mut sequences: HashSet<(Uuid, i32)> = HashSet::new();
     for row in &batch_rows {
         keys.insert(
-            (row.task_id, row.idempotency_key.as_str()),
+            (row.attempt_id, row.idempotency_key.as_str()),
             row.payload_sha256.clone(),
         );
         sequences.insert((row.attempt_id, row.sequence_number));
@@ -335,11 +335,19 @@ async fn decide_wave(
         let claim = messages[index].claim();
         let outcome = match &messages[index] {
             Message::Result(params) => {
-                if let Some(checksum) = keys.get(&(claim.task_id, params.idempotency_key)) {
-                    decided.push((
-                        index,
-                        Ok(refusals::same_checksum_or_conflict(checksum, params)),
-                    ));
+                if let Some(checksum) = keys.get(&(claim.attempt_id, params.idempotency_key)) {
+                    // A replay: answered after the fence, to the attempt's own claim only,
+                    // whether or not it still holds the lease (its batch is in).
+                    let outcome = match rows.get(&claim.attempt_id) {
+                        Some(row)
+                            if row.attempt_task_id == claim.task_id
+                                && row.locked.is_presented_by(claim) =>
+                        {
+                            refusals::same_checksum_or_conflict(checksum, params)
+                        }
+                        _ => IngestOutcome::Refused(lease_lost(claim)),
+                    };
+                    decided.push((index, Ok(outcome)));
                     continue;
                 }
                 let row = match fenced(&rows, claim)? {
@@ -356,7 +364,7 @@ async fn decide_wave(
                     }
                     Ok(job) => {
                         keys.insert(
-                            (claim.task_id, params.idempotency_key),
+                            (claim.attempt_id, params.idempotency_key),
                             params.payload_sha256.to_owned(),
                         );
                         accepted.push((params, row, job));
@@ -552,8 +560,8 @@ async fn lock(
     Ok(rows.into_iter().map(|row| (row.attempt_id, row)).collect())
 }
 
-/// The batch rows with the same (task, key) or (attempt, sequence number) as a result of this
-/// batch. Read after `lock`: every batch row of a locked task is written under its lock.
+/// The batch rows with the same (attempt, key) or (attempt, sequence number) as a result of
+/// this batch. Read after `lock`: every batch row of a locked attempt is written under its lock.
 async fn colliding_batches(
     conn: &mut PgConnection,
     messages: &[Message<'_>],
@@ -569,7 +577,6 @@ async fn colliding_batches(
     if results.is_empty() {
         return Ok(Vec::new());
     }
-    let task_ids: Vec<Uuid> = results.iter().map(|params| params.claim.task_id).collect();
     let keys: Vec<&str> = results
         .iter()
         .map(|params| params.idempotency_key)
@@ -583,7 +590,7 @@ async fn colliding_batches(
         .map(|params| params.sequence_number)
         .collect();
     Ok(sql::query_as(sql::worker_result_batches::COLLIDING)
-        .bind(&task_ids)
+        .bind(&attempt_ids)
         .bind(&keys)
         .bind(&attempt_ids)
         .bind(&sequences)

@@ -131,6 +131,70 @@ async fn superseded_attempt_cannot_write_batch_completion_or_failure() {
     system.finish().await;
 }
 
+/// Issue 26, item 3: a batch key is its attempt's. A later attempt that sends a batch under a
+/// key an earlier attempt used, with the same content, has it stored for itself and completes;
+/// today's code answered it `duplicate` without storing it, and refused its completion
+/// `batch_missing` for good.
+#[tokio::test]
+async fn a_later_attempt_may_use_an_earlier_attempts_batch_key_again() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let payload = findings_payload(2);
+    let mut first = scan.worker.batch(&scan.lease, 0, &payload);
+    first.idempotency_key = "results-0".into();
+    let ack = scan.worker.send_batch(&first).await;
+    assert!(ack.error.is_none() && !ack.duplicate, "{ack:?}");
+    system.expire_and_recover(&scan.lease).await;
+
+    let successor = system.manual_worker(scan.organization_id, 8).await;
+    assert!(successor.hello(&["alpha"]).await.error.is_none());
+    let current = successor.acquire_one().await;
+    let mut again = successor.batch(&current, 0, &payload);
+    again.idempotency_key = "results-0".into();
+    let ack = successor.send_batch(&again).await;
+    assert!(ack.error.is_none(), "{ack:?}");
+    assert!(!ack.duplicate, "stored for the new attempt: {ack:?}");
+    let ack = successor.send_batch(&again).await;
+    assert!(
+        ack.error.is_none() && ack.duplicate,
+        "its own replay: {ack:?}"
+    );
+    let ack = successor.complete(&current, 1).await;
+    assert!(ack.error.is_none(), "{ack:?}");
+    system.wait_scan_state(&scan.scan_id, "completed").await;
+    system.finish().await;
+}
+
+/// Issue 26, item 3: a replay is answered after the fence. The attempt that stored a batch
+/// gets `duplicate` for it even once superseded (its batch is in); anyone else presenting the
+/// attempt's id and key without its token gets `lease_lost` and learns nothing of the batch.
+/// Today's code answered every sender from the batch record alone.
+#[tokio::test]
+async fn a_replay_is_answered_only_to_the_claim_that_stored_it() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let batch = scan.worker.batch(&scan.lease, 0, &findings_payload(2));
+    assert!(scan.worker.send_batch(&batch).await.error.is_none());
+    system.expire_and_recover(&scan.lease).await;
+    let before = system.table_counts().await;
+
+    let ack = scan.worker.send_batch(&batch).await;
+    assert!(
+        ack.error.is_none() && ack.duplicate,
+        "its own, superseded: {ack:?}"
+    );
+    let mut forged = batch.clone();
+    forged.lease.as_mut().unwrap().lease_token = "f".repeat(64);
+    let ack = scan.worker.send_batch(&forged).await;
+    assert_eq!(
+        ack.error.expect("refused").error_code(),
+        Some(ErrorCode::LeaseLost),
+        "a replay without the attempt's token"
+    );
+    assert_eq!(system.table_counts().await, before);
+    system.finish().await;
+}
+
 #[tokio::test]
 async fn out_of_order_batches_are_accepted_and_completion_names_what_is_missing() {
     let system = TestSystem::spawn().await;

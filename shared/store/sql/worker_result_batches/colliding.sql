@@ -1,14 +1,14 @@
--- Ingestion: the stored batches that the batch's (task, idempotency key) or (attempt, sequence)
--- pairs collide with.
--- $1: task_ids
+-- Ingestion: the stored batches that the batch's (attempt, idempotency key) or (attempt,
+-- sequence) pairs collide with.
+-- $1: attempt_ids
 -- $2: keys
 -- $3: attempt_ids
 -- $4: sequences
-SELECT b.task_id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
-FROM UNNEST($1::uuid[], $2::text[]) AS u(task_id, key)
-JOIN worker_result_batches b ON b.task_id = u.task_id AND b.idempotency_key = u.key
+SELECT b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
+FROM UNNEST($1::uuid[], $2::text[]) AS u(attempt_id, key)
+JOIN worker_result_batches b ON b.attempt_id = u.attempt_id AND b.idempotency_key = u.key
 UNION
-SELECT b.task_id, b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
+SELECT b.attempt_id, b.sequence_number, b.idempotency_key, b.payload_sha256
 FROM UNNEST($3::uuid[], $4::int[]) AS u(attempt_id, sequence_number)
 JOIN worker_result_batches b
   ON b.attempt_id = u.attempt_id AND b.sequence_number = u.sequence_number

@@ -20,8 +20,8 @@ pub(super) fn sequence_taken(params: &BatchParams<'_>) -> v1::Error {
     )
 }
 
-/// A batch whose (task, idempotency key) was accepted before with `checksum`: a duplicate when
-/// it carries the same payload, a conflict otherwise.
+/// A batch whose (attempt, idempotency key) was accepted before with `checksum`: a duplicate
+/// when it carries the same payload, a conflict otherwise.
 pub(super) fn same_checksum_or_conflict(checksum: &str, params: &BatchParams<'_>) -> IngestOutcome {
     if checksum == params.payload_sha256 {
         IngestOutcome::Duplicate
