@@ -475,6 +475,20 @@ async fn answer(
 /// the error is published in `enrichment.failed`, which tenants read.
 pub(crate) fn store_failure(error: &store::StoreError) -> StepError {
     tracing::warn!(error = %telemetry::chain(error), "enrichment could not write its progress");
+    if error.data_refused().is_some() {
+        // Not the database's health: the data. Retrying writes the same data again. The
+        // message goes to the tenant: no database text (the warning above has it).
+        return StepError {
+            error: v1::Error {
+                code: "data_refused".into(),
+                message: "PostgreSQL refused data the job tried to write, which retrying cannot \
+                          change; the enrichment service's log names it"
+                    .into(),
+                ..Default::default()
+            },
+            retryable: false,
+        };
+    }
     StepError {
         error: v1::Error {
             code: "database_unavailable".into(),

@@ -490,3 +490,23 @@ async fn a_mirror_behind_an_internal_authority_is_trusted_through_its_ca_file() 
     assert!(error.to_string().contains("PALISADE_NVD_CA"), "{error}");
     system.finish().await;
 }
+
+/// What is left of item 1's "the error code says what happened": data PostgreSQL refuses is
+/// told apart from PostgreSQL being unavailable (enrichment fails such a job `data_refused`,
+/// not retried, where it said `database_unavailable` three times).
+#[tokio::test]
+async fn data_postgres_refuses_is_told_apart_from_postgres_unavailable() {
+    let system = TestSystem::spawn().await;
+    let error = sqlx::query("SELECT $1::text")
+        .bind("a\u{0}b")
+        .execute(&system.pool)
+        .await
+        .expect_err("PostgreSQL stores no NUL in text");
+    let error = store::StoreError::from(error);
+    assert!(error.data_refused().is_some(), "{error:?}");
+    assert!(
+        !error.is_unavailable() && !error.is_transient(),
+        "{error:?}"
+    );
+    system.finish().await;
+}
