@@ -184,12 +184,13 @@ pub async fn fail_overdue(
 /// A task never leased, failed because no live worker could take it before its pending
 /// deadline: its scan fails with this code and the scan's target is free again.
 pub const NO_WORKER: &str = "no_worker";
-const NO_WORKER_MESSAGE: &str =
-    "no live worker of the organization offers this plugin; register or start one that does";
+const NO_WORKER_MESSAGE: &str = "no live worker of the organization could take this task (none \
+     offers its plugin, or its attempts are spent); register or start one that offers it";
 
 /// Fails up to `limit` tasks that have been `pending` longer than `pending_deadline` while no
 /// live worker (seen within `worker_live_within`, or holding a live lease) of their
-/// organization offers their plugin (SPEC I4: nothing stranded), in one transaction of a fixed
+/// organization offers their plugin (SPEC I4: nothing stranded), and due tasks whose attempts
+/// are spent (the grant never leases them) as long, in one transaction of a fixed
 /// number of statements: one claims them (`SKIP LOCKED`), [`progress::fail_tasks`] fails them
 /// terminally with their scan jobs and scans (code [`NO_WORKER`]), one inserts the events.
 pub async fn fail_stranded(
@@ -202,10 +203,11 @@ pub async fn fail_stranded(
     let mut tx = pool.begin().await?;
     let stranded = sql::query_as::<Claimed>(sql::worker_tasks::CLAIM_STRANDED)
         .bind(limit)
-        .bind(TaskState::Pending.as_str())
+        .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
         .bind(crate::seconds(pending_deadline))
         .bind(crate::seconds(worker_live_within))
         .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+        .bind(TaskState::Pending.as_str())
         .fetch_all(&mut *tx)
         .await?;
     if stranded.is_empty() {
@@ -216,8 +218,8 @@ pub async fn fail_stranded(
         tx,
         subjects,
         (NO_WORKER, NO_WORKER_MESSAGE),
-        "was offered by no live worker before the pending deadline",
-        &[TaskState::Pending],
+        "could be taken by no live worker before the pending deadline",
+        &[TaskState::Pending, TaskState::RetryWait],
         &stranded,
     )
     .await

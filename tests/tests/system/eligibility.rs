@@ -282,3 +282,41 @@ async fn a_lease_handed_on_counts_an_acquire_that_committed_meanwhile() {
     assert_eq!(granted, 1, "a one-slot worker holds one lease");
     system.finish().await;
 }
+
+/// A due task whose attempts are spent is never granted (the grant checks the budget; today's
+/// leased it, past `max_attempts`), and the reaper fails it with its scan once the pending
+/// deadline passed, although a live worker offers its plugin: no worker can take it.
+#[tokio::test]
+async fn a_task_whose_attempts_are_spent_is_never_granted_and_the_reaper_fails_it() {
+    const DEADLINE: std::time::Duration = std::time::Duration::from_millis(300);
+    let system = TestSystem::spawn_with(|settings| {
+        settings.reaper.pending_deadline = DEADLINE;
+    })
+    .await;
+    let organization_id = system.organization().await;
+    let worker = ready_worker(&system, organization_id, 4, &["alpha"]).await;
+    let spent = submit(&system, organization_id, "http://spent.test", &["alpha"], 0).await;
+    sqlx::query(
+        "UPDATE worker_tasks SET attempt_count = max_attempts, last_attempt_number = max_attempts \
+         WHERE scan_id = $1::uuid",
+    )
+    .bind(&spent)
+    .execute(&system.pool)
+    .await
+    .expect("budget spent");
+    let fresh = submit(&system, organization_id, "http://fresh.test", &["alpha"], 0).await;
+    let granted = worker.acquire(Uuid::new_v4(), 4, 0).await;
+    let scans: Vec<&str> = granted
+        .leases
+        .iter()
+        .map(|lease| lease.scan_id.as_str())
+        .collect();
+    assert_eq!(scans, [fresh.as_str()], "{granted:?}");
+
+    tokio::time::sleep(DEADLINE * 2).await;
+    let outcome = system.reaper().run_once().await.expect("sweep");
+    assert_eq!(outcome.stranded.len(), 1, "{outcome:?}");
+    assert_eq!(system.scan_state(&spent).await, "failed");
+    assert_eq!(system.scan_state(&fresh).await, "running");
+    system.finish().await;
+}

@@ -214,3 +214,71 @@ async fn a_decision_slower_than_the_ack_wait_is_not_redelivered() {
     assert_eq!(redeliveries, 0.0, "the slow decision was never redelivered");
     system.finish().await;
 }
+
+/// Issue 26, item 3: a message that fails for its own reasons reaches a dead letter. A result
+/// batch whose finding the database refuses (here a constraint the test adds, standing in for
+/// any row the schema refuses) fails its decision every time; it is redelivered up to
+/// `max_deliver`, then recorded in `dead_letters` with its payload and reason and terminated,
+/// while a good batch fetched beside it is accepted.
+#[tokio::test]
+async fn a_message_refused_on_every_delivery_is_recorded_dead_and_not_redelivered() {
+    const MAX_DELIVER: i64 = 3;
+    let system = TestSystem::spawn_with(|settings| {
+        settings.ingestion.consumer.max_deliver = MAX_DELIVER;
+    })
+    .await;
+    sqlx::query(
+        "ALTER TABLE findings ADD CONSTRAINT test_refuses_poison CHECK (title <> 'poison')",
+    )
+    .execute(&system.pool)
+    .await
+    .expect("constraint added");
+    let poisoned = system.leased_scan(&["alpha"]).await;
+    let healthy = system.leased_scan(&["alpha"]).await;
+    let mut payload = findings_payload(1);
+    payload.findings[0].title = "poison".into();
+    let poison = poisoned.worker.batch(&poisoned.lease, 0, &payload);
+    let bytes = poison.encode_to_vec();
+    poisoned
+        .worker
+        .publish_raw(WorkerVerb::Result, bytes.clone())
+        .await;
+    let good = healthy
+        .worker
+        .batch(&healthy.lease, 0, &findings_payload(2));
+    let ack = healthy.worker.send_batch(&good).await;
+    assert!(ack.error.is_none(), "{ack:?}");
+
+    let (delivered, consumer, reason, stored): (i64, String, String, Vec<u8>) = system
+        .wait_for("the dead letter", || async {
+            sqlx::query_as("SELECT delivered, consumer, reason, payload FROM dead_letters")
+                .fetch_optional(&system.pool)
+                .await
+                .expect("read")
+        })
+        .await;
+    assert_eq!(delivered, MAX_DELIVER);
+    assert_eq!(consumer, ingestion::CONSUMER_NAME);
+    assert!(!reason.is_empty());
+    assert_eq!(stored, bytes, "the message as it was sent");
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.results_stream(),
+        ingestion::CONSUMER_NAME,
+    )
+    .await;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+        .fetch_one(&system.pool)
+        .await
+        .expect("count");
+    assert_eq!(dead, 1, "terminated: recorded once, not redelivered");
+    let batches: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM worker_result_batches WHERE attempt_id = $1::uuid",
+    )
+    .bind(&poisoned.lease.lease.as_ref().unwrap().attempt_id)
+    .fetch_one(&system.pool)
+    .await
+    .expect("count");
+    assert_eq!(batches, 0, "nothing of it was written");
+    system.finish().await;
+}

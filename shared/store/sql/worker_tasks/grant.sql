@@ -9,6 +9,7 @@
 -- read: that statement's snapshot predates its wait for the worker row, so an acquire that waited
 -- for another acquire of the same worker would count without the leases that one granted. This
 -- statement starts with the worker row locked, so it sees every committed lease.
+-- A task whose attempts are spent is never leased (the reaper fails it, `claim_stranded.sql`).
 -- Its columns are `lease::GrantedLease`'s, the same as
 -- `worker_task_attempts/replayed_leases.sql`'s and `grant_next.sql`'s.
 -- $1: params.worker_id
@@ -47,6 +48,7 @@ picked AS (
           AND t.state = ANY($6)
           AND t.available_at <= now()
           AND t.cancel_requested_at IS NULL
+          AND t.attempt_count < t.max_attempts
           AND t.required_capabilities <@ $2
         ORDER BY t.priority DESC, t.available_at, t.created_at
         LIMIT coalesce((SELECT free FROM room), 0)

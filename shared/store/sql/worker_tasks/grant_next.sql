@@ -30,6 +30,7 @@ picked AS (
     WHERE t.state = $4
       AND t.available_at <= now()
       AND t.cancel_requested_at IS NULL
+      AND t.attempt_count < t.max_attempts
       AND t.required_capabilities <@ w.capabilities
       AND EXISTS (SELECT 1 FROM assigned
                   WHERE assigned.worker_id = asks.worker_id
