@@ -61,7 +61,7 @@ fn recent(count: u32) -> Vec<ServedCve> {
 }
 
 /// The sync last ran `days` ago.
-async fn synced_days_ago(system: &TestSystem, days: i32) {
+pub(crate) async fn synced_days_ago(system: &TestSystem, days: i32) {
     sqlx::query("UPDATE cve_sync SET synced_through = now() - make_interval(days => $1)")
         .bind(days)
         .execute(&system.pool)
@@ -69,7 +69,7 @@ async fn synced_days_ago(system: &TestSystem, days: i32) {
         .expect("the watermark set back");
 }
 
-async fn checkpoint(system: &TestSystem, job_id: Uuid) -> serde_json::Value {
+pub(crate) async fn checkpoint(system: &TestSystem, job_id: Uuid) -> serde_json::Value {
     sqlx::query_scalar("SELECT checkpoint FROM enrichment_jobs WHERE id = $1")
         .bind(job_id)
         .fetch_one(&system.pool)
@@ -95,12 +95,18 @@ async fn cve_data(system: &TestSystem, scan_id: Uuid) -> serde_json::Value {
 
 /// `palisade_nvd_requests_total` by outcome, from this process's registry.
 fn nvd_requests(outcome: &str) -> u64 {
+    counter(&format!(
+        "palisade_nvd_requests_total{{outcome=\"{outcome}\"}} "
+    ))
+}
+
+/// The value on the line of this process's registry that starts with `line` (0 when absent).
+pub(crate) fn counter(line: &str) -> u64 {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &bus::metrics::registry())
         .expect("encoded");
-    let line = format!("palisade_nvd_requests_total{{outcome=\"{outcome}\"}} ");
     text.lines()
-        .find_map(|row| row.strip_prefix(&line))
+        .find_map(|row| row.strip_prefix(line))
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or(0)
 }

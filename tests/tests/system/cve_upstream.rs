@@ -18,6 +18,8 @@ use tests::TestSystem;
 use tests::nvd::{FakeNvd, ServedCve};
 use uuid::Uuid;
 
+use crate::cve::{checkpoint, counter, synced_days_ago};
+
 /// An enrichment service reading `nvd` with pages of `page_size`, no rate limit to speak of.
 fn service(
     system: &TestSystem,
@@ -64,22 +66,6 @@ fn served(count: u32) -> Vec<ServedCve> {
         .collect()
 }
 
-async fn synced_days_ago(system: &TestSystem, days: i32) {
-    sqlx::query("UPDATE cve_sync SET synced_through = now() - make_interval(days => $1)")
-        .bind(days)
-        .execute(&system.pool)
-        .await
-        .expect("the watermark set back");
-}
-
-async fn checkpoint(system: &TestSystem, job_id: Uuid) -> serde_json::Value {
-    sqlx::query_scalar("SELECT checkpoint FROM enrichment_jobs WHERE id = $1")
-        .bind(job_id)
-        .fetch_one(&system.pool)
-        .await
-        .expect("the job")
-}
-
 async fn scalar<T>(system: &TestSystem, query: &'static str) -> T
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
@@ -88,17 +74,6 @@ where
         .fetch_one(&system.pool)
         .await
         .expect("a value")
-}
-
-/// A counter of this process's registry (0 when absent).
-fn counter(line: &str) -> u64 {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &bus::metrics::registry())
-        .expect("encoded");
-    text.lines()
-        .find_map(|row| row.strip_prefix(line))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// The acceptance of item 1: a mirror serving 3,000 CVEs, one with a NUL in its description
