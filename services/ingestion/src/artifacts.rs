@@ -7,8 +7,9 @@
 //! - **commit** reads those chunks back, checks the chunk count, size and sha256 the worker
 //!   names (a mismatch fails the session: `checksum_mismatch`), records the session
 //!   `uploaded` (fenced), puts the file into the artifact store, records it `committed`
-//!   (fenced), and purges the chunks. A commit resent after any of these steps finishes the
-//!   rest; one resent after the last answers the committed session again.
+//!   (fenced), and purges the chunks, recording that it did (the reaper purges them when
+//!   ingestion stopped before). A commit resent after any of these steps finishes the rest; one
+//!   resent after the commit answers the committed session again.
 //!
 //! A worker never gets storage credentials: the store is written here, after the checks.
 
@@ -306,12 +307,25 @@ impl<S: ArtifactStore> Artifacts<S> {
         store::artifacts::commit(&self.pool, claim, upload.id)
             .await
             .map_err(|error| internal("committing the artifact", &error))??;
-        // Best effort: chunks left by a crash here age out of the uploads stream.
-        if let Err(error) = self.bus.purge_upload(&worker, &id).await {
-            tracing::warn!(upload_id = %id, error = %telemetry::chain(&error), "committed upload's chunks not purged; the uploads stream drops them after a day");
-        }
+        self.purge_chunks(&worker, upload.id).await;
         tracing::info!(upload_id = %id, task_id = %claim.task_id, size_bytes, "artifact committed");
         Ok(committed(upload.id))
+    }
+}
+
+impl<S> Artifacts<S> {
+    /// Purges a committed session's chunks and records it. Best effort: chunks a failure or a
+    /// crash leaves here are purged by the reaper once `store::artifacts::COMMITTED_CHUNKS_GRACE`
+    /// has passed since the commit.
+    async fn purge_chunks(&self, worker: &str, upload_id: Uuid) {
+        let id = upload_id.to_string();
+        if let Err(error) = self.bus.purge_upload(worker, &id).await {
+            tracing::warn!(upload_id = %id, error = %telemetry::chain(&error), "committed upload's chunks not purged; the reaper purges them");
+            return;
+        }
+        if let Err(error) = store::artifacts::mark_removed(&self.pool, &[upload_id]).await {
+            tracing::warn!(upload_id = %id, error = %telemetry::chain(&error), "committed upload's chunks purged but not recorded; the reaper purges them again");
+        }
     }
 }
 

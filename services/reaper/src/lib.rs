@@ -251,10 +251,12 @@ impl Service {
         Ok(outcome)
     }
 
-    /// Removes what upload sessions that expired or failed left on the bus: the chunks on
-    /// their upload subject and any object under their key (a session can expire after its
-    /// file was stored, its commit refused). At most [`UPLOAD_REMOVALS_MAX`] sessions a sweep;
-    /// a session whose removal fails on the bus stays to be removed at the next sweep.
+    /// Removes what upload sessions left on the bus: of those that expired or failed, the
+    /// chunks on their upload subject and any object under their key (a session can expire
+    /// after its file was stored, its commit refused); of a committed one whose chunks ingestion
+    /// did not purge (it stopped between its commit and its purge), the chunks only: its object
+    /// is the artifact. At most [`UPLOAD_REMOVALS_MAX`] sessions a sweep; a session whose
+    /// removal fails on the bus stays to be removed at the next sweep.
     async fn remove_upload_leftovers(&self) -> Result<u64, StoreError> {
         let removable = store::artifacts::removable(&self.pool, UPLOAD_REMOVALS_MAX).await?;
         if removable.is_empty() {
@@ -279,7 +281,11 @@ impl Service {
                 Some(worker_id) => self.bus.purge_upload(&worker_id.to_string(), &id).await,
                 None => Ok(()),
             };
-            let object = bus::artifacts::ArtifactStore::delete(&store, &upload.object_key).await;
+            let object = if upload.is_artifact() {
+                Ok(())
+            } else {
+                bus::artifacts::ArtifactStore::delete(&store, &upload.object_key).await
+            };
             match chunks.and(object) {
                 Ok(()) => removed.push(upload.id),
                 Err(error) => {
@@ -382,7 +388,8 @@ pub struct SweepOutcome {
     /// were spent.
     pub enrichment: store::enrichment::RecoveredJobs,
     pub uploads_expired: u64,
-    /// Upload sessions (expired or failed) whose chunks and object were removed.
+    /// Upload sessions whose leftovers were removed: chunks and object of expired or failed
+    /// ones, chunks of committed ones that ingestion did not purge.
     pub uploads_removed: u64,
     pub pruned: Pruned,
     /// `retry_wait` tasks due now (a wake-up was published for them).

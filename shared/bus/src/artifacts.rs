@@ -33,7 +33,7 @@ pub fn chunks_max(bytes_max: u64) -> u64 {
 
 /// How long the uploads stream keeps a chunk whatever happens to its session: a safety net
 /// only; the reaper removes the chunks of every session that expired or failed, and
-/// ingestion those of a committed one.
+/// ingestion those of a committed one (the reaper, when ingestion stopped before).
 pub const UPLOAD_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Why what was sent in an upload session is not the file the worker described.

@@ -2,9 +2,11 @@
 //! lease opens a session ([`prepare`]), sends its file on the bus (ingestion stores a chunk
 //! only while [`open_for_chunks`] says the session takes them), and commits; ingestion
 //! reads the file back, and [`mark_uploaded`] / [`commit`] move the session on under the
-//! fence, [`fail`] ends it when what arrived is not what the commit described. The reaper
-//! expires sessions left open ([`crate::recover::expire_uploads`]) and removes what ended
-//! sessions left on the bus ([`removable`], [`mark_removed`]).
+//! fence, [`fail`] ends it when what arrived is not what the commit described. Ingestion
+//! purges a committed session's chunks and records it ([`mark_removed`]). The reaper expires
+//! sessions left open ([`crate::recover::expire_uploads`]) and removes what ended sessions left
+//! on the bus ([`removable`], [`mark_removed`]): the chunks and any object of those that expired
+//! or failed, the chunks of a committed one that ingestion did not purge.
 //!
 //! States: `prepared → uploaded → committed`, or `expired` / `failed` from either open state.
 //! Only a committed session is an artifact of its scan.
@@ -47,6 +49,8 @@ pub struct Upload {
     pub expires_at: DateTime<Utc>,
     pub uploaded_at: Option<DateTime<Utc>>,
     pub committed_at: Option<DateTime<Utc>>,
+    /// When what the session left on the bus was removed: a committed session's chunks (its
+    /// object is the artifact), an ended one's chunks and any object.
     pub removed_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
 }
@@ -293,16 +297,32 @@ pub async fn of_scan(pool: &PgPool, scan_id: Uuid) -> Result<Vec<Upload>, StoreE
     )
 }
 
-/// What an ended session left on the bus: its chunks (under its worker's upload subject) and
-/// maybe an object.
+/// How long after a commit the reaper leaves a committed session's chunks to ingestion, which
+/// purges them right after its commit and records it ([`mark_removed`]); past it, they are
+/// what a crash between the two left, and the reaper purges them ([`removable`]).
+pub const COMMITTED_CHUNKS_GRACE: Duration = Duration::from_secs(60);
+
+/// What a session left on the bus: its chunks (under its worker's upload subject) and, unless
+/// it was committed, maybe an object.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Removable {
     pub id: Uuid,
     pub worker_id: Option<Uuid>,
     pub object_key: String,
+    pub status: String,
 }
 
-/// Sessions that expired or failed whose leftovers are still to be removed, oldest first.
+impl Removable {
+    /// Whether the session was committed: its object is its artifact, and only its chunks are
+    /// left over.
+    pub fn is_artifact(&self) -> bool {
+        UploadStatus::parse(&self.status) == Some(UploadStatus::Committed)
+    }
+}
+
+/// At most `limit` sessions whose leftovers are still to be removed: those that expired or
+/// failed (chunks and any object), oldest first, then committed ones whose chunks were not
+/// recorded purged within [`COMMITTED_CHUNKS_GRACE`] of their commit (chunks only).
 pub async fn removable(pool: &PgPool, limit: i64) -> Result<Vec<Removable>, StoreError> {
     Ok(
         sql::query_as::<Removable>(sql::worker_artifact_uploads::REMOVABLE)
@@ -311,12 +331,16 @@ pub async fn removable(pool: &PgPool, limit: i64) -> Result<Vec<Removable>, Stor
                 UploadStatus::Expired.as_str(),
                 UploadStatus::Failed.as_str(),
             ])
+            .bind(UploadStatus::Committed.as_str())
+            .bind(seconds(COMMITTED_CHUNKS_GRACE))
             .fetch_all(pool)
             .await?,
     )
 }
 
-/// Records that these sessions' leftovers are gone.
+/// Records that what these sessions left on the bus is gone: a committed session's chunks
+/// (ingestion after its own purge, or the reaper), an ended one's chunks and object (the
+/// reaper).
 pub async fn mark_removed(pool: &PgPool, ids: &[Uuid]) -> Result<u64, StoreError> {
     Ok(sql::query(sql::worker_artifact_uploads::MARK_REMOVED)
         .bind(ids)

@@ -1,6 +1,7 @@
 //! Artifacts (issue 12, item 4): upload sessions fenced on the live lease, chunks on the
 //! worker's own upload subject, size and sha256 verified at commit before the file is stored,
-//! sessions expired and their leftovers removed by the reaper, downloads verified, and the
+//! sessions expired and their leftovers removed by the reaper (a committed session's chunks
+//! too, when ingestion stopped before purging them), downloads verified, and the
 //! `sbom` plugin's CycloneDX document through the whole path.
 
 use bus::artifacts::ArtifactStore as _;
@@ -134,6 +135,10 @@ async fn a_verified_upload_is_committed_once_and_downloads_intact() {
     let session = status(&system, upload_id).await;
     assert_eq!(session.status, "committed");
     assert_eq!(session.chunks, Some(3));
+    assert!(
+        session.removed_at.is_some(),
+        "ingestion purged the chunks and recorded it"
+    );
     let scan_id: Uuid = scan.scan_id.parse().unwrap();
     let listed = palisade::commands::list_artifacts(&system.pool, scan_id)
         .await
@@ -449,5 +454,70 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
         store.get(&key).await.unwrap().is_some(),
         "the committed one stays"
     );
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn chunks_a_crash_left_after_a_commit_are_purged_by_the_reaper_and_the_artifact_kept() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+    let (upload_id, prepared) = open_upload(&scan, "report.json").await;
+    let data = file(40_000);
+    let chunks = scan
+        .worker
+        .send_chunks(&prepared.chunk_subject, upload_id, &data, 16_000)
+        .await;
+    assert_eq!(chunks, 3);
+    // Ingestion's commit up to its purge, then a crash: the session committed and its object
+    // stored, its chunks still on the uploads stream.
+    let claim = store::LeaseClaim::from_wire(scan.worker.id, Some(&lease)).unwrap();
+    let sha256 = messages::sha256_hex(&data);
+    let verified = store::artifacts::Verified {
+        size_bytes: data.len() as u64,
+        sha256: &sha256,
+        chunks,
+    };
+    store::artifacts::mark_uploaded(&system.pool, &claim, upload_id, &verified)
+        .await
+        .unwrap()
+        .unwrap();
+    let key = status(&system, upload_id).await.object_key;
+    let store = system.bus.artifacts().await.unwrap();
+    store
+        .put(&key, bytes::Bytes::from(data.clone()))
+        .await
+        .unwrap();
+    store::artifacts::commit(&system.pool, &claim, upload_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(chunks_sent(&system, scan.worker.id, upload_id).await, 3);
+
+    // Past the grace ingestion has to purge them itself, the reaper does.
+    sqlx::query(
+        "UPDATE worker_artifact_uploads SET committed_at = now() - interval '10 minutes' WHERE id = $1",
+    )
+    .bind(upload_id)
+    .execute(&system.pool)
+    .await
+    .unwrap();
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!(outcome.uploads_removed, 1, "{outcome:?}");
+    assert_eq!(
+        chunks_sent(&system, scan.worker.id, upload_id).await,
+        0,
+        "the committed session's chunks are purged"
+    );
+    let session = status(&system, upload_id).await;
+    assert_eq!(session.status, "committed");
+    assert!(session.removed_at.is_some());
+    // The object is the artifact: kept, and it downloads intact.
+    let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, upload_id)
+        .await
+        .unwrap();
+    assert_eq!(bytes.as_ref(), data.as_slice());
+    let outcome = system.reaper().run_once().await.unwrap();
+    assert_eq!(outcome.uploads_removed, 0, "{outcome:?}");
     system.finish().await;
 }

@@ -1,8 +1,19 @@
--- Reaper: sessions that ended without a commit whose chunks and object are still to be
--- removed, oldest first.
+-- Reaper: sessions whose leftovers on the bus are still to be removed, at most $1. First those
+-- that ended without a commit (their chunks and any object), oldest first; then committed ones
+-- whose chunks ingestion did not record purged within $4 seconds of the commit (it stopped
+-- between its commit and its purge; their chunks only: the object is the artifact), oldest
+-- commit first.
 -- $1: limit
 -- $2: [UploadStatus::Expired.as_str(), UploadStatus::Failed.as_str()]
-SELECT id, worker_id, object_key FROM worker_artifact_uploads
-WHERE status = ANY($2) AND removed_at IS NULL
-ORDER BY created_at
+-- $3: UploadStatus::Committed.as_str()
+-- $4: crate::seconds(COMMITTED_CHUNKS_GRACE)
+(SELECT id, worker_id, object_key, status FROM worker_artifact_uploads
+ WHERE status = ANY($2) AND removed_at IS NULL
+ ORDER BY created_at
+ LIMIT $1)
+UNION ALL
+(SELECT id, worker_id, object_key, status FROM worker_artifact_uploads
+ WHERE status = $3 AND removed_at IS NULL AND committed_at <= now() - make_interval(secs => $4)
+ ORDER BY committed_at
+ LIMIT $1)
 LIMIT $1
