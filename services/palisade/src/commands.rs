@@ -8,6 +8,18 @@ use uuid::Uuid;
 
 use crate::exit;
 
+/// The bus as the operator's identity (`NATS_CREDS` holds its credentials).
+pub async fn operator_bus(common: &runtime::CommonSettings) -> anyhow::Result<bus::Bus> {
+    Ok(bus::Bus::connect(
+        &common.nats_url,
+        &common.nats_credentials,
+        &common.nats_tls,
+        common.subjects.clone(),
+        &messages::Identity::Operator,
+    )
+    .await?)
+}
+
 /// `palisade scan enrich <scan>`: requests enrichment of a scan of any organization; the
 /// answer `{scan_id, job_id, status, outcome, message}`, or the refusal as an error.
 pub async fn enrich(pool: &PgPool, scan_id: Uuid) -> anyhow::Result<serde_json::Value> {

@@ -7,6 +7,7 @@
 pub mod accounts;
 pub mod bench;
 pub mod commands;
+pub mod dead_letters;
 pub mod demo;
 pub mod exit;
 pub mod harness;

@@ -146,6 +146,9 @@ enum Command {
     /// Artifacts: files plugins uploaded as evidence of a scan (an SBOM, a report).
     #[command(subcommand)]
     Artifact(ArtifactCommand),
+    /// Messages a consumer gave up on after their last delivery: list, read, replay, discard.
+    #[command(subcommand)]
+    DeadLetter(palisade::dead_letters::DeadLetterCommand),
     /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
     /// the failing checks otherwise.
     Health {
@@ -645,7 +648,7 @@ async fn run() -> anyhow::Result<()> {
             } else {
                 None
             };
-            let bus = operator_bus(&common).await?;
+            let bus = palisade::commands::operator_bus(&common).await?;
             let client = client::Client::new(bus, client);
             let key = key.unwrap_or_else(|| Uuid::new_v4().to_string());
             let plugin_names: Vec<&str> = plugins.iter().map(String::as_str).collect();
@@ -796,6 +799,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Finding(command) => finding(&common, command).await,
         Command::Artifact(command) => artifact(&common, command).await,
+        Command::DeadLetter(command) => palisade::dead_letters::run(&common, command).await,
         Command::Task(TaskCommand::Cancel { task_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Task(task_id), &reason).await
         }
@@ -1273,18 +1277,6 @@ async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::R
     system.run_until(runtime::shutdown_on_signal()).await
 }
 
-/// The bus as the operator's identity (`NATS_CREDS` holds its credentials).
-async fn operator_bus(common: &CommonSettings) -> anyhow::Result<bus::Bus> {
-    Ok(bus::Bus::connect(
-        &common.nats_url,
-        &common.nats_credentials,
-        &common.nats_tls,
-        common.subjects.clone(),
-        &messages::Identity::Operator,
-    )
-    .await?)
-}
-
 async fn artifact(common: &CommonSettings, command: ArtifactCommand) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
     match command {
@@ -1311,7 +1303,7 @@ async fn artifact(common: &CommonSettings, command: ArtifactCommand) -> anyhow::
             }
         }
         ArtifactCommand::Get { id, out } => {
-            let bus = operator_bus(common).await?;
+            let bus = palisade::commands::operator_bus(common).await?;
             let store = runtime::artifacts::Artifacts::open(&bus, &common.artifact_store).await?;
             let (artifact, bytes) = palisade::commands::get_artifact(&pool, &store, id).await?;
             if out.as_os_str() == "-" {

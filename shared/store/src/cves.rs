@@ -304,23 +304,7 @@ pub async fn write_findings(pool: &PgPool, fence: JobFence) -> Result<FindingsWr
     })
 }
 
-/// What was done with an upstream record palisade could not keep as served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuarantineAction {
-    /// Stored, changed so PostgreSQL accepts it ([`CveRecord::sanitise`]).
-    Sanitised,
-    /// Not stored: it could not be read.
-    SetAside,
-}
-
-impl QuarantineAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QuarantineAction::Sanitised => "sanitised",
-            QuarantineAction::SetAside => "set_aside",
-        }
-    }
-}
+pub use crate::states::QuarantineAction;
 
 /// An upstream record stored sanitised or set aside.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -221,8 +221,9 @@ string_enum! {
     UploadStatus, "worker_artifact_uploads.worker_artifact_uploads_status_check" {
         /// Opened by a worker holding its lease; its chunks may be arriving.
         Prepared => "prepared",
-        /// Committed by the worker and verified (size, sha256, chunks): its file is being
-        /// put into the artifact store.
+        /// Committed by the worker, its chunks matching the commit's count and size: its file
+        /// is streaming into the artifact store, its sha256 checked on the way (a mismatch
+        /// fails it). Ingestion stores no more chunks for it.
         Uploaded => "uploaded",
         /// In the artifact store and part of the scan's evidence.
         Committed => "committed",
@@ -329,6 +330,27 @@ string_enum! {
     }
 }
 
+string_enum! {
+    /// What was done with an upstream CVE record palisade could not keep as served
+    /// (`cve_quarantine.action`, written by enrichment and `palisade cve import`).
+    QuarantineAction, "cve_quarantine.cve_quarantine_action_check" {
+        /// Stored, changed so PostgreSQL accepts it (`cves::CveRecord::sanitise`).
+        Sanitised => "sanitised",
+        /// Not stored: it could not be read.
+        SetAside => "set_aside",
+    }
+}
+
+string_enum! {
+    /// How an operator resolved a dead letter (`dead_letters.resolution`; open while NULL).
+    DeadLetterResolution, "dead_letters.dead_letters_resolution_check" {
+        /// Published again on its subject, decided by the ordinary path.
+        Replayed => "replayed",
+        /// Closed without being decided.
+        Discarded => "discarded",
+    }
+}
+
 /// The text of every state of every enum above, sorted, each once: what SQL must never spell.
 pub fn all_names() -> Vec<&'static str> {
     let mut names = [
@@ -342,6 +364,8 @@ pub fn all_names() -> Vec<&'static str> {
         FindingStatus::NAMES,
         Severity::NAMES,
         FindingChange::NAMES,
+        QuarantineAction::NAMES,
+        DeadLetterResolution::NAMES,
     ]
     .concat();
     names.sort_unstable();

@@ -11,6 +11,7 @@ mod control;
 mod cost;
 mod cve;
 mod cve_upstream;
+mod dead_letters;
 mod decide;
 mod disclosure;
 mod eligibility;

@@ -4,8 +4,9 @@
 use std::collections::BTreeSet;
 
 use store::states::{
-    AttemptStatus, EnrichmentJobState, FindingChange, FindingStatus, ResultBatchStatus,
-    ScanJobState, ScanState, Severity, TaskState, UploadStatus,
+    AttemptStatus, DeadLetterResolution, EnrichmentJobState, FindingChange, FindingStatus,
+    QuarantineAction, ResultBatchStatus, ScanJobState, ScanState, Severity, TaskState,
+    UploadStatus,
 };
 use tests::TestSystem;
 
@@ -21,7 +22,7 @@ fn quoted_values(definition: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn state_enums_match_the_check_constraints() {
     let system = TestSystem::spawn().await;
-    let cases: [(&str, &[&str]); 10] = [
+    let cases: [(&str, &[&str]); 12] = [
         (ScanState::CHECK_CONSTRAINT, ScanState::NAMES),
         (ScanJobState::CHECK_CONSTRAINT, ScanJobState::NAMES),
         (TaskState::CHECK_CONSTRAINT, TaskState::NAMES),
@@ -38,6 +39,11 @@ async fn state_enums_match_the_check_constraints() {
         (FindingStatus::CHECK_CONSTRAINT, FindingStatus::NAMES),
         (Severity::CHECK_CONSTRAINT, Severity::NAMES),
         (FindingChange::CHECK_CONSTRAINT, FindingChange::NAMES),
+        (QuarantineAction::CHECK_CONSTRAINT, QuarantineAction::NAMES),
+        (
+            DeadLetterResolution::CHECK_CONSTRAINT,
+            DeadLetterResolution::NAMES,
+        ),
     ];
     for (constraint, expected) in cases {
         let (table, name) = constraint.split_once('.').unwrap();
