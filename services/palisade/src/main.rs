@@ -224,6 +224,36 @@ enum ScanCommand {
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Scans newest first by admission, filtered; a page at a time (`--after` the last id of
+    /// the previous page gives the next).
+    List {
+        #[arg(long)]
+        org: Option<Uuid>,
+        /// The target, exactly as submitted.
+        #[arg(long)]
+        target: Option<String>,
+        /// pending, running, completed, failed or cancelled (as `scan show` reports it).
+        #[arg(long)]
+        state: Option<String>,
+        /// Scans whose profile runs this plugin.
+        #[arg(long)]
+        plugin: Option<String>,
+        /// Admitted at or after this instant (RFC 3339, e.g. 2026-12-01T00:00:00Z).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Admitted before this instant (RFC 3339).
+        #[arg(long)]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        /// Requested by this client id.
+        #[arg(long)]
+        client: Option<String>,
+        #[arg(long)]
+        after: Option<Uuid>,
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        limit: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Cancel a scan: its unfinished tasks end now, a running worker stops at its next renew.
     Cancel {
         scan_id: Uuid,
@@ -749,6 +779,62 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Scan(ScanCommand::Show { scan_id, output }) => {
             show_scan(&common, scan_id, output).await
+        }
+        Command::Scan(ScanCommand::List {
+            org,
+            target,
+            state,
+            plugin,
+            since,
+            until,
+            client,
+            after,
+            limit,
+            output,
+        }) => {
+            let state = state
+                .map(|state| {
+                    store::states::ScanState::parse(&state).ok_or_else(|| {
+                        palisade::exit::refused(format!(
+                            "invalid_field: --state {state:?} is not one of pending, running, completed, failed, cancelled"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let filter = store::admin::ScanFilter {
+                organization_id: org,
+                target,
+                state,
+                plugin,
+                admitted_from: since,
+                admitted_before: until,
+                client_id: client,
+                after,
+                limit,
+            };
+            let pool = store::connect(&common.database).await?;
+            let scans = store::admin::scans(&pool, &filter).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&scans)?),
+                Output::Text => {
+                    println!(
+                        "{:<36} {:<10} {:>8} {:<25} {:<24} target",
+                        "id", "state", "findings", "admitted", "plugins"
+                    );
+                    for scan in &scans {
+                        println!(
+                            "{:<36} {:<10} {:>8} {:<25} {:<24} {}",
+                            scan.id,
+                            scan.state,
+                            scan.finding_count,
+                            scan.created_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                            scan.plugins.join(","),
+                            scan.target
+                        );
+                    }
+                }
+            }
+            Ok(())
         }
         Command::Scan(ScanCommand::Cancel { scan_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Scan(scan_id), &reason).await

@@ -107,6 +107,43 @@ pub async fn scan(pool: &PgPool, scan_id: Uuid) -> Result<Option<ScanView>, Stor
     Ok(Some(scan))
 }
 
+/// Which scans `palisade scan list` shows (`None`: any), and the page.
+#[derive(Debug, Clone, Default)]
+pub struct ScanFilter {
+    pub organization_id: Option<Uuid>,
+    /// The target's locator, exactly.
+    pub target: Option<String>,
+    /// As reported ([`ScanState::reported`]).
+    pub state: Option<ScanState>,
+    pub plugin: Option<String>,
+    pub admitted_from: Option<chrono::DateTime<chrono::Utc>>,
+    pub admitted_before: Option<chrono::DateTime<chrono::Utc>>,
+    /// Who requested it (the client id).
+    pub client_id: Option<String>,
+    /// The page after this scan (newest first).
+    pub after: Option<Uuid>,
+    pub limit: i64,
+}
+
+/// Scans newest first by admission, each with its state as reported, in one statement.
+pub async fn scans(pool: &PgPool, filter: &ScanFilter) -> Result<Vec<ScanView>, StoreError> {
+    Ok(sql::query_as::<ScanView>(sql::scans::LIST)
+        .bind(filter.organization_id)
+        .bind(filter.target.as_deref())
+        .bind(filter.state.map(ScanState::as_str))
+        .bind(filter.plugin.as_deref())
+        .bind(filter.admitted_from)
+        .bind(filter.admitted_before)
+        .bind(filter.client_id.as_deref())
+        .bind(filter.after)
+        .bind(filter.limit)
+        .bind([ScanState::Pending.as_str(), ScanState::Running.as_str()])
+        .bind(ScanState::Running.as_str())
+        .bind(ScanState::Pending.as_str())
+        .fetch_all(pool)
+        .await?)
+}
+
 /// The scan's plugin jobs, each with its state as reported ([`ScanJobState::reported`]).
 pub async fn scan_jobs(pool: &PgPool, scan_id: Uuid) -> Result<Vec<ScanJobView>, StoreError> {
     let mut jobs = sql::query_as::<ScanJobView>(sql::scan_jobs::SHOW_FOR_SCAN)

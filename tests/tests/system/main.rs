@@ -36,6 +36,7 @@ mod redaction;
 mod redelivery;
 mod renew;
 mod rows;
+mod scan_list;
 mod schema;
 mod scripts;
 mod security;

@@ -1,0 +1,117 @@
+//! `palisade scan list` (issue 27, item 4): scans newest first, filtered by organization,
+//! target, reported state, plugin, admission time and client, a page at a time.
+
+use store::admin::{ScanFilter, scans};
+use store::states::ScanState;
+use tests::TestSystem;
+
+fn ids(listed: &[store::admin::ScanView]) -> Vec<String> {
+    listed.iter().map(|scan| scan.id.to_string()).collect()
+}
+
+#[tokio::test]
+async fn scans_are_listed_newest_first_by_every_filter_and_a_page_at_a_time() {
+    let system = TestSystem::spawn().await;
+    // Running (leased), then completed, then pending: three organizations.
+    let running = system.leased_scan(&["alpha"]).await;
+    let completed = system.leased_scan(&["alpha"]).await;
+    system.complete_with_findings(&completed, 2).await;
+    let organization_id = system.organization().await;
+    let pending = system
+        .submit(&system.request(organization_id, "http://pending.test", &["beta", "alpha"]))
+        .await;
+    assert!(pending.error.is_none(), "{pending:?}");
+    let filter = |configure: &dyn Fn(&mut ScanFilter)| {
+        let mut filter = ScanFilter {
+            limit: 10,
+            ..Default::default()
+        };
+        configure(&mut filter);
+        filter
+    };
+    let pool = &system.pool;
+
+    let all = scans(pool, &filter(&|_| {})).await.unwrap();
+    assert_eq!(
+        ids(&all),
+        [
+            pending.scan_id.clone(),
+            completed.scan_id.clone(),
+            running.scan_id.clone()
+        ],
+        "newest first"
+    );
+    let states: Vec<&str> = all.iter().map(|scan| scan.state.as_str()).collect();
+    assert_eq!(states, ["pending", "completed", "running"], "as reported");
+
+    for (state, expected) in [
+        (ScanState::Running, &running.scan_id),
+        (ScanState::Pending, &pending.scan_id),
+        (ScanState::Completed, &completed.scan_id),
+    ] {
+        let listed = scans(pool, &filter(&|f| f.state = Some(state)))
+            .await
+            .unwrap();
+        assert_eq!(ids(&listed), [expected.clone()], "{state}");
+    }
+    let cancelled = scans(pool, &filter(&|f| f.state = Some(ScanState::Cancelled)))
+        .await
+        .unwrap();
+    assert!(cancelled.is_empty());
+    let beta = scans(pool, &filter(&|f| f.plugin = Some("beta".into())))
+        .await
+        .unwrap();
+    assert_eq!(ids(&beta), [pending.scan_id.clone()]);
+    let of_org = scans(
+        pool,
+        &filter(&|f| f.organization_id = Some(running.organization_id)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ids(&of_org), [running.scan_id.clone()]);
+    let by_target = scans(
+        pool,
+        &filter(&|f| f.target = Some("http://pending.test".into())),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ids(&by_target), [pending.scan_id.clone()]);
+    let by_client = scans(pool, &filter(&|f| f.client_id = Some("nobody".into())))
+        .await
+        .unwrap();
+    assert!(by_client.is_empty());
+    let later = scans(
+        pool,
+        &filter(&|f| f.admitted_from = Some(all[0].created_at)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ids(&later), [pending.scan_id.clone()]);
+    let earlier = scans(
+        pool,
+        &filter(&|f| f.admitted_before = Some(all[0].created_at)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(earlier.len(), 2);
+
+    // Pages of one: the three in order, then nothing.
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = scans(
+            pool,
+            &filter(&|f| {
+                f.limit = 1;
+                f.after = after;
+            }),
+        )
+        .await
+        .unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        paged.extend(ids(&page));
+    }
+    assert_eq!(paged, ids(&all));
+    system.finish().await;
+}
