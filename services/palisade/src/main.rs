@@ -146,6 +146,12 @@ enum Command {
     /// Artifacts: files plugins uploaded as evidence of a scan (an SBOM, a report).
     #[command(subcommand)]
     Artifact(ArtifactCommand),
+    /// The unfinished tasks by organization, plugin and state: how many, how many due, how long
+    /// the oldest due one has waited.
+    Queue {
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Messages a consumer gave up on after their last delivery: list, read, replay, discard.
     #[command(subcommand)]
     DeadLetter(palisade::dead_letters::DeadLetterCommand),
@@ -886,6 +892,31 @@ async fn run() -> anyhow::Result<()> {
         Command::Finding(command) => finding(&common, command).await,
         Command::Artifact(command) => artifact(&common, command).await,
         Command::DeadLetter(command) => palisade::dead_letters::run(&common, command).await,
+        Command::Queue { output } => {
+            let pool = store::connect(&common.database).await?;
+            let backlog = store::observability::backlog(&pool).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&backlog)?),
+                Output::Text => {
+                    println!(
+                        "{:<36} {:<16} {:<10} {:>8} {:>8} {:>16}",
+                        "organization", "plugin", "state", "tasks", "due", "oldest due (s)"
+                    );
+                    for row in &backlog {
+                        println!(
+                            "{:<36} {:<16} {:<10} {:>8} {:>8} {:>16.1}",
+                            row.organization_id,
+                            row.plugin,
+                            row.state,
+                            row.tasks,
+                            row.due,
+                            row.oldest_due_age_seconds
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
         Command::Task(TaskCommand::Cancel { task_id, reason }) => {
             cancel(&common, store::cancel::CancelTarget::Task(task_id), &reason).await
         }

@@ -68,3 +68,31 @@ pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Sna
         .await?;
     Ok(snapshot)
 }
+
+/// Unfinished tasks of one organization, plugin and state (`palisade queue`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct Backlog {
+    pub organization_id: uuid::Uuid,
+    pub plugin: String,
+    pub state: String,
+    pub tasks: i64,
+    /// Of them, due now (for `pending` and `retry_wait`: waiting for a worker).
+    pub due: i64,
+    /// How long the oldest due one has waited (0 when none is due).
+    pub oldest_due_age_seconds: f64,
+}
+
+/// The unfinished tasks by organization, plugin and state, in one statement.
+pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>, StoreError> {
+    let states = [
+        TaskState::Pending,
+        TaskState::RetryWait,
+        TaskState::Leased,
+        TaskState::Running,
+    ]
+    .map(TaskState::as_str);
+    Ok(sql::query_as(sql::worker_tasks::BACKLOG)
+        .bind(states)
+        .fetch_all(pool)
+        .await?)
+}

@@ -115,3 +115,40 @@ async fn scans_are_listed_newest_first_by_every_filter_and_a_page_at_a_time() {
     assert_eq!(paged, ids(&all));
     system.finish().await;
 }
+
+/// `palisade queue` (issue 27, item 3): unfinished tasks by organization, plugin and state.
+#[tokio::test]
+async fn the_backlog_counts_unfinished_tasks_by_organization_plugin_and_state() {
+    let system = TestSystem::spawn().await;
+    let running = system.leased_scan(&["alpha"]).await;
+    let organization_id = system.organization().await;
+    for target in ["http://a.test", "http://b.test"] {
+        let reply = system
+            .submit(&system.request(organization_id, target, &["beta"]))
+            .await;
+        assert!(reply.error.is_none(), "{reply:?}");
+    }
+    let backlog = store::observability::backlog(&system.pool).await.unwrap();
+    let rows: Vec<(uuid::Uuid, &str, &str, i64, i64)> = backlog
+        .iter()
+        .map(|row| {
+            (
+                row.organization_id,
+                row.plugin.as_str(),
+                row.state.as_str(),
+                row.tasks,
+                row.due,
+            )
+        })
+        .collect();
+    assert!(
+        rows.contains(&(running.organization_id, "alpha", "leased", 1, 1)),
+        "{rows:?}"
+    );
+    assert!(
+        rows.contains(&(organization_id, "beta", "pending", 2, 2)),
+        "{rows:?}"
+    );
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    system.finish().await;
+}
