@@ -191,6 +191,17 @@ enum OrgCommand {
         #[arg(long)]
         id: Option<Uuid>,
     },
+    /// Change a live organization's limits; admission applies them from its next decision.
+    /// Prints the organization's limits before and after, as JSON.
+    Set {
+        id: Uuid,
+        /// Scans admitted per rolling hour (0 admits none).
+        #[arg(long, conflicts_with = "no_hourly_quota", value_parser = clap::value_parser!(i32).range(0..))]
+        hourly_quota: Option<i32>,
+        /// No hourly quota.
+        #[arg(long)]
+        no_hourly_quota: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -664,6 +675,31 @@ async fn run() -> anyhow::Result<()> {
             let id = id.unwrap_or_else(Uuid::now_v7);
             store::admin::create_organization(&pool, id, &name, hourly_quota).await?;
             println!("{id}");
+            Ok(())
+        }
+        Command::Org(OrgCommand::Set {
+            id,
+            hourly_quota,
+            no_hourly_quota,
+        }) => {
+            if hourly_quota.is_none() && !no_hourly_quota {
+                return Err(palisade::exit::refused(
+                    "nothing_to_set: give --hourly-quota <n> or --no-hourly-quota",
+                ));
+            }
+            let pool = store::connect(&common.database).await?;
+            let previous = store::admin::set_hourly_quota(&pool, id, hourly_quota)
+                .await?
+                .map_err(|()| {
+                    palisade::exit::not_found(format!("not_found: no organization {id}"))
+                })?;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "id": id,
+                    "hourly_quota": {"before": previous, "after": hourly_quota},
+                })
+            );
             Ok(())
         }
         Command::Scan(ScanCommand::Submit {

@@ -24,6 +24,21 @@ pub async fn create_organization(
     Ok(())
 }
 
+/// Sets a live organization's hourly scan quota (`None`: none). The quota it replaced, or
+/// `Err(())` inside `Ok` when there is no such organization.
+pub async fn set_hourly_quota(
+    pool: &PgPool,
+    id: Uuid,
+    hourly_scan_quota: Option<i32>,
+) -> Result<Result<Option<i32>, ()>, StoreError> {
+    let previous: Option<Option<i32>> = sql::query_scalar(sql::organizations::SET_QUOTA)
+        .bind(id)
+        .bind(hourly_scan_quota)
+        .fetch_optional(pool)
+        .await?;
+    Ok(previous.ok_or(()))
+}
+
 /// Registers a worker identity (idempotent by id).
 pub async fn register_worker(
     pool: &PgPool,

@@ -244,3 +244,50 @@ async fn an_unanswered_submission_falls_back_to_the_durable_stream() {
     assert_eq!(system.table_counts().await["scans"], 1, "one scan");
     system.finish().await;
 }
+
+/// `palisade org set` (issue 27, item 5): a live organization's hourly quota changed takes
+/// effect at the next admission, raised, removed or set.
+#[tokio::test]
+async fn an_organizations_quota_changed_live_applies_to_the_next_admission() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let submit = |target: &'static str| {
+        let system = &system;
+        async move {
+            system
+                .submit(&system.request(org, target, &["alpha"]))
+                .await
+        }
+    };
+    assert_eq!(
+        store::admin::set_hourly_quota(&system.pool, org, Some(1))
+            .await
+            .unwrap(),
+        Ok(None)
+    );
+    assert!(submit("http://one.test").await.error.is_none());
+    let refused = submit("http://two.test").await;
+    assert_eq!(refused.error.expect("refused").code, "quota_exceeded");
+    assert_eq!(
+        store::admin::set_hourly_quota(&system.pool, org, Some(2))
+            .await
+            .unwrap(),
+        Ok(Some(1))
+    );
+    assert!(submit("http://two.test").await.error.is_none());
+    let refused = submit("http://three.test").await;
+    assert_eq!(refused.error.expect("refused").code, "quota_exceeded");
+    store::admin::set_hourly_quota(&system.pool, org, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(submit("http://three.test").await.error.is_none());
+    assert_eq!(
+        store::admin::set_hourly_quota(&system.pool, uuid::Uuid::new_v4(), None)
+            .await
+            .unwrap(),
+        Err(()),
+        "no such organization"
+    );
+    system.finish().await;
+}
