@@ -237,6 +237,7 @@ impl Service {
                 pruned_outbox = outcome.pruned.outbox,
                 pruned_batches = outcome.pruned.batches,
                 pruned_dead_letters = outcome.pruned.dead_letters,
+                pruned_cve_quarantine = outcome.pruned.cve_quarantine,
                 "reaper sweep acted"
             );
             self.relay.notify();

@@ -305,7 +305,7 @@ pub async fn workers_seen(pool: &PgPool, organization_id: Uuid) -> Result<i64, S
 }
 
 /// Test aid: makes published outbox rows (as versions before published rows were removed at
-/// once left them), ended tasks and result batches look `by` older.
+/// once left them), ended tasks, result batches and quarantined CVE records look `by` older.
 pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), StoreError> {
     let seconds = crate::seconds(by);
     sqlx::query("UPDATE outbox SET published_at = published_at - make_interval(secs => $1) WHERE published_at IS NOT NULL")
@@ -318,6 +318,12 @@ pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), S
         .await?;
     sqlx::query(
         "UPDATE worker_result_batches SET received_at = received_at - make_interval(secs => $1)",
+    )
+    .bind(seconds)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "UPDATE cve_quarantine SET last_seen_at = last_seen_at - make_interval(secs => $1)",
     )
     .bind(seconds)
     .execute(pool)

@@ -361,6 +361,13 @@ async fn retention_prunes_old_transport_history_and_keeps_evidence() {
     .execute(&system.pool)
     .await
     .expect("a row marked published");
+    sqlx::query(
+        "INSERT INTO cve_quarantine (record_key, action, reason, source) \
+         VALUES ('sha256:00', 'set_aside', 'unreadable', 'nvd')",
+    )
+    .execute(&system.pool)
+    .await
+    .expect("a quarantined record");
     let outbox_rows = || store::testing::count_rows(&system.pool, "outbox");
     let before = system.table_counts().await;
     assert_eq!(outbox_rows().await.unwrap(), 1);
@@ -376,6 +383,7 @@ async fn retention_prunes_old_transport_history_and_keeps_evidence() {
     let outcome = system.reaper().run_once().await.unwrap();
     assert_eq!(outcome.pruned.outbox, 1);
     assert_eq!(outcome.pruned.batches, 1);
+    assert_eq!(outcome.pruned.cve_quarantine, 1, "no longer seen upstream");
     let after = system.table_counts().await;
     assert_eq!(outbox_rows().await.unwrap(), 0);
     assert_eq!(after["worker_result_batches"], 0);
