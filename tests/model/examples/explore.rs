@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! cargo run -p lease-model --example explore -- [workers tasks max_attempts attempts_per_task_max [attempt|task|both]]
-//! cargo run -p lease-model --example explore -- bug FenceSkipsToken
+//! cargo run -p lease-model --example explore -- bug FenceSkipsToken [attempt|task|both]
 //! ```
+//!
+//! (`BatchKeyByTask` shows only where attempts share a key: `-- bug BatchKeyByTask task`.)
 
 use lease_model::{
     BatchKeys, Bounds, Bug, LeaseModel, Protocol, check, describe_steps, invariants,
@@ -23,7 +25,7 @@ fn main() {
             .into_iter()
             .find(|bug| format!("{bug:?}") == name)
             .unwrap_or_else(|| panic!("no seeded bug {name}; one of {:?}", Protocol::BUGS));
-        show_bug(bug);
+        show_bug(bug, batch_keys(args.get(2)));
         return;
     }
     let number = |index: usize, default: u8| {
@@ -35,12 +37,7 @@ fn main() {
         tasks: number(1, Bounds::CI.tasks),
         max_attempts: number(2, Bounds::CI.max_attempts),
         attempts_per_task_max: number(3, Bounds::CI.attempts_per_task_max),
-        batch_keys: match args.get(4).map(String::as_str) {
-            None | Some("attempt") => BatchKeys::PerAttempt,
-            Some("task") => BatchKeys::PerTask,
-            Some("both") => BatchKeys::Both,
-            Some(other) => panic!("batch keys are attempt, task or both, not {other}"),
-        },
+        batch_keys: batch_keys(args.get(4)),
         ..Bounds::CI
     };
     let model = LeaseModel::new(bounds, Protocol::Real);
@@ -64,9 +61,19 @@ fn main() {
     }
 }
 
-fn show_bug(bug: Bug) {
+fn batch_keys(arg: Option<&String>) -> BatchKeys {
+    match arg.map(String::as_str) {
+        None | Some("attempt") => BatchKeys::PerAttempt,
+        Some("task") => BatchKeys::PerTask,
+        Some("both") => BatchKeys::Both,
+        Some(other) => panic!("batch keys are attempt, task or both, not {other}"),
+    }
+}
+
+fn show_bug(bug: Bug, batch_keys: BatchKeys) {
     let bounds = Bounds {
         reduction: false,
+        batch_keys,
         ..Bounds::CI
     };
     let model = LeaseModel::new(bounds, Protocol::Seeded(bug));

@@ -41,7 +41,7 @@ pub struct Task {
     pub cancel_requested: bool,
     /// `worker_task_attempts` of this task, in the order they were granted.
     pub attempts: Rows<Attempt, ATTEMPTS_PER_TASK_MAX>,
-    /// `worker_result_batches` of this task, in the order they were accepted.
+    /// `worker_result_batches` of this task's attempts, in the order they were accepted.
     pub batches: Rows<Batch, ATTEMPTS_PER_TASK_MAX>,
 }
 
@@ -67,13 +67,15 @@ pub struct Batch {
     pub checksum: Checksum,
 }
 
-/// A batch's `idempotency_key`, unique per task.
+/// A batch's `idempotency_key`. A key is its attempt's: `(attempt_id, idempotency_key)` is
+/// unique, and another attempt of the task may use the same key again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BatchKey {
     /// `{attempt_id}:{sequence}`, the key the worker SDK uses: one attempt's own.
     OfAttempt(u8),
     /// One key that every attempt of the task sends (a worker that names batches by task and
-    /// sequence only; the protocol allows any key): a later attempt replays an earlier one's.
+    /// sequence only; the protocol allows any key): each attempt's batch under it is that
+    /// attempt's own, stored for it.
     OfTask,
 }
 
@@ -192,9 +194,12 @@ impl Task {
             .count()
     }
 
-    /// The batch row of `key`, if one was accepted.
-    pub fn batch(&self, key: BatchKey) -> Option<&Batch> {
-        self.batches.iter().find(|batch| batch.key == key)
+    /// The batch row that `attempt` accepted under `key`, if any (the unique
+    /// `(attempt_id, idempotency_key)`).
+    pub fn batch(&self, attempt: u8, key: BatchKey) -> Option<&Batch> {
+        self.batches
+            .iter()
+            .find(|batch| batch.attempt == attempt && batch.key == key)
     }
 }
 

@@ -5,18 +5,21 @@
 //! **What is modelled.** The database is the shared state ([`db::Db`]): tasks (state,
 //! `attempt_count`, `last_attempt_number`, current attempt, cancel requested), their
 //! attempts (worker, fencing number, status, whether the lease has expired) and their
-//! accepted result batches (idempotency key, sending attempt, checksum). Every decision is
+//! accepted result batches (sending attempt, idempotency key, checksum; a key is its
+//! attempt's, unique per attempt, since issue 26). Every decision is
 //! one atomic step ([`protocol`]), as each is one transaction under row locks in PostgreSQL;
 //! each function names the `.sql` file or store function it stands for. The steps
 //! ([`model::Action`]):
-//! - dispatch's grant (acquire) of any due task to any worker below its capacity;
+//! - dispatch's grant (acquire) of any due task with budget left to any worker below its
+//!   capacity;
 //! - the database clock passing a lease's expiry (a lease may lapse at any moment unless
 //!   renewed: a worker that crashed, stalled or was cut off renews nothing);
 //! - the reaper's stale recovery of an expired attempt: the task retries with backoff, or
 //!   fails terminally once its budget is spent;
 //! - a client's cancel;
-//! - the delivery of a worker's message: renew, release, result batch (its own key or one
-//!   every attempt of the task shares; the first checksum or another), completion (with
+//! - the delivery of a worker's message: renew, release, result batch (a key of its attempt's
+//!   own or one every attempt of the task sends, each attempt's batch under it its own; the
+//!   first checksum or another), completion (with
 //!   `batch_count` 0 or 1), failure (retryable or not), each carrying the attempt's token or
 //!   a wrong one.
 //!
@@ -34,18 +37,26 @@
 //! grant picks, and which expired attempts a sweep claims, are left open (every choice is
 //! explored). Each attempt sends at most one batch (sequence number 0). Not modelled:
 //! acquire's replay by request id, hello, revocation, execution deadlines, the stranded-task
-//! sweep, evidence and scans beyond one task per scan, and the schema's constraints (unique
-//! attempt numbers, one live attempt, unique batch keys): the model checks that the
-//! protocol's own checks keep the invariants, so the constraints remain a backstop that never
-//! fires.
+//! sweep (its half that fails a due task whose budget is spent would never find one: a task
+//! waits to run only with budget left, an invariant), evidence and scans beyond one task per
+//! scan, and the schema's constraints (unique attempt numbers, one live attempt, unique
+//! `(attempt_id, idempotency_key)` and `(attempt_id, sequence_number)`): the model checks that
+//! the protocol's own checks keep the invariants, so the constraints remain a backstop that
+//! never fires.
 //!
 //! **The invariants** are `always` properties of [`LeaseModel`]; those about steps (a write
 //! without its lease changed nothing, a replay wrote nothing, a terminal task did not change)
 //! are judged by monitors ([`model::Monitor`]) that compare the database before and after
-//! each step by the SPEC's words, not by the protocol's own checks. `sometimes` properties
+//! each step by the SPEC's words, not by the protocol's own checks. SPEC I2 says "a (task,
+//! idempotency key) is accepted once"; the implementation scopes a key by its attempt (issue
+//! 26 allowed it), and the model checks what it guarantees: an (attempt, key) is accepted
+//! once, a replay with the attempt's own claim (lease held or not) writes nothing and gets
+//! the row's answer, and a message without the attempt's token is refused `lease_lost` (or
+//! `cancel_requested`), learning nothing of the attempt's batches. `sometimes` properties
 //! show the model reaches what the invariants are about (a completion after a recovery, a
 //! task failed with its budget spent, a superseded write refused, a released task completing
-//! later, a cancel of a leased task).
+//! later, a cancel of a leased task, and, where attempts share a key, a later attempt
+//! completing with its own batch under it).
 //!
 //! **Seeded bugs** ([`protocol::Bug`]) each remove or change one check; the tests show the
 //! checker finds a counterexample for each, and none for [`protocol::Protocol::Real`].

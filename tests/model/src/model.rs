@@ -55,8 +55,8 @@ impl Bounds {
 pub enum BatchKeys {
     /// Each attempt its own key, as the worker SDK does (`{attempt_id}:{sequence}`).
     PerAttempt,
-    /// One key for every attempt of a task ([`BatchKey::OfTask`]): a later attempt's batch
-    /// replays an earlier attempt's.
+    /// One key for every attempt of a task ([`BatchKey::OfTask`]): a key is its attempt's,
+    /// so each attempt's batch under it is its own, and every attempt can complete with it.
     PerTask,
     /// Either, for every batch.
     Both,
@@ -84,11 +84,15 @@ pub struct Monitor {
     /// I1: a write whose claim did not hold its lease (superseded, ended or expired attempt)
     /// or carried a wrong token changed the database.
     pub write_without_lease_applied: bool,
-    /// I2: a batch whose (task, key) was already accepted changed the database.
+    /// I2: a batch whose (attempt, key) was already accepted changed the database.
     pub replay_wrote: bool,
-    /// I2: a batch was answered otherwise than its key's row says (`duplicate` for the same
-    /// checksum, `batch_conflict` for another), or acknowledged without its row.
+    /// I2: a batch sent with its attempt's own claim was answered otherwise than its
+    /// (attempt, key) row says (`duplicate` for the same checksum, `batch_conflict` for
+    /// another), or acknowledged without its row.
     pub replay_misanswered: bool,
+    /// I1: a message without its attempt's token was answered otherwise than `lease_lost` or
+    /// `cancel_requested` (acknowledged, or told about the attempt's batches).
+    pub foreign_claim_answered: bool,
     /// I8: a step changed a task that had ended (or one of its attempts or batches).
     pub terminal_changed: bool,
     /// Coverage: a write from an attempt superseded by a later one was refused.
@@ -124,7 +128,9 @@ pub const I1_ONE_LIVE_ATTEMPT: &str = "I1: at most one live attempt per task";
 pub const I1_NUMBERS_INCREASE: &str = "I1: attempt numbers strictly increase";
 pub const I1_WRITE_NEEDS_LEASE: &str =
     "I1: a write with a superseded attempt, a wrong token or an expired lease changes nothing";
-pub const I2_KEY_ACCEPTED_ONCE: &str = "I2: a (task, idempotency key) is accepted once";
+pub const I1_FOREIGN_CLAIM_REFUSED: &str =
+    "I1: a message without its attempt's token is refused lease_lost or cancel_requested";
+pub const I2_KEY_ACCEPTED_ONCE: &str = "I2: an (attempt, idempotency key) is accepted once";
 pub const I2_REPLAY_WRITES_NOTHING: &str =
     "I2: a replay writes nothing: same checksum duplicate, another batch_conflict";
 pub const I8_TERMINAL_IS_TERMINAL: &str =
@@ -133,11 +139,15 @@ pub const I10_RUNS_WITHIN_BUDGET: &str =
     "I10: a task runs at most max_attempts times, and attempt_count counts its runs";
 pub const I10_FAILS_AFTER_BUDGET: &str =
     "I10: failed_terminal only after max_attempts runs (or a failure not retryable)";
+pub const I10_WAITS_WITH_BUDGET: &str =
+    "I10: a task waits to run (pending or retry_wait) only with budget left";
 pub const COMPLETED_AFTER_RECOVERY: &str = "a task completes after the reaper recovered an attempt";
 pub const FAILED_WITH_BUDGET_SPENT: &str = "a task fails terminally with its budget spent";
 pub const SUPERSEDED_WRITE_REFUSED: &str = "a superseded attempt's write is refused";
 pub const RELEASED_TASK_COMPLETES: &str = "a released task completes on a later attempt";
 pub const LEASED_TASK_CANCELLED: &str = "a task is cancelled while an attempt holds it";
+pub const REUSED_KEY_COMPLETES: &str =
+    "a task completes with a batch under a key an earlier attempt's batch used";
 
 impl LeaseModel {
     pub fn new(bounds: Bounds, protocol: Protocol) -> Self {
@@ -172,6 +182,7 @@ impl LeaseModel {
                 usize::from(task),
                 worker,
                 self.bounds.worker_capacity,
+                max_attempts,
             ),
             Action::Lapse { task, attempt } => {
                 protocol::lapse(&mut db.tasks[usize::from(task)], attempt)
@@ -228,8 +239,16 @@ impl LeaseModel {
         if changed && !holds_lease_per_spec(was, claim) {
             monitor.write_without_lease_applied = true;
         }
+        if claim.token == Token::Wrong
+            && !matches!(
+                answer,
+                Answer::Refused(Refusal::LeaseLost | Refusal::CancelRequested)
+            )
+        {
+            monitor.foreign_claim_answered = true;
+        }
         if let Verb::Result { key, checksum } = verb {
-            match was.batch(key) {
+            match was.batch(claim.attempt, key) {
                 Some(row) => {
                     let expected = if row.checksum == checksum {
                         Answer::Duplicate
@@ -239,12 +258,15 @@ impl LeaseModel {
                     if changed {
                         monitor.replay_wrote = true;
                     }
-                    if answer != expected {
+                    // A claim without the token is I1's (`foreign_claim_answered`).
+                    if claim.token == Token::Granted && answer != expected {
                         monitor.replay_misanswered = true;
                     }
                 }
                 None => {
-                    let stored = is.batch(key).is_some_and(|row| row.checksum == checksum);
+                    let stored = is
+                        .batch(claim.attempt, key)
+                        .is_some_and(|row| row.checksum == checksum);
                     if answer == Answer::Duplicate || (answer == Answer::Accepted && !stored) {
                         monitor.replay_misanswered = true;
                     }
@@ -281,7 +303,7 @@ impl LeaseModel {
                 key,
                 checksum: Checksum::A,
             });
-            if task.batch(key).is_some() {
+            if task.batch(attempt, key).is_some() {
                 verbs.push(Verb::Result {
                     key,
                     checksum: Checksum::B,
@@ -401,12 +423,15 @@ impl Model for LeaseModel {
             Property::always(I1_WRITE_NEEDS_LEASE, |_: &LeaseModel, state: &State| {
                 !state.monitor.write_without_lease_applied
             }),
+            Property::always(I1_FOREIGN_CLAIM_REFUSED, |_: &LeaseModel, state: &State| {
+                !state.monitor.foreign_claim_answered
+            }),
             Property::always(I2_KEY_ACCEPTED_ONCE, |_: &LeaseModel, state: &State| {
                 state.db.tasks.iter().all(|task| {
                     task.batches.iter().enumerate().all(|(index, batch)| {
-                        task.batches[..index]
-                            .iter()
-                            .all(|earlier| earlier.key != batch.key)
+                        task.batches[..index].iter().all(|earlier| {
+                            (earlier.attempt, earlier.key) != (batch.attempt, batch.key)
+                        })
                     })
                 })
             }),
@@ -434,6 +459,14 @@ impl Model for LeaseModel {
                             || task.attempts.last().is_some_and(|last| {
                                 last.status == AttemptStatus::Failed { retryable: false }
                             })
+                    })
+                },
+            ),
+            Property::always(
+                I10_WAITS_WITH_BUDGET,
+                |model: &LeaseModel, state: &State| {
+                    state.db.tasks.iter().all(|task| {
+                        !task.state.is_due() || task.attempt_count < model.bounds.max_attempts
                     })
                 },
             ),
@@ -480,6 +513,18 @@ impl Model for LeaseModel {
                             .any(|attempt| attempt.status == AttemptStatus::Cancelled)
                 })
             }),
+            Property::sometimes(REUSED_KEY_COMPLETES, |_: &LeaseModel, state: &State| {
+                state.db.tasks.iter().any(|task| {
+                    task.state == TaskState::Completed
+                        && task.batches.iter().any(|batch| {
+                            task.attempts[usize::from(batch.attempt)].status
+                                == AttemptStatus::Succeeded
+                                && task.batches.iter().any(|earlier| {
+                                    earlier.key == batch.key && earlier.attempt < batch.attempt
+                                })
+                        })
+                })
+            }),
         ]
     }
 }
@@ -491,6 +536,7 @@ impl fmt::Display for State {
             write_without_lease_applied,
             replay_wrote,
             replay_misanswered,
+            foreign_claim_answered,
             terminal_changed,
             superseded_write_refused: _,
         } = self.monitor;
@@ -502,7 +548,11 @@ impl fmt::Display for State {
             (replay_wrote, "a replayed batch changed the database"),
             (
                 replay_misanswered,
-                "a batch was answered otherwise than its key's row says",
+                "a batch was answered otherwise than its (attempt, key) row says",
+            ),
+            (
+                foreign_claim_answered,
+                "a message without its attempt's token got more than a lease_lost or cancel_requested",
             ),
             (terminal_changed, "a terminal task changed"),
         ] {

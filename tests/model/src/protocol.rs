@@ -5,7 +5,10 @@
 //! Each function's documentation names what it stands for, so that a reader can hold the two
 //! side by side. A [`Bug`] changes one check, to show that the checker notices.
 
-use crate::db::{AttemptStatus, Batch, BatchKey, Checksum, Db, Lease, Task, TaskState, WorkerId};
+use crate::db::{
+    ATTEMPTS_PER_TASK_MAX, AttemptStatus, Batch, BatchKey, Checksum, Db, Lease, Task, TaskState,
+    WorkerId,
+};
 
 /// Which protocol the model runs: the real one, or the real one with one seeded bug.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,7 +34,9 @@ pub enum Bug {
     /// attempt numbers strictly increase.
     NumberFromBudget,
     /// Stale recovery (`recover.rs`, `progress::fail_tasks`) retries whatever the budget.
-    /// Caught by I10: a task runs more than `max_attempts` times.
+    /// Caught by I10: a task waits in `retry_wait` with its budget spent. (It never runs past
+    /// its budget: the grant checks `attempt_count < max_attempts`; the reaper's stranded sweep
+    /// would fail it `no_worker`.)
     RecoveryIgnoresBudget,
     /// Batch acceptance (`ingest.rs`, `same_checksum_or_conflict`) answers a known key as a
     /// duplicate without comparing checksums, so another payload under the same key is
@@ -43,10 +48,23 @@ pub enum Bug {
     /// Acquire (`worker_tasks/grant.sql`) does not check the task's state, so it leases a
     /// task an attempt already holds. Caught by I1: at most one live attempt per task.
     GrantSkipsStateCheck,
-    /// Batch acceptance (`ingest.rs`) does not look the key up, so a later attempt's batch
-    /// under a key an earlier attempt used is inserted again (the schema's unique index would
-    /// refuse it; the model has none). Caught by I2: a (task, key) is accepted once.
+    /// Batch acceptance (`ingest.rs`, `colliding_batches`) reads none of the rows the batch
+    /// collides with (`worker_result_batches/colliding.sql`, which serves both the key look-up
+    /// and the sequence-number check), so an attempt's batch delivered again is inserted again
+    /// (the schema's unique indexes would refuse it; the model has none). Caught by I2: an
+    /// (attempt, key) is accepted once.
     BatchKeyUnchecked,
+    /// Batch acceptance (`ingest.rs`) looks a key up by task, as before issue 26: a later
+    /// attempt's batch under a key an earlier attempt used is answered `duplicate` from the
+    /// earlier attempt's row and not stored, so that attempt's completion is refused
+    /// `batch_missing` for good. Caught by I2: a batch acknowledged without its (attempt, key)
+    /// row.
+    BatchKeyByTask,
+    /// Batch acceptance (`ingest.rs`) answers a replayed key from its row to any claim, before
+    /// the fence, as before issue 26: a message with the attempt's id but a wrong token learns
+    /// whether its payload is the stored one (`duplicate` or `batch_conflict`). Caught by I1: a
+    /// message without the attempt's token is refused `lease_lost` (or `cancel_requested`).
+    ReplayBeforeFence,
     /// Failure (`progress::fail_tasks`) fails every task terminally, retryable or not.
     /// Caught by I10: `failed_terminal` only after `max_attempts` runs.
     FailureIgnoresRetryable,
@@ -54,7 +72,7 @@ pub enum Bug {
 
 impl Protocol {
     /// Every seeded bug, for the tests that show each is caught.
-    pub const BUGS: [Bug; 9] = [
+    pub const BUGS: [Bug; 11] = [
         Bug::FenceSkipsToken,
         Bug::RenewSkipsExpiry,
         Bug::NumberFromBudget,
@@ -63,6 +81,8 @@ impl Protocol {
         Bug::CancelIgnoresTerminal,
         Bug::GrantSkipsStateCheck,
         Bug::BatchKeyUnchecked,
+        Bug::BatchKeyByTask,
+        Bug::ReplayBeforeFence,
         Bug::FailureIgnoresRetryable,
     ];
 
@@ -119,7 +139,9 @@ pub enum Refusal {
 
 /// `worker_tasks/grant.sql` for one task: the worker is below its capacity (live, unexpired
 /// attempts, `workers/for_acquire.sql`); the task is due (`pending`, or `retry_wait` whose
-/// backoff passed) and has no cancel requested. The task is leased with `attempt_count + 1`,
+/// backoff passed), has no cancel requested and has budget left (`attempt_count <
+/// max_attempts`; a due task whose budget is spent is the reaper's stranded sweep's to fail,
+/// `claim_stranded.sql`). The task is leased with `attempt_count + 1`,
 /// `last_attempt_number + 1` and a new current attempt, which gets that number, a fresh token
 /// and an unexpired lease. (Which due task a grant picks, by priority and age under `SKIP
 /// LOCKED`, is left open: the model tries each.)
@@ -129,13 +151,14 @@ pub fn grant(
     task_index: usize,
     worker: WorkerId,
     capacity: u8,
+    max_attempts: u8,
 ) -> Answer {
     if db.live_leases_of(worker) >= usize::from(capacity) {
         return Answer::Refused(Refusal::NothingToDo);
     }
     let task = &mut db.tasks[task_index];
     let due = task.state.is_due() || protocol.has(Bug::GrantSkipsStateCheck);
-    if !due || task.cancel_requested {
+    if !due || task.cancel_requested || task.attempt_count >= max_attempts {
         return Answer::Refused(Refusal::NothingToDo);
     }
     task.state = TaskState::Leased;
@@ -220,11 +243,14 @@ pub fn release(protocol: Protocol, task: &mut Task, claim: Claim) -> Answer {
     Answer::Accepted
 }
 
-/// A result batch, as `ingest::decide` decides it:
-/// a key the task already has is answered from its row before the fence (same checksum:
-/// `duplicate`; another: `batch_conflict`), even after the attempt ended; then the fence;
-/// then the sequence number (`batch_conflict` when the attempt already used it); then the
-/// row is inserted (`worker_result_batches/insert_many.sql`) and the attempt and task move
+/// A result batch, as `ingest::decide` decides it, with the attempt and its task locked: a
+/// key is its attempt's (`(attempt_id, idempotency_key)`, read by
+/// `worker_result_batches/colliding.sql`), so another attempt may use it again for a batch of
+/// its own. A key this attempt already accepted is a replay, answered from its row to the
+/// attempt's own claim only, whether or not it still holds the lease (same checksum:
+/// `duplicate`; another: `batch_conflict`), and `lease_lost` to any other claim. Otherwise the
+/// fence; then the sequence number (`batch_conflict` when the attempt already used it); then
+/// the row is inserted (`worker_result_batches/insert_many.sql`) and the attempt and task move
 /// from `leased` to `running` (`worker_task_attempts/finish_many.sql`).
 pub fn accept_batch(
     protocol: Protocol,
@@ -233,10 +259,16 @@ pub fn accept_batch(
     key: BatchKey,
     checksum: Checksum,
 ) -> Answer {
-    if let Some(row) = task
-        .batch(key)
-        .filter(|_| !protocol.has(Bug::BatchKeyUnchecked))
-    {
+    let collisions_read = !protocol.has(Bug::BatchKeyUnchecked);
+    let replayed = if protocol.has(Bug::BatchKeyByTask) {
+        task.batches.iter().find(|batch| batch.key == key).copied()
+    } else {
+        task.batch(claim.attempt, key).copied()
+    };
+    if let Some(row) = replayed.filter(|_| collisions_read) {
+        if !is_presented_by(protocol, claim) && !protocol.has(Bug::ReplayBeforeFence) {
+            return Answer::Refused(Refusal::LeaseLost);
+        }
         return if row.checksum == checksum || protocol.has(Bug::ReplayIgnoresChecksum) {
             Answer::Duplicate
         } else {
@@ -246,11 +278,16 @@ pub fn accept_batch(
     if let Some(refusal) = refusal(protocol, task, claim) {
         return Answer::Refused(refusal);
     }
-    if task
-        .batches
-        .iter()
-        .any(|batch| batch.attempt == claim.attempt)
-    {
+    let sequence_taken = if collisions_read {
+        task.batches
+            .iter()
+            .any(|batch| batch.attempt == claim.attempt)
+    } else {
+        // The model's rows are bounded: past them the seeded bug inserts nothing more (its
+        // invariant broke with the second row).
+        task.batches.len() == ATTEMPTS_PER_TASK_MAX
+    };
+    if sequence_taken {
         return Answer::Refused(Refusal::BatchConflict);
     }
     task.batches.push(Batch {
