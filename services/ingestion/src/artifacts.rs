@@ -4,17 +4,21 @@
 //! - **prepare** opens a session for the worker's live lease (fenced) and tells it where to
 //!   publish the chunks (`<prefix>.v1.upload.<worker_id>.<upload_id>`, which ingestion serves:
 //!   [`crate::uploads`] stores the chunks of an open session on the uploads stream).
-//! - **commit** reads those chunks back, checks the chunk count, size and sha256 the worker
-//!   names (a mismatch fails the session: `checksum_mismatch`), records the session
-//!   `uploaded` (fenced), puts the file into the artifact store, records it `committed`
-//!   (fenced), and purges the chunks, recording that it did (the reaper purges them when
-//!   ingestion stopped before). A commit resent after any of these steps finishes the rest; one
-//!   resent after the commit answers the committed session again.
+//! - **commit** reads those chunks back once without keeping them (`bus::Bus::index_upload`)
+//!   and checks the chunk count and size the worker names, records the session `uploaded`
+//!   (fenced), streams the file chunk by chunk into the artifact store
+//!   (`bus::Bus::upload_pieces`, `ArtifactStore::put_stream`), checking its sha256 as it
+//!   passes, records it `committed` (fenced), and purges the chunks, recording that it did
+//!   (the reaper purges them when ingestion stopped before). A mismatch fails the session
+//!   (`checksum_mismatch`), and an object stored before the digest was known is removed. A
+//!   commit resent after any of these steps finishes the rest; one resent after the commit
+//!   answers the committed session again. Ingestion holds a few chunks of a file at a time,
+//!   never the file (`bus::artifacts::CHUNKS_FETCHED_AT_ONCE`; an S3 store buffers a few parts).
 //!
 //! A worker never gets storage credentials: the store is written here, after the checks.
 
 use bus::Bus;
-use bus::artifacts::{ArtifactStore, CHUNK_BYTES_MAX};
+use bus::artifacts::{ArtifactStore, CHUNK_BYTES_MAX, UploadMismatch};
 use messages::validate::{invalid, malformed, schema_version, worker_id};
 use messages::{ErrorCode, v1};
 use prost::Message as _;
@@ -271,49 +275,95 @@ impl<S: ArtifactStore> Artifacts<S> {
             }
             UploadStatus::Prepared | UploadStatus::Uploaded => {}
         }
-        let worker = claim.worker_id.to_string();
-        let id = upload.id.to_string();
-        let file = self
-            .bus
-            .read_upload(&worker, &id, self.limits.bytes_max)
-            .await
-            .map_err(|error| internal("reading the upload", &error))?;
-        let file = match file.and_then(|file| file.check(chunks, size_bytes, sha256).map(|()| file))
-        {
-            Ok(file) => file,
-            Err(mismatch) => {
-                let why = mismatch.to_string();
-                store::artifacts::fail(&self.pool, claim, upload.id, &why)
-                    .await
-                    .map_err(|error| internal("failing the upload", &error))?;
-                return Err(v1::Error::new(
-                    ErrorCode::ChecksumMismatch,
-                    format!("upload {id} failed: {why}; prepare a new upload and send it again"),
-                ));
-            }
-        };
         let verified = Verified {
             size_bytes,
             sha256,
             chunks,
         };
-        store::artifacts::mark_uploaded(&self.pool, claim, upload.id, &verified)
-            .await
-            .map_err(|error| internal("recording the upload", &error))??;
-        self.store
-            .put(&upload.object_key, file.bytes)
-            .await
-            .map_err(|error| internal("storing the artifact", &error))?;
+        self.stream_into_store(claim, &upload, &verified).await?;
         store::artifacts::commit(&self.pool, claim, upload.id)
             .await
             .map_err(|error| internal("committing the artifact", &error))??;
-        self.purge_chunks(&worker, upload.id).await;
-        tracing::info!(upload_id = %id, task_id = %claim.task_id, size_bytes, "artifact committed");
+        self.purge_chunks(&claim.worker_id.to_string(), upload.id)
+            .await;
+        tracing::info!(upload_id = %upload.id, task_id = %claim.task_id, size_bytes, "artifact committed");
         Ok(committed(upload.id))
     }
 }
 
-impl<S> Artifacts<S> {
+impl<S: ArtifactStore> Artifacts<S> {
+    /// Streams an open session's file into the artifact store, never holding the whole of it:
+    /// its chunks are indexed and checked against the commit's chunk count and size, the
+    /// session is recorded `uploaded` (fenced; no chunk is stored for it after that), and the
+    /// file is put chunk by chunk in index order, its sha256 checked as it passes. A mismatch
+    /// fails the session, and an object already stored is removed: the answer is
+    /// `checksum_mismatch`.
+    async fn stream_into_store(
+        &self,
+        claim: &LeaseClaim,
+        upload: &Upload,
+        verified: &Verified<'_>,
+    ) -> Result<(), v1::Error> {
+        let internal = |what: &str, cause: &dyn std::fmt::Display| {
+            runtime::internal_error(what, cause, "commit again")
+        };
+        let worker = claim.worker_id.to_string();
+        let id = upload.id.to_string();
+        let index = self
+            .bus
+            .index_upload(&worker, &id, self.limits.bytes_max)
+            .await
+            .map_err(|error| internal("reading the upload", &error))?;
+        let index = match index.and_then(|index| {
+            index
+                .check(verified.chunks, verified.size_bytes)
+                .map(|()| index)
+        }) {
+            Ok(index) => index,
+            Err(mismatch) => return Err(self.refuse(claim, upload.id, &mismatch).await),
+        };
+        store::artifacts::mark_uploaded(&self.pool, claim, upload.id, verified)
+            .await
+            .map_err(|error| internal("recording the upload", &error))??;
+        let mut pieces = self
+            .bus
+            .upload_pieces(index)
+            .await
+            .map_err(|error| internal("reading the upload", &error))?;
+        self.store
+            .put_stream(&upload.object_key, &mut pieces)
+            .await
+            .map_err(|error| internal("storing the artifact", &error))?;
+        if let Err(mismatch) = pieces.check(verified.size_bytes, verified.sha256) {
+            let refusal = self.refuse(claim, upload.id, &mismatch).await;
+            // Not the file the worker described: not kept. Should this fail, the reaper
+            // removes it with the failed session's chunks.
+            if let Err(error) = self.store.delete(&upload.object_key).await {
+                tracing::warn!(upload_id = %id, error = %telemetry::chain(&error), "mismatched upload's object not removed; the reaper removes it");
+            }
+            return Err(refusal);
+        }
+        Ok(())
+    }
+
+    /// Fails the session (what arrived is not what the commit described); the answer to the
+    /// commit.
+    async fn refuse(
+        &self,
+        claim: &LeaseClaim,
+        upload_id: Uuid,
+        mismatch: &UploadMismatch,
+    ) -> v1::Error {
+        let why = mismatch.to_string();
+        if let Err(error) = store::artifacts::fail(&self.pool, claim, upload_id, &why).await {
+            return runtime::internal_error("failing the upload", &error, "commit again");
+        }
+        v1::Error::new(
+            ErrorCode::ChecksumMismatch,
+            format!("upload {upload_id} failed: {why}; prepare a new upload and send it again"),
+        )
+    }
+
     /// Purges a committed session's chunks and records it. Best effort: chunks a failure or a
     /// crash leaves here are purged by the reaper once `store::artifacts::COMMITTED_CHUNKS_GRACE`
     /// has passed since the commit.

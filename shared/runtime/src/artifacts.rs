@@ -8,8 +8,10 @@
 use bus::artifacts::{ArtifactStore, ObjectStoreArtifacts};
 use bus::{Bus, BusError};
 use bytes::Bytes;
+use futures::{Stream, StreamExt as _};
 use object_store::ObjectStore as _;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::buffered::BufWriter;
 use object_store::path::Path;
 
 use crate::env::{self, SettingsError};
@@ -17,8 +19,8 @@ use crate::env::{self, SettingsError};
 /// What an artifact may be and how long its upload session stays open (ingestion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArtifactLimits {
-    /// `PALISADE_ARTIFACT_BYTES_MAX`: the largest file a worker may commit. Ingestion holds a
-    /// file being committed in memory while it checks and stores it.
+    /// `PALISADE_ARTIFACT_BYTES_MAX`: the largest file a worker may commit. Ingestion streams
+    /// a file being committed into the store: it never holds the whole of it.
     pub bytes_max: u64,
     /// `PALISADE_UPLOAD_TTL_MS`: a session not committed within this long expires, and the
     /// reaper removes what was sent.
@@ -104,7 +106,7 @@ impl std::fmt::Debug for S3AccessKey {
 impl ArtifactStoreSettings {
     /// `PALISADE_ARTIFACT_STORE` (`nats` or `s3`) and, for `s3`, the `PALISADE_S3_*` settings.
     pub fn from_env() -> Result<Self, SettingsError> {
-        Self::from_lookup(|name| env::optional_string(name))
+        Self::from_lookup(env::optional_string)
     }
 
     pub fn from_lookup(
@@ -160,7 +162,8 @@ impl ArtifactStoreSettings {
 /// The store the settings name.
 #[derive(Debug, Clone)]
 pub enum Artifacts {
-    Nats(ObjectStoreArtifacts),
+    /// Boxed: the object store's handle is large beside the S3 client's.
+    Nats(Box<ObjectStoreArtifacts>),
     S3(S3Artifacts),
 }
 
@@ -168,17 +171,20 @@ impl Artifacts {
     /// Opens the store `settings` names (the NATS bucket through `bus`).
     pub async fn open(bus: &Bus, settings: &ArtifactStoreSettings) -> Result<Self, BusError> {
         Ok(match settings {
-            ArtifactStoreSettings::Nats => Self::Nats(bus.artifacts().await?),
+            ArtifactStoreSettings::Nats => Self::Nats(Box::new(bus.artifacts().await?)),
             ArtifactStoreSettings::S3(s3) => Self::S3(S3Artifacts::new(s3)?),
         })
     }
 }
 
 impl ArtifactStore for Artifacts {
-    async fn put(&self, key: &str, bytes: Bytes) -> Result<(), BusError> {
+    async fn put_stream<P>(&self, key: &str, pieces: &mut P) -> Result<(), BusError>
+    where
+        P: Stream<Item = Result<Bytes, BusError>> + Unpin + Send,
+    {
         match self {
-            Self::Nats(store) => store.put(key, bytes).await,
-            Self::S3(store) => store.put(key, bytes).await,
+            Self::Nats(store) => store.put_stream(key, pieces).await,
+            Self::S3(store) => store.put_stream(key, pieces).await,
         }
     }
 
@@ -196,6 +202,13 @@ impl ArtifactStore for Artifacts {
         }
     }
 }
+
+/// The size of a part of an S3 multipart upload, and the most of a file put in one request:
+/// S3's smallest part (5 MiB; only the last part may be smaller).
+pub const S3_PART_BYTES: usize = 5 * 1024 * 1024;
+
+/// Parts of one S3 multipart upload uploading at once while the next part fills.
+pub const S3_PARTS_IN_FLIGHT_MAX: usize = 2;
 
 /// An S3-compatible bucket (`object_store`'s S3 client).
 #[derive(Debug, Clone)]
@@ -254,11 +267,40 @@ impl S3Artifacts {
 }
 
 impl ArtifactStore for S3Artifacts {
-    async fn put(&self, key: &str, bytes: Bytes) -> Result<(), BusError> {
-        self.store
-            .put(&self.path(key), bytes.into())
+    /// A file of less than [`S3_PART_BYTES`] is one `PutObject` of what was buffered; a larger
+    /// one a multipart upload in parts of [`S3_PART_BYTES`], at most
+    /// [`S3_PARTS_IN_FLIGHT_MAX`] of them uploading while the next fills: at most three parts
+    /// in memory. A failed piece or part aborts the multipart upload (S3 drops its parts).
+    async fn put_stream<P>(&self, key: &str, pieces: &mut P) -> Result<(), BusError>
+    where
+        P: Stream<Item = Result<Bytes, BusError>> + Unpin + Send,
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let store: std::sync::Arc<dyn object_store::ObjectStore> = self.store.clone();
+        let mut writer = BufWriter::with_capacity(store, self.path(key), S3_PART_BYTES)
+            .with_max_concurrency(S3_PARTS_IN_FLIGHT_MAX);
+        let mut written = Ok(());
+        while let Some(piece) = pieces.next().await {
+            written = match piece {
+                Ok(piece) => writer
+                    .put(piece)
+                    .await
+                    .map_err(|error| self.error("put", key, error)),
+                Err(error) => Err(error),
+            };
+            if written.is_err() {
+                break;
+            }
+        }
+        if let Err(error) = written {
+            if let Err(abort) = writer.abort().await {
+                tracing::warn!(key, error = %abort, "multipart upload not aborted; its parts stay in the bucket until it is (an AbortIncompleteMultipartUpload lifecycle rule does it)");
+            }
+            return Err(error);
+        }
+        writer
+            .shutdown()
             .await
-            .map(|_| ())
             .map_err(|error| self.error("put", key, error))
     }
 

@@ -1,7 +1,7 @@
 //! Artifact upload sessions (RFC 003, `worker_artifact_uploads`): a worker holding a live
 //! lease opens a session ([`prepare`]), sends its file on the bus (ingestion stores a chunk
 //! only while [`open_for_chunks`] says the session takes them), and commits; ingestion
-//! reads the file back, and [`mark_uploaded`] / [`commit`] move the session on under the
+//! streams the file back into the store, and [`mark_uploaded`] / [`commit`] move the session on under the
 //! fence, [`fail`] ends it when what arrived is not what the commit described. Ingestion
 //! purges a committed session's chunks and records it ([`mark_removed`]). The reaper expires
 //! sessions left open ([`crate::recover::expire_uploads`]) and removes what ended sessions left
@@ -176,7 +176,9 @@ pub async fn open_for_chunks(
     )
 }
 
-/// What ingestion found the file to be.
+/// What the commit describes, as ingestion records it `uploaded`: the chunk count and size
+/// match what arrived; the sha256 is checked as the file streams into the store (a mismatch
+/// then fails the session).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified<'a> {
     pub size_bytes: u64,
@@ -211,7 +213,8 @@ async fn fenced<T>(
     Ok(Ok(written))
 }
 
-/// An open, unexpired session's file was read back and matches its commit: `uploaded`.
+/// An open, unexpired session's chunks were read back and match its commit's count and size:
+/// `uploaded` (no chunk is stored for it any more), its file about to stream into the store.
 /// Refused when the claim no longer holds its lease, or the session is not open.
 pub async fn mark_uploaded(
     pool: &PgPool,

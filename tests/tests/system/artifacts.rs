@@ -58,11 +58,11 @@ async fn commit_file(
 async fn chunks_sent(system: &TestSystem, worker_id: Uuid, upload_id: Uuid) -> u32 {
     system
         .bus
-        .read_upload(&worker_id.to_string(), &upload_id.to_string(), u64::MAX)
+        .index_upload(&worker_id.to_string(), &upload_id.to_string(), u64::MAX)
         .await
         .unwrap()
         .unwrap()
-        .chunks
+        .chunks()
 }
 
 /// Moves the session's expiry into the past, as if its time had passed.
@@ -435,6 +435,20 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
     let nats = system.bus.artifacts().await.unwrap();
     assert!(nats.get(&key).await.unwrap().is_none());
 
+    // Larger than a part: streamed as a multipart upload, in parts of 5 MiB.
+    let (large_id, prepared) = open_upload(&scan, "large.json").await;
+    let large = file(2 * runtime::artifacts::S3_PART_BYTES + 300 * 1024);
+    let chunks = scan
+        .worker
+        .send_chunks(&prepared.chunk_subject, large_id, &large, 256 * 1024)
+        .await;
+    let committed = commit_file(&scan, large_id, &large, chunks).await;
+    assert!(committed.error.is_none(), "{committed:?}");
+    let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, large_id)
+        .await
+        .unwrap();
+    assert!(bytes.as_ref() == large.as_slice(), "the parts make the file");
+
     // Expired after an object was stored: the reaper removes it from the bucket.
     let (stale_id, _) = open_upload(&scan, "b.json").await;
     let stale_key = status(&system, stale_id).await.object_key;
@@ -519,5 +533,286 @@ async fn chunks_a_crash_left_after_a_commit_are_purged_by_the_reaper_and_the_art
     assert_eq!(bytes.as_ref(), data.as_slice());
     let outcome = system.reaper().run_once().await.unwrap();
     assert_eq!(outcome.uploads_removed, 0, "{outcome:?}");
+    system.finish().await;
+}
+
+/// The test-service binary (one service as a process of its own), built by cargo with this test.
+const SERVICE: &str = env!("CARGO_BIN_EXE_test-service");
+
+/// A `/proc/<pid>/status` field in bytes (`VmRSS`, `VmHWM`: the resident set and its peak).
+fn resident_bytes(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("a live process");
+    let kilobytes: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    kilobytes * 1024
+}
+
+#[tokio::test]
+async fn a_commit_holds_a_few_chunks_of_the_file_in_memory_never_the_whole_file() {
+    const FILE_BYTES: usize = 128 * 1024 * 1024;
+    const WARM_UP_BYTES: usize = 8 * 1024 * 1024;
+    const CHUNK_BYTES: usize = bus::artifacts::CHUNK_BYTES_MAX as usize;
+    let system = TestSystem::spawn().await;
+    // Ingestion as a process of its own, whose peak resident set the kernel measures.
+    system.stop(tests::Component::Ingestion).await;
+    let http_port = tests::servers::free_port();
+    let mut ingestion = tokio::process::Command::new(SERVICE)
+        .arg("ingestion")
+        .env("DATABASE_URL", &system.settings.common.database.url)
+        .envs(
+            system
+                .nats
+                .child_env(&messages::Identity::Service(messages::Service::Ingestion))
+                .await,
+        )
+        .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
+        .env("PALISADE_HTTP_ADDR", format!("127.0.0.1:{http_port}"))
+        .env("PALISADE_ARTIFACT_BYTES_MAX", FILE_BYTES.to_string())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("test-service ingestion starts");
+    let pid = ingestion.id().expect("running");
+    let readyz = format!("http://127.0.0.1:{http_port}/readyz");
+    system
+        .wait_for("the ingestion process to be ready", || async {
+            let answer = reqwest::get(&readyz).await.ok()?;
+            answer.status().is_success().then_some(())
+        })
+        .await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let send = async |data: &[u8]| {
+        let (upload_id, prepared) = open_upload(&scan, "large.bin").await;
+        let chunks = scan
+            .worker
+            .send_chunks(&prepared.chunk_subject, upload_id, data, CHUNK_BYTES)
+            .await;
+        (upload_id, chunks)
+    };
+    // The first commit of a process grows its resident set by some 30 MiB whatever the file's
+    // size (measured: as much for a file of 10 MiB as for one of 40; the allocator and the
+    // NATS client warming up). So a small commit first, and a file large enough that holding
+    // it (twice, as commits once did) is told from what is left without doubt: this commit
+    // grew it by 2 to 8 MiB.
+    let warm_up = file(WARM_UP_BYTES);
+    let (upload_id, chunks) = send(&warm_up).await;
+    let committed = commit_file(&scan, upload_id, &warm_up, chunks).await;
+    assert!(committed.error.is_none(), "{committed:?}");
+    let data = file(FILE_BYTES);
+    let (upload_id, chunks) = send(&data).await;
+    assert_eq!(chunks as usize, FILE_BYTES / CHUNK_BYTES);
+
+    // The peak resident set from now on (writing 5 to clear_refs resets it to the current one).
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("the peak is reset");
+    let resident = resident_bytes(pid, "VmRSS");
+    let committed = commit_file(&scan, upload_id, &data, chunks).await;
+    assert!(committed.error.is_none(), "{committed:?}");
+    let grown = resident_bytes(pid, "VmHWM").saturating_sub(resident);
+    eprintln!(
+        "the commit of a {} MiB file grew ingestion's peak resident set by {:.1} MiB",
+        FILE_BYTES >> 20,
+        grown as f64 / (1024.0 * 1024.0)
+    );
+    assert!(
+        grown < (FILE_BYTES / 4) as u64,
+        "the commit grew ingestion's resident set by {grown} bytes for a file of {FILE_BYTES}"
+    );
+    let store = system.bus.artifacts().await.unwrap();
+    let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, upload_id)
+        .await
+        .unwrap();
+    assert!(bytes.as_ref() == data.as_slice(), "the object is the file");
+    ingestion.kill().await.expect("killed");
+    system.finish().await;
+}
+
+/// An artifact store that records the length of every piece a put is given, then stores it
+/// in the NATS bucket.
+struct PieceRecorder {
+    inner: bus::artifacts::ObjectStoreArtifacts,
+    pieces: std::sync::Mutex<Vec<usize>>,
+}
+
+impl bus::artifacts::ArtifactStore for PieceRecorder {
+    async fn put_stream<P>(&self, key: &str, pieces: &mut P) -> Result<(), bus::BusError>
+    where
+        P: futures::Stream<Item = Result<bytes::Bytes, bus::BusError>> + Unpin + Send,
+    {
+        use futures::TryStreamExt as _;
+        let mut recorded = pieces.inspect_ok(|piece| self.pieces.lock().unwrap().push(piece.len()));
+        self.inner.put_stream(key, &mut recorded).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<bytes::Bytes>, bus::BusError> {
+        self.inner.get(key).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), bus::BusError> {
+        self.inner.delete(key).await
+    }
+}
+
+/// Publishes chunk `index` of `data` (chunks of `chunk_bytes`) as the worker would, on its
+/// upload subject.
+async fn send_chunk(
+    worker_bus: &bus::Bus,
+    subject: &str,
+    upload_id: Uuid,
+    data: &[u8],
+    chunk_bytes: usize,
+    index: u32,
+) {
+    let start = index as usize * chunk_bytes;
+    let chunk = v1::ArtifactChunk {
+        upload_id: upload_id.to_string(),
+        index,
+        data: data[start..(start + chunk_bytes).min(data.len())].to_vec(),
+    };
+    worker_bus
+        .publish_durable(
+            subject.to_owned(),
+            &format!("{upload_id}:{index}"),
+            Default::default(),
+            prost::Message::encode_to_vec(&chunk).into(),
+        )
+        .await
+        .expect("chunk stored");
+}
+
+/// Stores a copy of chunk `index` on the session's stored subject under a message id of its
+/// own, as a resend after JetStream's duplicate window would be stored.
+async fn store_copy(
+    system: &TestSystem,
+    worker_id: Uuid,
+    upload_id: Uuid,
+    chunk: v1::ArtifactChunk,
+) {
+    system
+        .bus
+        .publish_durable(
+            system
+                .subjects
+                .upload_stored(&worker_id.to_string(), &upload_id.to_string()),
+            &format!("late-{upload_id}:{}:{}", chunk.index, Uuid::new_v4()),
+            Default::default(),
+            prost::Message::encode_to_vec(&chunk).into(),
+        )
+        .await
+        .expect("copy stored");
+}
+
+#[tokio::test]
+async fn a_commit_streams_chunks_sent_out_of_order_and_twice_into_the_store_one_chunk_at_a_time() {
+    const CHUNK_BYTES: usize = bus::artifacts::CHUNK_BYTES_MAX as usize;
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let lease = lease_ref(&scan.lease);
+    let worker_bus = system.worker_bus(scan.worker.id).await;
+    let recorder = PieceRecorder {
+        inner: system.bus.artifacts().await.unwrap(),
+        pieces: Default::default(),
+    };
+    let ingestion = ingestion::artifacts::Artifacts {
+        pool: system.pool.clone(),
+        bus: system.bus.clone(),
+        store: recorder,
+        limits: runtime::ArtifactLimits::default(),
+    };
+    let artifact_subject = system
+        .subjects
+        .worker(&scan.worker.id.to_string(), messages::WorkerVerb::Artifact);
+    let commit = |upload_id: Uuid, data: &[u8], chunks: u32| {
+        prost::Message::encode_to_vec(&v1::ArtifactRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            worker_id: scan.worker.id.to_string(),
+            lease: Some(lease.clone()),
+            step: Some(v1::artifact_request::Step::Commit(v1::CommitUpload {
+                upload_id: upload_id.to_string(),
+                size_bytes: data.len() as u64,
+                sha256: messages::sha256_hex(data),
+                chunks,
+            })),
+        })
+    };
+
+    // Five chunks, the last a short one, stored in the order 3, 0, 4, 1, 2; chunks 1 and 3
+    // stored twice more, as resends after the duplicate window.
+    let (upload_id, prepared) = open_upload(&scan, "out-of-order.bin").await;
+    let data = file(4 * CHUNK_BYTES + 1_000);
+    for index in [3, 0, 4, 1, 2] {
+        send_chunk(
+            &worker_bus,
+            &prepared.chunk_subject,
+            upload_id,
+            &data,
+            CHUNK_BYTES,
+            index,
+        )
+        .await;
+    }
+    for index in [1_u32, 3] {
+        let start = index as usize * CHUNK_BYTES;
+        let copy = v1::ArtifactChunk {
+            upload_id: upload_id.to_string(),
+            index,
+            data: data[start..start + CHUNK_BYTES].to_vec(),
+        };
+        store_copy(&system, scan.worker.id, upload_id, copy).await;
+    }
+    let reply = ingestion
+        .reply(&artifact_subject, &commit(upload_id, &data, 5))
+        .await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    assert_eq!(reply.status, "committed");
+    let pieces = ingestion.store.pieces.lock().unwrap().clone();
+    assert!(
+        pieces.iter().all(|len| *len <= CHUNK_BYTES),
+        "the store was given the file in pieces of at most a chunk, not {pieces:?}"
+    );
+    assert_eq!(
+        pieces,
+        [CHUNK_BYTES, CHUNK_BYTES, CHUNK_BYTES, CHUNK_BYTES, 1_000],
+        "one piece a chunk, each once"
+    );
+    let (_, bytes) = palisade::commands::get_artifact(&system.pool, &ingestion.store, upload_id)
+        .await
+        .unwrap();
+    assert!(
+        bytes.as_ref() == data.as_slice(),
+        "the object is the file, in order"
+    );
+    assert_eq!(chunks_sent(&system, scan.worker.id, upload_id).await, 0);
+
+    // A copy of a chunk with other contents fails the session before anything is stored.
+    let (conflicted_id, prepared) = open_upload(&scan, "conflict.bin").await;
+    let data = file(2 * CHUNK_BYTES);
+    for index in [1, 0] {
+        send_chunk(
+            &worker_bus,
+            &prepared.chunk_subject,
+            conflicted_id,
+            &data,
+            CHUNK_BYTES,
+            index,
+        )
+        .await;
+    }
+    let other = v1::ArtifactChunk {
+        upload_id: conflicted_id.to_string(),
+        index: 0,
+        data: vec![7; CHUNK_BYTES],
+    };
+    store_copy(&system, scan.worker.id, conflicted_id, other).await;
+    ingestion.store.pieces.lock().unwrap().clear();
+    let reply = ingestion
+        .reply(&artifact_subject, &commit(conflicted_id, &data, 2))
+        .await;
+    assert_eq!(code(&reply), Some(ErrorCode::ChecksumMismatch), "{reply:?}");
+    let session = status(&system, conflicted_id).await;
+    assert_eq!(session.status, "failed");
+    assert!(session.error.contains("chunk 0"), "{}", session.error);
+    assert!(ingestion.store.pieces.lock().unwrap().is_empty());
     system.finish().await;
 }

@@ -1,5 +1,6 @@
--- Ingestion: the chunks of an open, unexpired session were read back and match the commit
--- (the fence was checked in this transaction). Returns the id when it moved.
+-- Ingestion: the chunks of an open, unexpired session were read back and match the commit's
+-- count and size (the fence was checked in this transaction); its file streams into the store
+-- next, its sha256 checked on the way. Returns the id when it moved.
 -- $1: upload id
 -- $2: claim.attempt_id
 -- $3: size in bytes
