@@ -447,7 +447,10 @@ async fn an_s3_compatible_store_keeps_verified_artifacts_and_loses_expired_ones(
     let (_, bytes) = palisade::commands::get_artifact(&system.pool, &store, large_id)
         .await
         .unwrap();
-    assert!(bytes.as_ref() == large.as_slice(), "the parts make the file");
+    assert!(
+        bytes.as_ref() == large.as_slice(),
+        "the parts make the file"
+    );
 
     // Expired after an object was stored: the reaper removes it from the bucket.
     let (stale_id, _) = open_upload(&scan, "b.json").await;
