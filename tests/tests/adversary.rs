@@ -422,7 +422,7 @@ async fn no_worker_or_client_holds_any_jetstream_right() {
     let probes = [
         "$JS.API.INFO".to_owned(),
         format!("$JS.API.STREAM.INFO.{events}"),
-        format!("$JS.API.STREAM.NAMES"),
+        "$JS.API.STREAM.NAMES".to_string(),
         format!(
             "$JS.API.CONSUMER.CREATE.{events}.mine.{}",
             system.subjects.tenant_events(&organization)

@@ -150,6 +150,32 @@ where
     Ok(result)
 }
 
+/// Checks each of `services` in turn with `check`, sending its findings as they come, until
+/// `cancel` (a `cancelled` error); how many were checked. The loop of the plugins that check
+/// services one by one (`http_headers`, `tls_certificate`).
+pub async fn check_each<S, Fut>(
+    services: Vec<S>,
+    sink: worker::ResultSink,
+    cancel: tokio_util::sync::CancellationToken,
+    check: impl Fn(S) -> Fut,
+) -> Result<usize, PluginError>
+where
+    Fut: Future<Output = Result<Vec<worker::v1::Finding>, PluginError>>,
+{
+    let mut checked = 0;
+    for service in services {
+        let findings = tokio::select! {
+            () = cancel.cancelled() => return Err(PluginError::retryable("cancelled", "cancelled")),
+            findings = check(service) => findings?,
+        };
+        checked += 1;
+        for finding in findings {
+            sink.finding(finding).await?;
+        }
+    }
+    Ok(checked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,30 +252,4 @@ mod tests {
         assert_eq!(authority("10.0.0.1", 80), "10.0.0.1:80");
         assert_eq!(authority("example.test", 443), "example.test:443");
     }
-}
-
-/// Checks each of `services` in turn with `check`, sending its findings as they come, until
-/// `cancel` (a `cancelled` error); how many were checked. The loop of the plugins that check
-/// services one by one (`http_headers`, `tls_certificate`).
-pub async fn check_each<S, Fut>(
-    services: Vec<S>,
-    sink: worker::ResultSink,
-    cancel: tokio_util::sync::CancellationToken,
-    check: impl Fn(S) -> Fut,
-) -> Result<usize, PluginError>
-where
-    Fut: Future<Output = Result<Vec<worker::v1::Finding>, PluginError>>,
-{
-    let mut checked = 0;
-    for service in services {
-        let findings = tokio::select! {
-            () = cancel.cancelled() => return Err(PluginError::retryable("cancelled", "cancelled")),
-            findings = check(service) => findings?,
-        };
-        checked += 1;
-        for finding in findings {
-            sink.finding(finding).await?;
-        }
-    }
-    Ok(checked)
 }

@@ -601,16 +601,15 @@ mod tests {
         rules
     }
 
+    /// A certificate chain and its leaf's key, as a test server presents them.
+    type Chain = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
     #[tokio::test]
     async fn a_good_certificate_gives_nothing_and_each_condition_its_finding() {
         let trusted = authority("palisade test authority");
         let stranger = authority("someone else's authority");
         let plugin = TlsCertificate::new(vec![trusted.der.clone()]);
-        let cases: [(
-            &str,
-            (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
-            &[&str],
-        ); 7] = [
+        let cases: [(&str, Chain, &[&str]); 7] = [
             ("good", leaf(&["localhost"], -1, 365, Some(&trusted)), &[]),
             (
                 "expired",

@@ -243,7 +243,7 @@ impl Authority {
         let Crossing { services, streams } = subjects.exports();
         let export = |subject: String, kind: ExportType| Export {
             subject: Some(subject.into()),
-            type_: Some(kind.clone()),
+            type_: Some(kind),
             response_type: (kind == ExportType::Service).then_some(ResponseType::Singleton),
             response_threshold: (kind == ExportType::Service)
                 .then_some(RESPONSE_TTL.as_nanos() as i64),

@@ -430,38 +430,6 @@ pub fn record_refusal(error: Option<&messages::v1::Error>) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renew_interval_must_be_below_the_ttl() {
-        let ttl = Duration::from_secs(30);
-        assert!(LeaseSettings::new(ttl, Duration::from_secs(10)).is_ok());
-        assert!(LeaseSettings::new(ttl, ttl).is_err());
-        assert!(LeaseSettings::new(ttl, Duration::from_secs(31)).is_err());
-        assert!(LeaseSettings::new(ttl, Duration::ZERO).is_err());
-    }
-
-    #[test]
-    fn an_internal_answer_names_its_error_id_and_not_its_cause() {
-        let cause = "duplicate key value violates unique constraint \"scans_org_key\"";
-        let error = internal_error("deciding the request", &cause, "retry");
-        assert_eq!(error.error_code(), Some(messages::ErrorCode::Internal));
-        assert!(!error.message.contains("constraint"), "{}", error.message);
-        let error_id = error
-            .message
-            .split("error id ")
-            .nth(1)
-            .and_then(|rest| rest.split(')').next())
-            .expect("an error id");
-        assert_eq!(error_id.len(), 16);
-        assert!(error_id.chars().all(|c| c.is_ascii_hexdigit()));
-        let other = internal_error("deciding the request", &cause, "retry");
-        assert_ne!(error.message, other.message, "each answer has its own id");
-    }
-}
-
 /// The wire lease, with a `lease` span recording the grant in the scan's trace: a child of
 /// the scan's stored context, linked to the current span (the worker's acquire request, or
 /// the completion whose acknowledgement carries it: its cause, but in another trace, so
@@ -492,4 +460,36 @@ pub fn traced_lease(
         wire.traceparent = traceparent;
     }
     wire
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renew_interval_must_be_below_the_ttl() {
+        let ttl = Duration::from_secs(30);
+        assert!(LeaseSettings::new(ttl, Duration::from_secs(10)).is_ok());
+        assert!(LeaseSettings::new(ttl, ttl).is_err());
+        assert!(LeaseSettings::new(ttl, Duration::from_secs(31)).is_err());
+        assert!(LeaseSettings::new(ttl, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn an_internal_answer_names_its_error_id_and_not_its_cause() {
+        let cause = "duplicate key value violates unique constraint \"scans_org_key\"";
+        let error = internal_error("deciding the request", &cause, "retry");
+        assert_eq!(error.error_code(), Some(messages::ErrorCode::Internal));
+        assert!(!error.message.contains("constraint"), "{}", error.message);
+        let error_id = error
+            .message
+            .split("error id ")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .expect("an error id");
+        assert_eq!(error_id.len(), 16);
+        assert!(error_id.chars().all(|c| c.is_ascii_hexdigit()));
+        let other = internal_error("deciding the request", &cause, "retry");
+        assert_ne!(error.message, other.message, "each answer has its own id");
+    }
 }

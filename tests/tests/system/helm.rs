@@ -335,9 +335,8 @@ async fn helm_chart_probes_and_metrics_match_a_running_system() {
     let (status, _) = get("/healthz".into()).await;
     assert_eq!(status, 200, "/healthz");
     system
-        .wait_for("/readyz to answer ready", || {
-            let get = get.clone();
-            async move { (get("/readyz".into()).await.0 == 200).then_some(()) }
+        .wait_for("/readyz to answer ready", || async move {
+            (get("/readyz".into()).await.0 == 200).then_some(())
         })
         .await;
 

@@ -52,7 +52,7 @@ async fn scans_are_listed_newest_first_by_every_filter_and_a_page_at_a_time() {
         let listed = scans(pool, &filter(&|f| f.state = Some(state)))
             .await
             .unwrap();
-        assert_eq!(ids(&listed), [expected.clone()], "{state}");
+        assert_eq!(ids(&listed), [expected.as_str()], "{state}");
     }
     let cancelled = scans(pool, &filter(&|f| f.state = Some(ScanState::Cancelled)))
         .await
@@ -61,21 +61,21 @@ async fn scans_are_listed_newest_first_by_every_filter_and_a_page_at_a_time() {
     let beta = scans(pool, &filter(&|f| f.plugin = Some("beta".into())))
         .await
         .unwrap();
-    assert_eq!(ids(&beta), [pending.scan_id.clone()]);
+    assert_eq!(ids(&beta), [pending.scan_id.as_str()]);
     let of_org = scans(
         pool,
         &filter(&|f| f.organization_id = Some(running.organization_id)),
     )
     .await
     .unwrap();
-    assert_eq!(ids(&of_org), [running.scan_id.clone()]);
+    assert_eq!(ids(&of_org), [running.scan_id.as_str()]);
     let by_target = scans(
         pool,
         &filter(&|f| f.target = Some("http://pending.test".into())),
     )
     .await
     .unwrap();
-    assert_eq!(ids(&by_target), [pending.scan_id.clone()]);
+    assert_eq!(ids(&by_target), [pending.scan_id.as_str()]);
     let by_client = scans(pool, &filter(&|f| f.client_id = Some("nobody".into())))
         .await
         .unwrap();
@@ -86,7 +86,7 @@ async fn scans_are_listed_newest_first_by_every_filter_and_a_page_at_a_time() {
     )
     .await
     .unwrap();
-    assert_eq!(ids(&later), [pending.scan_id.clone()]);
+    assert_eq!(ids(&later), [pending.scan_id.as_str()]);
     let earlier = scans(
         pool,
         &filter(&|f| f.admitted_before = Some(all[0].created_at)),

@@ -458,7 +458,7 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
         .await
         .expect("its account as recorded");
     assert_eq!(recorded.len(), 1);
-    assert_eq!(recorded[0].refused, [credentials.public_key.clone()]);
+    assert_eq!(recorded[0].refused, [credentials.public_key.as_str()]);
     let pushed = Instant::now();
     system.nats.push_recorded(&system.pool, &holder).await;
     let push_took = pushed.elapsed();
