@@ -475,7 +475,7 @@ async fn answer(
 /// the error is published in `enrichment.failed`, which tenants read.
 pub(crate) fn store_failure(error: &store::StoreError) -> StepError {
     tracing::warn!(error = %telemetry::chain(error), "enrichment could not write its progress");
-    if error.data_refused().is_some() {
+    if error.is_data_refused() {
         // Not the database's health: the data. Retrying writes the same data again. The
         // message goes to the tenant: no database text (the warning above has it).
         return StepError {

@@ -433,7 +433,7 @@ pub struct CveStatus {
     pub imported: i64,
     pub synced_through: Option<DateTime<Utc>>,
     pub sync_holder_job_id: Option<Uuid>,
-    pub sync_updated_at: Option<DateTime<Utc>>,
+    pub sync_updated_at: DateTime<Utc>,
     /// Every quarantined record.
     pub quarantined: i64,
     /// The most recently seen of them.
@@ -478,7 +478,7 @@ pub async fn status(pool: &PgPool, recent: i64) -> Result<CveStatus, StoreError>
         imported,
         synced_through,
         sync_holder_job_id: holder,
-        sync_updated_at: Some(updated),
+        sync_updated_at: updated,
         quarantined,
         recent_quarantined: rows
             .into_iter()

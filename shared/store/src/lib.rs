@@ -120,20 +120,14 @@ impl StoreError {
         }
     }
 
-    /// PostgreSQL refused the data itself (a data exception, class 22, such as a NUL in text;
-    /// or an integrity constraint, class 23): writing the same data again fails the same way.
-    /// The database's own message, which names what it refused, when so.
-    pub fn data_refused(&self) -> Option<String> {
-        match self {
-            StoreError::Database(sqlx::Error::Database(db))
-                if db
-                    .code()
-                    .is_some_and(|code| code.starts_with("22") || code.starts_with("23")) =>
-            {
-                Some(db.message().to_owned())
-            }
-            _ => None,
-        }
+    /// True when PostgreSQL refused the data itself (a data exception, class 22, such as a NUL
+    /// in text; or an integrity constraint, class 23): writing the same data again fails the
+    /// same way. The error's text names what was refused.
+    pub fn is_data_refused(&self) -> bool {
+        matches!(self, StoreError::Database(sqlx::Error::Database(db))
+            if db
+                .code()
+                .is_some_and(|code| code.starts_with("22") || code.starts_with("23")))
     }
 }
 

@@ -275,11 +275,14 @@ async fn the_client_guides_python_submits_follows_and_decides_against_a_running_
     let ack = worker.complete(lease_a, 1).await;
     assert!(ack.error.is_none(), "{ack:?}");
     guide
-        .during("scan a's enrichment.completed to be published", async {
-            while !enrichment_published(&system, &lease_a.scan_id).await {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        })
+        .during(
+            "scan a's enrichment.completed to be published",
+            system.wait_for("scan a's enrichment.completed", || async {
+                enrichment_published(&system, &lease_a.scan_id)
+                    .await
+                    .then_some(())
+            }),
+        )
         .await;
     let ack = worker
         .send_batch(&worker.batch(lease_b, 0, &tests::findings_payload(1)))

@@ -52,6 +52,14 @@ fn service(
     .expect("an enrichment service")
 }
 
+/// One pass of `enrichment` runs exactly the job `job_id`, and it completes.
+async fn runs_to_completion(enrichment: &enrichment::Service, job_id: Uuid) {
+    assert_eq!(
+        enrichment.run_once().await.unwrap(),
+        [(job_id, Execution::Completed)]
+    );
+}
+
 /// `count` CVEs `CVE-2026-10000`… NVD modified over the last day, in id order.
 fn served(count: u32) -> Vec<ServedCve> {
     let start = Utc::now() - TimeDelta::days(1);
@@ -91,10 +99,7 @@ async fn a_record_postgres_refuses_among_thousands_is_quarantined_and_every_job_
         .scan_to_enrich(&["CVE-2026-11234", "CVE-2026-10001"])
         .await;
     let enrichment = service(&system, &nvd, 500, |_| {});
-    assert_eq!(
-        enrichment.run_once().await.unwrap(),
-        [(job_a, Execution::Completed)]
-    );
+    runs_to_completion(&enrichment, job_a).await;
     let done = checkpoint(&system, job_a).await;
     assert_eq!(done["phase"], "done", "{done}");
     assert_eq!(done["quarantined"], 2, "{done}");
@@ -163,10 +168,7 @@ async fn a_record_postgres_refuses_among_thousands_is_quarantined_and_every_job_
     // says what the table holds: nothing.
     let requests = nvd.requests().len();
     let (scan_b, job_b) = system.scan_to_enrich(&["CVE-2026-12345"]).await;
-    assert_eq!(
-        enrichment.run_once().await.unwrap(),
-        [(job_b, Execution::Completed)]
-    );
+    runs_to_completion(&enrichment, job_b).await;
     assert_eq!(nvd.requests().len(), requests, "nothing fetched");
     let data: serde_json::Value =
         sqlx::query_scalar("SELECT cve_data FROM findings WHERE scan_id = $1 ORDER BY id LIMIT 1")
@@ -179,10 +181,7 @@ async fn a_record_postgres_refuses_among_thousands_is_quarantined_and_every_job_
     // A later sync over the same records counts them again without reporting them again.
     synced_days_ago(&system, 2).await;
     let (_, job_c) = system.scan_to_enrich(&["CVE-2026-10002"]).await;
-    assert_eq!(
-        enrichment.run_once().await.unwrap(),
-        [(job_c, Execution::Completed)]
-    );
+    runs_to_completion(&enrichment, job_c).await;
     assert_eq!(
         scalar::<i64>(
             &system,
@@ -304,10 +303,7 @@ async fn a_sync_stops_at_its_page_cap_and_the_next_goes_on() {
         scalar(&system, "SELECT synced_through FROM cve_sync").await;
     let enrichment = service(&system, &nvd, 4, |cve| cve.sync_max_pages = 3);
     let (_, job) = system.scan_to_enrich(&["CVE-2026-10019"]).await;
-    assert_eq!(
-        enrichment.run_once().await.unwrap(),
-        [(job, Execution::Completed)]
-    );
+    runs_to_completion(&enrichment, job).await;
     let done = checkpoint(&system, job).await;
     assert_eq!(done["sync_capped"], true, "{done}");
     let window_requests = |nvd: &FakeNvd| {
@@ -333,10 +329,7 @@ async fn a_sync_stops_at_its_page_cap_and_the_next_goes_on() {
     synced_days_ago(&system, 2).await;
     let enrichment = service(&system, &nvd, 4, |cve| cve.sync_max_pages = 10);
     let (_, job) = system.scan_to_enrich(&["CVE-2026-10019"]).await;
-    assert_eq!(
-        enrichment.run_once().await.unwrap(),
-        [(job, Execution::Completed)]
-    );
+    runs_to_completion(&enrichment, job).await;
     let done = checkpoint(&system, job).await;
     assert!(done.get("sync_capped").is_none(), "{done}");
     assert_eq!(
@@ -359,10 +352,7 @@ async fn a_window_modified_while_paged_is_read_again_and_nothing_is_skipped() {
     nvd.modify_after_page(0, "CVE-2026-10001", Utc::now() + TimeDelta::minutes(5));
     let enrichment = service(&system, &nvd, 4, |_| {});
     let (_, job) = system.scan_to_enrich(&["CVE-2026-10004"]).await;
-    assert_eq!(
-        enrichment.run_once().await.unwrap(),
-        [(job, Execution::Completed)]
-    );
+    runs_to_completion(&enrichment, job).await;
     let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM cves ORDER BY id")
         .fetch_all(&system.pool)
         .await
@@ -478,7 +468,7 @@ async fn data_postgres_refuses_is_told_apart_from_postgres_unavailable() {
         .await
         .expect_err("PostgreSQL stores no NUL in text");
     let error = store::StoreError::from(error);
-    assert!(error.data_refused().is_some(), "{error:?}");
+    assert!(error.is_data_refused(), "{error:?}");
     assert!(
         !error.is_unavailable() && !error.is_transient(),
         "{error:?}"

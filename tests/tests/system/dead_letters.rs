@@ -23,6 +23,19 @@ async fn dead_letter_of(system: &TestSystem, consumer: &str) -> Uuid {
         .await
 }
 
+/// The open dead letters, newest first.
+async fn open_letters(system: &TestSystem) -> Vec<palisade::dead_letters::Listed> {
+    palisade::dead_letters::list(
+        &system.pool,
+        &store::dead_letters::ListFilter {
+            limit: 10,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
 async fn scans_of(system: &TestSystem, idempotency_key: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM scans WHERE idempotency_key = $1")
         .bind(idempotency_key)
@@ -62,15 +75,7 @@ async fn a_replayed_dead_request_admits_exactly_once_and_a_dead_worker_message_i
     assert_eq!(shown["payload"]["target"], TARGET);
     assert_eq!(shown["payload"]["idempotency_key"], request.idempotency_key);
     assert!(shown["resolution"].is_null());
-    let open = palisade::dead_letters::list(
-        &system.pool,
-        &store::dead_letters::ListFilter {
-            limit: 10,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let open = open_letters(&system).await;
     assert_eq!(open.len(), 1);
 
     // A replay needs a reason, and the cause fixed first.
@@ -147,15 +152,7 @@ async fn a_replayed_dead_request_admits_exactly_once_and_a_dead_worker_message_i
         .await
         .unwrap();
     assert_eq!(discarded["resolution"], "discarded");
-    let open = palisade::dead_letters::list(
-        &system.pool,
-        &store::dead_letters::ListFilter {
-            limit: 10,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let open = open_letters(&system).await;
     assert!(open.is_empty(), "both resolved: {open:?}");
     let all = palisade::dead_letters::list(
         &system.pool,

@@ -20,6 +20,15 @@ async fn submit(
     reply.scan_id
 }
 
+/// The scans of the leases an acquire was granted, in grant order.
+fn scans_of(granted: &messages::v1::AcquireReply) -> Vec<&str> {
+    granted
+        .leases
+        .iter()
+        .map(|lease| lease.scan_id.as_str())
+        .collect()
+}
+
 /// A registered worker of `organization_id` with `capacity` slots that said hello offering
 /// `plugins`.
 async fn ready_worker(
@@ -47,11 +56,7 @@ async fn a_worker_is_granted_only_plugins_it_offers() {
     );
     let alpha = submit(&system, organization_id, "http://alpha.test", &["alpha"], 0).await;
     let granted = worker.acquire(Uuid::new_v4(), 4, 0).await;
-    let scans: Vec<&str> = granted
-        .leases
-        .iter()
-        .map(|lease| lease.scan_id.as_str())
-        .collect();
+    let scans = scans_of(&granted);
     assert_eq!(scans, [alpha.as_str()], "only the plugin it offers");
     system.finish().await;
 }
@@ -306,15 +311,18 @@ async fn a_task_whose_attempts_are_spent_is_never_granted_and_the_reaper_fails_i
     .expect("budget spent");
     let fresh = submit(&system, organization_id, "http://fresh.test", &["alpha"], 0).await;
     let granted = worker.acquire(Uuid::new_v4(), 4, 0).await;
-    let scans: Vec<&str> = granted
-        .leases
-        .iter()
-        .map(|lease| lease.scan_id.as_str())
-        .collect();
+    let scans = scans_of(&granted);
     assert_eq!(scans, [fresh.as_str()], "{granted:?}");
 
-    tokio::time::sleep(DEADLINE * 2).await;
-    let outcome = system.reaper().run_once().await.expect("sweep");
+    let outcome = system
+        .wait_for(
+            "the reaper to fail the spent task past the deadline",
+            || async {
+                let outcome = system.reaper().run_once().await.expect("sweep");
+                (!outcome.stranded.is_empty()).then_some(outcome)
+            },
+        )
+        .await;
     assert_eq!(outcome.stranded.len(), 1, "{outcome:?}");
     assert_eq!(system.scan_state(&spent).await, "failed");
     assert_eq!(system.scan_state(&fresh).await, "running");
