@@ -50,16 +50,13 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub const MAX_ATTEMPTS_DEFAULT: i32 = 3;
-
     pub fn from_env() -> Result<Self, SettingsError> {
         Self::from_common(CommonSettings::from_env()?)
     }
 
     /// Service-specific settings from the environment over the given common ones.
     pub fn from_common(common: CommonSettings) -> Result<Self, SettingsError> {
-        let max_attempts =
-            env::parse_in("PALISADE_MAX_ATTEMPTS", Self::MAX_ATTEMPTS_DEFAULT, 1..=100)?;
+        let max_attempts = runtime::max_attempts_from_env()?;
         let consumer = ConsumerTuning::from_env(ConsumerVars {
             batch_size: "PALISADE_ADMISSION_BATCH_SIZE",
             ack_wait_ms: "PALISADE_ADMISSION_ACK_WAIT_MS",

@@ -20,6 +20,14 @@ pub async fn operator_bus(common: &runtime::CommonSettings) -> anyhow::Result<bu
     .await?)
 }
 
+/// Who an operator's change is recorded as: `--by`, else `$USER`, else `operator`.
+pub fn actor(by: Option<String>) -> String {
+    by.or_else(|| std::env::var("USER").ok())
+        .map(|by| by.trim().to_owned())
+        .filter(|by| !by.is_empty())
+        .unwrap_or_else(|| "operator".to_owned())
+}
+
 /// `palisade scan enrich <scan>`: requests enrichment of a scan of any organization; the
 /// answer `{scan_id, job_id, status, outcome, message}`, or the refusal as an error.
 pub async fn enrich(pool: &PgPool, scan_id: Uuid) -> anyhow::Result<serde_json::Value> {

@@ -67,11 +67,7 @@ pub async fn run(
     command: DeadLetterCommand,
 ) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
-    let actor = |by: Option<String>| {
-        by.or_else(|| std::env::var("USER").ok())
-            .filter(|by| !by.trim().is_empty())
-            .unwrap_or_else(|| "operator".to_owned())
-    };
+    let actor = crate::commands::actor;
     let answer = match command {
         DeadLetterCommand::List {
             consumer,

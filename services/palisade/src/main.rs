@@ -155,6 +155,9 @@ enum Command {
     /// Messages a consumer gave up on after their last delivery: list, read, replay, discard.
     #[command(subcommand)]
     DeadLetter(palisade::dead_letters::DeadLetterCommand),
+    /// Recurring scans: add, list, show, pause, resume, delete.
+    #[command(subcommand)]
+    Schedule(palisade::schedules::ScheduleCommand),
     /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
     /// the failing checks otherwise.
     Health {
@@ -928,6 +931,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Finding(command) => finding(&common, command).await,
         Command::Artifact(command) => artifact(&common, command).await,
         Command::DeadLetter(command) => palisade::dead_letters::run(&common, command).await,
+        Command::Schedule(command) => palisade::schedules::run(&common, command).await,
         Command::Queue { output } => {
             let pool = store::connect(&common.database).await?;
             let backlog = store::observability::backlog(&pool).await?;

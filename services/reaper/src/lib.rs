@@ -2,13 +2,16 @@
 //! stale-attempt recovery (expired leases back to `retry_wait`, or `failed_terminal` when the
 //! budget is spent), execution deadlines (enforced even while a worker renews), wake-ups for
 //! retried tasks that became due, expired upload sessions (and what ended ones left on the
-//! bus: chunks, objects), retention, and the outbox relay
+//! bus: chunks, objects), retention, the slots of recurring scan schedules
+//! (`store::schedules`: each fired once, through the admission script), and the outbox relay
 //! (rows whose claim lapsed are re-published). Each sweep is a bounded `run_once` that tests
 //! call directly; it logs only when it acted.
 //!
 //! Sweeps run only on the replica that holds the `palisade-reaper` leader lease. Every sweep
 //! is also safe on any number of replicas (`FOR UPDATE SKIP LOCKED`, guarded statements), so
 //! the lease saves duplicate work; it is not what keeps the data right.
+
+pub mod metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +43,9 @@ pub struct Settings {
     /// after waiting this long while no live worker of its organization offers its plugin
     /// (`PALISADE_PENDING_DEADLINE_MS`, default 600000: ten minutes).
     pub pending_deadline: Duration,
+    /// The task attempt budget of the scans schedules submit (`PALISADE_MAX_ATTEMPTS`, as
+    /// admission).
+    pub max_attempts: i32,
     /// Longest a sweep may take before it is abandoned until the next interval.
     pub sweep_time_max: Duration,
     /// The leader lease the sweeps run under (`PALISADE_REAPER_LEASE_TTL_MS`, default 15000;
@@ -71,6 +77,7 @@ impl Settings {
                 "PALISADE_PENDING_DEADLINE_MS",
                 600_000_u64,
             )?),
+            max_attempts: runtime::max_attempts_from_env()?,
             sweep_time_max: Duration::from_secs(30),
             lease: {
                 let ttl_ms = env::parse("PALISADE_REAPER_LEASE_TTL_MS", 15_000_u64)?;
@@ -109,6 +116,8 @@ pub struct Service {
     relay: Relay,
     owner: String,
     observer: Option<SweepObserver>,
+    /// The clock schedules are fired by (tests set it; leases keep the system's).
+    clock: Arc<dyn lease::Clock>,
     is_leader: Arc<std::sync::Mutex<Option<tokio::sync::watch::Receiver<bool>>>>,
     /// The health server and the outbox relay, started by `run_until_stopped`.
     plumbing: Plumbing,
@@ -135,6 +144,7 @@ impl Service {
             relay,
             owner: lease::owner_id("reaper"),
             observer: None,
+            clock: Arc::new(lease::SystemClock),
             is_leader: Arc::default(),
             plumbing,
         }
@@ -143,6 +153,12 @@ impl Service {
     /// Reports every sweep to `observer`.
     pub fn with_sweep_observer(mut self, observer: SweepObserver) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Fires schedules by `clock` instead of the system's (tests step it).
+    pub fn with_clock(mut self, clock: Arc<dyn lease::Clock>) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -218,6 +234,7 @@ impl Service {
                 store::recover::prune(&self.pool, self.settings.retention, batch),
             )
             .await?,
+            schedules: in_lane(lanes::REAPER_SCHEDULES, self.fire_schedules()).await?,
             due_retries: in_lane(
                 lanes::REAPER_RETRIES,
                 store::recover::due_retries(&self.pool),
@@ -238,6 +255,8 @@ impl Service {
                 pruned_batches = outcome.pruned.batches,
                 pruned_dead_letters = outcome.pruned.dead_letters,
                 pruned_cve_quarantine = outcome.pruned.cve_quarantine,
+                pruned_schedule_fires = outcome.pruned.schedule_fires,
+                schedule_fires = outcome.schedules.len(),
                 "reaper sweep acted"
             );
             self.relay.notify();
@@ -250,6 +269,47 @@ impl Service {
             let _ = in_lane(lanes::REAPER_RETRIES, wakeup).await;
         }
         Ok(outcome)
+    }
+
+    /// Fires the schedules due now by this replica's clock (`store::schedules`), in one
+    /// transaction; each slot's scan joins a trace of its own, rooted at the fire's span.
+    async fn fire_schedules(&self) -> Result<Vec<store::schedules::Fire>, StoreError> {
+        let trace_context = |schedule: &store::schedules::DueSchedule,
+                             slot: chrono::DateTime<chrono::Utc>| {
+            let span = tracing::info_span!(
+                parent: None,
+                "schedule.fire",
+                schedule_id = %schedule.id,
+                organization_id = %schedule.organization_id,
+                slot = %slot.to_rfc3339(),
+            );
+            bus::trace::traceparent_of(&span)
+        };
+        let script = store::schedules::FireDue {
+            subjects: self.bus.subjects(),
+            now: self.clock.now(),
+            limit: self.settings.batch,
+            max_attempts: self.settings.max_attempts,
+            trace_context: &trace_context,
+        };
+        let (fires, staged) =
+            store::decide_batch(&self.pool, self.settings.common.progress_events, &script).await?;
+        self.relay.hand_off(staged);
+        metrics::record_fires(&fires);
+        // A queued slot is tried at every sweep: only its firing is logged.
+        for fire in &fires {
+            if let Some(outcome) = fire.outcome {
+                tracing::info!(
+                    schedule_id = %fire.schedule_id,
+                    slot = %fire.slot.to_rfc3339(),
+                    outcome = outcome.as_str(),
+                    scan_id = ?fire.scan_id,
+                    missed = fire.missed,
+                    "schedule slot fired"
+                );
+            }
+        }
+        Ok(fires)
     }
 
     /// Removes what upload sessions left on the bus: of those that expired or failed, the
@@ -314,6 +374,7 @@ impl Service {
             self.owner.clone(),
             self.settings.lease,
         );
+        metrics::register();
         *self.is_leader.lock().expect("not poisoned") = Some(election.watch());
         let mut leader_watch = election.watch();
         let leader_stop = stop.clone();
@@ -393,6 +454,8 @@ pub struct SweepOutcome {
     /// ones, chunks of committed ones that ingestion did not purge.
     pub uploads_removed: u64,
     pub pruned: Pruned,
+    /// Schedule slots fired (or still queued behind their target's active scan).
+    pub schedules: Vec<store::schedules::Fire>,
     /// `retry_wait` tasks due now (a wake-up was published for them).
     pub due_retries: i64,
 }
@@ -407,5 +470,6 @@ impl SweepOutcome {
             || self.uploads_expired > 0
             || self.uploads_removed > 0
             || self.pruned != Pruned::default()
+            || self.schedules.iter().any(|fire| fire.outcome.is_some())
     }
 }

@@ -139,6 +139,16 @@ fn stream_quotas_from_env() -> Result<bus::StreamQuotas, SettingsError> {
     })
 }
 
+/// The attempt budget of every task of a scan, when no setting gives one.
+pub const MAX_ATTEMPTS_DEFAULT: i32 = 3;
+
+/// The attempt budget of every task of an admitted scan (`PALISADE_MAX_ATTEMPTS`, default
+/// [`MAX_ATTEMPTS_DEFAULT`]): admission reads it, and the reaper for the scans schedules
+/// submit.
+pub fn max_attempts_from_env() -> Result<i32, SettingsError> {
+    env::parse_in("PALISADE_MAX_ATTEMPTS", MAX_ATTEMPTS_DEFAULT, 1..=100)
+}
+
 /// The backoff of retried work (`PALISADE_RETRY_BASE_MS`, default 5000, and
 /// `PALISADE_RETRY_CAP_MS`, default 300000): failed tasks and enrichment jobs.
 pub fn retry_policy_from_env() -> Result<messages::retry::RetryPolicy, SettingsError> {

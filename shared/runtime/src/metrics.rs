@@ -95,6 +95,8 @@ struct DatabaseGauges {
     enrichment_renewal_age_max_seconds: SecondsGauge,
     task_retries: Counter,
     tasks_failed_terminal: Counter,
+    schedules_active: Gauge,
+    schedule_next_fire_timestamp_seconds: SecondsGauge,
     refresh_failures: Counter,
 }
 
@@ -115,6 +117,8 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         enrichment_renewal_age_max_seconds: SecondsGauge::default(),
         task_retries: Counter::default(),
         tasks_failed_terminal: Counter::default(),
+        schedules_active: Gauge::default(),
+        schedule_next_fire_timestamp_seconds: SecondsGauge::default(),
         refresh_failures: Counter::default(),
     };
     for state in ["pending", "retry_wait"] {
@@ -197,6 +201,17 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         gauges.enrichment_renewal_age_max_seconds.clone(),
     );
     registry.register(
+        "schedules_active",
+        "Recurring scan schedules not paused",
+        gauges.schedules_active.clone(),
+    );
+    registry.register(
+        "schedule_next_fire_timestamp_seconds",
+        "When the soonest active schedule fires next (Unix seconds); 0 when none is active. \
+         Far behind time(): the reaper's leader is not firing",
+        gauges.schedule_next_fire_timestamp_seconds.clone(),
+    );
+    registry.register(
         "metrics_refresh_failures",
         "Database gauge refreshes that failed or timed out (previous values kept)",
         gauges.refresh_failures.clone(),
@@ -236,6 +251,9 @@ impl DatabaseGauges {
             .set(snapshot.enrichment_stalest_heartbeat_age_seconds);
         mirror(&self.task_retries, snapshot.task_retries);
         mirror(&self.tasks_failed_terminal, snapshot.tasks_failed_terminal);
+        self.schedules_active.set(snapshot.schedules_active);
+        self.schedule_next_fire_timestamp_seconds
+            .set(snapshot.schedule_next_fire_timestamp_seconds.unwrap_or(0.0));
     }
 }
 

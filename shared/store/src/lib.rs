@@ -28,6 +28,7 @@ pub mod rate_limits;
 pub mod recover;
 pub mod retry;
 pub mod revoke;
+pub mod schedules;
 pub mod schema;
 pub mod states;
 #[cfg(feature = "testing")]

@@ -51,6 +51,10 @@ pub struct Snapshot {
     /// Tasks that entered `failed_terminal` since the counters' migration
     /// (`worker_tasks_failed_terminal_seq`); may over-count, never decreases.
     pub tasks_failed_terminal: i64,
+    /// Schedules not paused (`scan_schedules_due_idx`).
+    pub schedules_active: i64,
+    /// When the soonest active schedule fires next (Unix seconds); `None` when none is active.
+    pub schedule_next_fire_timestamp_seconds: Option<f64>,
 }
 
 /// Reads every aggregate in one statement. `worker_seen_within` is how recent a worker's

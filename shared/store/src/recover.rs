@@ -270,11 +270,13 @@ pub struct Pruned {
     pub dead_letters: u64,
     /// Quarantined CVE records not seen since the cutoff.
     pub cve_quarantine: u64,
+    /// Fire records of schedule slots older than the cutoff.
+    pub schedule_fires: u64,
 }
 
 /// Removes transport history older than `retention`: outbox rows earlier versions marked
 /// published (published rows are deleted at once now), result-batch records of tasks that
-/// ended, dead letters, quarantined CVE records no longer seen. Evidence (scans, findings, assets) and attempt history are kept. At most `limit` rows of each per pass.
+/// ended, dead letters, quarantined CVE records no longer seen, fire records of old schedule slots. Evidence (scans, findings, assets) and attempt history are kept. At most `limit` rows of each per pass.
 ///
 /// Each statement reads only what it removes, whatever the tables hold: the rows are chosen
 /// in an index's order (`ARRAY(…)`, an init plan run once) and then deleted by primary key,
@@ -315,10 +317,17 @@ pub async fn prune(
         .execute(pool)
         .await?
         .rows_affected();
+    let schedule_fires = sql::query(sql::schedule_fires::PRUNE)
+        .bind(seconds)
+        .bind(limit)
+        .execute(pool)
+        .await?
+        .rows_affected();
     Ok(Pruned {
         outbox,
         batches,
         dead_letters,
         cve_quarantine,
+        schedule_fires,
     })
 }

@@ -351,6 +351,31 @@ string_enum! {
     }
 }
 
+string_enum! {
+    /// What a schedule's slot does while its target still has an active scan (issue 27).
+    ScheduleOverlap, "scan_schedules.scan_schedules_overlap_check" {
+        /// The slot is recorded as skipped, naming the active scan; the next slot fires as usual.
+        Skip => "skip",
+        /// The slot waits, retried at every sweep, and fires once the target is free (later
+        /// slots that pass meanwhile are folded into it by the catch-up rule).
+        Queue => "queue",
+    }
+}
+
+string_enum! {
+    /// How a schedule's slot was fired: the reaper's leader writes it once per slot.
+    ScheduleFireOutcome, "schedule_fires.schedule_fires_outcome_check" {
+        /// Admission admitted the slot's scan.
+        Admitted => "admitted",
+        /// The slot's idempotency key already named a scan (no second scan).
+        Duplicate => "duplicate",
+        /// The target had an active scan and the schedule's overlap policy is `skip`.
+        Skipped => "skipped",
+        /// Admission refused it (`quota_exceeded`, `client_revoked`, …: the detail says).
+        Refused => "refused",
+    }
+}
+
 /// The text of every state of every enum above, sorted, each once: what SQL must never spell.
 pub fn all_names() -> Vec<&'static str> {
     let mut names = [
@@ -366,6 +391,8 @@ pub fn all_names() -> Vec<&'static str> {
         FindingChange::NAMES,
         QuarantineAction::NAMES,
         DeadLetterResolution::NAMES,
+        ScheduleOverlap::NAMES,
+        ScheduleFireOutcome::NAMES,
     ]
     .concat();
     names.sort_unstable();

@@ -51,6 +51,8 @@ pub mod lanes {
     pub const REAPER_RETENTION: &str = "reaper.retention";
     /// Due-retry wake-ups.
     pub const REAPER_RETRIES: &str = "reaper.retries";
+    /// Firing the slots of recurring scan schedules.
+    pub const REAPER_SCHEDULES: &str = "reaper.schedules";
     /// Campaigning for and renewing the reaper's leader lease.
     pub const REAPER_ELECTION: &str = "reaper.election";
     /// Outbox relays (every service runs one; they share the table, so the lane is shared).
@@ -62,7 +64,7 @@ pub mod lanes {
     /// Work outside any lane.
     pub const OTHER: &str = "other";
 
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         ADMISSION,
         DISPATCH,
         INGESTION,
@@ -74,6 +76,7 @@ pub mod lanes {
         REAPER_ENRICHMENT,
         REAPER_RETENTION,
         REAPER_RETRIES,
+        REAPER_SCHEDULES,
         REAPER_ELECTION,
         OUTBOX,
         WORKER,

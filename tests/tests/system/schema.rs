@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 
 use store::states::{
     AttemptStatus, DeadLetterResolution, EnrichmentJobState, FindingChange, FindingStatus,
-    QuarantineAction, ResultBatchStatus, ScanJobState, ScanState, Severity, TaskState,
-    UploadStatus,
+    QuarantineAction, ResultBatchStatus, ScanJobState, ScanState, ScheduleFireOutcome,
+    ScheduleOverlap, Severity, TaskState, UploadStatus,
 };
 use tests::TestSystem;
 
@@ -22,7 +22,7 @@ fn quoted_values(definition: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn state_enums_match_the_check_constraints() {
     let system = TestSystem::spawn().await;
-    let cases: [(&str, &[&str]); 12] = [
+    let cases: [(&str, &[&str]); 14] = [
         (ScanState::CHECK_CONSTRAINT, ScanState::NAMES),
         (ScanJobState::CHECK_CONSTRAINT, ScanJobState::NAMES),
         (TaskState::CHECK_CONSTRAINT, TaskState::NAMES),
@@ -43,6 +43,11 @@ async fn state_enums_match_the_check_constraints() {
         (
             DeadLetterResolution::CHECK_CONSTRAINT,
             DeadLetterResolution::NAMES,
+        ),
+        (ScheduleOverlap::CHECK_CONSTRAINT, ScheduleOverlap::NAMES),
+        (
+            ScheduleFireOutcome::CHECK_CONSTRAINT,
+            ScheduleFireOutcome::NAMES,
         ),
     ];
     for (constraint, expected) in cases {

@@ -1,6 +1,7 @@
 -- Everything `/metrics` samples in one statement: due and waiting tasks and the oldest's age,
 -- live leases and the stalest renewal, the outbox backlog, the newest completion's age and the
--- enrichment backlog (due age, running jobs and their stalest renewal).
+-- enrichment backlog (due age, running jobs and their stalest renewal), the active schedules and
+-- the soonest next fire.
 -- $1: crate::seconds(worker_seen_within)
 -- $2: TaskState::Pending.as_str()
 -- $3: TaskState::RetryWait.as_str()
@@ -67,5 +68,11 @@ SELECT
     (
         SELECT CASE WHEN is_called THEN last_value ELSE 0 END
         FROM worker_tasks_failed_terminal_seq
-    ) AS tasks_failed_terminal
+    ) AS tasks_failed_terminal,
+    (SELECT count(*) FROM scan_schedules WHERE NOT paused) AS schedules_active,
+    (
+        SELECT extract(epoch FROM min(next_fire_at))::float8
+        FROM scan_schedules
+        WHERE NOT paused
+    ) AS schedule_next_fire_timestamp_seconds
 FROM waiting, live, outbox_backlog, enrichment_pending, enrichment_running

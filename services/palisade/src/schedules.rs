@@ -1,0 +1,245 @@
+//! `palisade schedule` (issue 27, item 1): recurring scans an organization's scan request is
+//! submitted by, at every slot of a cron expression in a time zone or of an interval. The
+//! reaper's leader fires each slot once, through the admission script (`store::schedules` says
+//! how, and the catch-up rule); these commands create, read, pause, resume and delete them,
+//! recording who changed one and why. Every answer is JSON on standard output.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use messages::v1;
+use store::PgPool;
+use store::schedules::{self, Created, NewSchedule, ScheduleRow};
+use store::states::ScheduleOverlap;
+use uuid::Uuid;
+
+use crate::exit;
+
+/// `palisade schedule …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum ScheduleCommand {
+    /// Creates a schedule: its scan request, when it fires (`--cron` or `--every`) and what a
+    /// slot does while the target still has an active scan (`--overlap`).
+    Add(Box<AddArgs>),
+    /// Schedules in creation order, of one organization or all.
+    List {
+        #[arg(long)]
+        org: Option<Uuid>,
+        /// The next page: the last id of the previous one.
+        #[arg(long)]
+        after: Option<Uuid>,
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        limit: i64,
+    },
+    /// One schedule, its next slot and its latest fired slots (what admission answered).
+    Show {
+        id: Uuid,
+        /// How many fired slots to show, newest first.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
+        fires: i64,
+    },
+    /// Stops firing a schedule until it is resumed.
+    Pause(ChangeArgs),
+    /// Fires a paused schedule again from its first slot after now (slots that passed while it
+    /// was paused never fire).
+    Resume(ChangeArgs),
+    /// Removes a schedule and its fire records; the scans it submitted stay.
+    Delete { id: Uuid },
+}
+
+/// `palisade schedule add`.
+#[derive(Debug, clap::Args)]
+pub struct AddArgs {
+    #[arg(long)]
+    pub org: Uuid,
+    /// Unique in the organization.
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub target: String,
+    /// Comma-separated plugins, run in order.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub plugins: Vec<String>,
+    /// Five fields (minute hour day-of-month month day-of-week) or a nickname (`@daily`), read
+    /// in --time-zone.
+    #[arg(long, required_unless_present = "every", conflicts_with = "every")]
+    pub cron: Option<String>,
+    /// An interval (`15m`, `6h`, `1day`; at least a minute): slots at its multiples since
+    /// 1970-01-01T00:00Z, so `--every 1h` fires on the hour.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub every: Option<Duration>,
+    /// The IANA time zone --cron is read in.
+    #[arg(long, default_value = "UTC")]
+    pub time_zone: String,
+    /// Each slot fires up to this much late (a delay fixed per slot), so schedules on the same
+    /// minute do not all start at once.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub jitter: Duration,
+    /// While the target still has an active scan: `skip` records the slot skipped; `queue`
+    /// fires it once the target is free.
+    #[arg(long, value_enum, default_value_t = Overlap::Skip)]
+    pub overlap: Overlap,
+    #[arg(long, default_value_t = 0)]
+    pub priority: i32,
+    #[arg(long, default_value_t = 0)]
+    pub deadline_secs: u32,
+    /// The client its scans are requested as (a registered client that is revoked has them
+    /// refused).
+    #[arg(long, default_value = "schedules")]
+    pub client: String,
+    /// Create it paused.
+    #[arg(long)]
+    pub paused: bool,
+    /// Why (kept with it).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Who (default: $USER).
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+/// `palisade schedule pause` and `resume`.
+#[derive(Debug, clap::Args)]
+pub struct ChangeArgs {
+    pub id: Uuid,
+    /// Why (kept with it).
+    #[arg(long)]
+    pub reason: String,
+    /// Who (default: $USER).
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+/// `--overlap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Overlap {
+    Skip,
+    Queue,
+}
+
+impl From<Overlap> for ScheduleOverlap {
+    fn from(overlap: Overlap) -> Self {
+        match overlap {
+            Overlap::Skip => ScheduleOverlap::Skip,
+            Overlap::Queue => ScheduleOverlap::Queue,
+        }
+    }
+}
+
+/// Runs one `palisade schedule` command.
+pub async fn run(common: &runtime::CommonSettings, command: ScheduleCommand) -> anyhow::Result<()> {
+    let pool = store::connect(&common.database).await?;
+    let answer = match command {
+        ScheduleCommand::Add(args) => add(&pool, &args).await?,
+        ScheduleCommand::List { org, after, limit } => {
+            serde_json::to_value(schedules::list(&pool, org, after, limit).await?)?
+        }
+        ScheduleCommand::Show { id, fires } => show(&pool, id, fires).await?,
+        ScheduleCommand::Pause(change) => set_paused(&pool, &change, true).await?,
+        ScheduleCommand::Resume(change) => set_paused(&pool, &change, false).await?,
+        ScheduleCommand::Delete { id } => {
+            let schedule = read(&pool, id).await?;
+            if !schedules::delete(&pool, id).await? {
+                return Err(not_found(id));
+            }
+            serde_json::json!({ "deleted": schedule })
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
+}
+
+/// `palisade schedule add`: the request is checked as admission checks one off the wire, the
+/// timing by `store::schedules`; exit 4 with what to fix when either is refused.
+pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<serde_json::Value> {
+    let name = args.name.trim();
+    if name.is_empty()
+        || name.len() > messages::limits::IDENTIFIER_BYTES_MAX
+        || name.chars().any(char::is_control)
+    {
+        return Err(exit::refused(format!(
+            "invalid_field: a schedule name is 1..={} bytes without control characters",
+            messages::limits::IDENTIFIER_BYTES_MAX
+        )));
+    }
+    // The slot's key stands in for the idempotency key; admission checks the rest.
+    let request = v1::ScanRequest {
+        schema_version: 1,
+        organization_id: args.org.to_string(),
+        target: args.target.clone(),
+        plugins: args.plugins.clone(),
+        priority: args.priority,
+        execution_deadline_seconds: args.deadline_secs,
+        client_id: args.client.clone(),
+        idempotency_key: "schedule".to_owned(),
+    };
+    let valid = admission::request::validate(&request)
+        .map_err(|error| exit::refused(format!("{}: {}", error.code, error.message)))?;
+    let schedule = NewSchedule {
+        organization_id: valid.organization_id,
+        name: name.to_owned(),
+        target: valid.target,
+        plugins: valid.plugins,
+        priority: valid.priority,
+        execution_deadline_seconds: valid.execution_deadline_seconds,
+        client_id: valid.client_id,
+        cron: args.cron.clone(),
+        interval_seconds: args
+            .every
+            .map(|every| i64::try_from(every.as_secs()).unwrap_or(i64::MAX)),
+        time_zone: args.time_zone.clone(),
+        jitter_seconds: i32::try_from(args.jitter.as_secs()).unwrap_or(i32::MAX),
+        overlap: args.overlap.into(),
+        paused: args.paused,
+    };
+    let by = crate::commands::actor(args.by.clone());
+    let created = schedules::create(pool, &schedule, Utc::now(), &by, args.reason.trim())
+        .await?
+        .map_err(|invalid| exit::refused(format!("invalid_schedule: {invalid}")))?;
+    match created {
+        Created::Created(id) => Ok(serde_json::to_value(read(pool, id).await?)?),
+        Created::UnknownOrganization => Err(exit::refused(format!(
+            "unknown_organization: no organization {}; create it with palisade org add",
+            args.org
+        ))),
+        Created::NameTaken => Err(exit::refused(format!(
+            "name_taken: organization {} has a schedule named {name:?} already; choose another \
+             name, or delete that one (palisade schedule list --org {})",
+            args.org, args.org
+        ))),
+    }
+}
+
+/// `palisade schedule show`.
+pub async fn show(pool: &PgPool, id: Uuid, fires: i64) -> anyhow::Result<serde_json::Value> {
+    let schedule = read(pool, id).await?;
+    let mut shown = serde_json::to_value(&schedule)?;
+    shown["fires"] = serde_json::to_value(schedules::fires(pool, id, fires).await?)?;
+    Ok(shown)
+}
+
+async fn set_paused(
+    pool: &PgPool,
+    change: &ChangeArgs,
+    paused: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let reason = change.reason.trim();
+    if reason.is_empty() {
+        return Err(exit::refused(
+            "invalid_field: say why with --reason (it is kept with the schedule)",
+        ));
+    }
+    let by = crate::commands::actor(change.by.clone());
+    let changed = schedules::set_paused(pool, change.id, paused, Utc::now(), &by, reason)
+        .await?
+        .ok_or_else(|| not_found(change.id))?;
+    Ok(serde_json::to_value(changed)?)
+}
+
+async fn read(pool: &PgPool, id: Uuid) -> anyhow::Result<ScheduleRow> {
+    schedules::get(pool, id).await?.ok_or_else(|| not_found(id))
+}
+
+fn not_found(id: Uuid) -> anyhow::Error {
+    exit::not_found(format!("not_found: no schedule {id}"))
+}

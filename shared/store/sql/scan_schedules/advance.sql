@@ -1,0 +1,9 @@
+-- After firing: each fired schedule's next unfired slot and its fire time.
+-- $1: schedule ids
+-- $2: next slots
+-- $3: next fire times (the slot plus its jitter)
+UPDATE scan_schedules AS s
+SET next_slot = fired.next_slot, next_fire_at = fired.next_fire_at
+FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[])
+     AS fired (id, next_slot, next_fire_at)
+WHERE s.id = fired.id

@@ -1,0 +1,29 @@
+-- `palisade schedule add`: a new schedule, unless its organization is unknown (no row) or has
+-- one of that name already (no row either: `schedule add` tells the two apart by reading the
+-- organization).
+-- $1: id (Uuid::now_v7())
+-- $2: organization_id
+-- $3: name
+-- $4: target
+-- $5: plugins
+-- $6: priority
+-- $7: execution_deadline_seconds
+-- $8: client_id
+-- $9: cron, or NULL
+-- $10: interval_seconds, or NULL
+-- $11: time_zone
+-- $12: jitter_seconds
+-- $13: ScheduleOverlap
+-- $14: paused
+-- $15: next_slot
+-- $16: next_fire_at
+-- $17: who (the operator's name)
+-- $18: why
+INSERT INTO scan_schedules (id, organization_id, name, target, plugins, priority,
+                            execution_deadline_seconds, client_id, cron, interval_seconds,
+                            time_zone, jitter_seconds, overlap, paused, next_slot, next_fire_at,
+                            created_by, updated_by, update_reason)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17, $18
+WHERE EXISTS (SELECT 1 FROM organizations WHERE id = $2)
+ON CONFLICT (organization_id, name) DO NOTHING
+RETURNING id

@@ -1,0 +1,8 @@
+-- Retention: deletes a slice of fire records of slots older than the cutoff.
+-- $1: seconds
+-- $2: limit
+DELETE FROM schedule_fires WHERE (schedule_id, slot) IN (
+    SELECT schedule_id, slot FROM schedule_fires
+    WHERE slot < now() - make_interval(secs => $1)
+    ORDER BY slot LIMIT $2
+)

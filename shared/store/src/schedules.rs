@@ -1,0 +1,767 @@
+//! Recurring scans (issue 27, item 1): a schedule submits one scan request at every slot of a
+//! cron expression, read in the schedule's time zone, or of an interval (slots at multiples of
+//! it since 1970-01-01T00:00Z, so `every 1h` fires on the hour).
+//!
+//! The reaper's leader fires due schedules with [`FireDue`], a decision script run by
+//! [`crate::decide_batch`] in one transaction:
+//!
+//! 1. one statement reads the active schedules whose next fire time (their next slot plus its
+//!    jitter) has come, locked `FOR UPDATE SKIP LOCKED`;
+//! 2. each one's slot is chosen by the **catch-up rule**: the newest slot not after now fires,
+//!    late if need be, once; older unfired slots (due while no leader swept: every replica
+//!    down, a long sweep, the clock stepped forward) are passed over and counted on the fired
+//!    slot's record (`missed_before`, at most [`CATCH_UP_COUNT_MAX`] counted);
+//! 3. the slots' scan requests go through the ordinary admission script ([`crate::admit`]:
+//!    quota, one active scan per target, a revoked client refused), each with the idempotency
+//!    key `schedule:<schedule id>:<slot>`, so a slot can never admit two scans;
+//! 4. one statement records each fired slot in `schedule_fires`, whose key is the slot, and one
+//!    moves each fired schedule to its first slot after the fired one.
+//!
+//! A slot is fired in the transaction that moves its schedule past it, so a leader change, a
+//! crash or a restart mid-fire either fired it (and the next leader reads the next slot) or did
+//! not (and the next leader fires it): never twice, never skipped unrecorded. A clock stepped
+//! back fires nothing until it passes the stored next slot again.
+//!
+//! Overlap: a slot whose target still has an active scan is recorded `skipped` (policy `skip`),
+//! or (policy `queue`) not recorded and not moved past, so every sweep tries it again until the
+//! target is free; slots that pass meanwhile fold into it by the catch-up rule (one queued fire
+//! at most). Any other refusal (`quota_exceeded`, `client_revoked`) is recorded `refused` and
+//! the schedule moves on.
+
+use std::collections::HashMap;
+use std::str::FromStr as _;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use messages::{ErrorCode, Subjects, v1};
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+use sqlx::{Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::admit::{self, AdmitOutcome, AdmitParams};
+use crate::outbox::Staged;
+use crate::sql;
+use crate::states::{ScheduleFireOutcome, ScheduleOverlap};
+
+/// Slots passed over by the catch-up rule that one fire record counts; beyond it the count
+/// stops (a minutely cron after a week without a leader passes over about 10 000).
+pub const CATCH_UP_COUNT_MAX: i64 = 10_000;
+/// The shortest interval a schedule may have.
+pub const INTERVAL_SECONDS_MIN: i64 = 60;
+/// The longest jitter a schedule may have: a day.
+pub const JITTER_SECONDS_MAX: i32 = 86_400;
+
+/// A schedule definition refused before anything was written; the message says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSchedule(pub String);
+
+/// When a schedule's slots fall.
+#[derive(Debug, Clone)]
+pub enum Timing {
+    /// A five-field cron expression (minute hour day-of-month month day-of-week; `@daily` and
+    /// the other nicknames too), read in a time zone of the IANA database.
+    Cron {
+        cron: Box<croner::Cron>,
+        time_zone: chrono_tz::Tz,
+    },
+    /// Every so many seconds, at multiples of it since the Unix epoch.
+    Every { seconds: i64 },
+}
+
+impl Timing {
+    /// `expression` read in `time_zone` (an IANA name such as `Europe/Berlin`, or `UTC`).
+    pub fn cron(expression: &str, time_zone: &str) -> Result<Self, InvalidSchedule> {
+        let time_zone = chrono_tz::Tz::from_str(time_zone).map_err(|_| {
+            InvalidSchedule(format!(
+                "time zone {time_zone:?} is not in the IANA database; name one such as UTC or \
+                 Europe/Berlin"
+            ))
+        })?;
+        let cron = croner::Cron::from_str(expression).map_err(|error| {
+            InvalidSchedule(format!(
+                "cron expression {expression:?} does not parse ({error}); write five fields: \
+                 minute hour day-of-month month day-of-week, e.g. \"0 3 * * *\""
+            ))
+        })?;
+        Ok(Self::Cron {
+            cron: Box::new(cron),
+            time_zone,
+        })
+    }
+
+    /// Every `seconds` (at least [`INTERVAL_SECONDS_MIN`]).
+    pub fn every(seconds: i64) -> Result<Self, InvalidSchedule> {
+        if seconds < INTERVAL_SECONDS_MIN {
+            return Err(InvalidSchedule(format!(
+                "an interval of {seconds} s is below the minimum of {INTERVAL_SECONDS_MIN} s"
+            )));
+        }
+        Ok(Self::Every { seconds })
+    }
+
+    /// The timing a stored schedule row names.
+    fn of(
+        row_cron: Option<&str>,
+        interval_seconds: Option<i64>,
+        time_zone: &str,
+    ) -> Result<Self, StoreError> {
+        let timing = match (row_cron, interval_seconds) {
+            (Some(expression), None) => Self::cron(expression, time_zone),
+            (None, Some(seconds)) => Self::every(seconds),
+            _ => Err(InvalidSchedule(
+                "neither or both of cron and interval".into(),
+            )),
+        };
+        timing.map_err(|error| StoreError::Corrupt(format!("stored schedule: {error}")))
+    }
+
+    /// The first slot strictly after `after`.
+    pub fn next_after(&self, after: DateTime<Utc>) -> Result<DateTime<Utc>, InvalidSchedule> {
+        match self {
+            Self::Cron { cron, time_zone } => cron
+                .find_next_occurrence(&after.with_timezone(time_zone), false)
+                .map(|next| next.with_timezone(&Utc))
+                .map_err(|error| InvalidSchedule(format!("no slot after {after}: {error}"))),
+            Self::Every { seconds } => {
+                let next = (after.timestamp().div_euclid(*seconds) + 1) * seconds;
+                DateTime::from_timestamp(next, 0)
+                    .ok_or_else(|| InvalidSchedule(format!("no slot after {after}")))
+            }
+        }
+    }
+
+    /// The catch-up rule for a schedule whose oldest unfired slot is `next_slot`, at `now`
+    /// (not before `next_slot`): the newest slot not after `now`, and how many slots from
+    /// `next_slot` on it passes over (counted up to [`CATCH_UP_COUNT_MAX`]).
+    pub fn catch_up(
+        &self,
+        next_slot: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(DateTime<Utc>, i64), InvalidSchedule> {
+        if now < next_slot {
+            return Ok((next_slot, 0));
+        }
+        match self {
+            Self::Every { seconds } => {
+                let newest = now.timestamp().div_euclid(*seconds) * seconds;
+                let missed = (newest - next_slot.timestamp()).div_euclid(*seconds).max(0);
+                let newest = DateTime::from_timestamp(newest, 0)
+                    .ok_or_else(|| InvalidSchedule(format!("no slot before {now}")))?;
+                Ok((newest.max(next_slot), missed.min(CATCH_UP_COUNT_MAX)))
+            }
+            Self::Cron { .. } => {
+                let mut slot = next_slot;
+                let mut missed = 0;
+                loop {
+                    let next = self.next_after(slot)?;
+                    if next > now {
+                        return Ok((slot, missed));
+                    }
+                    slot = next;
+                    missed += 1;
+                    if missed >= CATCH_UP_COUNT_MAX {
+                        return self
+                            .newest_cron_slot(now)
+                            .map(|newest| (newest.max(slot), missed));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The newest cron slot not after `now`.
+    fn newest_cron_slot(&self, now: DateTime<Utc>) -> Result<DateTime<Utc>, InvalidSchedule> {
+        match self {
+            Self::Cron { cron, time_zone } => cron
+                .find_previous_occurrence(&now.with_timezone(time_zone), true)
+                .map(|slot| slot.with_timezone(&Utc))
+                .map_err(|error| InvalidSchedule(format!("no slot before {now}: {error}"))),
+            Self::Every { .. } => unreachable!("called for cron timings only"),
+        }
+    }
+}
+
+/// When `slot` of schedule `id` fires: the slot plus a delay in `0..=jitter_seconds` seconds
+/// fixed by the pair (a hash of it), so every replica computes the same time.
+pub fn fire_time(id: Uuid, slot: DateTime<Utc>, jitter_seconds: i32) -> DateTime<Utc> {
+    if jitter_seconds <= 0 {
+        return slot;
+    }
+    let digest = Sha256::new()
+        .chain_update(id.as_bytes())
+        .chain_update(slot.timestamp().to_be_bytes())
+        .finalize();
+    let value = u64::from_be_bytes(digest[..8].try_into().expect("eight bytes"));
+    let delay = value % (u64::from(jitter_seconds.unsigned_abs()) + 1);
+    slot + TimeDelta::seconds(i64::try_from(delay).expect("at most a day"))
+}
+
+/// The idempotency key of a slot's scan request: names the schedule and the slot.
+pub fn idempotency_key(id: Uuid, slot: DateTime<Utc>) -> String {
+    format!(
+        "schedule:{id}:{}",
+        slot.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    )
+}
+
+/// A schedule to create.
+#[derive(Debug, Clone)]
+pub struct NewSchedule {
+    pub organization_id: Uuid,
+    pub name: String,
+    pub target: String,
+    pub plugins: Vec<String>,
+    pub priority: i32,
+    pub execution_deadline_seconds: Option<i32>,
+    /// The client its scans are requested as: a registered client that is revoked has them
+    /// refused.
+    pub client_id: String,
+    /// `Some` for a cron schedule, with `time_zone`.
+    pub cron: Option<String>,
+    pub interval_seconds: Option<i64>,
+    pub time_zone: String,
+    pub jitter_seconds: i32,
+    pub overlap: ScheduleOverlap,
+    pub paused: bool,
+}
+
+impl NewSchedule {
+    /// Its timing, or what is wrong with it.
+    pub fn timing(&self) -> Result<Timing, InvalidSchedule> {
+        if !(0..=JITTER_SECONDS_MAX).contains(&self.jitter_seconds) {
+            return Err(InvalidSchedule(format!(
+                "jitter of {} s is outside 0..={JITTER_SECONDS_MAX} s",
+                self.jitter_seconds
+            )));
+        }
+        match (&self.cron, self.interval_seconds) {
+            (Some(expression), None) => Timing::cron(expression, &self.time_zone),
+            (None, Some(seconds)) => Timing::every(seconds),
+            _ => Err(InvalidSchedule(
+                "give either a cron expression or an interval, not both".into(),
+            )),
+        }
+    }
+}
+
+/// What [`create`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    Created(Uuid),
+    UnknownOrganization,
+    NameTaken,
+}
+
+/// Creates a schedule whose first slot is the first after `now`.
+pub async fn create(
+    pool: &sqlx::PgPool,
+    schedule: &NewSchedule,
+    now: DateTime<Utc>,
+    by: &str,
+    reason: &str,
+) -> Result<Result<Created, InvalidSchedule>, StoreError> {
+    let timing = match schedule.timing() {
+        Ok(timing) => timing,
+        Err(invalid) => return Ok(Err(invalid)),
+    };
+    let next_slot = match timing.next_after(now) {
+        Ok(slot) => slot,
+        Err(invalid) => return Ok(Err(invalid)),
+    };
+    let id = Uuid::now_v7();
+    let created: Option<Uuid> = sql::query_scalar(sql::scan_schedules::CREATE)
+        .bind(id)
+        .bind(schedule.organization_id)
+        .bind(&schedule.name)
+        .bind(&schedule.target)
+        .bind(&schedule.plugins)
+        .bind(schedule.priority)
+        .bind(schedule.execution_deadline_seconds)
+        .bind(&schedule.client_id)
+        .bind(&schedule.cron)
+        .bind(schedule.interval_seconds)
+        .bind(&schedule.time_zone)
+        .bind(schedule.jitter_seconds)
+        .bind(schedule.overlap.as_str())
+        .bind(schedule.paused)
+        .bind(next_slot)
+        .bind(fire_time(id, next_slot, schedule.jitter_seconds))
+        .bind(by)
+        .bind(reason)
+        .fetch_optional(pool)
+        .await?;
+    if created.is_some() {
+        return Ok(Ok(Created::Created(id)));
+    }
+    let known = crate::admin::organization_exists(pool, schedule.organization_id).await?;
+    Ok(Ok(if known {
+        Created::NameTaken
+    } else {
+        Created::UnknownOrganization
+    }))
+}
+
+/// A schedule as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct ScheduleRow {
+    pub id: Uuid,
+    pub organization_id: Uuid,
+    pub name: String,
+    pub target: String,
+    pub plugins: Vec<String>,
+    pub priority: i32,
+    pub execution_deadline_seconds: Option<i32>,
+    pub client_id: String,
+    pub cron: Option<String>,
+    pub interval_seconds: Option<i64>,
+    pub time_zone: String,
+    pub jitter_seconds: i32,
+    pub overlap: String,
+    pub paused: bool,
+    pub next_slot: DateTime<Utc>,
+    pub next_fire_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub created_by: String,
+    pub updated_at: DateTime<Utc>,
+    pub updated_by: String,
+    pub update_reason: String,
+}
+
+impl ScheduleRow {
+    fn timing(&self) -> Result<Timing, StoreError> {
+        Timing::of(self.cron.as_deref(), self.interval_seconds, &self.time_zone)
+    }
+}
+
+/// One schedule.
+pub async fn get(pool: &sqlx::PgPool, id: Uuid) -> Result<Option<ScheduleRow>, StoreError> {
+    Ok(sql::query_as(sql::scan_schedules::GET)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?)
+}
+
+/// A page of schedules in creation order, of one organization or all.
+pub async fn list(
+    pool: &sqlx::PgPool,
+    organization_id: Option<Uuid>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<ScheduleRow>, StoreError> {
+    Ok(sql::query_as(sql::scan_schedules::LIST)
+        .bind(organization_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// A fired slot as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct FireRow {
+    pub slot: DateTime<Utc>,
+    pub fired_at: DateTime<Utc>,
+    pub outcome: String,
+    pub scan_id: Option<Uuid>,
+    pub missed_before: i64,
+    pub detail: String,
+}
+
+/// A schedule's latest fired slots, newest first.
+pub async fn fires(pool: &sqlx::PgPool, id: Uuid, limit: i64) -> Result<Vec<FireRow>, StoreError> {
+    Ok(sql::query_as(sql::schedule_fires::RECENT)
+        .bind(id)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Pauses (`true`) or resumes a schedule; resuming moves it to its first slot after `now`.
+/// `None` when there is no such schedule.
+pub async fn set_paused(
+    pool: &sqlx::PgPool,
+    id: Uuid,
+    paused: bool,
+    now: DateTime<Utc>,
+    by: &str,
+    reason: &str,
+) -> Result<Option<ScheduleRow>, StoreError> {
+    let Some(schedule) = get(pool, id).await? else {
+        return Ok(None);
+    };
+    let (next_slot, next_fire_at) = if paused {
+        (schedule.next_slot, schedule.next_fire_at)
+    } else {
+        let slot = schedule
+            .timing()?
+            .next_after(now)
+            .map_err(|error| StoreError::Corrupt(error.to_string()))?;
+        (slot, fire_time(id, slot, schedule.jitter_seconds))
+    };
+    let changed: Option<Uuid> = sql::query_scalar(sql::scan_schedules::SET_PAUSED)
+        .bind(id)
+        .bind(paused)
+        .bind(next_slot)
+        .bind(next_fire_at)
+        .bind(by)
+        .bind(reason)
+        .fetch_optional(pool)
+        .await?;
+    match changed {
+        Some(_) => get(pool, id).await,
+        None => Ok(None),
+    }
+}
+
+/// Deletes a schedule and its fire records; whether it existed.
+pub async fn delete(pool: &sqlx::PgPool, id: Uuid) -> Result<bool, StoreError> {
+    let deleted: Option<Uuid> = sql::query_scalar(sql::scan_schedules::DELETE)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(deleted.is_some())
+}
+
+/// A due schedule, as the firing transaction reads it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DueSchedule {
+    pub id: Uuid,
+    pub organization_id: Uuid,
+    pub name: String,
+    pub target: String,
+    pub plugins: Vec<String>,
+    pub priority: i32,
+    pub execution_deadline_seconds: Option<i32>,
+    pub client_id: String,
+    pub cron: Option<String>,
+    pub interval_seconds: Option<i64>,
+    pub time_zone: String,
+    pub jitter_seconds: i32,
+    pub overlap: String,
+    pub next_slot: DateTime<Utc>,
+}
+
+/// What firing one due schedule did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fire {
+    pub schedule_id: Uuid,
+    pub slot: DateTime<Utc>,
+    /// `None`: queued behind the target's active scan (policy `queue`); tried again next sweep.
+    pub outcome: Option<ScheduleFireOutcome>,
+    /// The admitted scan, the one its key named, or the target's active one.
+    pub scan_id: Option<Uuid>,
+    /// Older slots the catch-up rule passed over.
+    pub missed: i64,
+}
+
+/// The firing script over the schedules due at `now`, for [`crate::decide_batch`].
+pub struct FireDue<'a> {
+    pub subjects: &'a Subjects,
+    /// The reaper's clock: tests control it.
+    pub now: DateTime<Utc>,
+    pub limit: i64,
+    /// The task attempt budget of the admitted scans (`PALISADE_MAX_ATTEMPTS`).
+    pub max_attempts: i32,
+    /// The trace context each slot's scan joins (the caller's span for the fire), if any.
+    pub trace_context: &'a (dyn Fn(&DueSchedule, DateTime<Utc>) -> Option<String> + Sync),
+}
+
+impl crate::Script for FireDue<'_> {
+    type Outcomes = Vec<Fire>;
+
+    async fn set_wise(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
+    ) -> Result<Self::Outcomes, StoreError> {
+        self.fire(tx, staged, false).await
+    }
+
+    fn one_by_one(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
+    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
+        self.fire(tx, staged, true)
+    }
+}
+
+/// One due schedule's slot and what it asks admission.
+struct Planned {
+    schedule: DueSchedule,
+    slot: DateTime<Utc>,
+    missed: i64,
+    next_slot: DateTime<Utc>,
+    key: String,
+    fingerprint: String,
+    trace_context: Option<String>,
+}
+
+impl FireDue<'_> {
+    async fn fire(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
+        one_by_one: bool,
+    ) -> Result<Vec<Fire>, StoreError> {
+        let due: Vec<DueSchedule> = sql::query_as(sql::scan_schedules::DUE)
+            .bind(self.now)
+            .bind(self.limit)
+            .fetch_all(&mut **tx)
+            .await?;
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        let planned = due
+            .into_iter()
+            .map(|schedule| self.plan(schedule))
+            .collect::<Result<Vec<_>, _>>()?;
+        let requests: Vec<AdmitParams<'_>> = planned
+            .iter()
+            .map(|plan| AdmitParams {
+                organization_id: plan.schedule.organization_id,
+                target: &plan.schedule.target,
+                plugins: &plan.schedule.plugins,
+                priority: plan.schedule.priority,
+                execution_deadline_seconds: plan.schedule.execution_deadline_seconds,
+                client_id: &plan.schedule.client_id,
+                idempotency_key: &plan.key,
+                fingerprint: &plan.fingerprint,
+                max_attempts: self.max_attempts,
+                trace_context: plan.trace_context.as_deref(),
+            })
+            .collect();
+        let outcomes = if one_by_one {
+            admit::decide_each(tx, staged, self.subjects, &requests)
+                .await?
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            admit::decide(tx, staged, self.subjects, &requests).await?
+        };
+        let fires: Vec<(Fire, String)> = planned
+            .iter()
+            .zip(outcomes)
+            .map(|(plan, outcome)| fire_of(plan, outcome))
+            .collect();
+        record(tx, self.now, &planned, &fires).await?;
+        Ok(fires.into_iter().map(|(fire, _)| fire).collect())
+    }
+
+    fn plan(&self, schedule: DueSchedule) -> Result<Planned, StoreError> {
+        let timing = Timing::of(
+            schedule.cron.as_deref(),
+            schedule.interval_seconds,
+            &schedule.time_zone,
+        )?;
+        let corrupt = |error: InvalidSchedule| StoreError::Corrupt(error.to_string());
+        let (slot, missed) = timing
+            .catch_up(schedule.next_slot, self.now)
+            .map_err(corrupt)?;
+        let next_slot = timing.next_after(slot).map_err(corrupt)?;
+        let key = idempotency_key(schedule.id, slot);
+        let fingerprint = messages::scan_request_fingerprint(&v1::ScanRequest {
+            schema_version: 1,
+            organization_id: schedule.organization_id.to_string(),
+            target: schedule.target.clone(),
+            plugins: schedule.plugins.clone(),
+            priority: schedule.priority,
+            execution_deadline_seconds: schedule
+                .execution_deadline_seconds
+                .map_or(0, i32::unsigned_abs),
+            client_id: schedule.client_id.clone(),
+            idempotency_key: key.clone(),
+        });
+        let trace_context = (self.trace_context)(&schedule, slot);
+        Ok(Planned {
+            schedule,
+            slot,
+            missed,
+            next_slot,
+            key,
+            fingerprint,
+            trace_context,
+        })
+    }
+}
+
+/// A slot's fire from admission's answer, with the record's detail.
+fn fire_of(plan: &Planned, outcome: AdmitOutcome) -> (Fire, String) {
+    let (outcome, scan_id, detail) = match outcome {
+        AdmitOutcome::Admitted { scan_id, .. } => (
+            Some(ScheduleFireOutcome::Admitted),
+            Some(scan_id),
+            String::new(),
+        ),
+        AdmitOutcome::Duplicate { scan_id, .. } => (
+            Some(ScheduleFireOutcome::Duplicate),
+            Some(scan_id),
+            String::new(),
+        ),
+        AdmitOutcome::Refused(error)
+            if error.error_code() == Some(ErrorCode::ScanAlreadyActive) =>
+        {
+            let active = error.active_scan_id.parse::<Uuid>().ok();
+            let outcome = match ScheduleOverlap::parse(&plan.schedule.overlap) {
+                Some(ScheduleOverlap::Queue) => None,
+                _ => Some(ScheduleFireOutcome::Skipped),
+            };
+            (
+                outcome,
+                active,
+                format!("{}: {}", error.code, error.message),
+            )
+        }
+        AdmitOutcome::Refused(error) => (
+            Some(ScheduleFireOutcome::Refused),
+            None,
+            format!("{}: {}", error.code, error.message),
+        ),
+    };
+    (
+        Fire {
+            schedule_id: plan.schedule.id,
+            slot: plan.slot,
+            outcome,
+            scan_id,
+            missed: plan.missed,
+        },
+        detail,
+    )
+}
+
+/// Records the fired slots and moves their schedules past them, one statement each; a slot
+/// queued behind its target's active scan is neither.
+async fn record(
+    tx: &mut Transaction<'static, Postgres>,
+    now: DateTime<Utc>,
+    planned: &[Planned],
+    fires: &[(Fire, String)],
+) -> Result<(), StoreError> {
+    let mut by_id: HashMap<Uuid, &Planned> = HashMap::new();
+    for plan in planned {
+        by_id.insert(plan.schedule.id, plan);
+    }
+    let fired: Vec<(&Fire, &String, ScheduleFireOutcome)> = fires
+        .iter()
+        .filter_map(|(fire, detail)| fire.outcome.map(|outcome| (fire, detail, outcome)))
+        .collect();
+    if fired.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = fired.iter().map(|(fire, ..)| fire.schedule_id).collect();
+    let slots: Vec<DateTime<Utc>> = fired.iter().map(|(fire, ..)| fire.slot).collect();
+    let fired_at = vec![now; fired.len()];
+    let outcomes: Vec<&str> = fired.iter().map(|(.., outcome)| outcome.as_str()).collect();
+    let scans: Vec<Option<Uuid>> = fired.iter().map(|(fire, ..)| fire.scan_id).collect();
+    let missed: Vec<i64> = fired.iter().map(|(fire, ..)| fire.missed).collect();
+    let details: Vec<&str> = fired.iter().map(|(_, detail, _)| detail.as_str()).collect();
+    sql::query(sql::schedule_fires::RECORD)
+        .bind(&ids)
+        .bind(&slots)
+        .bind(&fired_at)
+        .bind(&outcomes)
+        .bind(&scans)
+        .bind(&missed)
+        .bind(&details)
+        .execute(&mut **tx)
+        .await?;
+    let next_slots: Vec<DateTime<Utc>> = ids.iter().map(|id| by_id[id].next_slot).collect();
+    let next_fire: Vec<DateTime<Utc>> = ids
+        .iter()
+        .zip(&next_slots)
+        .map(|(id, slot)| fire_time(*id, *slot, by_id[id].schedule.jitter_seconds))
+        .collect();
+    sql::query(sql::scan_schedules::ADVANCE)
+        .bind(&ids)
+        .bind(&next_slots)
+        .bind(&next_fire)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text)
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn interval_slots_fall_on_multiples_since_the_epoch() {
+        let hourly = Timing::every(3_600).unwrap();
+        assert_eq!(
+            hourly.next_after(at("2026-12-05T10:20:00Z")).unwrap(),
+            at("2026-12-05T11:00:00Z")
+        );
+        assert_eq!(
+            hourly.next_after(at("2026-12-05T11:00:00Z")).unwrap(),
+            at("2026-12-05T12:00:00Z"),
+            "strictly after"
+        );
+        assert!(Timing::every(59).is_err());
+    }
+
+    #[test]
+    fn cron_slots_are_read_in_the_time_zone() {
+        let berlin = Timing::cron("0 3 * * *", "Europe/Berlin").unwrap();
+        // 03:00 in Berlin in winter is 02:00 UTC.
+        assert_eq!(
+            berlin.next_after(at("2026-12-05T10:00:00Z")).unwrap(),
+            at("2026-12-06T02:00:00Z")
+        );
+        assert!(Timing::cron("0 3 * *", "UTC").is_err(), "four fields");
+        assert!(Timing::cron("0 3 * * *", "Mars/Olympus").is_err());
+    }
+
+    #[test]
+    fn the_catch_up_rule_fires_the_newest_due_slot_and_counts_the_rest() {
+        let every_minute = Timing::every(60).unwrap();
+        let next = at("2026-12-05T10:00:00Z");
+        assert_eq!(
+            every_minute
+                .catch_up(next, at("2026-12-05T10:00:30Z"))
+                .unwrap(),
+            (next, 0),
+            "on time: the slot itself"
+        );
+        assert_eq!(
+            every_minute
+                .catch_up(next, at("2026-12-05T10:09:10Z"))
+                .unwrap(),
+            (at("2026-12-05T10:09:00Z"), 9)
+        );
+        let cron = Timing::cron("*/5 * * * *", "UTC").unwrap();
+        assert_eq!(
+            cron.catch_up(next, at("2026-12-05T10:17:00Z")).unwrap(),
+            (at("2026-12-05T10:15:00Z"), 3)
+        );
+        // A week of minutes: the count stops, the slot is still the newest.
+        let minutely = Timing::cron("* * * * *", "UTC").unwrap();
+        let (slot, missed) = minutely.catch_up(next, at("2026-12-12T10:00:30Z")).unwrap();
+        assert_eq!(slot, at("2026-12-12T10:00:00Z"));
+        assert_eq!(missed, CATCH_UP_COUNT_MAX);
+    }
+
+    #[test]
+    fn jitter_is_fixed_per_schedule_and_slot_and_bounded() {
+        let id = Uuid::now_v7();
+        let slot = at("2026-12-05T10:00:00Z");
+        assert_eq!(fire_time(id, slot, 0), slot);
+        let delayed = fire_time(id, slot, 300);
+        assert_eq!(delayed, fire_time(id, slot, 300), "the same every time");
+        assert!(delayed >= slot && delayed <= slot + TimeDelta::seconds(300));
+        let spread: std::collections::HashSet<DateTime<Utc>> = (0..20)
+            .map(|minute| {
+                fire_time(id, slot + TimeDelta::minutes(minute), 300) - TimeDelta::minutes(minute)
+            })
+            .collect();
+        assert!(spread.len() > 1, "slots get different delays");
+    }
+}
