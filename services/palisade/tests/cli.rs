@@ -412,3 +412,94 @@ async fn credentials_written_over_a_readable_file_are_readable_by_their_owner_on
     std::fs::remove_dir_all(&dir).unwrap();
     system.finish().await;
 }
+
+#[tokio::test]
+async fn schedule_commands_create_read_pause_and_refuse_what_cannot_fire() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await.to_string();
+    let add = |name: &'static str, when: &'static [&'static str]| {
+        let mut args = vec![
+            "schedule",
+            "add",
+            "--org",
+            org.as_str(),
+            "--name",
+            name,
+            "--target",
+            "https://nightly.example",
+            "--plugins",
+            "tcp_connect",
+        ];
+        args.extend_from_slice(when);
+        args
+    };
+    let created = palisade(
+        &system,
+        &add(
+            "nightly",
+            &[
+                "--cron",
+                "0 3 * * *",
+                "--time-zone",
+                "Europe/Berlin",
+                "--jitter",
+                "5m",
+            ],
+        ),
+    )
+    .await;
+    created.assert_status(Status::Ok);
+    let schedule = created.json();
+    let id = schedule["id"].as_str().unwrap().to_owned();
+    assert_eq!(schedule["time_zone"], "Europe/Berlin");
+    assert_eq!(schedule["jitter_seconds"], 300);
+    assert_eq!(schedule["overlap"], "skip");
+    assert!(
+        schedule["next_slot"]
+            .as_str()
+            .unwrap()
+            .ends_with("T02:00:00Z"),
+        "{schedule}"
+    );
+
+    // What could never fire is refused with what to fix, and nothing is written.
+    for (args, says) in [
+        (add("nightly", &["--every", "1h"]), "name_taken"),
+        (add("bad-cron", &["--cron", "0 3 * *"]), "five fields"),
+        (
+            add(
+                "bad-zone",
+                &["--cron", "0 3 * * *", "--time-zone", "Mars/Olympus"],
+            ),
+            "IANA",
+        ),
+        (add("too-often", &["--every", "10s"]), "minimum"),
+    ] {
+        let run = palisade(&system, &args).await;
+        run.assert_status(Status::Refused);
+        assert!(run.stderr.contains(says), "{says}: {run:?}");
+    }
+    let listed = palisade(&system, &["schedule", "list", "--org", org.as_str()]).await;
+    assert_eq!(listed.json().as_array().unwrap().len(), 1);
+
+    let paused = palisade(
+        &system,
+        &[
+            "schedule", "pause", &id, "--reason", "freeze", "--by", "alice",
+        ],
+    )
+    .await;
+    paused.assert_status(Status::Ok);
+    assert_eq!(paused.json()["paused"], true);
+    assert_eq!(paused.json()["updated_by"], "alice");
+    let shown = palisade(&system, &["schedule", "show", &id]).await.json();
+    assert_eq!(shown["update_reason"], "freeze");
+    assert_eq!(shown["fires"], serde_json::json!([]));
+    palisade(&system, &["schedule", "delete", &id])
+        .await
+        .assert_status(Status::Ok);
+    palisade(&system, &["schedule", "show", &id])
+        .await
+        .assert_status(Status::NotFound);
+    system.finish().await;
+}

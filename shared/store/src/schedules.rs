@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::str::FromStr as _;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, SubsecRound as _, TimeDelta, Utc};
 use messages::{ErrorCode, Subjects, v1};
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
@@ -117,8 +117,10 @@ impl Timing {
         timing.map_err(|error| StoreError::Corrupt(format!("stored schedule: {error}")))
     }
 
-    /// The first slot strictly after `after`.
+    /// The first slot strictly after `after`. Slots fall on whole seconds.
     pub fn next_after(&self, after: DateTime<Utc>) -> Result<DateTime<Utc>, InvalidSchedule> {
+        // croner keeps the fraction of a second it is given.
+        let after = after.trunc_subsecs(0);
         match self {
             Self::Cron { cron, time_zone } => cron
                 .find_next_occurrence(&after.with_timezone(time_zone), false)
@@ -175,7 +177,7 @@ impl Timing {
     fn newest_cron_slot(&self, now: DateTime<Utc>) -> Result<DateTime<Utc>, InvalidSchedule> {
         match self {
             Self::Cron { cron, time_zone } => cron
-                .find_previous_occurrence(&now.with_timezone(time_zone), true)
+                .find_previous_occurrence(&now.trunc_subsecs(0).with_timezone(time_zone), true)
                 .map(|slot| slot.with_timezone(&Utc))
                 .map_err(|error| InvalidSchedule(format!("no slot before {now}: {error}"))),
             Self::Every { .. } => unreachable!("called for cron timings only"),
@@ -713,8 +715,9 @@ mod tests {
         let berlin = Timing::cron("0 3 * * *", "Europe/Berlin").unwrap();
         // 03:00 in Berlin in winter is 02:00 UTC.
         assert_eq!(
-            berlin.next_after(at("2026-12-05T10:00:00Z")).unwrap(),
-            at("2026-12-06T02:00:00Z")
+            berlin.next_after(at("2026-12-05T10:00:00.317Z")).unwrap(),
+            at("2026-12-06T02:00:00Z"),
+            "on the whole second"
         );
         assert!(Timing::cron("0 3 * *", "UTC").is_err(), "four fields");
         assert!(Timing::cron("0 3 * * *", "Mars/Olympus").is_err());

@@ -37,6 +37,7 @@ mod redelivery;
 mod renew;
 mod rows;
 mod scan_list;
+mod schedules;
 mod schema;
 mod scripts;
 mod security;
