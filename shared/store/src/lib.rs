@@ -22,6 +22,7 @@ pub mod history;
 pub mod ingest;
 pub mod lease;
 pub mod observability;
+pub mod online_indexes;
 pub mod outbox;
 pub mod progress;
 pub mod rate_limits;
@@ -203,11 +204,13 @@ pub async fn create_database_if_missing(url: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Applies every pending migration, after [`schema::preflight`] found nothing that would stop
-/// them part-way (the server's version, the privilege to create, a schema newer than this
-/// build). Safe to run from many replicas at once (sqlx takes an advisory lock) and to re-run
-/// after a partial failure (each migration is one transaction and every statement is
-/// idempotent).
+/// Applies every pending migration, after [`schema::preflight`] and
+/// [`online_indexes::preflight`] found nothing that would stop them part-way (the server's
+/// version, the privilege to create, a schema newer than this build, rows an index build would
+/// fail on), then builds the indexes on tables that grow concurrently
+/// ([`online_indexes::build`]). Safe to run from many replicas at once (sqlx takes an advisory
+/// lock, the builds another) and to re-run after a partial failure (each migration is one
+/// transaction and every statement is idempotent; an INVALID index is dropped and built again).
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     migrate_with(pool, &schema::Requirements::default()).await?;
     Ok(())
@@ -219,9 +222,12 @@ pub async fn migrate_with(
     requirements: &schema::Requirements,
 ) -> Result<schema::Plan, StoreError> {
     let plan = schema::preflight(pool, requirements).await?;
+    online_indexes::preflight(pool, online_indexes::ONLINE_INDEXES).await?;
     // Run even when nothing is pending: sqlx also refuses an applied migration whose file
     // changed since (its checksum).
     MIGRATOR.run(pool).await?;
+    // Then the indexes on tables that grow, concurrently, outside any transaction.
+    online_indexes::build(pool, online_indexes::ONLINE_INDEXES).await?;
     Ok(plan)
 }
 

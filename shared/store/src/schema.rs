@@ -82,6 +82,15 @@ pub enum SchemaError {
         "migration(s) {versions} failed part-way and are recorded as unsuccessful: repair the database by hand (see the migration's file), delete their rows from _sqlx_migrations, then run `palisade migrate` again"
     )]
     Failed { versions: String },
+    #[error(
+        "index {index} on {table} cannot be built: {offending} row(s) would make the build fail; {remedy}, then run `palisade migrate` again (nothing was changed)"
+    )]
+    IndexWouldFail {
+        index: &'static str,
+        table: &'static str,
+        offending: i64,
+        remedy: &'static str,
+    },
 }
 
 /// What a database holds of palisade's migrations.

@@ -27,6 +27,7 @@ mod ingestion;
 mod leader;
 mod metrics;
 mod migrations;
+mod online_indexes;
 mod otlp;
 mod outage;
 mod outbox;

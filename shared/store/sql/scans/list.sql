@@ -1,7 +1,8 @@
 -- `palisade scan list`: scans newest first by admission time, a page after the scan $8, with
 -- the filters given (NULL: any). A scan's state is the reported one (`ScanState::reported`): an
 -- unfinished scan is `running` once any task of it was leased, `pending` before. Served by
--- `scans_org_created_idx` when an organization is given.
+-- `scans_org_created_idx` when an organization is given, `scans_target_created_idx` when a
+-- target is.
 -- $1: organization_id
 -- $2: target (its locator, exact)
 -- $3: state, as reported
