@@ -1,6 +1,7 @@
 //! Who may be granted what (issue 26, "keys and grants"): an acquire grants only tasks of a
 //! plugin the worker offers, of an organization it serves, at most as many as it has free
-//! slots, highest priority first.
+//! slots, highest priority first within an organization, and fairly between organizations
+//! (the one with fewer tasks in flight first).
 
 use tests::{ManualWorker, TestSystem};
 use uuid::Uuid;
@@ -136,6 +137,51 @@ async fn the_highest_priority_due_task_is_granted_first() {
         assert!(worker.complete(&lease, 0).await.error.is_none());
     }
     assert_eq!(order, [high, middle, low], "by priority, not by age");
+    system.finish().await;
+}
+
+#[tokio::test]
+async fn one_organizations_burst_leaves_anothers_task_leased_within_one_free_slot() {
+    let system = TestSystem::spawn().await;
+    let bursting = system.organization().await;
+    let quiet = system.organization().await;
+    // One worker serves both, four slots.
+    let worker = ready_worker(&system, bursting, 4, &["alpha"]).await;
+    store::admin::assign_worker(&system.pool, quiet, worker.id)
+        .await
+        .unwrap();
+    let mut burst = Vec::new();
+    for index in 0..20 {
+        burst.push(
+            submit(
+                &system,
+                bursting,
+                &format!("http://burst-{index}.test"),
+                &["alpha"],
+                0,
+            )
+            .await,
+        );
+    }
+    // The burst takes three slots; the quiet organization's task arrives after all of it.
+    let first = worker.acquire(Uuid::new_v4(), 3, 0).await;
+    assert_eq!(scans_of(&first), burst[..3], "the burst, oldest first");
+    let quiet_scan = submit(&system, quiet, "http://quiet.test", &["alpha"], 0).await;
+    // The next free slot goes to the organization with fewer tasks in flight, though every
+    // task of the burst is older (before: the burst's fourth task, and the quiet one only after
+    // the other sixteen).
+    let next = worker.acquire(Uuid::new_v4(), 1, 0).await;
+    assert_eq!(scans_of(&next), [quiet_scan.as_str()]);
+
+    // With slots for both, one acquire interleaves them by tasks in flight.
+    let second_quiet = submit(&system, quiet, "http://quiet-2.test", &["alpha"], 0).await;
+    for lease in first.leases.iter().chain(&next.leases) {
+        assert!(worker.complete(lease, 0).await.error.is_none());
+    }
+    let both = worker.acquire(Uuid::new_v4(), 4, 0).await;
+    let granted = scans_of(&both);
+    assert_eq!(granted.len(), 4, "{both:?}");
+    assert!(granted.contains(&second_quiet.as_str()), "{granted:?}");
     system.finish().await;
 }
 

@@ -35,26 +35,49 @@ assigned AS (
     ORDER BY organization_id
     FOR SHARE
 ),
+in_flight AS (
+    -- The worker's live leases by organization (at most its capacity of rows).
+    SELECT t.organization_id, count(*) AS n
+    FROM worker_task_attempts a
+    JOIN worker_tasks t ON t.id = a.task_id
+    WHERE a.worker_id = $1 AND a.status = ANY($9) AND a.lease_expires_at > now()
+    GROUP BY t.organization_id
+),
 picked AS (
     -- Each organization's first due tasks in priority order, read in that order from
     -- `worker_tasks_due_by_org_idx` and locked as they are read, then the first of all of
     -- them: an acquire reads about as many tasks as it grants, whatever the backlog. With
     -- several organizations, a task locked here but not granted is skipped by other acquires
     -- until this transaction ends.
+    -- Fair between the organizations the worker serves: each task's turn is its
+    -- organization's live leases on this worker plus its rank among the organization's due
+    -- tasks, and the lowest turns are granted first, so the organization with fewer tasks in
+    -- flight here goes first and one organization's burst cannot hold every slot of a worker
+    -- while another's tasks wait. Priority and age order each organization's own tasks.
     SELECT due.id FROM assigned
     CROSS JOIN LATERAL (
-        SELECT t.id, t.priority, t.available_at, t.created_at FROM worker_tasks t
-        WHERE t.organization_id = assigned.organization_id
-          AND t.state = ANY($6)
-          AND t.available_at <= now()
-          AND t.cancel_requested_at IS NULL
-          AND t.attempt_count < t.max_attempts
-          AND t.required_capabilities <@ $2
-        ORDER BY t.priority DESC, t.available_at, t.created_at
-        LIMIT coalesce((SELECT free FROM room), 0)
-        FOR UPDATE SKIP LOCKED
+        SELECT coalesce((SELECT n FROM in_flight f
+                         WHERE f.organization_id = assigned.organization_id), 0) AS n
+    ) busy
+    CROSS JOIN LATERAL (
+        SELECT locked.id, locked.priority, locked.available_at, locked.created_at,
+               busy.n + row_number() OVER (
+                   ORDER BY locked.priority DESC, locked.available_at, locked.created_at
+               ) AS turn
+        FROM (
+            SELECT t.id, t.priority, t.available_at, t.created_at FROM worker_tasks t
+            WHERE t.organization_id = assigned.organization_id
+              AND t.state = ANY($6)
+              AND t.available_at <= now()
+              AND t.cancel_requested_at IS NULL
+              AND t.attempt_count < t.max_attempts
+              AND t.required_capabilities <@ $2
+            ORDER BY t.priority DESC, t.available_at, t.created_at
+            LIMIT coalesce((SELECT free FROM room), 0)
+            FOR UPDATE SKIP LOCKED
+        ) locked
     ) due
-    ORDER BY due.priority DESC, due.available_at, due.created_at
+    ORDER BY due.turn, due.priority DESC, due.available_at, due.created_at
     LIMIT coalesce((SELECT free FROM room), 0)
 ),
 leased AS (
