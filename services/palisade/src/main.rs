@@ -194,7 +194,8 @@ enum OrgCommand {
         #[arg(long)]
         id: Option<Uuid>,
     },
-    /// Change a live organization's limits; admission applies them from its next decision.
+    /// Change a live organization's limits; admission applies the quota from its next decision,
+    /// dispatch the cap on tasks in flight from its next grant.
     /// Prints the organization's limits before and after, as JSON.
     Set {
         id: Uuid,
@@ -204,6 +205,13 @@ enum OrgCommand {
         /// No hourly quota.
         #[arg(long)]
         no_hourly_quota: bool,
+        /// Tasks of the organization in flight (leased or running) at once, over every worker
+        /// (0 leases none).
+        #[arg(long, conflicts_with = "no_max_running_tasks", value_parser = clap::value_parser!(i32).range(0..))]
+        max_running_tasks: Option<i32>,
+        /// No cap on tasks in flight.
+        #[arg(long)]
+        no_max_running_tasks: bool,
     },
 }
 
@@ -684,25 +692,34 @@ async fn run() -> anyhow::Result<()> {
             id,
             hourly_quota,
             no_hourly_quota,
+            max_running_tasks,
+            no_max_running_tasks,
         }) => {
-            if hourly_quota.is_none() && !no_hourly_quota {
+            let quota = (hourly_quota.is_some() || no_hourly_quota).then_some(hourly_quota);
+            let cap =
+                (max_running_tasks.is_some() || no_max_running_tasks).then_some(max_running_tasks);
+            if quota.is_none() && cap.is_none() {
                 return Err(palisade::exit::refused(
-                    "nothing_to_set: give --hourly-quota <n> or --no-hourly-quota",
+                    "nothing_to_set: give --hourly-quota <n> or --no-hourly-quota, --max-running-tasks <n> or --no-max-running-tasks",
                 ));
             }
             let pool = store::connect(&common.database).await?;
-            let previous = store::admin::set_hourly_quota(&pool, id, hourly_quota)
-                .await?
-                .map_err(|()| {
-                    palisade::exit::not_found(format!("not_found: no organization {id}"))
-                })?;
-            println!(
-                "{}",
-                serde_json::json!({
-                    "id": id,
-                    "hourly_quota": {"before": previous, "after": hourly_quota},
-                })
-            );
+            let missing =
+                |()| palisade::exit::not_found(format!("not_found: no organization {id}"));
+            let mut answer = serde_json::json!({ "id": id });
+            if let Some(quota) = quota {
+                let previous = store::admin::set_hourly_quota(&pool, id, quota)
+                    .await?
+                    .map_err(missing)?;
+                answer["hourly_quota"] = serde_json::json!({"before": previous, "after": quota});
+            }
+            if let Some(cap) = cap {
+                let previous = store::admin::set_max_running_tasks(&pool, id, cap)
+                    .await?
+                    .map_err(missing)?;
+                answer["max_running_tasks"] = serde_json::json!({"before": previous, "after": cap});
+            }
+            println!("{answer}");
             Ok(())
         }
         Command::Scan(ScanCommand::Submit {

@@ -47,6 +47,21 @@ pub async fn set_hourly_quota(
     Ok(previous.ok_or(()))
 }
 
+/// Sets a live organization's cap on tasks in flight (`None`: none). The cap it replaced, or
+/// `Err(())` inside `Ok` when there is no such organization.
+pub async fn set_max_running_tasks(
+    pool: &PgPool,
+    id: Uuid,
+    max_running_tasks: Option<i32>,
+) -> Result<Result<Option<i32>, ()>, StoreError> {
+    let previous: Option<Option<i32>> = sql::query_scalar(sql::organizations::SET_MAX_RUNNING)
+        .bind(id)
+        .bind(max_running_tasks)
+        .fetch_optional(pool)
+        .await?;
+    Ok(previous.ok_or(()))
+}
+
 /// Registers a worker identity (idempotent by id).
 pub async fn register_worker(
     pool: &PgPool,

@@ -167,6 +167,8 @@ struct AcquiringWorker {
     live: i64,
     replayed: bool,
     organization_ids: Vec<Uuid>,
+    /// One of its organizations caps its tasks in flight.
+    serves_capped: bool,
 }
 
 /// What one acquire decided, and what the worker may be leased (for the queue of waiting
@@ -188,8 +190,9 @@ pub async fn acquire(
 
 /// Decides acquires of distinct workers in one transaction (issue 24: dispatch decides the
 /// acquires that queued together, as admission decides submissions): one statement locks
-/// every worker in id order, one answers every replayed request, one grant per worker with
-/// room (each sees the tasks the grants before it leased), one stages every `task.leased`.
+/// every worker in id order, one locks the organizations among theirs that cap their tasks in
+/// flight (only when there are any), one answers every replayed request, one grant per worker
+/// with room (each sees the tasks the grants before it leased), one stages every `task.leased`.
 /// The answers are in the order of `acquires`. The caller keeps two acquires of one worker
 /// out of one call: both would count the same free slots.
 pub async fn acquire_many(
@@ -234,6 +237,23 @@ pub async fn acquire_many(
             .into_iter()
             .map(|worker| (worker.id, worker))
             .collect();
+
+    // Organizations that cap their tasks in flight are locked before any grant (in id order,
+    // after the workers, as every acquire does), so each grant counts the leases of the acquire
+    // before it. One more statement, only when such an organization is served.
+    let capped: Vec<Uuid> = workers
+        .values()
+        .filter(|worker| worker.serves_capped)
+        .flat_map(|worker| worker.organization_ids.iter().copied())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !capped.is_empty() {
+        sql::query(sql::organizations::LOCK_CAPPED)
+            .bind(&capped)
+            .execute(&mut *tx)
+            .await?;
+    }
 
     let mut decided: Vec<Acquired> = Vec::with_capacity(acquires.len());
     let (mut replays, mut grants) = (Vec::new(), Vec::new());
@@ -293,6 +313,7 @@ pub async fn acquire_many(
                 .bind(TaskState::Leased.as_str())
                 .bind(AttemptStatus::Leased.as_str())
                 .bind(LIVE_ATTEMPT_STATUSES)
+                .bind(TaskState::LEASED.map(TaskState::as_str))
                 .fetch_all(&mut *tx)
                 .await?,
         );

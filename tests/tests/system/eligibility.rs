@@ -334,6 +334,86 @@ async fn a_lease_handed_on_counts_an_acquire_that_committed_meanwhile() {
     system.finish().await;
 }
 
+/// An organization's cap on tasks in flight holds over every worker serving it, set on the
+/// live organization.
+#[tokio::test]
+async fn an_organizations_cap_on_tasks_in_flight_holds_over_every_worker() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let one = ready_worker(&system, organization_id, 4, &["alpha"]).await;
+    let two = ready_worker(&system, organization_id, 4, &["alpha"]).await;
+    for index in 0..6 {
+        submit(
+            &system,
+            organization_id,
+            &format!("http://capped-{index}.test"),
+            &["alpha"],
+            0,
+        )
+        .await;
+    }
+    store::admin::set_max_running_tasks(&system.pool, organization_id, Some(2))
+        .await
+        .unwrap()
+        .unwrap();
+    let first = one.acquire(Uuid::new_v4(), 4, 0).await;
+    assert_eq!(first.leases.len(), 2, "capped at 2: {first:?}");
+    let none = two.acquire(Uuid::new_v4(), 4, 0).await;
+    assert!(none.error.is_none() && none.leases.is_empty(), "{none:?}");
+    assert!(one.complete(&first.leases[0], 0).await.error.is_none());
+    let freed = two.acquire(Uuid::new_v4(), 4, 0).await;
+    assert_eq!(
+        freed.leases.len(),
+        1,
+        "one slot under the cap freed: {freed:?}"
+    );
+    // Lifted, the rest is granted.
+    store::admin::set_max_running_tasks(&system.pool, organization_id, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let rest = two.acquire(Uuid::new_v4(), 4, 0).await;
+    assert_eq!(rest.leases.len(), 3, "{rest:?}");
+    system.finish().await;
+}
+
+/// Two acquires of different workers of one capped organization, both waiting for its row
+/// together: the second to get it must count the lease the first granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_of_two_workers_never_exceed_their_organizations_cap() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    let one = ready_worker(&system, organization_id, 1, &["alpha"]).await;
+    let two = ready_worker(&system, organization_id, 1, &["alpha"]).await;
+    for index in 0..3 {
+        submit(
+            &system,
+            organization_id,
+            &format!("http://cap-race-{index}.test"),
+            &["alpha"],
+            0,
+        )
+        .await;
+    }
+    store::admin::set_max_running_tasks(&system.pool, organization_id, Some(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut blocker = system.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM organizations WHERE id = $1 FOR UPDATE")
+        .bind(organization_id)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let first = spawn_acquire(&system, one.id);
+    let second = spawn_acquire(&system, two.id);
+    wait_for_lock_waiters(&system, 2).await;
+    blocker.commit().await.unwrap();
+    let granted = first.await.unwrap() + second.await.unwrap();
+    assert_eq!(granted, 1, "a cap of one: one lease over both workers");
+    system.finish().await;
+}
+
 /// A due task whose attempts are spent is never granted (the grant checks the budget; today's
 /// leased it, past `max_attempts`), and the reaper fails it with its scan once the pending
 /// deadline passed, although a live worker offers its plugin: no worker can take it.

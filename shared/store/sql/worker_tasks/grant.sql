@@ -21,6 +21,7 @@
 -- $7: TaskState::Leased.as_str()
 -- $8: AttemptStatus::Leased.as_str()
 -- $9: LIVE_ATTEMPT_STATUSES
+-- $10: TaskState::LEASED (the states of a task in flight)
 WITH room AS (
     SELECT least($3::bigint, greatest(0, w.max_concurrent_tasks - (
                SELECT count(*) FROM worker_task_attempts a
@@ -54,11 +55,23 @@ picked AS (
     -- tasks, and the lowest turns are granted first, so the organization with fewer tasks in
     -- flight here goes first and one organization's burst cannot hold every slot of a worker
     -- while another's tasks wait. Priority and age order each organization's own tasks.
+    -- An organization with a cap on tasks in flight (`max_running_tasks`, its row locked by
+    -- the acquire before this statement) is granted at most what is left under it; its tasks
+    -- leased or running are counted only then (`worker_tasks_org_state_idx`).
     SELECT due.id FROM assigned
     CROSS JOIN LATERAL (
         SELECT coalesce((SELECT n FROM in_flight f
                          WHERE f.organization_id = assigned.organization_id), 0) AS n
     ) busy
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN o.max_running_tasks IS NULL THEN coalesce((SELECT free FROM room), 0)
+                    ELSE least(coalesce((SELECT free FROM room), 0), greatest(0,
+                             o.max_running_tasks - (SELECT count(*) FROM worker_tasks r
+                                                    WHERE r.organization_id = o.id
+                                                      AND r.state = ANY($10))))
+               END AS n
+        FROM organizations o WHERE o.id = assigned.organization_id
+    ) cap
     CROSS JOIN LATERAL (
         SELECT locked.id, locked.priority, locked.available_at, locked.created_at,
                busy.n + row_number() OVER (
@@ -73,7 +86,7 @@ picked AS (
               AND t.attempt_count < t.max_attempts
               AND t.required_capabilities <@ $2
             ORDER BY t.priority DESC, t.available_at, t.created_at
-            LIMIT coalesce((SELECT free FROM room), 0)
+            LIMIT cap.n
             FOR UPDATE SKIP LOCKED
         ) locked
     ) due

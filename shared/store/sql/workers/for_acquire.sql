@@ -1,7 +1,8 @@
 -- Acquire, for acquires of distinct workers decided together: each worker (locked in id order,
 -- as every grant locks workers: a revocation waits for this acquire and this acquire for a
 -- revocation; two acquires of one worker take turns), its live leases, whether its request was
--- already granted, and its organizations. Unknown workers are not returned.
+-- already granted, its organizations, and whether one of them caps its tasks in flight. Unknown
+-- workers are not returned.
 -- $1: worker_ids
 -- $2: request_ids
 -- $3: LIVE_ATTEMPT_STATUSES
@@ -13,7 +14,11 @@ SELECT w.id, w.enabled, w.revoked_at IS NOT NULL AS revoked, w.capabilities,
                WHERE a.worker_id = w.id AND a.acquire_request_id = r.request_id) AS replayed,
        ARRAY(SELECT o.organization_id FROM organization_workers o
              WHERE o.worker_id = w.id AND o.enabled AND o.revoked_at IS NULL
-             ORDER BY o.organization_id) AS organization_ids
+             ORDER BY o.organization_id) AS organization_ids,
+       EXISTS (SELECT 1 FROM organization_workers o
+               JOIN organizations g ON g.id = o.organization_id
+               WHERE o.worker_id = w.id AND o.enabled AND o.revoked_at IS NULL
+                 AND g.max_running_tasks IS NOT NULL) AS serves_capped
 FROM UNNEST($1::uuid[], $2::uuid[]) AS r(worker_id, request_id)
 JOIN workers w ON w.id = r.worker_id
 ORDER BY w.id
