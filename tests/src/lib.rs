@@ -766,9 +766,14 @@ impl TestSystem {
         store::admin::register_worker(&self.pool, id, "test-worker", capacity as i32)
             .await
             .expect("worker registered");
-        store::admin::assign_worker(&self.pool, organization_id, id)
-            .await
-            .expect("worker assigned");
+        store::admin::assign_worker(
+            &self.pool,
+            organization_id,
+            id,
+            &store::audit::Change::new("test", ""),
+        )
+        .await
+        .expect("worker assigned");
         id
     }
 

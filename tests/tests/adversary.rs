@@ -602,9 +602,15 @@ async fn a_credential_signed_in_palisades_account_before_the_accounts_is_refused
         client_id: "old-client".into(),
         organizations: vec![organization],
     };
-    store::bus_identities::register_client(&system.pool, "old-client", "old", &[organization])
-        .await
-        .expect("registered");
+    store::bus_identities::register_client(
+        &system.pool,
+        "old-client",
+        "old",
+        &[organization],
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .expect("registered");
     let legacy = authority.issue_with(&identity.token(), &system.subjects.permissions(&identity));
     sqlx::query("INSERT INTO nats_users (public_key, client_id) VALUES ($1, $2)")
         .bind(&legacy.public_key)
@@ -870,9 +876,15 @@ async fn a_request_queued_before_its_client_was_revoked_is_rejected_naming_why()
     let system = TestSystem::spawn().await;
     let org = system.organization().await;
     let client_id = "revoked-client";
-    store::bus_identities::register_client(&system.pool, client_id, "revoked", &[org])
-        .await
-        .unwrap();
+    store::bus_identities::register_client(
+        &system.pool,
+        client_id,
+        "revoked",
+        &[org],
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap();
     let bus = system
         .nats
         .connect(&Identity::Client {
@@ -896,9 +908,13 @@ async fn a_request_queued_before_its_client_was_revoked_is_rejected_naming_why()
         .await
         .expect("the request is PubAcked");
     assert!(
-        store::bus_identities::revoke_client(&system.pool, client_id, "credentials leaked")
-            .await
-            .unwrap()
+        store::bus_identities::revoke_client(
+            &system.pool,
+            client_id,
+            &store::audit::Change::new("test", "credentials leaked")
+        )
+        .await
+        .unwrap()
     );
     let before = system.table_counts().await;
     system.start(Component::Admission);
@@ -936,9 +952,13 @@ async fn a_request_queued_before_its_client_was_revoked_is_rejected_naming_why()
     // Enabled again: its requests are admitted (a refusal wrote nothing, so a refused key is
     // free; the queued request itself is not re-decided, JetStream drops its exact replay).
     assert!(
-        store::bus_identities::enable_client(&system.pool, client_id)
-            .await
-            .unwrap()
+        store::bus_identities::enable_client(
+            &system.pool,
+            client_id,
+            &store::audit::Change::new("test", "")
+        )
+        .await
+        .unwrap()
     );
     client
         .publish(&client.request(&org.to_string(), "http://queued.test", &["alpha"], "again"))

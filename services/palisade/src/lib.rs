@@ -1,7 +1,7 @@
 //! The `palisade` command's library: the NATS accounts of workers and clients (`accounts`), the in-process system (`palisade dev`, `palisade demo`,
 //! `palisade bench`, the system tests), the harness the demo and the benchmark share, the
 //! demo, the benchmark, the health probe (`palisade health`), the subcommands that
-//! answer in JSON (`commands`), `scan show` and `scan submit --wait` (`scans`), recurring scans (`schedules`), `migrate`
+//! answer in JSON (`commands`), `scan show` and `scan submit --wait` (`scans`), recurring scans (`schedules`), `worker show` and `org show` (`tenants`), `migrate`
 //! (`migrate`), and the exit statuses of every command (`exit`).
 
 pub mod accounts;
@@ -16,3 +16,4 @@ pub mod probe;
 pub mod scans;
 pub mod schedules;
 pub mod system;
+pub mod tenants;

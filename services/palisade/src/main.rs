@@ -212,6 +212,16 @@ enum OrgCommand {
         /// No cap on tasks in flight.
         #[arg(long)]
         no_max_running_tasks: bool,
+        #[command(flatten)]
+        why: Why,
+    },
+    /// An organization: its limits, workers, clients and schedules, and the latest changes of
+    /// its access and limits (who and why), as JSON.
+    Show {
+        id: Uuid,
+        /// How many changes to show, newest first.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
+        changes: i64,
     },
 }
 
@@ -456,6 +466,8 @@ enum WorkerCommand {
         worker: Uuid,
         #[arg(long)]
         org: Uuid,
+        #[command(flatten)]
+        why: Why,
     },
     /// Revoke a worker (or, with --org, one assignment): no new lease from now on. Its
     /// active leases are voided and their tasks re-offered, unless --let-finish.
@@ -468,12 +480,36 @@ enum WorkerCommand {
         let_finish: bool,
         #[arg(long, default_value = "revoked from the command line")]
         reason: String,
+        /// Who (recorded with the change; default: $USER).
+        #[arg(long)]
+        by: Option<String>,
     },
     /// Re-enable a revoked worker (assignments are re-enabled with `worker assign`).
     Enable {
         #[arg(long)]
         worker: Uuid,
+        #[command(flatten)]
+        why: Why,
     },
+    /// A worker: its registration, its organizations and the latest changes of its access
+    /// (who and why), as JSON.
+    Show {
+        worker: Uuid,
+        /// How many changes to show, newest first.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
+        changes: i64,
+    },
+}
+
+/// Who makes a change and why, recorded with it (`worker show`, `org show`).
+#[derive(Debug, clap::Args)]
+struct Why {
+    /// Why (recorded with the change).
+    #[arg(long, default_value = "")]
+    reason: String,
+    /// Who (default: $USER).
+    #[arg(long)]
+    by: Option<String>,
 }
 
 /// Where a new identity's NATS credentials go.
@@ -505,6 +541,8 @@ enum ClientCommand {
         orgs: Vec<Uuid>,
         #[command(flatten)]
         credentials: CredentialsArgs,
+        #[command(flatten)]
+        why: Why,
     },
     /// Revoke a client: its NATS connections are closed and refused.
     Revoke {
@@ -512,11 +550,16 @@ enum ClientCommand {
         id: String,
         #[arg(long, default_value = "revoked from the command line")]
         reason: String,
+        /// Who (recorded with the change; default: $USER).
+        #[arg(long)]
+        by: Option<String>,
     },
     /// Re-enable a revoked client.
     Enable {
         #[arg(long)]
         id: String,
+        #[command(flatten)]
+        why: Why,
     },
 }
 
@@ -694,7 +737,10 @@ async fn run() -> anyhow::Result<()> {
             no_hourly_quota,
             max_running_tasks,
             no_max_running_tasks,
+            why,
         }) => {
+            let by = palisade::commands::actor(why.by);
+            let change = store::audit::Change::new(&by, why.reason.trim());
             let quota = (hourly_quota.is_some() || no_hourly_quota).then_some(hourly_quota);
             let cap =
                 (max_running_tasks.is_some() || no_max_running_tasks).then_some(max_running_tasks);
@@ -708,13 +754,13 @@ async fn run() -> anyhow::Result<()> {
                 |()| palisade::exit::not_found(format!("not_found: no organization {id}"));
             let mut answer = serde_json::json!({ "id": id });
             if let Some(quota) = quota {
-                let previous = store::admin::set_hourly_quota(&pool, id, quota)
+                let previous = store::admin::set_hourly_quota(&pool, id, quota, &change)
                     .await?
                     .map_err(missing)?;
                 answer["hourly_quota"] = serde_json::json!({"before": previous, "after": quota});
             }
             if let Some(cap) = cap {
-                let previous = store::admin::set_max_running_tasks(&pool, id, cap)
+                let previous = store::admin::set_max_running_tasks(&pool, id, cap, &change)
                     .await?
                     .map_err(missing)?;
                 answer["max_running_tasks"] = serde_json::json!({"before": previous, "after": cap});
@@ -982,8 +1028,11 @@ async fn run() -> anyhow::Result<()> {
             org,
             let_finish,
             reason,
+            by,
         }) => {
             let pool = store::connect(&common.database).await?;
+            let by = palisade::commands::actor(by);
+            let change = store::audit::Change::new(&by, &reason);
             let active = if let_finish {
                 store::revoke::ActiveLeases::LetFinish
             } else {
@@ -996,13 +1045,13 @@ async fn run() -> anyhow::Result<()> {
                         &common.subjects,
                         org,
                         worker,
-                        &reason,
+                        &change,
                         active,
                     )
                     .await?
                 }
                 None => {
-                    store::revoke::revoke_worker(&pool, &common.subjects, worker, &reason, active)
+                    store::revoke::revoke_worker(&pool, &common.subjects, worker, &change, active)
                         .await?
                 }
             };
@@ -1028,9 +1077,11 @@ async fn run() -> anyhow::Result<()> {
                 )),
             }
         }
-        Command::Worker(WorkerCommand::Enable { worker }) => {
+        Command::Worker(WorkerCommand::Enable { worker, why }) => {
             let pool = store::connect(&common.database).await?;
-            if !store::revoke::enable_worker(&pool, worker).await? {
+            let by = palisade::commands::actor(why.by);
+            let change = store::audit::Change::new(&by, why.reason.trim());
+            if !store::revoke::enable_worker(&pool, worker, &change).await? {
                 return Err(exit::not_found(format!("no worker {worker}")));
             }
             println!("worker {worker} enabled");
@@ -1065,10 +1116,13 @@ async fn run() -> anyhow::Result<()> {
             name,
             orgs,
             credentials,
+            why,
         }) => {
             messages::subjects::token("client id", &id)?;
             let pool = store::connect(&common.database).await?;
-            store::bus_identities::register_client(&pool, &id, &name, &orgs).await?;
+            let by = palisade::commands::actor(why.by);
+            let change = store::audit::Change::new(&by, why.reason.trim());
+            store::bus_identities::register_client(&pool, &id, &name, &orgs, &change).await?;
             println!("client {id} acts for {} organization(s)", orgs.len());
             issue_credentials(
                 &common,
@@ -1082,9 +1136,11 @@ async fn run() -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Client(ClientCommand::Revoke { id, reason }) => {
+        Command::Client(ClientCommand::Revoke { id, reason, by }) => {
             let pool = store::connect(&common.database).await?;
-            if !store::bus_identities::revoke_client(&pool, &id, &reason).await? {
+            let by = palisade::commands::actor(by);
+            let change = store::audit::Change::new(&by, &reason);
+            if !store::bus_identities::revoke_client(&pool, &id, &change).await? {
                 return Err(exit::not_found(format!(
                     "no client {id}: see `palisade client add`"
                 )));
@@ -1097,9 +1153,11 @@ async fn run() -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Client(ClientCommand::Enable { id }) => {
+        Command::Client(ClientCommand::Enable { id, why }) => {
             let pool = store::connect(&common.database).await?;
-            if !store::bus_identities::enable_client(&pool, &id).await? {
+            let by = palisade::commands::actor(why.by);
+            let change = store::audit::Change::new(&by, why.reason.trim());
+            if !store::bus_identities::enable_client(&pool, &id, &change).await? {
                 return Err(exit::not_found(format!(
                     "no client {id}: see `palisade client add`"
                 )));
@@ -1126,10 +1184,24 @@ async fn run() -> anyhow::Result<()> {
             }
             push_accounts(&common, &pool, None).await
         }
-        Command::Worker(WorkerCommand::Assign { worker, org }) => {
+        Command::Worker(WorkerCommand::Assign { worker, org, why }) => {
             let pool = store::connect(&common.database).await?;
-            store::admin::assign_worker(&pool, org, worker).await?;
+            let by = palisade::commands::actor(why.by);
+            let change = store::audit::Change::new(&by, why.reason.trim());
+            store::admin::assign_worker(&pool, org, worker, &change).await?;
             println!("worker {worker} now serves organization {org}");
+            Ok(())
+        }
+        Command::Worker(WorkerCommand::Show { worker, changes }) => {
+            let pool = store::connect(&common.database).await?;
+            let shown = palisade::tenants::worker(&pool, worker, changes).await?;
+            println!("{}", serde_json::to_string_pretty(&shown)?);
+            Ok(())
+        }
+        Command::Org(OrgCommand::Show { id, changes }) => {
+            let pool = store::connect(&common.database).await?;
+            let shown = palisade::tenants::organization(&pool, id, changes).await?;
+            println!("{}", serde_json::to_string_pretty(&shown)?);
             Ok(())
         }
         Command::Health { .. } => unreachable!("answered before telemetry starts"),

@@ -183,7 +183,13 @@ impl System {
                 capacity as i32,
             )
             .await?;
-            store::admin::assign_worker(&self.connections.pool, organization_id, worker_id).await?;
+            store::admin::assign_worker(
+                &self.connections.pool,
+                organization_id,
+                worker_id,
+                &store::audit::Change::new("palisade", "an in-process worker"),
+            )
+            .await?;
             let worker = worker::Worker::new(
                 self.connections.bus.clone(),
                 in_process_worker_config(worker_id, capacity),

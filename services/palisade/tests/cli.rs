@@ -503,3 +503,98 @@ async fn schedule_commands_create_read_pause_and_refuse_what_cannot_fire() {
         .assert_status(Status::NotFound);
     system.finish().await;
 }
+
+#[tokio::test]
+async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    let org = organization.to_string();
+    let worker = system.registered_worker(organization, 2).await.to_string();
+
+    let set = palisade(
+        &system,
+        &[
+            "org",
+            "set",
+            &org,
+            "--max-running-tasks",
+            "3",
+            "--reason",
+            "noisy tenant",
+            "--by",
+            "alice",
+        ],
+    )
+    .await;
+    set.assert_status(Status::Ok);
+    assert_eq!(
+        set.json()["max_running_tasks"],
+        serde_json::json!({"before": null, "after": 3})
+    );
+    palisade(
+        &system,
+        &[
+            "worker", "revoke", "--worker", &worker, "--org", &org, "--reason", "moved", "--by",
+            "bob",
+        ],
+    )
+    .await
+    .assert_status(Status::Ok);
+    palisade(
+        &system,
+        &[
+            "worker", "assign", "--worker", &worker, "--org", &org, "--reason", "back", "--by",
+            "carol",
+        ],
+    )
+    .await
+    .assert_status(Status::Ok);
+
+    let shown = palisade(&system, &["worker", "show", &worker]).await;
+    shown.assert_status(Status::Ok);
+    let shown = shown.json();
+    assert_eq!(shown["organizations"][0]["enabled"], true);
+    let changes: Vec<(String, String, String)> = shown["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|change| {
+            let text = |key: &str| change[key].as_str().unwrap().to_owned();
+            (text("action"), text("actor"), text("reason"))
+        })
+        .collect();
+    assert_eq!(
+        changes[..2],
+        [
+            (
+                "assignment_added".to_owned(),
+                "carol".to_owned(),
+                "back".to_owned()
+            ),
+            (
+                "assignment_revoked".to_owned(),
+                "bob".to_owned(),
+                "moved".to_owned()
+            ),
+        ],
+        "newest first: {shown}"
+    );
+
+    let organization_shown = palisade(&system, &["org", "show", &org]).await.json();
+    assert_eq!(organization_shown["max_running_tasks"], 3);
+    let limits = organization_shown["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|change| change["action"] == "organization_limits_set")
+        .unwrap_or_else(|| panic!("{organization_shown}"));
+    assert_eq!(
+        (limits["actor"].as_str(), limits["reason"].as_str()),
+        (Some("alice"), Some("noisy tenant"))
+    );
+    assert_eq!(limits["detail"]["max_running_tasks"]["after"], 3);
+    palisade(&system, &["worker", "show", &Uuid::now_v7().to_string()])
+        .await
+        .assert_status(Status::NotFound);
+    system.finish().await;
+}

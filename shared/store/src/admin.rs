@@ -5,8 +5,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::audit::Change;
 use crate::sql;
-use crate::states::{ScanJobState, ScanState, TaskState};
+use crate::states::{AdminAction, ScanJobState, ScanState, TaskState};
 
 /// Creates an organization (idempotent by id).
 pub async fn create_organization(
@@ -38,10 +39,15 @@ pub async fn set_hourly_quota(
     pool: &PgPool,
     id: Uuid,
     hourly_scan_quota: Option<i32>,
+    change: &Change<'_>,
 ) -> Result<Result<Option<i32>, ()>, StoreError> {
     let previous: Option<Option<i32>> = sql::query_scalar(sql::organizations::SET_QUOTA)
         .bind(id)
         .bind(hourly_scan_quota)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(change.reason)
+        .bind(AdminAction::OrganizationLimitsSet.as_str())
         .fetch_optional(pool)
         .await?;
     Ok(previous.ok_or(()))
@@ -53,10 +59,15 @@ pub async fn set_max_running_tasks(
     pool: &PgPool,
     id: Uuid,
     max_running_tasks: Option<i32>,
+    change: &Change<'_>,
 ) -> Result<Result<Option<i32>, ()>, StoreError> {
     let previous: Option<Option<i32>> = sql::query_scalar(sql::organizations::SET_MAX_RUNNING)
         .bind(id)
         .bind(max_running_tasks)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(change.reason)
+        .bind(AdminAction::OrganizationLimitsSet.as_str())
         .fetch_optional(pool)
         .await?;
     Ok(previous.ok_or(()))
@@ -83,11 +94,16 @@ pub async fn assign_worker(
     pool: &PgPool,
     organization_id: Uuid,
     worker_id: Uuid,
+    change: &Change<'_>,
 ) -> Result<(), StoreError> {
-    sql::query(sql::organization_workers::ASSIGN)
+    sql::query_scalar::<Uuid>(sql::organization_workers::ASSIGN)
         .bind(organization_id)
         .bind(worker_id)
-        .execute(pool)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(change.reason)
+        .bind(AdminAction::AssignmentAdded.as_str())
+        .fetch_one(pool)
         .await?;
     Ok(())
 }

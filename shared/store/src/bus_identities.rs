@@ -6,7 +6,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::audit::Change;
 use crate::sql;
+use crate::states::AdminAction;
 
 /// Who holds a credential.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,31 +104,51 @@ pub async fn register_client(
     id: &str,
     name: &str,
     organization_ids: &[Uuid],
+    change: &Change<'_>,
 ) -> Result<(), StoreError> {
-    sql::query(sql::clients::REGISTER)
+    sql::query_scalar::<String>(sql::clients::REGISTER)
         .bind(id)
         .bind(name)
         .bind(organization_ids)
-        .execute(pool)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(change.reason)
+        .bind(AdminAction::ClientRegistered.as_str())
+        .fetch_one(pool)
         .await?;
     Ok(())
 }
 
 /// Revokes a client; false when there is none.
-pub async fn revoke_client(pool: &PgPool, id: &str, reason: &str) -> Result<bool, StoreError> {
-    let updated = sql::query(sql::clients::REVOKE)
+pub async fn revoke_client(
+    pool: &PgPool,
+    id: &str,
+    change: &Change<'_>,
+) -> Result<bool, StoreError> {
+    let revoked: Option<String> = sql::query_scalar(sql::clients::REVOKE)
         .bind(id)
-        .bind(reason)
-        .execute(pool)
+        .bind(change.reason)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(AdminAction::ClientRevoked.as_str())
+        .fetch_optional(pool)
         .await?;
-    Ok(updated.rows_affected() == 1)
+    Ok(revoked.is_some())
 }
 
 /// Enables a revoked client again; false when there is none.
-pub async fn enable_client(pool: &PgPool, id: &str) -> Result<bool, StoreError> {
-    let updated = sql::query(sql::clients::ENABLE)
+pub async fn enable_client(
+    pool: &PgPool,
+    id: &str,
+    change: &Change<'_>,
+) -> Result<bool, StoreError> {
+    let enabled: Option<String> = sql::query_scalar(sql::clients::ENABLE)
         .bind(id)
-        .execute(pool)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(change.reason)
+        .bind(AdminAction::ClientEnabled.as_str())
+        .fetch_optional(pool)
         .await?;
-    Ok(updated.rows_affected() == 1)
+    Ok(enabled.is_some())
 }

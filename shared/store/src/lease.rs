@@ -514,7 +514,7 @@ pub async fn lease_next(
 }
 
 /// The attempt statuses that hold a lease.
-const LIVE_ATTEMPT_STATUSES: [&str; 2] = [
+pub(crate) const LIVE_ATTEMPT_STATUSES: [&str; 2] = [
     AttemptStatus::Leased.as_str(),
     AttemptStatus::Running.as_str(),
 ];

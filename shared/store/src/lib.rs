@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod admit;
 pub mod artifacts;
+pub mod audit;
 pub mod bus_identities;
 pub mod cancel;
 pub mod cves;

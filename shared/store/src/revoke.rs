@@ -10,9 +10,10 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::audit::Change;
 use crate::outbox::{self, OutboxEvent};
 use crate::sql;
-use crate::states::{AttemptStatus, TaskState};
+use crate::states::{AdminAction, AttemptStatus, TaskState};
 
 /// What happens to the leases the worker holds when it is revoked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,13 +35,16 @@ pub async fn revoke_worker(
     pool: &PgPool,
     subjects: &Subjects,
     worker_id: Uuid,
-    reason: &str,
+    change: &Change<'_>,
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
     let found: Option<Uuid> = sql::query_scalar(sql::workers::REVOKE)
         .bind(worker_id)
-        .bind(reason)
+        .bind(change.reason)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(AdminAction::WorkerRevoked.as_str())
         .fetch_optional(&mut *tx)
         .await?;
     if found.is_none() {
@@ -60,14 +64,17 @@ pub async fn revoke_assignment(
     subjects: &Subjects,
     organization_id: Uuid,
     worker_id: Uuid,
-    reason: &str,
+    change: &Change<'_>,
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
     let found: Option<Uuid> = sql::query_scalar(sql::organization_workers::REVOKE)
         .bind(organization_id)
         .bind(worker_id)
-        .bind(reason)
+        .bind(change.reason)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(AdminAction::AssignmentRevoked.as_str())
         .fetch_optional(&mut *tx)
         .await?;
     if found.is_none() {
@@ -83,13 +90,22 @@ pub async fn revoke_assignment(
     Ok(RevokeOutcome::Revoked { leases_cancelled })
 }
 
-/// Re-enables a revoked worker (its assignments are managed separately).
-pub async fn enable_worker(pool: &PgPool, worker_id: Uuid) -> Result<bool, StoreError> {
-    let updated = sql::query(sql::workers::ENABLE)
+/// Re-enables a revoked worker (its assignments are managed separately); false when there is
+/// none.
+pub async fn enable_worker(
+    pool: &PgPool,
+    worker_id: Uuid,
+    change: &Change<'_>,
+) -> Result<bool, StoreError> {
+    let enabled: Option<Uuid> = sql::query_scalar(sql::workers::ENABLE)
         .bind(worker_id)
-        .execute(pool)
+        .bind(change.id())
+        .bind(change.by)
+        .bind(change.reason)
+        .bind(AdminAction::WorkerEnabled.as_str())
+        .fetch_optional(pool)
         .await?;
-    Ok(updated.rows_affected() == 1)
+    Ok(enabled.is_some())
 }
 
 /// Voids the worker's live attempts (optionally only on one organization's tasks) and puts

@@ -376,6 +376,21 @@ string_enum! {
     }
 }
 
+string_enum! {
+    /// What an operator changed about a tenant's access or limits (`admin_changes`, issue 27).
+    AdminAction, "admin_changes.admin_changes_action_check" {
+        WorkerRevoked => "worker_revoked",
+        WorkerEnabled => "worker_enabled",
+        AssignmentAdded => "assignment_added",
+        AssignmentRevoked => "assignment_revoked",
+        ClientRegistered => "client_registered",
+        ClientRevoked => "client_revoked",
+        ClientEnabled => "client_enabled",
+        /// An organization's hourly quota or cap on tasks in flight (the detail says which).
+        OrganizationLimitsSet => "organization_limits_set",
+    }
+}
+
 /// The text of every state of every enum above, sorted, each once: what SQL must never spell.
 pub fn all_names() -> Vec<&'static str> {
     let mut names = [
@@ -393,6 +408,7 @@ pub fn all_names() -> Vec<&'static str> {
         DeadLetterResolution::NAMES,
         ScheduleOverlap::NAMES,
         ScheduleFireOutcome::NAMES,
+        AdminAction::NAMES,
     ]
     .concat();
     names.sort_unstable();

@@ -544,9 +544,14 @@ impl World {
             .await
             .expect("workers read");
         for (worker_id,) in worker_ids {
-            store::admin::assign_worker(&self.pool, id, worker_id)
-                .await
-                .expect("worker assigned");
+            store::admin::assign_worker(
+                &self.pool,
+                id,
+                worker_id,
+                &store::audit::Change::new("test", ""),
+            )
+            .await
+            .expect("worker assigned");
         }
         id
     }

@@ -260,32 +260,52 @@ async fn an_organizations_quota_changed_live_applies_to_the_next_admission() {
         }
     };
     assert_eq!(
-        store::admin::set_hourly_quota(&system.pool, org, Some(1))
-            .await
-            .unwrap(),
+        store::admin::set_hourly_quota(
+            &system.pool,
+            org,
+            Some(1),
+            &store::audit::Change::new("test", "")
+        )
+        .await
+        .unwrap(),
         Ok(None)
     );
     assert!(submit("http://one.test").await.error.is_none());
     let refused = submit("http://two.test").await;
     assert_eq!(refused.error.expect("refused").code, "quota_exceeded");
     assert_eq!(
-        store::admin::set_hourly_quota(&system.pool, org, Some(2))
-            .await
-            .unwrap(),
+        store::admin::set_hourly_quota(
+            &system.pool,
+            org,
+            Some(2),
+            &store::audit::Change::new("test", "")
+        )
+        .await
+        .unwrap(),
         Ok(Some(1))
     );
     assert!(submit("http://two.test").await.error.is_none());
     let refused = submit("http://three.test").await;
     assert_eq!(refused.error.expect("refused").code, "quota_exceeded");
-    store::admin::set_hourly_quota(&system.pool, org, None)
-        .await
-        .unwrap()
-        .unwrap();
+    store::admin::set_hourly_quota(
+        &system.pool,
+        org,
+        None,
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert!(submit("http://three.test").await.error.is_none());
     assert_eq!(
-        store::admin::set_hourly_quota(&system.pool, uuid::Uuid::new_v4(), None)
-            .await
-            .unwrap(),
+        store::admin::set_hourly_quota(
+            &system.pool,
+            uuid::Uuid::new_v4(),
+            None,
+            &store::audit::Change::new("test", "")
+        )
+        .await
+        .unwrap(),
         Err(()),
         "no such organization"
     );

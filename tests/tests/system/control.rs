@@ -264,7 +264,7 @@ async fn revoking_a_worker_voids_its_lease_and_offers_the_task_to_another() {
         &system.pool,
         &system.subjects,
         scan.worker.id,
-        "compromised",
+        &store::audit::Change::new("test", "compromised"),
         ActiveLeases::Cancel,
     )
     .await
@@ -318,7 +318,7 @@ async fn a_routine_reassignment_lets_active_leases_finish() {
         &system.subjects,
         scan.organization_id,
         scan.worker.id,
-        "moved to another team",
+        &store::audit::Change::new("test", "moved to another team"),
         ActiveLeases::LetFinish,
     )
     .await
@@ -386,7 +386,7 @@ async fn no_lease_is_granted_after_a_revocation_commits() {
                     &pool,
                     &subjects,
                     worker_id,
-                    "race",
+                    &store::audit::Change::new("test", "race"),
                     ActiveLeases::Cancel,
                 )
                 .await

@@ -187,7 +187,7 @@ async fn a_hello_refused_to_a_disabled_or_revoked_worker_writes_nothing() {
         &system.pool,
         &system.subjects,
         worker.id,
-        "test",
+        &store::audit::Change::new("test", "test"),
         store::revoke::ActiveLeases::Cancel,
     )
     .await

@@ -147,9 +147,14 @@ async fn one_organizations_burst_leaves_anothers_task_leased_within_one_free_slo
     let quiet = system.organization().await;
     // One worker serves both, four slots.
     let worker = ready_worker(&system, bursting, 4, &["alpha"]).await;
-    store::admin::assign_worker(&system.pool, quiet, worker.id)
-        .await
-        .unwrap();
+    store::admin::assign_worker(
+        &system.pool,
+        quiet,
+        worker.id,
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap();
     let mut burst = Vec::new();
     for index in 0..20 {
         burst.push(
@@ -352,10 +357,15 @@ async fn an_organizations_cap_on_tasks_in_flight_holds_over_every_worker() {
         )
         .await;
     }
-    store::admin::set_max_running_tasks(&system.pool, organization_id, Some(2))
-        .await
-        .unwrap()
-        .unwrap();
+    store::admin::set_max_running_tasks(
+        &system.pool,
+        organization_id,
+        Some(2),
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let first = one.acquire(Uuid::new_v4(), 4, 0).await;
     assert_eq!(first.leases.len(), 2, "capped at 2: {first:?}");
     let none = two.acquire(Uuid::new_v4(), 4, 0).await;
@@ -368,10 +378,15 @@ async fn an_organizations_cap_on_tasks_in_flight_holds_over_every_worker() {
         "one slot under the cap freed: {freed:?}"
     );
     // Lifted, the rest is granted.
-    store::admin::set_max_running_tasks(&system.pool, organization_id, None)
-        .await
-        .unwrap()
-        .unwrap();
+    store::admin::set_max_running_tasks(
+        &system.pool,
+        organization_id,
+        None,
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let rest = two.acquire(Uuid::new_v4(), 4, 0).await;
     assert_eq!(rest.leases.len(), 3, "{rest:?}");
     system.finish().await;
@@ -395,10 +410,15 @@ async fn concurrent_acquires_of_two_workers_never_exceed_their_organizations_cap
         )
         .await;
     }
-    store::admin::set_max_running_tasks(&system.pool, organization_id, Some(1))
-        .await
-        .unwrap()
-        .unwrap();
+    store::admin::set_max_running_tasks(
+        &system.pool,
+        organization_id,
+        Some(1),
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let mut blocker = system.pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM organizations WHERE id = $1 FOR UPDATE")
         .bind(organization_id)

@@ -90,7 +90,7 @@ async fn nothing_is_handed_to_a_worker_that_may_not_take_the_next_plugin() {
         &system.subjects,
         scan.organization_id,
         scan.worker.id,
-        "reassigned",
+        &store::audit::Change::new("test", "reassigned"),
         ActiveLeases::LetFinish,
     )
     .await

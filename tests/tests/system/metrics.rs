@@ -232,9 +232,14 @@ async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
 
     // Workers run the large load and the slow scan's retry, which fails for good.
     let survivor = WorkerProcess::start(&system, WORKER, org, 16).await;
-    store::admin::assign_worker(&system.pool, other_org, survivor.worker_id)
-        .await
-        .unwrap();
+    store::admin::assign_worker(
+        &system.pool,
+        other_org,
+        survivor.worker_id,
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap();
     system
         .wait_for_within("the large load to complete", LOAD_TIME_MAX, || async {
             let (_, completed) = store::admin::scan_counts(&system.pool).await.unwrap();

@@ -218,9 +218,14 @@ async fn a_completion_confirmed_during_an_outage_is_accepted_once() {
         store::admin::register_worker(&pool, worker_id, "outage-worker", 4)
             .await
             .expect("worker registered");
-        store::admin::assign_worker(&pool, outage.organization_id, worker_id)
-            .await
-            .expect("worker assigned");
+        store::admin::assign_worker(
+            &pool,
+            outage.organization_id,
+            worker_id,
+            &store::audit::Change::new("test", ""),
+        )
+        .await
+        .expect("worker assigned");
         pool.close().await;
     }
     let worker = ManualWorker::connect(outage.bus.clone(), worker_id).await;

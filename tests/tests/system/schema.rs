@@ -4,9 +4,9 @@
 use std::collections::BTreeSet;
 
 use store::states::{
-    AttemptStatus, DeadLetterResolution, EnrichmentJobState, FindingChange, FindingStatus,
-    QuarantineAction, ResultBatchStatus, ScanJobState, ScanState, ScheduleFireOutcome,
-    ScheduleOverlap, Severity, TaskState, UploadStatus,
+    AdminAction, AttemptStatus, DeadLetterResolution, EnrichmentJobState, FindingChange,
+    FindingStatus, QuarantineAction, ResultBatchStatus, ScanJobState, ScanState,
+    ScheduleFireOutcome, ScheduleOverlap, Severity, TaskState, UploadStatus,
 };
 use tests::TestSystem;
 
@@ -22,7 +22,7 @@ fn quoted_values(definition: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn state_enums_match_the_check_constraints() {
     let system = TestSystem::spawn().await;
-    let cases: [(&str, &[&str]); 14] = [
+    let cases: [(&str, &[&str]); 15] = [
         (ScanState::CHECK_CONSTRAINT, ScanState::NAMES),
         (ScanJobState::CHECK_CONSTRAINT, ScanJobState::NAMES),
         (TaskState::CHECK_CONSTRAINT, TaskState::NAMES),
@@ -49,6 +49,7 @@ async fn state_enums_match_the_check_constraints() {
             ScheduleFireOutcome::CHECK_CONSTRAINT,
             ScheduleFireOutcome::NAMES,
         ),
+        (AdminAction::CHECK_CONSTRAINT, AdminAction::NAMES),
     ];
     for (constraint, expected) in cases {
         let (table, name) = constraint.split_once('.').unwrap();

@@ -180,8 +180,8 @@ async fn revoke_counted(
     worker_id: Uuid,
     active: ActiveLeases,
 ) -> (Result<RevokeOutcome, store::StoreError>, u64) {
-    let revoke =
-        revoke::revoke_worker(&system.pool, &system.subjects, worker_id, "revoked", active);
+    let change = store::audit::Change::new("test", "revoked");
+    let revoke = revoke::revoke_worker(&system.pool, &system.subjects, worker_id, &change, active);
     counted(lanes::DISPATCH, revoke).await
 }
 
@@ -265,7 +265,7 @@ async fn revoke_voids_every_live_attempt_and_refunds_it_in_a_fixed_number_of_sta
             &system.pool,
             &system.subjects,
             Uuid::now_v7(),
-            "unknown",
+            &store::audit::Change::new("test", "unknown"),
             ActiveLeases::Cancel,
         )
         .await

@@ -449,7 +449,7 @@ async fn a_revoked_worker_is_disconnected_within_the_bound_and_cannot_come_back(
         &system.pool,
         &system.subjects,
         worker_id,
-        "stolen credential",
+        &store::audit::Change::new("test", "stolen credential"),
         store::revoke::ActiveLeases::Cancel,
     )
     .await

@@ -1,8 +1,20 @@
 -- Registers a client bound to organizations, or changes the name and organizations of a
--- registered one.
+-- registered one, and records the change with the organizations it acts for.
 -- $1: id
 -- $2: name
 -- $3: organization_ids
-INSERT INTO clients (id, name, organization_ids) VALUES ($1, $2, $3)
-ON CONFLICT (id) DO UPDATE
-SET name = EXCLUDED.name, organization_ids = EXCLUDED.organization_ids, updated_at = now()
+-- $4: the change's id (Uuid::now_v7())
+-- $5: who
+-- $6: why
+-- $7: AdminAction::ClientRegistered
+WITH registered AS (
+    INSERT INTO clients (id, name, organization_ids) VALUES ($1, $2, $3)
+    ON CONFLICT (id) DO UPDATE
+    SET name = EXCLUDED.name, organization_ids = EXCLUDED.organization_ids, updated_at = now()
+    RETURNING id, organization_ids
+), recorded AS (
+    INSERT INTO admin_changes (id, actor, reason, action, client_id, detail)
+    SELECT $4, $5, $6, $7, id, jsonb_build_object('organization_ids', organization_ids)
+    FROM registered
+)
+SELECT id FROM registered

@@ -1,6 +1,17 @@
--- Assigns a worker to an organization (again, if it was revoked).
+-- Assigns a worker to an organization (again, if it was revoked), and records the change.
 -- $1: organization_id
 -- $2: worker_id
-INSERT INTO organization_workers (organization_id, worker_id) VALUES ($1, $2)
-ON CONFLICT (organization_id, worker_id) DO UPDATE
-SET enabled = true, revoked_at = NULL, revocation_reason = '', updated_at = now()
+-- $3: the change's id (Uuid::now_v7())
+-- $4: who
+-- $5: why
+-- $6: AdminAction::AssignmentAdded
+WITH assigned AS (
+    INSERT INTO organization_workers (organization_id, worker_id) VALUES ($1, $2)
+    ON CONFLICT (organization_id, worker_id) DO UPDATE
+    SET enabled = true, revoked_at = NULL, revocation_reason = '', updated_at = now()
+    RETURNING organization_id, worker_id
+), recorded AS (
+    INSERT INTO admin_changes (id, actor, reason, action, worker_id, organization_id)
+    SELECT $3, $4, $5, $6, worker_id, organization_id FROM assigned
+)
+SELECT worker_id FROM assigned

@@ -1,3 +1,14 @@
--- Enables a worker again.
+-- Enables a worker again, and records the change. No row: no such worker.
 -- $1: worker_id
-UPDATE workers SET enabled = true, revoked_at = NULL, revocation_reason = '', updated_at = now() WHERE id = $1
+-- $2: the change's id (Uuid::now_v7())
+-- $3: who
+-- $4: why
+-- $5: AdminAction::WorkerEnabled
+WITH enabled AS (
+    UPDATE workers SET enabled = true, revoked_at = NULL, revocation_reason = '', updated_at = now()
+    WHERE id = $1 RETURNING id
+), recorded AS (
+    INSERT INTO admin_changes (id, actor, reason, action, worker_id)
+    SELECT $2, $3, $4, $5, id FROM enabled
+)
+SELECT id FROM enabled

@@ -1,6 +1,15 @@
--- Revokes a worker: disabled, with the time and reason.
+-- Revokes a worker: disabled, with the time and reason, and the change recorded.
 -- $1: worker_id
 -- $2: reason
-UPDATE workers SET enabled = false, revoked_at = coalesce(revoked_at, now()),
-       revocation_reason = $2, updated_at = now()
-WHERE id = $1 RETURNING id
+-- $3: the change's id (Uuid::now_v7())
+-- $4: who
+-- $5: AdminAction::WorkerRevoked
+WITH revoked AS (
+    UPDATE workers SET enabled = false, revoked_at = coalesce(revoked_at, now()),
+           revocation_reason = $2, updated_at = now()
+    WHERE id = $1 RETURNING id
+), recorded AS (
+    INSERT INTO admin_changes (id, actor, reason, action, worker_id)
+    SELECT $3, $4, $2, $5, id FROM revoked
+)
+SELECT id FROM revoked
