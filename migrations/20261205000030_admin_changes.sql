@@ -15,8 +15,8 @@ CREATE TABLE IF NOT EXISTS admin_changes (
     -- organizations).
     detail JSONB NOT NULL DEFAULT '{}'::jsonb,
     CONSTRAINT admin_changes_action_check CHECK (action IN (
-        'worker_revoked', 'worker_enabled', 'assignment_added', 'assignment_revoked',
-        'client_registered', 'client_revoked', 'client_enabled', 'organization_limits_set'))
+        'revoke_worker', 'enable_worker', 'assign_worker', 'revoke_assignment',
+        'register_client', 'revoke_client', 'enable_client', 'set_organization_limits'))
 );
 
 -- `worker show`, `org show` and `client`'s changes, newest first (ids are UUIDv7s).

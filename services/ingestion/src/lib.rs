@@ -8,6 +8,7 @@ pub mod artifacts;
 pub mod events;
 pub mod findings;
 pub mod parse;
+pub mod scans;
 pub mod uploads;
 
 use std::collections::HashMap;
@@ -172,6 +173,26 @@ impl Service {
             // below drops it), so a decision in flight at shutdown is finished, not dropped.
             CancellationToken::new(),
         );
+        // A tenant's scans, listed for it.
+        let (scans_pool, scans_subjects) = (self.ingestion.pool.clone(), subjects.clone());
+        let scans_server = bus::serve::serve(
+            &self.bus,
+            scans::REQUEST_SERVER,
+            subjects.client_wildcard(messages::ClientVerb::Scans),
+            QUEUE_GROUP,
+            move |message| {
+                let (pool, subjects) = (scans_pool.clone(), scans_subjects.clone());
+                async move {
+                    use prost::Message as _;
+                    let reply =
+                        scans::reply(&pool, &subjects, message.subject.as_str(), &message.payload)
+                            .await;
+                    Some(reply.encode_to_vec().into())
+                }
+            },
+            // As the findings server: ends when the consumer has.
+            CancellationToken::new(),
+        );
         // A tenant's events: read from the events stream after the client's cursor; a waiting
         // read is woken when its organization's next event is published (a hint only).
         let waiters = Arc::new(events::Waiters::default());
@@ -258,6 +279,7 @@ impl Service {
             result = artifact_server => result.context("artifact request server stopped"),
             result = upload_server => result.context("upload chunk server stopped"),
             result = events_server => result.context("events request server stopped"),
+            result = scans_server => result.context("scans request server stopped"),
         };
         waker.abort();
         plumbing.stop().await;

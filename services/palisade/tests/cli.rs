@@ -567,12 +567,12 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
         changes[..2],
         [
             (
-                "assignment_added".to_owned(),
+                "assign_worker".to_owned(),
                 "carol".to_owned(),
                 "back".to_owned()
             ),
             (
-                "assignment_revoked".to_owned(),
+                "revoke_assignment".to_owned(),
                 "bob".to_owned(),
                 "moved".to_owned()
             ),
@@ -586,7 +586,7 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|change| change["action"] == "organization_limits_set")
+        .find(|change| change["action"] == "set_organization_limits")
         .unwrap_or_else(|| panic!("{organization_shown}"));
     assert_eq!(
         (limits["actor"].as_str(), limits["reason"].as_str()),

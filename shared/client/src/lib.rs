@@ -305,6 +305,31 @@ impl Client {
         v1::FindingsReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
     }
 
+    /// Lists `organization_id`'s scans, newest first by admission (one request/reply to
+    /// ingestion, not retried: it only reads), with the filters of `list` and a page after
+    /// `list.after` (the previous page's `next_after`). A refusal is in `error`
+    /// (`invalid_field`, `internal`).
+    pub async fn scans(
+        &self,
+        organization_id: &Uuid,
+        list: v1::ListScans,
+    ) -> Result<v1::ScansReply, ClientError> {
+        let subject = self
+            .bus
+            .subjects()
+            .client(organization_id, &self.client_id, ClientVerb::Scans)
+            .map_err(|error| ClientError::InvalidRequest(error.to_string()))?;
+        let request = v1::ScansRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            query: Some(v1::scans_request::Query::List(list)),
+        };
+        let reply = self
+            .bus
+            .request(subject, request.encode_to_vec().into(), self.timeout)
+            .await?;
+        v1::ScansReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
+    }
+
     /// Reads `organization_id`'s events after `after_sequence` (one request/reply to ingestion,
     /// not retried: a repeat with the same cursor is safe): its `scan.*` and `enrichment.*`
     /// events, oldest first, and the `cursor` to pass as the next `after_sequence`. With

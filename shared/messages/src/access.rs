@@ -322,6 +322,7 @@ impl Subjects {
                 consumer_of(self.results_stream(), &mut publish);
                 publish.push(self.worker_wildcard(WorkerVerb::Ack));
                 subscribe.push(self.client_wildcard(ClientVerb::Findings));
+                subscribe.push(self.client_wildcard(ClientVerb::Scans));
                 // A tenant's events, read for it (`events`): a batched direct get, the
                 // leader's message get by subject, and each organization's events as they are
                 // published, to wake the requests waiting for them.

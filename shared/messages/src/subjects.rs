@@ -199,17 +199,20 @@ pub enum ClientVerb {
     Findings,
     /// Request/reply to ingestion: read this organization's events after a cursor (long-poll).
     Events,
+    /// Request/reply to ingestion: list this organization's scans.
+    Scans,
 }
 
 impl ClientVerb {
     /// Every verb.
-    pub const ALL: [ClientVerb; 6] = [
+    pub const ALL: [ClientVerb; 7] = [
         ClientVerb::Request,
         ClientVerb::Submit,
         ClientVerb::Cancel,
         ClientVerb::Enrich,
         ClientVerb::Findings,
         ClientVerb::Events,
+        ClientVerb::Scans,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -220,6 +223,7 @@ impl ClientVerb {
             ClientVerb::Enrich => "enrich",
             ClientVerb::Findings => "findings",
             ClientVerb::Events => "events",
+            ClientVerb::Scans => "scans",
         }
     }
 }

@@ -379,15 +379,15 @@ string_enum! {
 string_enum! {
     /// What an operator changed about a tenant's access or limits (`admin_changes`, issue 27).
     AdminAction, "admin_changes.admin_changes_action_check" {
-        WorkerRevoked => "worker_revoked",
-        WorkerEnabled => "worker_enabled",
-        AssignmentAdded => "assignment_added",
-        AssignmentRevoked => "assignment_revoked",
-        ClientRegistered => "client_registered",
-        ClientRevoked => "client_revoked",
-        ClientEnabled => "client_enabled",
+        WorkerRevoked => "revoke_worker",
+        WorkerEnabled => "enable_worker",
+        AssignmentAdded => "assign_worker",
+        AssignmentRevoked => "revoke_assignment",
+        ClientRegistered => "register_client",
+        ClientRevoked => "revoke_client",
+        ClientEnabled => "enable_client",
         /// An organization's hourly quota or cap on tasks in flight (the detail says which).
-        OrganizationLimitsSet => "organization_limits_set",
+        OrganizationLimitsSet => "set_organization_limits",
     }
 }
 

@@ -152,3 +152,83 @@ async fn the_backlog_counts_unfinished_tasks_by_organization_plugin_and_state() 
     assert_eq!(rows.len(), 2, "{rows:?}");
     system.finish().await;
 }
+
+/// The same read over the bus (`scans`, served by ingestion), for a client of the organization:
+/// only the subject's organization is ever read, whatever the request says, and pages follow
+/// `next_after`.
+#[tokio::test]
+async fn a_client_lists_its_organizations_scans_over_the_bus_and_never_anothers() {
+    let system = TestSystem::spawn().await;
+    let mine = system.organization().await;
+    let other = system.organization().await;
+    let mut submitted = Vec::new();
+    for index in 0..3 {
+        let reply = system
+            .submit(&system.request(mine, &format!("http://mine-{index}.test"), &["alpha"]))
+            .await;
+        submitted.push(reply.scan_id);
+    }
+    let theirs = system
+        .submit(&system.request(other, "http://theirs.test", &["alpha"]))
+        .await;
+    assert!(theirs.error.is_none());
+    let client = system.client();
+    let page = |after: String| messages::v1::ListScans {
+        limit: 2,
+        after,
+        ..Default::default()
+    };
+    let first = client.scans(&mine, page(String::new())).await.unwrap();
+    let Some(messages::v1::scans_reply::Answer::Page(first)) = first.answer else {
+        panic!("{first:?}");
+    };
+    let second = client
+        .scans(&mine, page(first.next_after.clone()))
+        .await
+        .unwrap();
+    let Some(messages::v1::scans_reply::Answer::Page(second)) = second.answer else {
+        panic!("{second:?}");
+    };
+    let listed: Vec<String> = first
+        .scans
+        .iter()
+        .chain(&second.scans)
+        .map(|scan| scan.scan_id.clone())
+        .collect();
+    submitted.reverse();
+    assert_eq!(
+        listed, submitted,
+        "newest first, two pages, none of the other organization's"
+    );
+    assert!(second.next_after.is_empty(), "the end");
+    assert_eq!(first.scans[0].state, "pending");
+    assert!(first.scans[0].admitted_at_unix_ms > 0);
+
+    // A target of the other organization finds nothing: the organization is the subject's.
+    let probe = client
+        .scans(
+            &mine,
+            messages::v1::ListScans {
+                target: "http://theirs.test".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let Some(messages::v1::scans_reply::Answer::Page(probe)) = probe.answer else {
+        panic!("{probe:?}");
+    };
+    assert!(probe.scans.is_empty());
+    let refused = client
+        .scans(
+            &mine,
+            messages::v1::ListScans {
+                state: "finished".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.error.unwrap().code, "invalid_field");
+    system.finish().await;
+}
