@@ -5,6 +5,7 @@
 //! submissions are decided the same way: those that arrive together are decided together.
 
 pub mod request;
+pub mod schedules;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -167,6 +168,30 @@ impl Service {
             },
             stop.clone(),
         );
+        let (schedules_admission, schedules_subjects) = (self.admission.clone(), subjects.clone());
+        let schedules_server = bus::serve::serve(
+            &self.bus,
+            schedules::REQUEST_SERVER,
+            subjects.client_wildcard(ClientVerb::Schedules),
+            QUEUE_GROUP,
+            move |message| {
+                let (admission, subjects) =
+                    (schedules_admission.clone(), schedules_subjects.clone());
+                async move {
+                    let known = |valid: &ValidScanRequest| admission.check_plugins(valid);
+                    let reply = schedules::reply(
+                        &admission.pool,
+                        &subjects,
+                        &known,
+                        message.subject.as_str(),
+                        &message.payload,
+                    )
+                    .await;
+                    Some(reply.encode_to_vec().into())
+                }
+            },
+            stop.clone(),
+        );
         // Request/reply submissions are decided by as many deciders as the durable path has
         // batches in flight, each taking what queued while it was busy, up to a batch.
         let deciding = self.admission.clone();
@@ -177,7 +202,10 @@ impl Service {
             stop.clone(),
             move |taken| deciding.clone().decide_submissions(taken),
         );
-        let server = async move { tokio::join!(server, deciders).0 };
+        let server = async move {
+            let (submit, _, schedules) = tokio::join!(server, deciders, schedules_server);
+            submit.and(schedules)
+        };
         let consumer = bus::consume::run(&self.bus, spec, self.admission.clone(), stop.clone());
         let result = tokio::select! {
             result = consumer => result.context("admission consumer stopped"),

@@ -7,9 +7,8 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use messages::v1;
 use store::PgPool;
-use store::schedules::{self, Created, NewSchedule, ScheduleRow};
+use store::schedules::{self, Created, ScheduleRow};
 use store::states::ScheduleOverlap;
 use uuid::Uuid;
 
@@ -152,50 +151,28 @@ pub async fn run(common: &runtime::CommonSettings, command: ScheduleCommand) -> 
 /// `palisade schedule add`: the request is checked as admission checks one off the wire, the
 /// timing by `store::schedules`; exit 4 with what to fix when either is refused.
 pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<serde_json::Value> {
-    let name = args.name.trim();
-    if name.is_empty()
-        || name.len() > messages::limits::IDENTIFIER_BYTES_MAX
-        || name.chars().any(char::is_control)
-    {
-        return Err(exit::refused(format!(
-            "invalid_field: a schedule name is 1..={} bytes without control characters",
-            messages::limits::IDENTIFIER_BYTES_MAX
-        )));
-    }
-    // The slot's key stands in for the idempotency key; admission checks the rest.
-    let request = v1::ScanRequest {
-        schema_version: 1,
-        organization_id: args.org.to_string(),
+    let (schedule, _) = admission::schedules::check(admission::schedules::Definition {
+        organization_id: args.org,
+        name: args.name.clone(),
         target: args.target.clone(),
         plugins: args.plugins.clone(),
         priority: args.priority,
         execution_deadline_seconds: args.deadline_secs,
         client_id: args.client.clone(),
-        idempotency_key: "schedule".to_owned(),
-    };
-    let valid = admission::request::validate(&request)
-        .map_err(|error| exit::refused(format!("{}: {}", error.code, error.message)))?;
-    let schedule = NewSchedule {
-        organization_id: valid.organization_id,
-        name: name.to_owned(),
-        target: valid.target,
-        plugins: valid.plugins,
-        priority: valid.priority,
-        execution_deadline_seconds: valid.execution_deadline_seconds,
-        client_id: valid.client_id,
         cron: args.cron.clone(),
-        interval_seconds: args
+        every_seconds: args
             .every
             .map(|every| i64::try_from(every.as_secs()).unwrap_or(i64::MAX)),
         time_zone: args.time_zone.clone(),
-        jitter_seconds: i32::try_from(args.jitter.as_secs()).unwrap_or(i32::MAX),
+        jitter_seconds: i64::try_from(args.jitter.as_secs()).unwrap_or(i64::MAX),
         overlap: args.overlap.into(),
         paused: args.paused,
-    };
+    })
+    .map_err(|error| exit::refused(format!("{}: {}", error.code, error.message)))?;
     let by = crate::commands::actor(args.by.clone());
     let created = schedules::create(pool, &schedule, Utc::now(), &by, args.reason.trim())
         .await?
-        .map_err(|invalid| exit::refused(format!("invalid_schedule: {invalid}")))?;
+        .map_err(|invalid| exit::refused(format!("invalid_field: {invalid}")))?;
     match created {
         Created::Created(id) => Ok(serde_json::to_value(read(pool, id).await?)?),
         Created::UnknownOrganization => Err(exit::refused(format!(
@@ -203,9 +180,9 @@ pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<serde_json::Va
             args.org
         ))),
         Created::NameTaken => Err(exit::refused(format!(
-            "name_taken: organization {} has a schedule named {name:?} already; choose another \
+            "name_taken: organization {} has a schedule named {:?} already; choose another \
              name, or delete that one (palisade schedule list --org {})",
-            args.org, args.org
+            args.org, schedule.name, args.org
         ))),
     }
 }

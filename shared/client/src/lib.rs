@@ -305,6 +305,33 @@ impl Client {
         v1::FindingsReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
     }
 
+    /// Manages `organization_id`'s recurring scans (one request/reply to admission, not
+    /// retried): add, list, show, pause, resume or delete, as `query` says. A schedule added
+    /// here submits its scans as this client. The answer is in the reply's `answer`; a refusal
+    /// in `error` (`invalid_field`, `not_found`, `unknown_plugin`, `unknown_organization`,
+    /// `internal`). Adding again after a lost reply answers `invalid_field` (the name is taken)
+    /// once the first was applied: list to know.
+    pub async fn schedules(
+        &self,
+        organization_id: &Uuid,
+        query: v1::schedules_request::Query,
+    ) -> Result<v1::SchedulesReply, ClientError> {
+        let subject = self
+            .bus
+            .subjects()
+            .client(organization_id, &self.client_id, ClientVerb::Schedules)
+            .map_err(|error| ClientError::InvalidRequest(error.to_string()))?;
+        let request = v1::SchedulesRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            query: Some(query),
+        };
+        let reply = self
+            .bus
+            .request(subject, request.encode_to_vec().into(), self.timeout)
+            .await?;
+        v1::SchedulesReply::decode(reply.payload.as_ref()).map_err(ClientError::BadReply)
+    }
+
     /// Lists `organization_id`'s scans, newest first by admission (one request/reply to
     /// ingestion, not retried: it only reads), with the filters of `list` and a page after
     /// `list.after` (the previous page's `next_after`). A refusal is in `error`

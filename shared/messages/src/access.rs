@@ -298,6 +298,7 @@ impl Subjects {
             Service::Admission => {
                 consumer_of(self.requests_stream(), &mut publish);
                 subscribe.push(self.client_wildcard(ClientVerb::Submit));
+                subscribe.push(self.client_wildcard(ClientVerb::Schedules));
                 responses = true;
             }
             Service::Dispatch => {

@@ -201,11 +201,13 @@ pub enum ClientVerb {
     Events,
     /// Request/reply to ingestion: list this organization's scans.
     Scans,
+    /// Request/reply to admission: manage this organization's recurring scans.
+    Schedules,
 }
 
 impl ClientVerb {
     /// Every verb.
-    pub const ALL: [ClientVerb; 7] = [
+    pub const ALL: [ClientVerb; 8] = [
         ClientVerb::Request,
         ClientVerb::Submit,
         ClientVerb::Cancel,
@@ -213,6 +215,7 @@ impl ClientVerb {
         ClientVerb::Findings,
         ClientVerb::Events,
         ClientVerb::Scans,
+        ClientVerb::Schedules,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -224,6 +227,7 @@ impl ClientVerb {
             ClientVerb::Findings => "findings",
             ClientVerb::Events => "events",
             ClientVerb::Scans => "scans",
+            ClientVerb::Schedules => "schedules",
         }
     }
 }

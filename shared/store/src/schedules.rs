@@ -242,7 +242,7 @@ impl NewSchedule {
             (Some(expression), None) => Timing::cron(expression, &self.time_zone),
             (None, Some(seconds)) => Timing::every(seconds),
             _ => Err(InvalidSchedule(
-                "give either a cron expression or an interval, not both".into(),
+                "give exactly one of a cron expression and an interval".into(),
             )),
         }
     }

@@ -338,3 +338,176 @@ async fn two_sweeps_at_once_fire_each_slot_once() {
     }
     system.finish().await;
 }
+
+/// The same over the bus (`schedules`, served by admission), for a client of the organization:
+/// its schedules submit as it, and another organization's are `not_found`.
+#[tokio::test]
+async fn a_client_manages_its_organizations_schedules_over_the_bus() {
+    use messages::v1;
+    use messages::v1::schedules_reply::Answer;
+    use messages::v1::schedules_request::Query;
+
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    let other = system.organization().await;
+    let client = system.client();
+    let schedule_of = |reply: v1::SchedulesReply| match reply.answer {
+        Some(Answer::Schedule(schedule)) => schedule,
+        _ => panic!("{reply:?}"),
+    };
+    let add = |name: &str, every_seconds: u32| {
+        Query::Add(v1::AddSchedule {
+            name: name.to_owned(),
+            target: format!("https://{name}.example"),
+            plugins: vec!["tcp_connect".to_owned()],
+            every_seconds,
+            reason: "nightly audit".to_owned(),
+            ..Default::default()
+        })
+    };
+    let added = schedule_of(
+        client
+            .schedules(&organization, add("hourly", 3_600))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        added.client_id,
+        tests::TEST_CLIENT_ID,
+        "it submits as the client"
+    );
+    assert_eq!(added.overlap, "skip");
+    assert_eq!(
+        added.updated_by,
+        format!("client:{}", tests::TEST_CLIENT_ID)
+    );
+    assert_eq!(added.next_slot_unix_ms % 3_600_000, 0, "on the hour");
+    let id = added.schedule_id.clone();
+
+    // What could never fire, or is taken, is refused with the field.
+    for (query, says) in [
+        (add("hourly", 3_600), "add.name"),
+        (add("too-often", 10), "minimum"),
+        (add("neither", 0), "exactly one"),
+    ] {
+        let refused = client.schedules(&organization, query).await.unwrap();
+        let error = refused.error.unwrap();
+        assert_eq!(error.code, "invalid_field", "{error:?}");
+        assert!(error.message.contains(says), "{says}: {error:?}");
+    }
+
+    // Another organization sees none of it.
+    let theirs = client
+        .schedules(
+            &other,
+            Query::Show(v1::ScheduleRef {
+                schedule_id: id.clone(),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(theirs.error.unwrap().code, "not_found");
+    let listed = client
+        .schedules(&other, Query::List(v1::ListSchedules::default()))
+        .await
+        .unwrap();
+    let Some(Answer::Page(page)) = listed.answer else {
+        panic!("{listed:?}");
+    };
+    assert!(page.schedules.is_empty());
+    let deleted_elsewhere = client
+        .schedules(
+            &other,
+            Query::Delete(v1::ScheduleRef {
+                schedule_id: id.clone(),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted_elsewhere.error.unwrap().code, "not_found");
+
+    let paused = schedule_of(
+        client
+            .schedules(
+                &organization,
+                Query::Pause(v1::ScheduleChange {
+                    schedule_id: id.clone(),
+                    reason: "freeze".to_owned(),
+                }),
+            )
+            .await
+            .unwrap(),
+    );
+    assert!(paused.paused);
+    assert_eq!(paused.update_reason, "freeze");
+    let unexplained = client
+        .schedules(
+            &organization,
+            Query::Resume(v1::ScheduleChange {
+                schedule_id: id.clone(),
+                reason: String::new(),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(unexplained.error.unwrap().code, "invalid_field");
+
+    // Fired, its scan is the client's.
+    let resumed = schedule_of(
+        client
+            .schedules(
+                &organization,
+                Query::Resume(v1::ScheduleChange {
+                    schedule_id: id.clone(),
+                    reason: "thaw".to_owned(),
+                }),
+            )
+            .await
+            .unwrap(),
+    );
+    let slot = DateTime::<Utc>::from_timestamp_millis(resumed.next_slot_unix_ms).unwrap();
+    let reaper = system.reaper().with_clock(Arc::new(ManualClock::new(slot)));
+    let fired = reaper.run_once().await.unwrap().schedules;
+    assert_eq!(fired.len(), 1);
+    let scan = store::admin::scan(&system.pool, fired[0].scan_id.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(scan.client_id, tests::TEST_CLIENT_ID);
+    let shown = schedule_of(
+        client
+            .schedules(
+                &organization,
+                Query::Show(v1::ScheduleRef {
+                    schedule_id: id.clone(),
+                }),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(shown.fires.len(), 1);
+    assert_eq!(shown.fires[0].outcome, "admitted");
+    assert_eq!(shown.fires[0].scan_id, scan.id.to_string());
+
+    let deleted = schedule_of(
+        client
+            .schedules(
+                &organization,
+                Query::Delete(v1::ScheduleRef {
+                    schedule_id: id.clone(),
+                }),
+            )
+            .await
+            .unwrap(),
+    );
+    assert!(deleted.deleted);
+    let gone = client
+        .schedules(
+            &organization,
+            Query::Show(v1::ScheduleRef { schedule_id: id }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(gone.error.unwrap().code, "not_found");
+    system.finish().await;
+}
