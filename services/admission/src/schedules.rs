@@ -266,6 +266,13 @@ async fn decide(
                     ErrorCode::UnknownOrganization,
                     format!("organization {organization_id} does not exist"),
                 )),
+                Ok(Created::TooMany) => refuse(v1::Error::new(
+                    ErrorCode::QuotaExceeded,
+                    format!(
+                        "the organization has {} schedules, the most it may have; delete one first",
+                        schedules::SCHEDULES_PER_ORGANIZATION_MAX
+                    ),
+                )),
                 Ok(Created::NameTaken) => refuse(invalid(format!(
                     "add.name: the organization has a schedule named {:?} already",
                     schedule.name

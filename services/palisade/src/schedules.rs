@@ -179,6 +179,11 @@ pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<serde_json::Va
             "unknown_organization: no organization {}; create it with palisade org add",
             args.org
         ))),
+        Created::TooMany => Err(exit::refused(format!(
+            "quota_exceeded: organization {} has {} schedules, the most it may have; delete one first",
+            args.org,
+            schedules::SCHEDULES_PER_ORGANIZATION_MAX
+        ))),
         Created::NameTaken => Err(exit::refused(format!(
             "name_taken: organization {} has a schedule named {:?} already; choose another \
              name, or delete that one (palisade schedule list --org {})",

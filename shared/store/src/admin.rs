@@ -25,14 +25,6 @@ pub async fn create_organization(
     Ok(())
 }
 
-/// Whether an organization with this id exists.
-pub async fn organization_exists(pool: &PgPool, id: Uuid) -> Result<bool, StoreError> {
-    Ok(sql::query_scalar(sql::organizations::EXISTS)
-        .bind(id)
-        .fetch_one(pool)
-        .await?)
-}
-
 /// Sets a live organization's hourly scan quota (`None`: none). The quota it replaced, or
 /// `Err(())` inside `Ok` when there is no such organization.
 pub async fn set_hourly_quota(

@@ -49,6 +49,8 @@ use crate::states::{ScheduleFireOutcome, ScheduleOverlap};
 pub const CATCH_UP_COUNT_MAX: i64 = 10_000;
 /// The shortest interval a schedule may have.
 pub const INTERVAL_SECONDS_MIN: i64 = 60;
+/// The most schedules one organization may have.
+pub const SCHEDULES_PER_ORGANIZATION_MAX: i64 = 1_000;
 /// The longest jitter a schedule may have: a day.
 pub const JITTER_SECONDS_MAX: i32 = 86_400;
 
@@ -254,9 +256,12 @@ pub enum Created {
     Created(Uuid),
     UnknownOrganization,
     NameTaken,
+    /// The organization has [`SCHEDULES_PER_ORGANIZATION_MAX`] schedules.
+    TooMany,
 }
 
-/// Creates a schedule whose first slot is the first after `now`.
+/// Creates a schedule whose first slot is the first after `now`, unless its organization is
+/// unknown, has one of that name, or has [`SCHEDULES_PER_ORGANIZATION_MAX`] already.
 pub async fn create(
     pool: &sqlx::PgPool,
     schedule: &NewSchedule,
@@ -273,6 +278,14 @@ pub async fn create(
         Err(invalid) => return Ok(Err(invalid)),
     };
     let id = Uuid::now_v7();
+    let mut tx = pool.begin().await?;
+    let organization: Option<Uuid> = sql::query_scalar(sql::scan_schedules::LOCK_ORGANIZATION)
+        .bind(schedule.organization_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if organization.is_none() {
+        return Ok(Ok(Created::UnknownOrganization));
+    }
     let created: Option<Uuid> = sql::query_scalar(sql::scan_schedules::CREATE)
         .bind(id)
         .bind(schedule.organization_id)
@@ -292,17 +305,24 @@ pub async fn create(
         .bind(fire_time(id, next_slot, schedule.jitter_seconds))
         .bind(by)
         .bind(reason)
-        .fetch_optional(pool)
+        .bind(SCHEDULES_PER_ORGANIZATION_MAX)
+        .fetch_optional(&mut *tx)
         .await?;
-    if created.is_some() {
-        return Ok(Ok(Created::Created(id)));
-    }
-    let known = crate::admin::organization_exists(pool, schedule.organization_id).await?;
-    Ok(Ok(if known {
-        Created::NameTaken
+    let outcome = if created.is_some() {
+        Created::Created(id)
     } else {
-        Created::UnknownOrganization
-    }))
+        let count: i64 = sql::query_scalar(sql::scan_schedules::COUNT)
+            .bind(schedule.organization_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if count >= SCHEDULES_PER_ORGANIZATION_MAX {
+            Created::TooMany
+        } else {
+            Created::NameTaken
+        }
+    };
+    tx.commit().await?;
+    Ok(Ok(outcome))
 }
 
 /// A schedule as stored.

@@ -511,3 +511,63 @@ async fn a_client_manages_its_organizations_schedules_over_the_bus() {
     assert_eq!(gone.error.unwrap().code, "not_found");
     system.finish().await;
 }
+
+/// An organization holds at most `SCHEDULES_PER_ORGANIZATION_MAX` schedules, counted under its
+/// row's lock, so concurrent creates never pass it.
+#[tokio::test]
+async fn an_organization_holds_at_most_its_limit_of_schedules_even_when_created_at_once() {
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    let limit = usize::try_from(schedules::SCHEDULES_PER_ORGANIZATION_MAX).unwrap();
+    // All but two, then four at once: two are created, two refused.
+    for index in 0..limit - 2 {
+        create(
+            &system,
+            &every_minute(organization, &format!("s{index}"), ScheduleOverlap::Skip),
+        )
+        .await;
+    }
+    let racing = (0..4).map(|index| {
+        let (pool, schedule) = (
+            system.pool.clone(),
+            every_minute(
+                organization,
+                &format!("race-{index}"),
+                ScheduleOverlap::Skip,
+            ),
+        );
+        tokio::spawn(async move {
+            schedules::create(&pool, &schedule, start(), "test", "")
+                .await
+                .unwrap()
+                .unwrap()
+        })
+    });
+    let outcomes: Vec<Created> = futures::future::join_all(racing)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let created = outcomes
+        .iter()
+        .filter(|outcome| matches!(outcome, Created::Created(_)))
+        .count();
+    assert_eq!(created, 2, "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, Created::Created(_) | Created::TooMany))
+    );
+    let unknown = schedules::create(
+        &system.pool,
+        &every_minute(Uuid::now_v7(), "nowhere", ScheduleOverlap::Skip),
+        start(),
+        "test",
+        "",
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(unknown, Created::UnknownOrganization);
+    system.finish().await;
+}

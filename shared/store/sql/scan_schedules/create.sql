@@ -1,6 +1,7 @@
--- `palisade schedule add`: a new schedule, unless its organization is unknown (no row) or has
--- one of that name already (no row either: `schedule add` tells the two apart by reading the
--- organization).
+-- `palisade schedule add` and `schedules add`: a new schedule, unless its organization is
+-- unknown, has one of that name already, or has `SCHEDULES_PER_ORGANIZATION_MAX` (no row:
+-- `create` tells them apart). Runs after `lock_organization`, so the count sees every schedule
+-- a concurrent create committed.
 -- $1: id (Uuid::now_v7())
 -- $2: organization_id
 -- $3: name
@@ -19,11 +20,13 @@
 -- $16: next_fire_at
 -- $17: who (the operator's name)
 -- $18: why
+-- $19: SCHEDULES_PER_ORGANIZATION_MAX
 INSERT INTO scan_schedules (id, organization_id, name, target, plugins, priority,
                             execution_deadline_seconds, client_id, cron, interval_seconds,
                             time_zone, jitter_seconds, overlap, paused, next_slot, next_fire_at,
                             created_by, updated_by, update_reason)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17, $18
 WHERE EXISTS (SELECT 1 FROM organizations WHERE id = $2)
+  AND (SELECT count(*) FROM scan_schedules WHERE organization_id = $2) < $19
 ON CONFLICT (organization_id, name) DO NOTHING
 RETURNING id
