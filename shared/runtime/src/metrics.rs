@@ -1,10 +1,11 @@
 //! `GET /metrics`: the process-wide registry of `bus::metrics` (message-path counters,
 //! handler latency, refusals, leader status) plus database gauges computed on scrape.
 //!
-//! The database gauges come from one statement (`store::observability::snapshot`, every
-//! part index-served) and are reused for [`MetricsSettings::refresh_age_max`]
-//! ([`DATABASE_REFRESH_AGE_MAX`] by default), so a scrape storm costs PostgreSQL one query
-//! per refresh. A failed refresh keeps the previous values and counts in
+//! The database gauges come from two statements run together (`store::observability::snapshot`,
+//! every part index-served, and `backlog`, the unfinished tasks by organization, plugin and
+//! state, of which the largest [`BACKLOG_GROUPS_MAX`] groups are named) and are reused for
+//! [`MetricsSettings::refresh_age_max`] ([`DATABASE_REFRESH_AGE_MAX`] by default), so a scrape
+//! storm costs PostgreSQL two queries per refresh. A failed refresh keeps the previous values and counts in
 //! `palisade_metrics_refresh_failures_total`.
 //!
 //! Two counters mirror counter sequences in the database (`palisade_task_retries_total`,
@@ -34,6 +35,12 @@ pub const DATABASE_REFRESH_TIME_MAX: Duration = Duration::from_secs(2);
 /// `palisade_workers_live`: an idle worker polls far more often, and a dead one drops out
 /// soon after its leases expire.
 pub const WORKER_SEEN_WITHIN_LEASE_TTLS: u32 = 2;
+/// The (organization, plugin) groups with the most unfinished tasks that
+/// `palisade_backlog_tasks` names; the others are summed under `other`, so the series stay
+/// bounded whatever the tenants and plugin names.
+pub const BACKLOG_GROUPS_MAX: usize = 20;
+/// The label value of the groups past [`BACKLOG_GROUPS_MAX`].
+pub const BACKLOG_OTHER: &str = "other";
 /// The content type of the OpenMetrics text format `prometheus-client` writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -75,6 +82,58 @@ struct StateLabels {
     state: &'static str,
 }
 
+/// One series of `palisade_backlog_tasks`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct BacklogLabels {
+    /// An organization id, or [`BACKLOG_OTHER`].
+    pub organization: String,
+    /// A plugin name, or [`BACKLOG_OTHER`].
+    pub plugin: String,
+    pub state: &'static str,
+}
+
+/// The series of `palisade_backlog_tasks` for `backlog` (`store::observability::backlog`): the
+/// [`BACKLOG_GROUPS_MAX`] (organization, plugin) groups with the most unfinished tasks, by
+/// state, and the rest summed under `other`.
+pub fn backlog_series(backlog: &[store::observability::Backlog]) -> Vec<(BacklogLabels, i64)> {
+    use std::collections::BTreeMap;
+    let mut totals: BTreeMap<(String, &str), i64> = BTreeMap::new();
+    for row in backlog {
+        *totals
+            .entry((row.organization_id.to_string(), row.plugin.as_str()))
+            .or_default() += row.tasks;
+    }
+    let mut ranked: Vec<((String, &str), i64)> = totals.into_iter().collect();
+    ranked.sort_by(|(a_key, a), (b_key, b)| b.cmp(a).then_with(|| a_key.cmp(b_key)));
+    let named: std::collections::BTreeSet<(String, &str)> = ranked
+        .into_iter()
+        .take(BACKLOG_GROUPS_MAX)
+        .map(|(key, _)| key)
+        .collect();
+    let mut series: BTreeMap<BacklogLabels, i64> = BTreeMap::new();
+    for row in backlog {
+        let Some(state) = store::states::TaskState::parse(&row.state) else {
+            continue;
+        };
+        let key = (row.organization_id.to_string(), row.plugin.as_str());
+        let labels = if named.contains(&key) {
+            BacklogLabels {
+                organization: key.0,
+                plugin: row.plugin.clone(),
+                state: state.as_str(),
+            }
+        } else {
+            BacklogLabels {
+                organization: BACKLOG_OTHER.to_owned(),
+                plugin: BACKLOG_OTHER.to_owned(),
+                state: state.as_str(),
+            }
+        };
+        *series.entry(labels).or_default() += row.tasks;
+    }
+    series.into_iter().collect()
+}
+
 type SecondsGauge = Gauge<f64, AtomicU64>;
 
 /// The database gauges, registered once per process in the `bus::metrics` registry.
@@ -96,6 +155,7 @@ struct DatabaseGauges {
     task_retries: Counter,
     tasks_failed_terminal: Counter,
     schedules_active: Gauge,
+    backlog_tasks: Family<BacklogLabels, Gauge>,
     schedule_next_fire_timestamp_seconds: SecondsGauge,
     refresh_failures: Counter,
 }
@@ -118,6 +178,7 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         task_retries: Counter::default(),
         tasks_failed_terminal: Counter::default(),
         schedules_active: Gauge::default(),
+        backlog_tasks: Family::default(),
         schedule_next_fire_timestamp_seconds: SecondsGauge::default(),
         refresh_failures: Counter::default(),
     };
@@ -199,6 +260,12 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
         "enrichment_renewal_age_max_seconds",
         "Seconds since the stalest running enrichment job was renewed or checkpointed; 0 when none runs",
         gauges.enrichment_renewal_age_max_seconds.clone(),
+    );
+    registry.register(
+        "backlog_tasks",
+        "Unfinished tasks (pending, retry_wait, leased, running) of the 20 (organization, plugin) \
+         groups with the most, by state; the rest summed under organization and plugin \"other\"",
+        gauges.backlog_tasks.clone(),
     );
     registry.register(
         "schedules_active",
@@ -301,10 +368,14 @@ impl MetricsSource {
         if refreshed_at.is_some_and(|at| at.elapsed() < self.settings.refresh_age_max) {
             return;
         }
-        let (snapshot, streams) = tokio::join!(
+        let (snapshot, backlog, streams) = tokio::join!(
             tokio::time::timeout(
                 DATABASE_REFRESH_TIME_MAX,
                 store::observability::snapshot(&self.pool, self.settings.worker_seen_within),
+            ),
+            tokio::time::timeout(
+                DATABASE_REFRESH_TIME_MAX,
+                store::observability::backlog(&self.pool),
             ),
             tokio::time::timeout(DATABASE_REFRESH_TIME_MAX, self.bus.record_stream_usage())
         );
@@ -314,6 +385,23 @@ impl MetricsSource {
                 tracing::warn!(error = %telemetry::chain(&error), "metrics stream refresh failed; serving previous values")
             }
             Err(_) => tracing::warn!("metrics stream refresh timed out; serving previous values"),
+        }
+        match backlog {
+            Ok(Ok(backlog)) => {
+                // Groups that left the top are dropped, not left at their last value.
+                gauges.backlog_tasks.clear();
+                for (labels, tasks) in backlog_series(&backlog) {
+                    gauges.backlog_tasks.get_or_create(&labels).set(tasks);
+                }
+            }
+            Ok(Err(error)) => {
+                gauges.refresh_failures.inc();
+                tracing::warn!(%error, "metrics backlog refresh failed; serving previous values");
+            }
+            Err(_) => {
+                gauges.refresh_failures.inc();
+                tracing::warn!("metrics backlog refresh timed out; serving previous values");
+            }
         }
         match snapshot {
             Ok(Ok(snapshot)) => gauges.set(&snapshot),
@@ -337,6 +425,55 @@ impl MetricsSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backlog_names_the_largest_groups_and_sums_the_rest_under_other() {
+        let row = |organization: u128, plugin: &str, state: &str, tasks: i64| {
+            store::observability::Backlog {
+                organization_id: uuid::Uuid::from_u128(organization),
+                plugin: plugin.to_owned(),
+                state: state.to_owned(),
+                tasks,
+                due: 0,
+                oldest_due_age_seconds: 0.0,
+            }
+        };
+        // One large group and many small ones: the large is named, past the limit summed.
+        let mut backlog = vec![row(1, "sbom", "pending", 500), row(1, "sbom", "running", 7)];
+        for organization in 0..(BACKLOG_GROUPS_MAX as u128 + 5) {
+            backlog.push(row(100 + organization, "tcp_connect", "pending", 2));
+        }
+        let series = backlog_series(&backlog);
+        let named: std::collections::BTreeSet<&str> = series
+            .iter()
+            .map(|(labels, _)| labels.organization.as_str())
+            .collect();
+        assert_eq!(
+            named.len(),
+            BACKLOG_GROUPS_MAX + 1,
+            "the top groups and other"
+        );
+        let large = uuid::Uuid::from_u128(1).to_string();
+        let of = |organization: &str, state: &str| {
+            series
+                .iter()
+                .find(|(labels, _)| labels.organization == organization && labels.state == state)
+                .map(|(_, tasks)| *tasks)
+        };
+        assert_eq!(of(&large, "pending"), Some(500));
+        assert_eq!(of(&large, "running"), Some(7));
+        assert_eq!(
+            of(BACKLOG_OTHER, "pending"),
+            Some(2 * 6),
+            "six small groups past the top"
+        );
+        let total: i64 = series.iter().map(|(_, tasks)| tasks).sum();
+        assert_eq!(
+            total,
+            507 + 2 * (BACKLOG_GROUPS_MAX as i64 + 5),
+            "nothing lost"
+        );
+    }
 
     #[test]
     fn the_live_worker_window_is_two_configured_lease_ttls() {

@@ -98,6 +98,22 @@ async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
             },
         )
         .await;
+    // The backlog by organization, plugin and state (bounded: the largest groups by name).
+    let backlog = |plugin: &str| {
+        format!(
+            "palisade_backlog_tasks{{organization=\"{org}\",plugin=\"{plugin}\",state=\"pending\"}}"
+        )
+    };
+    metrics
+        .wait_for(
+            &system,
+            "the backlog by organization and plugin",
+            |scrape| {
+                scrape.value(&backlog(PROFILE[0])) == 3.0
+                    && scrape.value(&backlog("synthetic")) == 1.0
+            },
+        )
+        .await;
     // Submitted over request/reply: admission's durable consumer saw none of them.
     assert_eq!(queued.value(ADMISSION_ACKS), 0.0, "{}", queued.text);
     assert_eq!(queued.value(WORKERS_LIVE), 0.0, "{}", queued.text);
