@@ -4,7 +4,7 @@
 //! - every statement palisade runs is a file `sql/<table>/<name>.sql`. This script turns the
 //!   folder into the module tree `sql::<table>::<NAME>` (the file's leading `--` comment becomes
 //!   the constant's documentation) and the list `sql::STATEMENTS` that
-//!   `tests/system/statements.rs` prepares against the migrated schema.
+//!   `tests/tests/system/schema.rs` prepares against the migrated schema.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,6 @@ pub mod request;
 pub mod schedules;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::Context as _;
 use bus::{BatchHandler, Bus, ConsumerSpec, Decision, Delivery};
@@ -43,8 +42,10 @@ pub struct Settings {
     /// When set, profiles may only name these plugins; others get `unknown_plugin`
     /// (`PALISADE_KNOWN_PLUGINS`, comma-separated; unset accepts any plugin name).
     pub known_plugins: Option<Vec<String>>,
-    /// Test fault injection: crash after commit, before ack.
-    pub crash_after_commit: Option<Arc<AtomicBool>>,
+    /// Test fault injection (feature `testing`, never in a release build): crash after
+    /// commit, before ack.
+    #[cfg(feature = "testing")]
+    pub crash_after_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -76,6 +77,7 @@ impl Settings {
                     .collect::<Vec<_>>(),
             )
             .filter(|names| !names.is_empty()),
+            #[cfg(feature = "testing")]
             crash_after_commit: None,
             http_addr: runtime::health::http_addr_from_env()?,
         })
@@ -141,7 +143,10 @@ impl Service {
             subjects.client_wildcard(ClientVerb::Request),
         );
         self.settings.consumer.apply(&mut spec);
-        spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        #[cfg(feature = "testing")]
+        {
+            spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        }
         spec.removes_decided = true;
 
         let stop = shutdown.child_token();
@@ -289,14 +294,10 @@ impl Admission {
         let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(messages.len());
         let mut valid: Vec<(usize, ValidScanRequest)> = Vec::new();
         for (index, (subject, payload)) in messages.iter().enumerate() {
-            match request::parse(self.bus.subjects(), subject, payload) {
-                (wire, Ok(request)) if self.check_plugins(&request).is_err() => {
-                    let error = self.check_plugins(&request).expect_err("checked above");
-                    verdicts.push(Some(Verdict::Refused {
-                        wire: wire.map(Box::new),
-                        error,
-                    }));
-                }
+            let (wire, parsed) = request::parse(self.bus.subjects(), subject, payload);
+            // A request the operator's plugin allow-list refuses is refused as a bad field is.
+            let checked = parsed.and_then(|request| self.check_plugins(&request).map(|()| request));
+            match (wire, checked) {
                 (_, Ok(request)) => {
                     verdicts.push(None);
                     valid.push((index, request));

@@ -43,15 +43,41 @@ const ACQUIRE_BATCH_MAX: usize = 64;
 /// Queue group shared by dispatch replicas.
 pub const QUEUE_GROUP: &str = "dispatch";
 
-/// The request metrics' name for the server of `verb`.
-fn server_name(verb: WorkerVerb) -> &'static str {
-    match verb {
-        WorkerVerb::Hello => "dispatch.hello",
-        WorkerVerb::Acquire => "dispatch.acquire",
-        WorkerVerb::Renew => "dispatch.renew",
-        WorkerVerb::Release => "dispatch.release",
-        // Results, completions, failures and acks travel over JetStream or to the worker.
-        other => unreachable!("dispatch serves no {other:?} requests"),
+/// The worker verbs dispatch answers (results, completions, failures and acks travel over
+/// JetStream or to the worker, artifacts to ingestion).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    Hello,
+    Acquire,
+    Renew,
+    Release,
+}
+
+impl Served {
+    const ALL: [Served; 4] = [
+        Served::Hello,
+        Served::Acquire,
+        Served::Renew,
+        Served::Release,
+    ];
+
+    fn verb(self) -> WorkerVerb {
+        match self {
+            Served::Hello => WorkerVerb::Hello,
+            Served::Acquire => WorkerVerb::Acquire,
+            Served::Renew => WorkerVerb::Renew,
+            Served::Release => WorkerVerb::Release,
+        }
+    }
+
+    /// The request metrics' name for its server.
+    fn server_name(self) -> &'static str {
+        match self {
+            Served::Hello => "dispatch.hello",
+            Served::Acquire => "dispatch.acquire",
+            Served::Renew => "dispatch.renew",
+            Served::Release => "dispatch.release",
+        }
     }
 }
 
@@ -181,18 +207,16 @@ impl Service {
 
         // Every subscription is in place before dispatch says it serves: a worker that hears
         // `dispatch.ready` asks again at once and must find someone to answer.
-        let verbs = [
-            WorkerVerb::Hello,
-            WorkerVerb::Acquire,
-            WorkerVerb::Renew,
-            WorkerVerb::Release,
-        ];
-        let mut subscriptions = Vec::with_capacity(verbs.len());
-        for verb in verbs {
+        let mut subscriptions = Vec::with_capacity(Served::ALL.len());
+        for served in Served::ALL {
             subscriptions.push(
-                bus::serve::subscribe(&self.bus, subjects.worker_wildcard(verb), QUEUE_GROUP)
-                    .await
-                    .context("failed to serve the worker verbs")?,
+                bus::serve::subscribe(
+                    &self.bus,
+                    subjects.worker_wildcard(served.verb()),
+                    QUEUE_GROUP,
+                )
+                .await
+                .context("failed to serve the worker verbs")?,
             );
         }
         let cancels = bus::serve::subscribe(
@@ -219,19 +243,19 @@ impl Service {
         )));
 
         let mut servers = tokio::task::JoinSet::new();
-        for (verb, subscription) in verbs.into_iter().zip(subscriptions) {
+        for (served, subscription) in Served::ALL.into_iter().zip(subscriptions) {
             let dispatch = self.dispatch.clone();
             let bus = self.bus.clone();
             let stop = stop.clone();
             servers.spawn(inherit(async move {
                 bus::serve::serve_subscribed(
                     &bus,
-                    server_name(verb),
+                    served.server_name(),
                     subscription,
                     QUEUE_GROUP,
                     move |message| {
                         let dispatch = dispatch.clone();
-                        async move { Some(dispatch.answer(verb, &message).await) }
+                        async move { Some(dispatch.answer(served, &message).await) }
                     },
                     stop,
                 )
@@ -420,11 +444,11 @@ impl Dispatch {
         }
     }
 
-    async fn answer(&self, verb: WorkerVerb, message: &bus::async_nats::Message) -> Bytes {
+    async fn answer(&self, served: Served, message: &bus::async_nats::Message) -> Bytes {
         let subject_worker = self.bus.subjects().worker_id_of(message.subject.as_str());
         let payload = &message.payload;
-        let reply = match verb {
-            WorkerVerb::Hello => {
+        let reply = match served {
+            Served::Hello => {
                 let error = |error| v1::HelloReply {
                     error: Some(error),
                     ..Default::default()
@@ -436,7 +460,7 @@ impl Dispatch {
                 runtime::record_refusal(reply.error.as_ref());
                 reply.encode_to_vec()
             }
-            WorkerVerb::Acquire => {
+            Served::Acquire => {
                 let reply = match self.acquire(subject_worker, payload).await {
                     Ok(leases) => v1::AcquireReply {
                         error: None,
@@ -450,7 +474,7 @@ impl Dispatch {
                 runtime::record_refusal(reply.error.as_ref());
                 reply.encode_to_vec()
             }
-            WorkerVerb::Renew => {
+            Served::Renew => {
                 let reply = match self.renew(subject_worker, payload).await {
                     Ok(reply) => reply,
                     Err(error) => v1::RenewReply {
@@ -467,19 +491,12 @@ impl Dispatch {
                 runtime::record_refusal(refused);
                 reply.encode_to_vec()
             }
-            WorkerVerb::Release => {
+            Served::Release => {
                 let reply = v1::ReleaseReply {
                     error: self.release(subject_worker, payload).await.err(),
                 };
                 runtime::record_refusal(reply.error.as_ref());
                 reply.encode_to_vec()
-            }
-            WorkerVerb::Result
-            | WorkerVerb::Complete
-            | WorkerVerb::Fail
-            | WorkerVerb::Ack
-            | WorkerVerb::Artifact => {
-                unreachable!("dispatch only serves hello, acquire, renew and release")
             }
         };
         reply.into()

@@ -13,7 +13,6 @@ pub mod uploads;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -52,8 +51,10 @@ pub struct Settings {
     /// The durable consumer (`PALISADE_INGESTION_BATCH_SIZE` 128, `PALISADE_INGESTION_ACK_WAIT_MS`
     /// 5000, `PALISADE_INGESTION_MAX_DELIVER` 10, `PALISADE_INGESTION_BATCHES_IN_FLIGHT` 4).
     pub consumer: ConsumerTuning,
-    /// Test fault injection: crash after commit, before ack.
-    pub crash_after_commit: Option<Arc<AtomicBool>>,
+    /// Test fault injection (feature `testing`, never in a release build): crash after
+    /// commit, before ack.
+    #[cfg(feature = "testing")]
+    pub crash_after_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -79,6 +80,7 @@ impl Settings {
             retry,
             lease_ttl: runtime::LeaseSettings::ttl_from_env()?,
             consumer,
+            #[cfg(feature = "testing")]
             crash_after_commit: None,
             http_addr: runtime::health::http_addr_from_env()?,
         })
@@ -138,10 +140,13 @@ impl Service {
         let mut spec = ConsumerSpec::new(
             subjects.results_stream(),
             CONSUMER_NAME,
-            format!("{}.v1.worker.*.*", subjects.prefix()),
+            subjects.results_wildcard(),
         );
         self.settings.consumer.apply(&mut spec);
-        spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        #[cfg(feature = "testing")]
+        {
+            spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        }
         spec.removes_decided = true;
         let stop = shutdown.child_token();
         let plumbing = self

@@ -1,4 +1,7 @@
-//! Upload chunks (issue 23): ingestion, not JetStream, receives what a worker publishes on
+//! Upload chunks (issue 23). Chunks travel through a stream of their own, not straight into the
+//! JetStream Object Store: an object's name is one base64 token of its subjects, so NATS
+//! permissions could not confine a worker to its own objects. Ingestion, not JetStream,
+//! receives what a worker publishes on
 //! `<prefix>.v1.upload.<worker_id>.<upload_id>` (queue group `ingestion`). No stream captures
 //! that subject, so a worker cannot store anything without a session: a chunk is stored (on
 //! the uploads stream's own subject `<prefix>.v1.uploaded.<worker_id>.<upload_id>`, which no

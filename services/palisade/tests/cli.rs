@@ -162,18 +162,30 @@ async fn one_shot_commands_print_only_their_answer_and_log_to_stderr_when_asked(
     assert_eq!(scan["findings"].as_array().map(Vec::len), Some(1));
     assert!(shown.stderr.is_empty(), "{shown:?}");
 
-    // The gate's answer and its exit status agree.
+    // The gate: its one finding is synthetic's first, of severity info, open. Below the
+    // default threshold (high) the gate passes, exit 0; at info it does not, exit 5.
     let gate = palisade(
         &system,
         &["scan", "gate", scan_id.as_str(), "--output", "json"],
     )
     .await;
-    let passed = gate.json()["gate_passed"].as_bool().expect("gate_passed");
-    gate.assert_status(if passed {
-        Status::Ok
-    } else {
-        Status::NotPassed
-    });
+    gate.assert_status(Status::Ok);
+    assert_eq!(gate.json()["gate_passed"], true, "{gate:?}");
+    let strict = palisade(
+        &system,
+        &[
+            "scan",
+            "gate",
+            scan_id.as_str(),
+            "--threshold",
+            "info",
+            "--output",
+            "json",
+        ],
+    )
+    .await;
+    strict.assert_status(Status::NotPassed);
+    assert_eq!(strict.json()["gate_passed"], false, "{strict:?}");
 
     let check = palisade(&system, &["migrate", "--check", "--output", "json"]).await;
     check.assert_status(Status::Ok);

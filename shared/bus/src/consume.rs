@@ -7,9 +7,18 @@
 //!   the delivery count. On the last allowed delivery the message is recorded as dead (the
 //!   handler's [`BatchHandler::dead_letter`]) and terminated instead of being lost silently.
 //! - [`Decision::Reject`]: bad input; the handler already told the sender. `Term`.
+//! - [`Decision::Hold`]: something outside the message is unavailable (PostgreSQL down, the
+//!   pool exhausted): the message is kept with in-progress acknowledgements, spends no
+//!   delivery, and is decided again after a backoff; while any is held the consumer's pull is
+//!   closed and nothing new is fetched.
+//!
+//! Pull mechanics: a pull expires after half the ack wait and is reopened after two missed
+//! heartbeats or a reconnection; a batch being decided gets in-progress acknowledgements every
+//! third of the ack wait, so only a crashed consumer's messages are redelivered; a deadlock or
+//! a statement timeout is a [`Decision::Retry`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull::MessagesErrorKind;
@@ -43,9 +52,11 @@ pub struct ConsumerSpec {
     /// Nak delay after the first delivery; doubles per delivery up to `retry_delay_max`.
     pub retry_delay_base: Duration,
     pub retry_delay_max: Duration,
-    /// Fault injection for tests: when set, the consumer "crashes" after the handler
-    /// returned (its transaction committed) and before any acknowledgement.
-    pub crash_after_commit: Option<Arc<AtomicBool>>,
+    /// Fault injection for tests (feature `testing`, never in a release build): when set, the
+    /// consumer "crashes" after the handler returned (its transaction committed) and before any
+    /// acknowledgement.
+    #[cfg(feature = "testing")]
+    pub crash_after_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// This consumer is its stream's only reader: once it exists, the stream keeps only what
     /// it has not yet acknowledged (interest retention), so a decided message leaves the
     /// stream and the stream's per-subject quotas count waiting messages
@@ -80,6 +91,7 @@ impl ConsumerSpec {
             batches_in_flight: Self::BATCHES_IN_FLIGHT_DEFAULT,
             retry_delay_base: Duration::from_millis(500),
             retry_delay_max: Duration::from_secs(30),
+            #[cfg(feature = "testing")]
             crash_after_commit: None,
             removes_decided: false,
             retention_check: Self::RETENTION_CHECK_DEFAULT,
@@ -513,6 +525,7 @@ async fn decide_and_acknowledge<H: BatchHandler>(
             batch.len(),
             "a handler returns one decision per delivery"
         );
+        #[cfg(feature = "testing")]
         if let Some(crash) = &spec.crash_after_commit
             && crash.load(Ordering::SeqCst)
         {

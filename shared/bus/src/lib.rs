@@ -406,14 +406,10 @@ impl Bus {
             ),
             (
                 subjects.results_stream(),
-                [
-                    messages::WorkerVerb::Result,
-                    messages::WorkerVerb::Complete,
-                    messages::WorkerVerb::Fail,
-                ]
-                .into_iter()
-                .map(|verb| subjects.worker_wildcard(verb))
-                .collect(),
+                messages::WorkerVerb::DURABLE
+                    .into_iter()
+                    .map(|verb| subjects.worker_wildcard(verb))
+                    .collect(),
                 refusing(
                     STREAM_MAX_AGE,
                     MESSAGE_BYTES_MAX,

@@ -156,6 +156,11 @@ impl WorkerVerb {
         WorkerVerb::Artifact,
     ];
 
+    /// What a worker publishes durably: the results stream captures these, and ingestion's
+    /// consumer decides them.
+    pub const DURABLE: [WorkerVerb; 3] =
+        [WorkerVerb::Result, WorkerVerb::Complete, WorkerVerb::Fail];
+
     /// What a worker sends (every verb but `ack`, which it receives).
     pub const SENT: [WorkerVerb; 8] = [
         WorkerVerb::Hello,
@@ -543,6 +548,12 @@ impl Subjects {
     /// Stream of lifecycle events (the outbox's destination).
     pub fn events_stream(&self) -> String {
         self.stream("EVENTS")
+    }
+
+    /// Every worker's every verb: the filter of ingestion's consumer on the results stream,
+    /// which holds the [`WorkerVerb::DURABLE`] ones.
+    pub fn results_wildcard(&self) -> String {
+        format!("{}.v1.worker.*.*", self.prefix)
     }
 
     /// Stream of worker results, completions and failures.

@@ -20,6 +20,11 @@
 //! 762 with the setting; the price is a second round trip per statement (parse, then execute),
 //! seen at 300 scans/s offered as p50 141–154 ms against 104–131 ms.
 //! A unit test below fails when a `sqlx::query` call appears elsewhere in the crate.
+//!
+//! Why files rather than `sqlx::query!` with a committed `.sqlx/` cache: a statement is read,
+//! reviewed and diffed as SQL, and building needs no database and no sqlx-cli. The price: the
+//! types a statement binds and decodes are checked only by the tests that run it (and its
+//! parameters' count by `tests/tests/system/schema.rs`).
 
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::{Query, QueryAs, QueryScalar};

@@ -143,8 +143,10 @@ async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
         "{}",
         drained.text
     );
+    // A scan completed: the age is a real one (−1 before the first; absent would read 0).
     assert!(
-        drained.value("palisade_last_completed_scan_age_seconds") >= 0.0,
+        drained.has("palisade_last_completed_scan_age_seconds")
+            && drained.value("palisade_last_completed_scan_age_seconds") >= 0.0,
         "{}",
         drained.text
     );

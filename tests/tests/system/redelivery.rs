@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use messages::{WorkerVerb, v1};
+use messages::WorkerVerb;
 use prost::Message as _;
 use tests::{Component, TestSystem, findings_payload};
 
@@ -124,6 +124,11 @@ async fn every_message_delivered_twice_ends_as_if_delivered_once() {
     worker.publish_raw(WorkerVerb::Complete, completion).await;
     let acks = [worker.next_ack().await, worker.next_ack().await];
     assert!(acks.iter().all(|ack| ack.error.is_none()), "{acks:?}");
+    assert_eq!(
+        acks.iter().filter(|ack| ack.duplicate).count(),
+        1,
+        "the second completion is answered as a replay: {acks:?}"
+    );
 
     // second plugin: release twice, then fail (non-retryable) twice
     let next = worker.acquire_one().await;
@@ -139,6 +144,11 @@ async fn every_message_delivered_twice_ends_as_if_delivered_once() {
     worker.publish_raw(WorkerVerb::Fail, failure).await;
     let acks = [worker.next_ack().await, worker.next_ack().await];
     assert!(acks.iter().all(|ack| ack.error.is_none()), "{acks:?}");
+    assert_eq!(
+        acks.iter().filter(|ack| ack.duplicate).count(),
+        1,
+        "the second failure is answered as a replay: {acks:?}"
+    );
 
     system.wait_scan_state(&scan_id, "failed").await;
     tests::wait_consumer_idle(
@@ -168,7 +178,6 @@ async fn every_message_delivered_twice_ends_as_if_delivered_once() {
     assert_eq!(count("task.completed"), 1);
     assert_eq!(count("scan.failed"), 1);
     assert_eq!(count("scan.completed"), 0);
-    let _: Option<v1::Error> = None;
     system.finish().await;
 }
 

@@ -84,6 +84,123 @@ fn architecture_document_names_every_workspace_crate() {
     }
 }
 
+/// The front door and the map stay short (issue 28): the README at most 150 lines,
+/// docs/ARCHITECTURE.md at most 3,500 words with no paragraph or bullet over 150, and every
+/// module of every crate named in it (the detail lives in the modules' `//!` docs).
+#[test]
+fn the_readme_and_the_architecture_map_stay_short_and_name_every_module() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.lines().count() <= 150,
+        "README.md is {} lines",
+        readme.lines().count()
+    );
+    let architecture = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    let words = architecture.split_whitespace().count();
+    assert!(words <= 3_500, "docs/ARCHITECTURE.md is {words} words");
+    let mut in_code = false;
+    for block in architecture.split("\n\n") {
+        if block.trim_start().starts_with("```") {
+            in_code = !block.trim_end().ends_with("```") || block.trim() == "```";
+            continue;
+        }
+        if in_code {
+            in_code = !block.contains("```");
+            continue;
+        }
+        for entry in block.split("\n- ") {
+            let count = entry.split_whitespace().count();
+            assert!(count <= 150, "an entry of {count} words: {entry}");
+        }
+    }
+    let mut missing = Vec::new();
+    for group in ["services", "shared"] {
+        for krate in std::fs::read_dir(root.join(group)).unwrap() {
+            let src = krate.unwrap().path().join("src");
+            let Ok(entries) = std::fs::read_dir(&src) else {
+                continue;
+            };
+            for entry in entries {
+                let path = entry.unwrap().path();
+                let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+                if ["lib", "main", "bin"].contains(&name.as_str()) {
+                    continue;
+                }
+                if !architecture.contains(&format!("`{name}`"))
+                    && !architecture.contains(&format!("`{name}::"))
+                {
+                    missing.push(path.display().to_string());
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md does not name {missing:?}"
+    );
+}
+
+/// `docs/configuration.md` names every environment variable the services, the command and the
+/// worker read (a string literal `PALISADE_…`, `NATS_…`, `DATABASE_…`, `OTEL_…` or `AWS_…` in
+/// their sources), and names none they do not read.
+#[test]
+fn the_configuration_reference_names_exactly_the_settings_the_code_reads() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let prefixes = ["PALISADE_", "NATS_", "DATABASE_", "OTEL_", "AWS_"];
+    // Upper-case words with one of the prefixes, within `quote`s; partial names
+    // (`PALISADE_NVD_*`) end with an underscore and are not settings.
+    let names = |text: &str, quote: char| -> BTreeSet<String> {
+        text.split(quote)
+            .skip(1)
+            .step_by(2)
+            .filter(|word| prefixes.iter().any(|prefix| word.starts_with(prefix)))
+            .filter(|word| {
+                !word.ends_with('_')
+                    && word
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            })
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut read = BTreeSet::new();
+    let mut folders = vec![];
+    for group in ["services", "shared"] {
+        for entry in std::fs::read_dir(root.join(group)).unwrap() {
+            folders.push(entry.unwrap().path().join("src"));
+        }
+    }
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                read.extend(names(&std::fs::read_to_string(&path).unwrap(), '"'));
+            }
+        }
+    }
+    assert!(
+        read.len() > 50,
+        "found the settings the code reads: {read:?}"
+    );
+    let documented = names(
+        &std::fs::read_to_string(root.join("docs/configuration.md")).unwrap(),
+        '`',
+    );
+    let undocumented: Vec<_> = read.difference(&documented).collect();
+    let unread: Vec<_> = documented.difference(&read).collect();
+    assert!(
+        undocumented.is_empty() && unread.is_empty(),
+        "docs/configuration.md is out of date: read but not documented {undocumented:?}; \
+         documented but not read {unread:?}"
+    );
+}
+
 #[tokio::test]
 async fn every_migration_can_run_again_over_its_own_result() {
     // A re-run after a partial failure meets objects that already exist: every statement

@@ -1,6 +1,6 @@
 //! One scan is one trace: an in-process OTLP collector receives the spans of a three-plugin
-//! scan run by a real worker, and the structure documented in docs/ARCHITECTURE.md
-//! ("Tracing") holds: one trace id, every service present, parents and links as described,
+//! scan run by a real worker, and the structure documented in docs/operations.md
+//! ("Following one scan") holds: one trace id, every service present, parents and links as described,
 //! messaging attributes set.
 
 use std::collections::{BTreeSet, HashMap};
