@@ -113,6 +113,12 @@ impl StoreError {
             StoreError::Database(
                 sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed,
             ) => true,
+            // A server that closed the connection before answering the TLS question (stopping,
+            // starting, or a proxy in front of one that is down): sqlx reads no byte and
+            // reports it as a protocol error, `unexpected response from SSLRequest: 0x00`.
+            StoreError::Database(sqlx::Error::Protocol(message)) => {
+                message.starts_with(SSL_REQUEST_UNANSWERED)
+            }
             StoreError::Database(sqlx::Error::Database(db)) => db.code().is_some_and(|code| {
                 // connection exceptions (class 08), admin_shutdown, crash_shutdown,
                 // cannot_connect_now, too_many_connections
@@ -133,6 +139,10 @@ impl StoreError {
                 .is_some_and(|code| code.starts_with("22") || code.starts_with("23")))
     }
 }
+
+/// The start of sqlx's error for a connection closed before the server answered the TLS
+/// request (no byte read): PostgreSQL not answering, not a broken protocol.
+const SSL_REQUEST_UNANSWERED: &str = "unexpected response from SSLRequest: 0x00";
 
 /// How to reach PostgreSQL.
 #[derive(Debug, Clone)]
@@ -413,12 +423,21 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused,
         )));
         let pool = StoreError::Database(sqlx::Error::PoolTimedOut);
-        for error in [&refused, &pool] {
+        // What a connection attempt reports while PostgreSQL is stopping or starting.
+        let unanswered = StoreError::Database(sqlx::Error::Protocol(
+            "unexpected response from SSLRequest: 0x00 (sqlx-postgres/src/connection/tls.rs:95)"
+                .into(),
+        ));
+        for error in [&refused, &pool, &unanswered] {
             assert!(error.is_unavailable() && error.is_transient(), "{error}");
         }
         let bug = StoreError::Corrupt("a row".into());
         assert!(!bug.is_unavailable() && !bug.is_transient());
         let raced = StoreError::Raced("a key".into());
         assert!(!raced.is_unavailable() && !raced.is_transient());
+        let garbled = StoreError::Database(sqlx::Error::Protocol(
+            "unexpected response from SSLRequest: 0x45".into(),
+        ));
+        assert!(!garbled.is_unavailable(), "a server that answered, wrongly");
     }
 }
