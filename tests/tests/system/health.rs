@@ -156,3 +156,41 @@ async fn wait_readyz(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The streams check covers every stream palisade needs, the uploads stream and the artifact
+/// bucket's included: each one deleted makes `/readyz` fail, naming it.
+#[tokio::test]
+async fn readyz_names_a_missing_uploads_stream_or_artifact_bucket() {
+    for missing in ["uploads", "artifacts"] {
+        let system = tests::TestSystem::spawn_with(|settings| {
+            settings.http_addr = Some("127.0.0.1:0".parse().expect("address"));
+        })
+        .await;
+        let addr = system.health_addr.expect("health endpoints served");
+        let url = format!("http://127.0.0.1:{}/readyz", addr.port());
+        let ready = palisade::probe::probe(&url).await.expect("an answer");
+        assert!(ready.is_ready(), "{ready:?}");
+        let stream = match missing {
+            "uploads" => system.subjects.uploads_stream(),
+            _ => system.subjects.artifacts_stream(),
+        };
+        system
+            .bus
+            .jetstream()
+            .delete_stream(&stream)
+            .await
+            .expect("stream deleted");
+        let answer = system
+            .wait_for(&format!("/readyz to name the missing {stream}"), || async {
+                let answer = palisade::probe::probe(&url).await.expect("an answer");
+                (!answer.is_ready()).then_some(answer)
+            })
+            .await;
+        assert_eq!(answer.status, 503, "{answer:?}");
+        assert!(
+            answer.body.contains(checks::STREAMS) && answer.body.contains(&stream),
+            "{missing}: {answer:?}"
+        );
+        system.finish().await;
+    }
+}
