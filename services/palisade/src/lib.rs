@@ -5,15 +5,27 @@
 //! (`migrate`), and the exit statuses of every command (`exit`).
 
 pub mod accounts;
+pub mod artifact;
 pub mod bench;
+pub mod cli_support;
+pub mod client;
 pub mod commands;
+pub mod cve;
 pub mod dead_letters;
 pub mod demo;
 pub mod exit;
+pub mod finding;
 pub mod harness;
+pub mod health;
 pub mod migrate;
+pub mod nats;
+pub mod org;
 pub mod probe;
+pub mod queue;
+pub mod scan;
 pub mod scans;
 pub mod schedules;
 pub mod system;
+pub mod task;
 pub mod tenants;
+pub mod worker;

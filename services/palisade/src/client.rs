@@ -1,0 +1,123 @@
+//! `palisade client`: clients, services that submit scans for the organizations they are bound
+//! to: register one (and issue its NATS credentials), revoke and re-enable it.
+
+use runtime::CommonSettings;
+use uuid::Uuid;
+
+use crate::cli_support::Why;
+use crate::exit;
+use crate::nats::{CredentialsArgs, issue_credentials, push_accounts};
+
+/// `palisade client …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum ClientCommand {
+    /// Register a client bound to organizations and issue its NATS credentials (with
+    /// PALISADE_NATS_AUTHORITY set); running it again replaces its organizations and
+    /// credentials.
+    Add {
+        /// 1..=64 characters of [A-Za-z0-9_-]: the client_id of its requests.
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "")]
+        name: String,
+        /// An organization it may submit, cancel and read events for (repeat for more).
+        #[arg(long = "org", required = true)]
+        orgs: Vec<Uuid>,
+        #[command(flatten)]
+        credentials: CredentialsArgs,
+        #[command(flatten)]
+        why: Why,
+    },
+    /// Revoke a client: its NATS connections are closed and refused.
+    Revoke {
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "revoked from the command line")]
+        reason: String,
+        /// Who (recorded with the change; default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Re-enable a revoked client.
+    Enable {
+        #[arg(long)]
+        id: String,
+        #[command(flatten)]
+        why: Why,
+    },
+}
+
+/// Runs one `palisade client` command.
+pub async fn run(common: &CommonSettings, command: ClientCommand) -> anyhow::Result<()> {
+    match command {
+        ClientCommand::Add {
+            id,
+            name,
+            orgs,
+            credentials,
+            why,
+        } => add(common, id, &name, orgs, &credentials, why).await,
+        ClientCommand::Revoke { id, reason, by } => {
+            let pool = store::connect(&common.database).await?;
+            let by = crate::commands::actor(by);
+            let change = store::audit::Change::new(&by, &reason);
+            if !store::bus_identities::revoke_client(&pool, &id, &change).await? {
+                return Err(exit::not_found(format!(
+                    "no client {id}: see `palisade client add`"
+                )));
+            }
+            println!("client {id} revoked");
+            push_accounts(
+                common,
+                &pool,
+                Some(&store::bus_identities::Holder::Client(id)),
+            )
+            .await
+        }
+        ClientCommand::Enable { id, why } => {
+            let pool = store::connect(&common.database).await?;
+            let by = crate::commands::actor(why.by);
+            let change = store::audit::Change::new(&by, why.reason.trim());
+            if !store::bus_identities::enable_client(&pool, &id, &change).await? {
+                return Err(exit::not_found(format!(
+                    "no client {id}: see `palisade client add`"
+                )));
+            }
+            println!("client {id} enabled");
+            push_accounts(
+                common,
+                &pool,
+                Some(&store::bus_identities::Holder::Client(id)),
+            )
+            .await
+        }
+    }
+}
+
+/// `palisade client add`.
+async fn add(
+    common: &CommonSettings,
+    id: String,
+    name: &str,
+    orgs: Vec<Uuid>,
+    credentials: &CredentialsArgs,
+    why: Why,
+) -> anyhow::Result<()> {
+    messages::subjects::token("client id", &id)?;
+    let pool = store::connect(&common.database).await?;
+    let by = crate::commands::actor(why.by);
+    let change = store::audit::Change::new(&by, why.reason.trim());
+    store::bus_identities::register_client(&pool, &id, name, &orgs, &change).await?;
+    println!("client {id} acts for {} organization(s)", orgs.len());
+    issue_credentials(
+        common,
+        &pool,
+        &messages::Identity::Client {
+            client_id: id.clone(),
+            organizations: orgs,
+        },
+        store::bus_identities::Holder::Client(id),
+        credentials,
+    )
+    .await
+}

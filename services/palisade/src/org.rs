@@ -1,0 +1,120 @@
+//! `palisade org`: organizations (tenants): add one, change its limits, show it.
+
+use runtime::CommonSettings;
+use uuid::Uuid;
+
+use crate::cli_support::Why;
+
+/// `palisade org …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum OrgCommand {
+    /// Create an organization; prints its id.
+    Add {
+        #[arg(long)]
+        name: String,
+        /// Scans admitted per rolling hour.
+        #[arg(long)]
+        hourly_quota: Option<i32>,
+        #[arg(long)]
+        id: Option<Uuid>,
+    },
+    /// Change a live organization's limits; admission applies the quota from its next decision,
+    /// dispatch the cap on tasks in flight from its next grant.
+    /// Prints the organization's limits before and after, as JSON.
+    Set {
+        id: Uuid,
+        /// Scans admitted per rolling hour (0 admits none).
+        #[arg(long, conflicts_with = "no_hourly_quota", value_parser = clap::value_parser!(i32).range(0..))]
+        hourly_quota: Option<i32>,
+        /// No hourly quota.
+        #[arg(long)]
+        no_hourly_quota: bool,
+        /// Tasks of the organization in flight (leased or running) at once, over every worker
+        /// (0 leases none).
+        #[arg(long, conflicts_with = "no_max_running_tasks", value_parser = clap::value_parser!(i32).range(0..))]
+        max_running_tasks: Option<i32>,
+        /// No cap on tasks in flight.
+        #[arg(long)]
+        no_max_running_tasks: bool,
+        #[command(flatten)]
+        why: Why,
+    },
+    /// An organization: its limits, workers, clients and schedules, and the latest changes of
+    /// its access and limits (who and why), as JSON.
+    Show {
+        id: Uuid,
+        /// How many changes to show, newest first.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
+        changes: i64,
+    },
+}
+
+/// Runs one `palisade org` command.
+pub async fn run(common: &CommonSettings, command: OrgCommand) -> anyhow::Result<()> {
+    match command {
+        OrgCommand::Add {
+            name,
+            hourly_quota,
+            id,
+        } => {
+            let pool = store::connect(&common.database).await?;
+            let id = id.unwrap_or_else(Uuid::now_v7);
+            store::admin::create_organization(&pool, id, &name, hourly_quota).await?;
+            println!("{id}");
+            Ok(())
+        }
+        OrgCommand::Set {
+            id,
+            hourly_quota,
+            no_hourly_quota,
+            max_running_tasks,
+            no_max_running_tasks,
+            why,
+        } => {
+            let quota = (hourly_quota.is_some() || no_hourly_quota).then_some(hourly_quota);
+            let cap =
+                (max_running_tasks.is_some() || no_max_running_tasks).then_some(max_running_tasks);
+            set(common, id, quota, cap, why).await
+        }
+        OrgCommand::Show { id, changes } => {
+            let pool = store::connect(&common.database).await?;
+            let shown = crate::tenants::organization(&pool, id, changes).await?;
+            println!("{}", serde_json::to_string_pretty(&shown)?);
+            Ok(())
+        }
+    }
+}
+
+/// `palisade org set`: `None` leaves a limit as it is, `Some(None)` removes it.
+async fn set(
+    common: &CommonSettings,
+    id: Uuid,
+    quota: Option<Option<i32>>,
+    cap: Option<Option<i32>>,
+    why: Why,
+) -> anyhow::Result<()> {
+    let by = crate::commands::actor(why.by);
+    let change = store::audit::Change::new(&by, why.reason.trim());
+    if quota.is_none() && cap.is_none() {
+        return Err(crate::exit::refused(
+            "nothing_to_set: give --hourly-quota <n> or --no-hourly-quota, --max-running-tasks <n> or --no-max-running-tasks",
+        ));
+    }
+    let pool = store::connect(&common.database).await?;
+    let missing = |()| crate::exit::not_found(format!("not_found: no organization {id}"));
+    let mut answer = serde_json::json!({ "id": id });
+    if let Some(quota) = quota {
+        let previous = store::admin::set_hourly_quota(&pool, id, quota, &change)
+            .await?
+            .map_err(missing)?;
+        answer["hourly_quota"] = serde_json::json!({"before": previous, "after": quota});
+    }
+    if let Some(cap) = cap {
+        let previous = store::admin::set_max_running_tasks(&pool, id, cap, &change)
+            .await?
+            .map_err(missing)?;
+        answer["max_running_tasks"] = serde_json::json!({"before": previous, "after": cap});
+    }
+    println!("{answer}");
+    Ok(())
+}
