@@ -1,8 +1,13 @@
-//! The `palisade` command's library: the NATS accounts of workers and clients (`accounts`), the in-process system (`palisade dev`, `palisade demo`,
-//! `palisade bench`, the system tests), the harness the demo and the benchmark share, the
-//! demo, the benchmark, the health probe (`palisade health`), the subcommands that
-//! answer in JSON (`commands`), `scan show` and `scan submit --wait` (`scans`), recurring scans (`schedules`), `worker show` and `org show` (`tenants`), `migrate`
-//! (`migrate`), and the exit statuses of every command (`exit`).
+//! The `palisade` command's library. One module per command group, each holding its clap
+//! arguments and its `run` (`main.rs` only parses and dispatches): `scan`, `finding`, `worker`,
+//! `org`, `client`, `nats` (also the credentials and account pushes `worker` and `client` use),
+//! `artifact`, `cve`, `task`, `queue`, `health`, `schedules`, `dead_letters`, `migrate`, with
+//! the arguments they share in `cli_support` and the exit statuses of every command in `exit`.
+//! Besides: the NATS accounts of workers and clients (`accounts`), the in-process system
+//! (`system`: `palisade dev`, `demo`, `bench`, the system tests), what the demo and the
+//! benchmark share (`harness`, `demo`, `bench`), the health probe (`probe`), the subcommands
+//! that answer in JSON (`commands`), `scan show` and `scan submit --wait` (`scans`), and
+//! `worker show` and `org show` (`tenants`).
 
 pub mod accounts;
 pub mod artifact;
