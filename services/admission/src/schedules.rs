@@ -147,32 +147,7 @@ fn parse(
                 "query is required: add, list, show, pause, resume or delete",
             ));
         }
-        Some(Wire::Add(add)) => {
-            let overlap = match add.overlap.as_str() {
-                "" => ScheduleOverlap::Skip,
-                overlap => ScheduleOverlap::parse(overlap).ok_or_else(|| {
-                    invalid(format!("add.overlap {overlap:?} is not skip or queue"))
-                })?,
-            };
-            Query::Add {
-                reason: reason("add.reason", add.reason, false)?,
-                definition: Box::new(Definition {
-                    organization_id,
-                    name: add.name,
-                    target: add.target,
-                    plugins: add.plugins,
-                    priority: add.priority,
-                    execution_deadline_seconds: add.execution_deadline_seconds,
-                    client_id: client_id.clone(),
-                    cron: Some(add.cron),
-                    every_seconds: Some(i64::from(add.every_seconds)),
-                    time_zone: add.time_zone,
-                    jitter_seconds: i64::from(add.jitter_seconds),
-                    overlap,
-                    paused: add.paused,
-                }),
-            }
-        }
+        Some(Wire::Add(add)) => add_query(organization_id, &client_id, add)?,
         Some(Wire::List(list)) => Query::List {
             after: match list.after.as_str() {
                 "" => None,
@@ -202,6 +177,37 @@ fn parse(
         Some(Wire::Delete(delete)) => Query::Delete(id("delete.schedule_id", &delete.schedule_id)?),
     };
     Ok((organization_id, client_id, query))
+}
+
+/// An `add`'s definition and reason, the schedule's client being the requester.
+fn add_query(
+    organization_id: Uuid,
+    client_id: &str,
+    add: v1::AddSchedule,
+) -> Result<Query, v1::Error> {
+    let overlap = match add.overlap.as_str() {
+        "" => ScheduleOverlap::Skip,
+        overlap => ScheduleOverlap::parse(overlap)
+            .ok_or_else(|| invalid(format!("add.overlap {overlap:?} is not skip or queue")))?,
+    };
+    Ok(Query::Add {
+        reason: reason("add.reason", add.reason, false)?,
+        definition: Box::new(Definition {
+            organization_id,
+            name: add.name,
+            target: add.target,
+            plugins: add.plugins,
+            priority: add.priority,
+            execution_deadline_seconds: add.execution_deadline_seconds,
+            client_id: client_id.to_owned(),
+            cron: Some(add.cron),
+            every_seconds: Some(i64::from(add.every_seconds)),
+            time_zone: add.time_zone,
+            jitter_seconds: i64::from(add.jitter_seconds),
+            overlap,
+            paused: add.paused,
+        }),
+    })
 }
 
 fn reason(field: &str, text: String, required: bool) -> Result<String, v1::Error> {
@@ -253,35 +259,15 @@ async fn decide(
     let owned = |row: Option<ScheduleRow>| row.filter(|row| row.organization_id == organization_id);
     Ok(match query {
         Query::Add { definition, reason } => {
-            let (schedule, valid) = match check(*definition) {
-                Ok(checked) => checked,
-                Err(error) => return Ok(refuse(error)),
-            };
-            if let Err(error) = plugins_known(&valid) {
-                return Ok(refuse(error));
-            }
-            match schedules::create(pool, &schedule, now, by, &reason).await? {
-                Err(invalid_timing) => refuse(invalid(invalid_timing.to_string())),
-                Ok(Created::UnknownOrganization) => refuse(v1::Error::new(
-                    ErrorCode::UnknownOrganization,
-                    format!("organization {organization_id} does not exist"),
-                )),
-                Ok(Created::TooMany) => refuse(v1::Error::new(
-                    ErrorCode::QuotaExceeded,
-                    format!(
-                        "the organization has {} schedules, the most it may have; delete one first",
-                        schedules::SCHEDULES_PER_ORGANIZATION_MAX
-                    ),
-                )),
-                Ok(Created::NameTaken) => refuse(invalid(format!(
-                    "add.name: the organization has a schedule named {:?} already",
-                    schedule.name
-                ))),
-                Ok(Created::Created(id)) => match schedules::get(pool, id).await? {
-                    Some(row) => schedule_answer(view(row, Vec::new())),
-                    None => not_found(id),
-                },
-            }
+            add(
+                pool,
+                plugins_known,
+                organization_id,
+                by,
+                *definition,
+                &reason,
+            )
+            .await?
         }
         Query::List { after, limit } => {
             let rows = schedules::list(pool, Some(organization_id), after, limit).await?;
@@ -323,6 +309,48 @@ async fn decide(
             schedule_answer(deleted)
         }
     })
+}
+
+/// `add`: checked, then created with its first slot after now.
+async fn add(
+    pool: &PgPool,
+    plugins_known: &(dyn Fn(&ValidScanRequest) -> Result<(), v1::Error> + Sync),
+    organization_id: Uuid,
+    by: &str,
+    definition: Definition,
+    reason: &str,
+) -> Result<v1::SchedulesReply, store::StoreError> {
+    let (schedule, valid) = match check(definition) {
+        Ok(checked) => checked,
+        Err(error) => return Ok(refuse(error)),
+    };
+    if let Err(error) = plugins_known(&valid) {
+        return Ok(refuse(error));
+    }
+    Ok(
+        match schedules::create(pool, &schedule, Utc::now(), by, reason).await? {
+            Err(invalid_timing) => refuse(invalid(invalid_timing.to_string())),
+            Ok(Created::UnknownOrganization) => refuse(v1::Error::new(
+                ErrorCode::UnknownOrganization,
+                format!("organization {organization_id} does not exist"),
+            )),
+            Ok(Created::TooMany) => refuse(v1::Error::new(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "the organization has {} schedules, the most it may have; delete one first",
+                    schedules::SCHEDULES_PER_ORGANIZATION_MAX
+                ),
+            )),
+            Ok(Created::NameTaken) => refuse(invalid(format!(
+                "add.name: the organization has a schedule named {:?} already",
+                schedule.name
+            ))),
+            Ok(Created::Created(id)) => match schedules::get(pool, id).await? {
+                Some(row) => schedule_answer(view(row, Vec::new())),
+                None => not_found(id),
+            },
+        },
+    )
 }
 
 fn answer(answer: v1::schedules_reply::Answer) -> v1::SchedulesReply {

@@ -37,6 +37,11 @@ pub fn parse(subjects: &Subjects, subject: &str, bytes: &[u8]) -> Result<ScanFil
     let Some(v1::scans_request::Query::List(list)) = request.query else {
         return Err(invalid("query is required: list"));
     };
+    filter_of(organization_id, list)
+}
+
+/// The filter `list` asks for, within `organization_id`.
+fn filter_of(organization_id: Uuid, list: v1::ListScans) -> Result<ScanFilter, v1::Error> {
     let text = |field: &str, value: String, max: usize| {
         if value.len() > max || value.chars().any(char::is_control) {
             Err(invalid(format!(
