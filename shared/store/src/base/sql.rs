@@ -77,7 +77,7 @@ mod tests {
                 .to_string_lossy()
                 .into_owned();
             // The test aids (behind the `testing` feature) and this module are exempt.
-            if file == "testing.rs" || file == "sql.rs" {
+            if file == "testing.rs" || file == "base/sql.rs" {
                 continue;
             }
             let text = std::fs::read_to_string(path).unwrap();

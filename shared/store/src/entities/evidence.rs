@@ -212,7 +212,7 @@ pub fn redact(text: &str) -> String {
 #[cfg(any(test, feature = "testing"))]
 pub fn redaction_corpus() -> (Vec<(String, String)>, Vec<String>) {
     let (mut secrets, mut keep) = (Vec::new(), Vec::new());
-    for line in include_str!("../testdata/redaction_corpus.tsv").lines() {
+    for line in include_str!("../../testdata/redaction_corpus.tsv").lines() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
