@@ -3,8 +3,13 @@
 //!   only when this crate's code changes;
 //! - every statement palisade runs is a file `sql/<table>/<name>.sql`. This script turns the
 //!   folder into the module tree `sql::<table>::<NAME>` (the file's leading `--` comment becomes
-//!   the constant's documentation) and the list `sql::STATEMENTS` that
-//!   `tests/tests/system/schema.rs` prepares against the migrated schema.
+//!   the constant's documentation), a binder `sql::<table>::<Name>` per statement with
+//!   parameters (one field per `$n` line, bounded by the PostgreSQL type it declares; see
+//!   `build/header.rs`), and the list `sql::STATEMENTS` that `tests/tests/system/schema.rs`
+//!   prepares against the migrated schema, comparing the declared types with PostgreSQL's.
+
+#[path = "build/header.rs"]
+mod header;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -13,6 +18,7 @@ use std::{env, fs};
 fn main() {
     println!("cargo:rerun-if-changed=../../migrations");
     println!("cargo:rerun-if-changed=sql");
+    println!("cargo:rerun-if-changed=build/header.rs");
     let root = Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap()).join("sql");
     let out = Path::new(&env::var("OUT_DIR").unwrap()).join("sql.rs");
     let code = generate(&root).unwrap_or_else(|problem| panic!("{problem}"));
@@ -35,6 +41,11 @@ fn generate(root: &Path) -> Result<String, String> {
             ));
         }
         writeln!(modules, "pub(crate) mod {table_name} {{").unwrap();
+        writeln!(
+            modules,
+            "    #[allow(unused_imports)] // for the binders' bounds\n    use super::pg;"
+        )
+        .unwrap();
         for file in sorted_entries(&table)? {
             let Some(stem) = file_name(&file)?.strip_suffix(".sql").map(str::to_owned) else {
                 return Err(format!("{}: only .sql files belong here", file.display()));
@@ -50,18 +61,33 @@ fn generate(root: &Path) -> Result<String, String> {
                 ));
             }
             let path = file.display().to_string();
-            for line in doc {
+            let parameters = match legacy_parameters(&doc) {
+                Some(count) => Parameters::Legacy(count),
+                None => Parameters::Typed(
+                    header::parameters(&doc)
+                        .map_err(|problem| format!("{}: {problem}", file.display()))?,
+                ),
+            };
+            let constant = stem.to_uppercase();
+            for line in &doc {
                 writeln!(modules, "    #[doc = {line:?}]").unwrap();
             }
             writeln!(
                 modules,
-                "    pub(crate) const {}: &str = include_str!({path:?});",
-                stem.to_uppercase()
+                "    pub(crate) const {constant}: &str = include_str!({path:?});"
             )
             .unwrap();
+            let declared: Vec<String> = match &parameters {
+                Parameters::Legacy(count) => vec![String::new(); *count],
+                Parameters::Typed(typed) => {
+                    binder(&mut modules, &constant, &camel_case(&stem), typed);
+                    typed.iter().map(|p| p.pg_type.clone()).collect()
+                }
+            };
             writeln!(
                 list,
-                "    Statement {{ name: \"{table_name}/{stem}\", text: include_str!({path:?}) }},"
+                "    Statement {{ name: \"{table_name}/{stem}\", text: include_str!({path:?}), \
+                 parameters: &{declared:?} }},"
             )
             .unwrap();
         }
@@ -69,6 +95,112 @@ fn generate(root: &Path) -> Result<String, String> {
     }
     list.push_str("];\n");
     Ok(modules + &list)
+}
+
+/// A statement's parameters as its header declares them.
+enum Parameters {
+    /// `-- $n: the Rust expression bound` lines (the form before typed headers): a count only.
+    Legacy(usize),
+    Typed(Vec<header::Parameter>),
+}
+
+/// The count of `$n:` lines when the header is in the old form, `None` when it is not.
+fn legacy_parameters(doc: &[String]) -> Option<usize> {
+    let legacy = doc
+        .iter()
+        .filter_map(|line| line.trim_start().strip_prefix('$'))
+        .filter(|rest| {
+            rest.split_once(':')
+                .is_some_and(|(number, _)| number.parse::<usize>().is_ok())
+        })
+        .count();
+    (legacy > 0).then_some(legacy)
+}
+
+/// The struct binding a statement's parameters by name, and its `query*` methods binding the
+/// fields in `$n` order through `sql::query*`.
+fn binder(out: &mut String, constant: &str, name: &str, parameters: &[header::Parameter]) {
+    if parameters.is_empty() {
+        return;
+    }
+    let generics: Vec<String> = (1..=parameters.len()).map(|n| format!("T{n}")).collect();
+    let generics = generics.join(", ");
+    writeln!(
+        out,
+        "    /// The parameters of [`{constant}`] by name; each field takes a value of the \
+         PostgreSQL type its `$n` line declares.\n    pub(crate) struct {name}<{generics}> {{"
+    )
+    .unwrap();
+    for (index, parameter) in parameters.iter().enumerate() {
+        writeln!(
+            out,
+            "        /// `${}`: `{}`.\n        pub(crate) {}: T{},",
+            index + 1,
+            parameter.pg_type,
+            parameter.name,
+            index + 1
+        )
+        .unwrap();
+    }
+    out.push_str("    }\n");
+    let bounds: Vec<String> = parameters
+        .iter()
+        .enumerate()
+        .map(|(index, parameter)| {
+            let marker = header::marker(&parameter.pg_type).expect("checked by header::parameters");
+            format!(
+                "T{}: super::Binds<{marker}> + super::Encode<'q, super::Postgres> \
+                 + super::Type<super::Postgres> + 'q",
+                index + 1
+            )
+        })
+        .collect();
+    let binds: String = parameters
+        .iter()
+        .map(|parameter| format!(".bind(self.{})", parameter.name))
+        .collect();
+    writeln!(
+        out,
+        "    #[allow(dead_code)] // a statement runs through one or two of the three
+    impl<'q, {generics}> {name}<{generics}>
+    where
+        {bounds},
+    {{
+        /// [`super::query`] with the fields bound in `$n` order.
+        pub(crate) fn query(self) -> super::Query<'q, super::Postgres, super::PgArguments> {{
+            super::query({constant}){binds}
+        }}
+        /// [`super::query_as`] with the fields bound in `$n` order.
+        pub(crate) fn query_as<O>(self) -> super::QueryAs<'q, super::Postgres, O, super::PgArguments>
+        where
+            O: for<'r> super::FromRow<'r, super::PgRow>,
+        {{
+            super::query_as({constant}){binds}
+        }}
+        /// [`super::query_scalar`] with the fields bound in `$n` order.
+        pub(crate) fn query_scalar<O>(self) -> super::QueryScalar<'q, super::Postgres, O, super::PgArguments>
+        where
+            (O,): for<'r> super::FromRow<'r, super::PgRow>,
+        {{
+            super::query_scalar({constant}){binds}
+        }}
+    }}",
+        bounds = bounds.join(",\n        ")
+    )
+    .unwrap();
+}
+
+/// `grant_next` → `GrantNext`.
+fn camel_case(stem: &str) -> String {
+    stem.split('_')
+        .map(|word| {
+            let mut chars = word.chars();
+            chars
+                .next()
+                .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>, String> {

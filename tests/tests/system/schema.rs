@@ -247,9 +247,10 @@ async fn every_migration_can_run_again_over_its_own_result() {
 
 /// Every statement file under `shared/store/sql/` is planned by PostgreSQL against the
 /// migrated schema, so a statement naming a table or column that does not exist, or with a
-/// type error, fails here rather than in a service. Its leading comment names each of its
-/// parameters `$1…$n`, exactly as many as PostgreSQL finds. The two statements a granted lease
-/// is decoded from return the same columns.
+/// type error, fails here rather than in a service. Its header declares each of its parameters
+/// `$1…$n` with the type PostgreSQL's describe gives it (a binder's field takes only values of
+/// that type), exactly as many as PostgreSQL finds. The two statements a granted lease is
+/// decoded from return the same columns.
 #[tokio::test]
 async fn every_statement_is_planned_against_the_migrated_schema() {
     use sqlx::Executor as _;
@@ -271,25 +272,33 @@ async fn every_statement_is_planned_against_the_migrated_schema() {
                 continue;
             }
         };
-        let parameters = match described.parameters() {
-            Some(sqlx::Either::Left(types)) => types.len(),
-            Some(sqlx::Either::Right(count)) => count,
-            None => 0,
+        let actual: Vec<String> = match described.parameters() {
+            Some(sqlx::Either::Left(types)) => types
+                .iter()
+                .map(|parameter| parameter.name().to_lowercase())
+                .collect(),
+            Some(sqlx::Either::Right(count)) => vec![String::new(); count],
+            None => Vec::new(),
         };
-        let documented: Vec<String> = statement
-            .text
-            .lines()
-            .map_while(|line| line.strip_prefix("--"))
-            .filter_map(|line| line.trim_start().strip_prefix('$'))
-            .filter_map(|line| line.split_once(':').map(|(number, _)| number.to_owned()))
-            .collect();
-        let expected: Vec<String> = (1..=parameters).map(|n| n.to_string()).collect();
-        if documented != expected {
+        if statement.parameters.len() != actual.len() {
             problems.push(format!(
-                "{}: PostgreSQL finds {parameters} parameters; its leading comment documents {:?} \
-                 (write one `-- $n: what it is` line for each, in order)",
-                statement.name, documented
+                "{}: PostgreSQL finds {} parameters {actual:?}; its header declares {} \
+                 (write one `-- $n name: type — what it is` line for each, in order)",
+                statement.name,
+                actual.len(),
+                statement.parameters.len()
             ));
+        }
+        for (index, (declared, actual)) in statement.parameters.iter().zip(&actual).enumerate() {
+            // An empty type is a header still in the untyped form (`-- $n: …`).
+            if !declared.is_empty() && declared != actual {
+                problems.push(format!(
+                    "{}: ${} is declared `{declared}`, PostgreSQL describes it as `{actual}` \
+                     (declare the type PostgreSQL names)",
+                    statement.name,
+                    index + 1
+                ));
+            }
         }
         let returned: Vec<(String, String)> = described
             .columns()

@@ -1,14 +1,14 @@
 -- Ingestion: upserts the batches' assets and links them to their scan jobs.
--- $1: asset_ids
--- $2: organizations
--- $3: kinds
--- $4: values
--- $5: link_scans
--- $6: link_organizations
--- $7: link_kinds
--- $8: link_values
--- $9: link_jobs
--- $10: link_attempts
+-- $1 asset_ids: uuid[]
+-- $2 organizations: uuid[]
+-- $3 kinds: text[]
+-- $4 values: text[]
+-- $5 link_scans: uuid[]
+-- $6 link_organizations: uuid[]
+-- $7 link_kinds: text[]
+-- $8 link_values: text[]
+-- $9 link_jobs: uuid[]
+-- $10 link_attempts: uuid[]
 WITH upserted AS (
     INSERT INTO assets (id, organization_id, kind, value)
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[])

@@ -1,9 +1,9 @@
 -- Enables a revoked client again, and records the change. No row: no such client.
--- $1: client_id
--- $2: the change's id (Uuid::now_v7())
--- $3: who
--- $4: why
--- $5: AdminAction::ClientEnabled
+-- $1 client_id: text
+-- $2 change_id: uuid — the change's id (Uuid::now_v7())
+-- $3 who: text
+-- $4 why: text
+-- $5 client_enabled_action: text — AdminAction::ClientEnabled
 WITH enabled AS (
     UPDATE clients SET revoked_at = NULL, revocation_reason = '', updated_at = now()
     WHERE id = $1 RETURNING id

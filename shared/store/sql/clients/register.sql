@@ -1,12 +1,12 @@
 -- Registers a client bound to organizations, or changes the name and organizations of a
 -- registered one, and records the change with the organizations it acts for.
--- $1: id
--- $2: name
--- $3: organization_ids
--- $4: the change's id (Uuid::now_v7())
--- $5: who
--- $6: why
--- $7: AdminAction::ClientRegistered
+-- $1 id: text
+-- $2 name: text
+-- $3 organization_ids: uuid[]
+-- $4 change_id: uuid — the change's id (Uuid::now_v7())
+-- $5 who: text
+-- $6 why: text
+-- $7 client_registered_action: text — AdminAction::ClientRegistered
 WITH registered AS (
     INSERT INTO clients (id, name, organization_ids) VALUES ($1, $2, $3)
     ON CONFLICT (id) DO UPDATE

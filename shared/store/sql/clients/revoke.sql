@@ -1,10 +1,10 @@
 -- Revokes a client: its credentials are refused from now on; the change recorded. No row: no
 -- such client.
--- $1: client_id
--- $2: reason
--- $3: the change's id (Uuid::now_v7())
--- $4: who
--- $5: AdminAction::ClientRevoked
+-- $1 client_id: text
+-- $2 reason: text
+-- $3 change_id: uuid — the change's id (Uuid::now_v7())
+-- $4 who: text
+-- $5 client_revoked_action: text — AdminAction::ClientRevoked
 WITH revoked AS (
     UPDATE clients SET revoked_at = coalesce(revoked_at, now()), revocation_reason = $2,
            updated_at = now()

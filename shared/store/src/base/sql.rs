@@ -26,16 +26,71 @@
 //! types a statement binds and decodes are checked only by the tests that run it (and its
 //! parameters' count by `tests/tests/system/schema.rs`).
 
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::postgres::{PgArguments, PgHasArrayType, PgRow};
 use sqlx::query::{Query, QueryAs, QueryScalar};
-use sqlx::{FromRow, Postgres};
+use sqlx::{Encode, FromRow, Postgres, Type};
 
 /// One statement file: `name` is `<table>/<file stem>`.
 #[derive(Debug, Clone, Copy)]
 pub struct Statement {
     pub name: &'static str,
     pub text: &'static str,
+    /// Each parameter's type as its header declares it (`uuid`, `text[]`), in `$n` order.
+    pub parameters: &'static [&'static str],
 }
+
+/// A Rust value that binds a parameter of the PostgreSQL type `P` (a marker of [`pg`]).
+/// A statement's binder bounds each field by the type its header declares, so a value of
+/// another type does not compile. (That the value also encodes is the binder's separate
+/// `Encode + Type` bound.)
+pub trait Binds<P> {}
+
+/// One marker per PostgreSQL type a statement's parameter may declare (`build/header.rs`
+/// lists them by PostgreSQL's name).
+pub mod pg {
+    use std::marker::PhantomData;
+
+    pub enum Bool {}
+    pub enum Bytea {}
+    pub enum Float8 {}
+    pub enum Int4 {}
+    pub enum Int8 {}
+    pub enum Jsonb {}
+    /// `name`, PostgreSQL's identifier type (`pg_indexes.indexname`): bound as text.
+    pub enum Name {}
+    pub enum Text {}
+    pub enum Timestamptz {}
+    pub enum Uuid {}
+    /// An array of `P`.
+    pub struct Array<P>(PhantomData<P>);
+}
+
+/// `Binds<marker>` for each Rust type.
+macro_rules! binds {
+    ($($marker:ident: $($rust:ty),+;)+) => {
+        $($(impl Binds<pg::$marker> for $rust {})+)+
+    };
+}
+
+binds! {
+    Bool: bool;
+    Bytea: Vec<u8>, &[u8];
+    Float8: f64;
+    Int4: i32;
+    Int8: i64;
+    Jsonb: serde_json::Value;
+    Name: &str, String;
+    Text: &str, String;
+    Timestamptz: chrono::DateTime<chrono::Utc>;
+    Uuid: uuid::Uuid;
+}
+
+impl<T> Binds<pg::Jsonb> for sqlx::types::Json<T> where T: serde::Serialize {}
+impl<P, T: Binds<P>> Binds<P> for Option<T> {}
+impl<P, T: Binds<P>> Binds<P> for &T {}
+impl<P, T: Binds<P> + PgHasArrayType> Binds<pg::Array<P>> for Vec<T> {}
+impl<P, T: Binds<P> + PgHasArrayType> Binds<pg::Array<P>> for &[T] {}
+impl<P, T: Binds<P> + PgHasArrayType, const N: usize> Binds<pg::Array<P>> for [T; N] {}
 
 include!(concat!(env!("OUT_DIR"), "/sql.rs"));
 
@@ -61,8 +116,68 @@ where
 }
 
 #[cfg(test)]
+#[path = "../../build/header.rs"]
+mod header;
+
+#[cfg(test)]
 mod tests {
+    use super::header::{Parameter, parameters};
     use std::path::Path;
+
+    fn comment(lines: &[&str]) -> Vec<String> {
+        lines.iter().map(|line| (*line).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_header_declares_each_parameter_once_in_order() {
+        let declared = parameters(&comment(&[
+            "Grants a lease.",
+            "$1 worker_id: uuid — the worker asking",
+            "$2 capabilities: text[]",
+            "  (prose continuing the line above)",
+        ]))
+        .unwrap();
+        assert_eq!(
+            declared,
+            vec![
+                Parameter {
+                    name: "worker_id".into(),
+                    pg_type: "uuid".into()
+                },
+                Parameter {
+                    name: "capabilities".into(),
+                    pg_type: "text[]".into()
+                },
+            ]
+        );
+        assert!(
+            parameters(&comment(&["No parameters."]))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_header_with_a_missing_repeated_or_misnamed_parameter_is_refused() {
+        let refused = |lines: &[&str], says: &str| {
+            let problem = parameters(&comment(lines)).unwrap_err();
+            assert!(problem.contains(says), "{lines:?}: {problem}");
+        };
+        refused(
+            &["$1 a: uuid", "$3 b: uuid"],
+            "$3 is declared where $2 belongs",
+        );
+        refused(
+            &["$1 a: uuid", "$1 b: uuid"],
+            "$1 is declared where $2 belongs",
+        );
+        refused(&["$2 a: uuid"], "$2 is declared where $1 belongs");
+        refused(&["$1 a: uuid", "$2 a: text"], "$1 is already named `a`");
+        refused(&["$1 a: varchar(3)"], "write each parameter as");
+        refused(&["$1 a: money"], "no binder knows the type `money`");
+        refused(&["$1: params.worker_id"], "write each parameter as");
+        refused(&["$1 WorkerId: uuid"], "write each parameter as");
+    }
 
     #[test]
     fn statements_run_only_through_this_module() {

@@ -52,13 +52,15 @@ pub async fn recent(
     client_ids: &[String],
     limit: i64,
 ) -> Result<Vec<Recorded>, StoreError> {
-    Ok(sql::query_as(sql::admin_changes::RECENT)
-        .bind(worker_id)
-        .bind(organization_id)
-        .bind(client_ids)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+    Ok(sql::admin_changes::Recent {
+        worker_id,
+        organization_id,
+        client_ids,
+        limit,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// A worker as `palisade worker show` prints it.

@@ -106,16 +106,18 @@ pub async fn register_client(
     organization_ids: &[Uuid],
     change: &Change<'_>,
 ) -> Result<(), StoreError> {
-    sql::query_scalar::<String>(sql::clients::REGISTER)
-        .bind(id)
-        .bind(name)
-        .bind(organization_ids)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(change.reason)
-        .bind(AdminAction::ClientRegistered.as_str())
-        .fetch_one(pool)
-        .await?;
+    sql::clients::Register {
+        id,
+        name,
+        organization_ids,
+        change_id: change.id(),
+        who: change.by,
+        why: change.reason,
+        client_registered_action: AdminAction::ClientRegistered.as_str(),
+    }
+    .query_scalar::<String>()
+    .fetch_one(pool)
+    .await?;
     Ok(())
 }
 
@@ -125,14 +127,16 @@ pub async fn revoke_client(
     id: &str,
     change: &Change<'_>,
 ) -> Result<bool, StoreError> {
-    let revoked: Option<String> = sql::query_scalar(sql::clients::REVOKE)
-        .bind(id)
-        .bind(change.reason)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(AdminAction::ClientRevoked.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let revoked: Option<String> = sql::clients::Revoke {
+        client_id: id,
+        reason: change.reason,
+        change_id: change.id(),
+        who: change.by,
+        client_revoked_action: AdminAction::ClientRevoked.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(revoked.is_some())
 }
 
@@ -142,13 +146,15 @@ pub async fn enable_client(
     id: &str,
     change: &Change<'_>,
 ) -> Result<bool, StoreError> {
-    let enabled: Option<String> = sql::query_scalar(sql::clients::ENABLE)
-        .bind(id)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(change.reason)
-        .bind(AdminAction::ClientEnabled.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let enabled: Option<String> = sql::clients::Enable {
+        client_id: id,
+        change_id: change.id(),
+        who: change.by,
+        why: change.reason,
+        client_enabled_action: AdminAction::ClientEnabled.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(enabled.is_some())
 }

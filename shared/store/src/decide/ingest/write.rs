@@ -121,19 +121,21 @@ async fn write_assets(
     let link_values: Vec<&str> = links.keys().map(|link| link.3).collect();
     let link_jobs: Vec<Uuid> = links.values().map(|link| link.0).collect();
     let link_attempts: Vec<Uuid> = links.values().map(|link| link.1).collect();
-    sql::query(sql::assets::UPSERT_MANY)
-        .bind(&asset_ids)
-        .bind(&organizations)
-        .bind(&kinds)
-        .bind(&values)
-        .bind(&link_scans)
-        .bind(&link_organizations)
-        .bind(&link_kinds)
-        .bind(&link_values)
-        .bind(&link_jobs)
-        .bind(&link_attempts)
-        .execute(conn)
-        .await?;
+    sql::assets::UpsertMany {
+        asset_ids: &asset_ids,
+        organizations: &organizations,
+        kinds: &kinds,
+        values: &values,
+        link_scans: &link_scans,
+        link_organizations: &link_organizations,
+        link_kinds: &link_kinds,
+        link_values: &link_values,
+        link_jobs: &link_jobs,
+        link_attempts: &link_attempts,
+    }
+    .query()
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
