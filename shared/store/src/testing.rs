@@ -50,6 +50,37 @@ pub async fn count_rows(pool: &PgPool, table: &str) -> Result<i64, StoreError> {
         .await?)
 }
 
+/// What the decisions write, tallied: rows per table (per state where the table has one),
+/// schedules per next slot, and events per subject in either outbox table. Read in the
+/// caller's transaction, so a test can compare two decisions it rolls back.
+pub async fn tally(
+    conn: &mut sqlx::PgConnection,
+) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT what, count(*) FROM (
+             SELECT 'targets' AS what FROM targets
+             UNION ALL SELECT 'scans ' || state FROM scans
+             UNION ALL SELECT 'scan_jobs ' || state FROM scan_jobs
+             UNION ALL SELECT 'worker_tasks ' || state FROM worker_tasks
+             UNION ALL SELECT 'worker_task_attempts ' || status FROM worker_task_attempts
+             UNION ALL SELECT 'worker_result_batches' FROM worker_result_batches
+             UNION ALL SELECT 'assets' FROM assets
+             UNION ALL SELECT 'scan_assets' FROM scan_assets
+             UNION ALL SELECT 'findings' FROM findings
+             UNION ALL SELECT 'enrichment_jobs ' || state FROM enrichment_jobs
+             UNION ALL SELECT 'schedule_fires ' || outcome FROM schedule_fires
+             UNION ALL SELECT 'scan_schedules next_slot '
+                              || extract(epoch FROM next_slot)::bigint FROM scan_schedules
+             UNION ALL SELECT 'event ' || subject FROM outbox
+             UNION ALL SELECT 'event ' || unnest(subjects) FROM outbox_batches
+         ) written
+         GROUP BY what",
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Test and operator aid: ends the live attempt's lease now (by the database clock).
 pub async fn expire_live_attempt(pool: &PgPool, task_id: Uuid) -> Result<u64, StoreError> {
     Ok(sqlx::query(
