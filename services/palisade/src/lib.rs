@@ -3,24 +3,20 @@
 //! `org`, `client`, `nats` (also the credentials and account pushes `worker` and `client` use),
 //! `artifact`, `cve`, `task`, `queue`, `health`, `schedules`, `dead_letters`, `migrate`, with
 //! the arguments they share in `cli_support` and the exit statuses of every command in `exit`.
-//! Besides: the NATS accounts of workers and clients (`accounts`), the in-process system
-//! (`system`: `palisade dev`, `demo`, `bench`, the system tests), what the demo and the
-//! benchmark share (`harness`, `demo`, `bench`), the health probe (`probe`), the subcommands
-//! that answer in JSON (`commands`), `scan show` and `scan submit --wait` (`scans`), and
-//! `worker show` and `org show` (`tenants`).
+//! Besides: the NATS accounts of workers and clients (`accounts`), the health probe (`probe`),
+//! the subcommands that answer in JSON (`commands`), `scan show` and `scan submit --wait`
+//! (`scans`), and `worker show` and `org show` (`tenants`). The in-process system, the demo
+//! and the benchmark are the `lab` crate's (`system` is re-exported for the system tests).
 
 pub mod accounts;
 pub mod artifact;
-pub mod bench;
 pub mod cli_support;
 pub mod client;
 pub mod commands;
 pub mod cve;
 pub mod dead_letters;
-pub mod demo;
 pub mod exit;
 pub mod finding;
-pub mod harness;
 pub mod health;
 pub mod migrate;
 pub mod nats;
@@ -30,7 +26,8 @@ pub mod queue;
 pub mod scan;
 pub mod scans;
 pub mod schedules;
-pub mod system;
 pub mod task;
 pub mod tenants;
 pub mod worker;
+
+pub use lab::system;

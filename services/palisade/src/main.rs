@@ -1,21 +1,19 @@
 //! The `palisade` command: run everything for development, migrate, submit and inspect scans,
 //! administer workers, run the demo and the benchmark, probe a service's readiness (`health`).
 
-use std::time::Duration;
-
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use lab::bench::BenchArgs;
+use lab::demo::DemoArgs;
+use lab::system::{self, System, SystemSettings};
 use palisade::artifact::ArtifactCommand;
-use palisade::bench::{self, BenchOptions, Scenario};
 use palisade::cli_support::Output;
 use palisade::client::ClientCommand;
 use palisade::cve::CveCommand;
-use palisade::demo::{self, DemoOptions};
 use palisade::finding::FindingCommand;
 use palisade::nats::NatsCommand;
 use palisade::org::OrgCommand;
 use palisade::scan::ScanCommand;
-use palisade::system::{self, System, SystemSettings};
 use palisade::task::TaskCommand;
 use palisade::worker::WorkerCommand;
 use palisade::{exit, migrate};
@@ -63,25 +61,7 @@ enum Command {
         output: Output,
     },
     /// Run everything in-process against a fresh database and submit a realistic load.
-    Demo {
-        #[arg(long, default_value_t = 1_000)]
-        scans: usize,
-        #[arg(long, default_value_t = 4)]
-        workers: usize,
-        #[arg(long, default_value_t = 32)]
-        capacity: u32,
-        #[arg(long, default_value_t = 128)]
-        concurrency: usize,
-        #[arg(long, default_value_t = 10)]
-        duplicate_percent: usize,
-        #[arg(long, default_value_t = 5)]
-        conflict_percent: usize,
-        #[arg(long, default_value_t = 600)]
-        timeout_secs: u64,
-        /// Keep the demo database afterwards (it is dropped by default).
-        #[arg(long)]
-        keep_database: bool,
-    },
+    Demo(DemoArgs),
     /// Measure throughput, latency and cost per scan in-process against a fresh database,
     /// next to the fenced-step ceiling of the same PostgreSQL; prints a table, then JSON.
     Bench(BenchArgs),
@@ -133,52 +113,6 @@ enum Command {
     },
 }
 
-// `palisade bench`'s arguments (its help is the variant's).
-#[derive(Debug, clap::Args)]
-struct BenchArgs {
-    /// Scenarios to run (all by default).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<Scenario>,
-    /// Scans of the one-plugin burn-down.
-    #[arg(long, default_value_t = 2_000)]
-    scans: usize,
-    /// Scans of the three-plugin burn-down (default: --scans).
-    #[arg(long)]
-    profile_scans: Option<usize>,
-    /// Offered load of the steady scenario, scans per second.
-    #[arg(long, default_value_t = 50.0)]
-    rate: f64,
-    /// Seconds the steady load is offered.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
-    #[arg(long, default_value_t = 64)]
-    capacity: u32,
-    /// Requests awaiting their PubAck at once in a burn-down.
-    #[arg(long, default_value_t = 256)]
-    in_flight: usize,
-    /// Connections running the fenced step at once.
-    #[arg(long, default_value_t = 16)]
-    ceiling_connections: usize,
-    /// Seconds the fenced step runs.
-    #[arg(long, default_value_t = 3.0)]
-    ceiling_secs: f64,
-    /// Give up waiting for a scenario's scans after this long.
-    #[arg(long, default_value_t = 600)]
-    timeout_secs: u64,
-    /// Also write the JSON document to this file.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
-    /// Keep the benchmark's database afterwards (it is dropped by default).
-    #[arg(long)]
-    keep_database: bool,
-    /// Completed one-plugin scans of history written before the scenarios run, to
-    /// measure against full tables (e.g. 1000000).
-    #[arg(long, default_value_t = 0)]
-    history: usize,
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     match run().await {
@@ -223,29 +157,8 @@ async fn run() -> anyhow::Result<()> {
     match cli.command {
         Command::Dev { workers, capacity } => dev(common, workers, capacity).await,
         Command::Migrate { check, output } => migrate(&common, check, output).await,
-        Command::Demo {
-            scans,
-            workers,
-            capacity,
-            concurrency,
-            duplicate_percent,
-            conflict_percent,
-            timeout_secs,
-            keep_database,
-        } => {
-            let options = DemoOptions {
-                scans,
-                workers,
-                worker_capacity: capacity,
-                duplicate_percent,
-                conflict_percent,
-                concurrency,
-                timeout: Duration::from_secs(timeout_secs),
-                keep_database,
-            };
-            run_demo(common, options).await
-        }
-        Command::Bench(args) => run_bench(common, args).await,
+        Command::Demo(args) => lab::demo::command(common, args).await,
+        Command::Bench(args) => lab::bench::command(common, args).await,
         Command::Org(command) => palisade::org::run(&common, command).await,
         Command::Scan(command) => palisade::scan::run(&common, command).await,
         Command::Task(command) => palisade::task::run(&common, command).await,
@@ -277,73 +190,6 @@ async fn migrate(common: &CommonSettings, check: bool, output: Output) -> anyhow
         Output::Text => println!("{}", answer.text()),
     }
     answer.status()
-}
-
-/// `palisade demo`.
-async fn run_demo(common: CommonSettings, options: DemoOptions) -> anyhow::Result<()> {
-    let report = demo::run(common, options).await?;
-    if demo::print_report(&report) {
-        Ok(())
-    } else {
-        anyhow::bail!("the demo's checks did not all hold (see the table above)")
-    }
-}
-
-/// `palisade bench`.
-async fn run_bench(common: CommonSettings, args: BenchArgs) -> anyhow::Result<()> {
-    let BenchArgs {
-        only,
-        scans,
-        profile_scans,
-        rate,
-        duration,
-        workers,
-        capacity,
-        in_flight,
-        ceiling_connections,
-        ceiling_secs,
-        timeout_secs,
-        json,
-        keep_database,
-        history,
-    } = args;
-    let seconds = |name: &str, value: f64| {
-        Duration::try_from_secs_f64(value)
-            .with_context(|| format!("--{name} {value} is not a duration in seconds"))
-    };
-    let options = BenchOptions {
-        scenarios: if only.is_empty() {
-            vec![
-                Scenario::Ceiling,
-                Scenario::BurnDown,
-                Scenario::Profile,
-                Scenario::Steady,
-            ]
-        } else {
-            only
-        },
-        scans,
-        profile_scans: profile_scans.unwrap_or(scans),
-        rate,
-        duration: seconds("duration", duration)?,
-        workers,
-        worker_capacity: capacity,
-        in_flight,
-        ceiling_connections,
-        ceiling_duration: seconds("ceiling-secs", ceiling_secs)?,
-        timeout: Duration::from_secs(timeout_secs),
-        keep_database,
-        json,
-        history,
-    };
-    let report = bench::run(common, &options).await?;
-    let held = bench::print_report(&report);
-    bench::emit_json(&report, options.json.as_deref())?;
-    if held {
-        Ok(())
-    } else {
-        anyhow::bail!("the benchmark's checks did not all hold (see the table above)")
-    }
 }
 
 async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::Result<()> {

@@ -85,6 +85,118 @@ pub struct BenchOptions {
     pub history: usize,
 }
 
+// `palisade bench`'s arguments (its help is the `Bench` command's, in the `palisade` command).
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Scenarios to run (all by default).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Scenario>,
+    /// Scans of the one-plugin burn-down.
+    #[arg(long, default_value_t = 2_000)]
+    scans: usize,
+    /// Scans of the three-plugin burn-down (default: --scans).
+    #[arg(long)]
+    profile_scans: Option<usize>,
+    /// Offered load of the steady scenario, scans per second.
+    #[arg(long, default_value_t = 50.0)]
+    rate: f64,
+    /// Seconds the steady load is offered.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    #[arg(long, default_value_t = 64)]
+    capacity: u32,
+    /// Requests awaiting their PubAck at once in a burn-down.
+    #[arg(long, default_value_t = 256)]
+    in_flight: usize,
+    /// Connections running the fenced step at once.
+    #[arg(long, default_value_t = 16)]
+    ceiling_connections: usize,
+    /// Seconds the fenced step runs.
+    #[arg(long, default_value_t = 3.0)]
+    ceiling_secs: f64,
+    /// Give up waiting for a scenario's scans after this long.
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    /// Also write the JSON document to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Keep the benchmark's database afterwards (it is dropped by default).
+    #[arg(long)]
+    keep_database: bool,
+    /// Completed one-plugin scans of history written before the scenarios run, to
+    /// measure against full tables (e.g. 1000000).
+    #[arg(long, default_value_t = 0)]
+    history: usize,
+}
+
+impl TryFrom<BenchArgs> for BenchOptions {
+    type Error = anyhow::Error;
+
+    fn try_from(args: BenchArgs) -> anyhow::Result<Self> {
+        let BenchArgs {
+            only,
+            scans,
+            profile_scans,
+            rate,
+            duration,
+            workers,
+            capacity,
+            in_flight,
+            ceiling_connections,
+            ceiling_secs,
+            timeout_secs,
+            json,
+            keep_database,
+            history,
+        } = args;
+        let seconds = |name: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .with_context(|| format!("--{name} {value} is not a duration in seconds"))
+        };
+        Ok(Self {
+            scenarios: if only.is_empty() {
+                vec![
+                    Scenario::Ceiling,
+                    Scenario::BurnDown,
+                    Scenario::Profile,
+                    Scenario::Steady,
+                ]
+            } else {
+                only
+            },
+            scans,
+            profile_scans: profile_scans.unwrap_or(scans),
+            rate,
+            duration: seconds("duration", duration)?,
+            workers,
+            worker_capacity: capacity,
+            in_flight,
+            ceiling_connections,
+            ceiling_duration: seconds("ceiling-secs", ceiling_secs)?,
+            timeout: Duration::from_secs(timeout_secs),
+            keep_database,
+            json,
+            history,
+        })
+    }
+}
+
+/// `palisade bench`: runs the scenarios, prints the table and the JSON document, and fails
+/// unless every check held.
+pub async fn command(common: CommonSettings, args: BenchArgs) -> anyhow::Result<()> {
+    let options = BenchOptions::try_from(args)?;
+    let report = run(common, &options).await?;
+    let held = print_report(&report);
+    emit_json(&report, options.json.as_deref())?;
+    if held {
+        Ok(())
+    } else {
+        anyhow::bail!("the benchmark's checks did not all hold (see the table above)")
+    }
+}
+
 /// p50, p95 and p99 of a sample, in milliseconds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Quantiles {

@@ -37,6 +37,53 @@ pub struct DemoOptions {
     pub keep_database: bool,
 }
 
+// `palisade demo`'s arguments (its help is the `Demo` command's, in the `palisade` command).
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    #[arg(long, default_value_t = 1_000)]
+    scans: usize,
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    #[arg(long, default_value_t = 32)]
+    capacity: u32,
+    #[arg(long, default_value_t = 128)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 10)]
+    duplicate_percent: usize,
+    #[arg(long, default_value_t = 5)]
+    conflict_percent: usize,
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    /// Keep the demo database afterwards (it is dropped by default).
+    #[arg(long)]
+    keep_database: bool,
+}
+
+impl From<DemoArgs> for DemoOptions {
+    fn from(args: DemoArgs) -> Self {
+        Self {
+            scans: args.scans,
+            workers: args.workers,
+            worker_capacity: args.capacity,
+            duplicate_percent: args.duplicate_percent,
+            conflict_percent: args.conflict_percent,
+            concurrency: args.concurrency,
+            timeout: Duration::from_secs(args.timeout_secs),
+            keep_database: args.keep_database,
+        }
+    }
+}
+
+/// `palisade demo`: runs the demo, prints its table, and fails unless every check held.
+pub async fn command(common: CommonSettings, args: DemoArgs) -> anyhow::Result<()> {
+    let report = run(common, args.into()).await?;
+    if print_report(&report) {
+        Ok(())
+    } else {
+        anyhow::bail!("the demo's checks did not all hold (see the table above)")
+    }
+}
+
 /// What the demo measured.
 #[derive(Debug, Clone, Default)]
 pub struct DemoReport {
