@@ -1,8 +1,8 @@
 -- `palisade worker show` and `org show`: the latest changes of a worker, an organization (its
 -- limits and assignments) or clients, newest first; NULL filters match nothing.
--- $1 worker_id: uuid — worker_id, or NULL
--- $2 organization_id: uuid — organization_id, or NULL
--- $3 client_ids: text[] — client ids
+-- $1 worker_id: uuid — may be NULL
+-- $2 organization_id: uuid — may be NULL
+-- $3 client_ids: text[]
 -- $4 limit: int8
 SELECT id, at, actor, reason, action, worker_id, organization_id, client_id, detail
 FROM (

@@ -1,11 +1,11 @@
 -- Enrichment: the job ($1, $2) synced source $4 through $5: the watermark moves there (never
 -- back) and the job lets the sync go; fenced, so a lost claim moves nothing. Returns the
 -- watermark; no row when the claim was lost.
--- $1: job id
--- $2: fencing token
--- $3: EnrichmentJobState::Running.as_str()
--- $4: source
--- $5: synced through
+-- $1 job_id: uuid
+-- $2 fencing_token: int8
+-- $3 running_state: text — EnrichmentJobState::Running.as_str()
+-- $4 source: text
+-- $5 synced_through: timestamptz
 WITH holder AS (
     SELECT id FROM enrichment_jobs
     WHERE id = $1 AND fencing_token = $2 AND state = $3 AND lease_expires_at > now()

@@ -2,11 +2,11 @@
 -- synced through more than $5 seconds ago) and no other running job with a live lease holds
 -- it. Returns where the sync stands and the database's clock, the window's end; no row when
 -- not taken (not due, another job syncs, or the claim was lost).
--- $1: job id
--- $2: fencing token
--- $3: EnrichmentJobState::Running.as_str()
--- $4: source
--- $5: sync interval in seconds
+-- $1 job_id: uuid
+-- $2 fencing_token: int8
+-- $3 running_state: text — EnrichmentJobState::Running.as_str()
+-- $4 source: text
+-- $5 sync_interval_seconds: float8 — sync interval in seconds
 WITH holder AS (
     SELECT id FROM enrichment_jobs
     WHERE id = $1 AND fencing_token = $2 AND state = $3 AND lease_expires_at > now()

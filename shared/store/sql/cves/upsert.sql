@@ -4,11 +4,11 @@
 -- nothing. With a job ($1, $2) the write is fenced: it happens only while that claim holds
 -- the job, whose row stays locked FOR SHARE until commit (a newer claim waits for it, or it
 -- sees the newer claim and writes nothing).
--- $1: job id (NULL for an import)
--- $2: fencing token
--- $3: EnrichmentJobState::Running.as_str()
--- $4: records: a JSON array of objects with the columns below
--- $5: source ('nvd' or 'import')
+-- $1 job_id: uuid — NULL for an import
+-- $2 fencing_token: int8
+-- $3 running_state: text — EnrichmentJobState::Running.as_str()
+-- $4 records: jsonb — a JSON array of objects with the columns below
+-- $5 source: text — 'nvd' or 'import'
 WITH holder AS (
     SELECT id FROM enrichment_jobs
     WHERE id = $1 AND fencing_token = $2 AND state = $3 AND lease_expires_at > now()

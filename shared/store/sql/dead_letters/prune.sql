@@ -1,6 +1,6 @@
 -- Retention: deletes a slice of dead letters recorded before the cutoff.
--- $1: seconds
--- $2: limit
+-- $1 seconds: float8
+-- $2 limit: int8
 DELETE FROM dead_letters WHERE id = ANY(ARRAY(
     SELECT id FROM dead_letters WHERE created_at < now() - make_interval(secs => $1)
     ORDER BY created_at LIMIT $2

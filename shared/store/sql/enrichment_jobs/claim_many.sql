@@ -1,11 +1,11 @@
 -- Enrichment: claims up to $3 due pending jobs, oldest first, `SKIP LOCKED`, each with a new
 -- fencing token and one more execution counted. A running job whose lease lapsed is not
 -- claimed here: the reaper returns it to pending (or fails it once its executions are spent).
--- $1: owner
--- $2: crate::seconds(lease_ttl)
--- $3: limit
--- $4: EnrichmentJobState::Pending.as_str()
--- $5: EnrichmentJobState::Running.as_str()
+-- $1 owner: text
+-- $2 lease_ttl_seconds: float8
+-- $3 limit: int8
+-- $4 pending_state: text — EnrichmentJobState::Pending.as_str()
+-- $5 running_state: text — EnrichmentJobState::Running.as_str()
 WITH due AS (
     SELECT id FROM enrichment_jobs
     WHERE state = $4 AND available_at <= now()

@@ -1,10 +1,10 @@
 -- Enrichment: completes the jobs whose fencing token is still theirs and whose lease has not
 -- lapsed, with their final checkpoint; a job missing from the result was fenced out.
--- $1: ids
--- $2: tokens
--- $3: checkpoints
--- $4: EnrichmentJobState::Completed.as_str()
--- $5: EnrichmentJobState::Running.as_str()
+-- $1 ids: uuid[]
+-- $2 tokens: int8[]
+-- $3 checkpoints: jsonb[]
+-- $4 completed_state: text — EnrichmentJobState::Completed.as_str()
+-- $5 running_state: text — EnrichmentJobState::Running.as_str()
 UPDATE enrichment_jobs j
 SET state = $4, checkpoint = c.checkpoint, finished_at = now(), lease_owner = NULL,
     lease_expires_at = NULL, updated_at = now()

@@ -2,10 +2,10 @@
 -- operator, or data restored from before it was written): pending when a finding of the scan
 -- names a CVE, else recorded as completed (nothing to enrich). No row when a concurrent
 -- request created it first.
--- $1: job id
--- $2: scan_id
--- $3: EnrichmentJobState::Pending.as_str()
--- $4: EnrichmentJobState::Completed.as_str()
+-- $1 job_id: uuid
+-- $2 scan_id: uuid
+-- $3 pending_state: text — EnrichmentJobState::Pending.as_str()
+-- $4 completed_state: text — EnrichmentJobState::Completed.as_str()
 INSERT INTO enrichment_jobs (id, scan_id, organization_id, state, checkpoint, finished_at)
 SELECT $1, s.id, s.organization_id,
        CASE WHEN c.cves THEN $3 ELSE $4 END,

@@ -1,14 +1,14 @@
 -- Enrichment: one execution of a job failed, fenced: while the claim is still the holder's,
 -- the job goes back to pending after $5 seconds ($4 true: retryable, executions left) or fails
 -- for good; its last error is kept either way. No row means it lost the job and wrote nothing.
--- $1: job.id
--- $2: job.fencing_token
--- $3: error
--- $4: retry
--- $5: delay seconds
--- $6: EnrichmentJobState::Pending.as_str()
--- $7: EnrichmentJobState::Failed.as_str()
--- $8: EnrichmentJobState::Running.as_str()
+-- $1 job_id: uuid
+-- $2 fencing_token: int8
+-- $3 error: text
+-- $4 retry: bool
+-- $5 delay_seconds: float8
+-- $6 pending_state: text — EnrichmentJobState::Pending.as_str()
+-- $7 failed_state: text — EnrichmentJobState::Failed.as_str()
+-- $8 running_state: text — EnrichmentJobState::Running.as_str()
 UPDATE enrichment_jobs
 SET state = CASE WHEN $4 THEN $6 ELSE $7 END,
     available_at = CASE WHEN $4 THEN now() + make_interval(secs => $5) ELSE available_at END,

@@ -1,11 +1,11 @@
 -- Reaper: returns each locked expired job to pending after its delay ($2 true) or fails it
 -- for good (its executions are spent), recording why; set-wise.
--- $1: ids
--- $2: retries
--- $3: delay seconds
--- $4: error
--- $5: EnrichmentJobState::Pending.as_str()
--- $6: EnrichmentJobState::Failed.as_str()
+-- $1 ids: uuid[]
+-- $2 retries: bool[]
+-- $3 delay_seconds: float8[]
+-- $4 error: text
+-- $5 pending_state: text — EnrichmentJobState::Pending.as_str()
+-- $6 failed_state: text — EnrichmentJobState::Failed.as_str()
 UPDATE enrichment_jobs j
 SET state = CASE WHEN r.retry THEN $5 ELSE $6 END,
     available_at = CASE WHEN r.retry THEN now() + make_interval(secs => r.delay) ELSE j.available_at END,

@@ -3,14 +3,14 @@
 -- running could write it again). The deletion is recorded in finding_history (which keeps
 -- it), the scan's collection revision moves and its finding count drops, in one statement;
 -- rows locked as set_status.sql locks them. No row: no such finding.
--- $1: finding id
--- $2: organization id (NULL: any)
--- $3: expected revision
--- $4: expected collection revision (NULL: not checked)
--- $5: reason
--- $6: actor
--- $7: FindingChange::Delete.as_str()
--- $8: the active scan states (ScanState::ACTIVE)
+-- $1 finding_id: uuid
+-- $2 organization_id: uuid — NULL: any
+-- $3 expected_revision: int4
+-- $4 expected_collection_revision: int4 — NULL: not checked
+-- $5 reason: text
+-- $6 actor: text
+-- $7 delete_change: text — FindingChange::Delete.as_str()
+-- $8 active_scan_states: text[] — the active scan states (ScanState::ACTIVE)
 WITH target AS (
     SELECT f.id, f.scan_id, f.organization_id, f.finding_key, f.status, f.revision,
            s.findings_revision, s.state AS scan_state

@@ -1,7 +1,7 @@
 -- Ingestion: deletes the findings and asset links an earlier attempt of each completing scan job
 -- left.
--- $1: jobs
--- $2: attempts
+-- $1 jobs: uuid[]
+-- $2 attempts: uuid[]
 WITH gone_findings AS (
     DELETE FROM findings f USING UNNEST($1::uuid[], $2::uuid[]) AS u(scan_job_id, attempt_id)
     WHERE f.scan_job_id = u.scan_job_id AND f.attempt_id <> u.attempt_id

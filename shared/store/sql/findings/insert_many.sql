@@ -1,19 +1,19 @@
 -- Ingestion: stores the batches' findings.
--- $1: ids
--- $2: organizations
--- $3: scans
--- $4: jobs
--- $5: attempts
--- $6: keys
--- $7: plugins
--- $8: rule_ids
--- $9: resources
--- $10: discriminators
--- $11: severities
--- $12: titles
--- $13: descriptions
--- $14: evidence
--- $15: cves
+-- $1 ids: uuid[]
+-- $2 organizations: uuid[]
+-- $3 scans: uuid[]
+-- $4 jobs: uuid[]
+-- $5 attempts: uuid[]
+-- $6 keys: text[]
+-- $7 plugins: text[]
+-- $8 rule_ids: text[]
+-- $9 resources: text[]
+-- $10 discriminators: text[]
+-- $11 severities: text[]
+-- $12 titles: text[]
+-- $13 descriptions: text[]
+-- $14 evidence: text[]
+-- $15 cves: text[]
 INSERT INTO findings (id, organization_id, scan_id, scan_job_id, attempt_id, finding_key, plugin,
                       rule_id, resource, discriminator, severity, title, description, evidence, cve_ids)
 SELECT u.id, u.organization_id, u.scan_id, u.scan_job_id, u.attempt_id, u.key, u.plugin,

@@ -1,12 +1,12 @@
 -- `palisade finding list`: a page of a scan's findings in finding-key order after $5, with
 -- the scan's collection revision read in the same snapshot (the page is bound to it). One row
 -- with a NULL id for a scan without findings on the page; no row: no such scan.
--- $1: scan id
--- $2: organization id (NULL: any)
--- $3: statuses (NULL: all)
--- $4: severities (NULL: all)
--- $5: after this finding key ('' from the start)
--- $6: page size
+-- $1 scan_id: uuid
+-- $2 organization_id: uuid — NULL: any
+-- $3 statuses: text[] — NULL: all
+-- $4 severities: text[] — NULL: all
+-- $5 after_finding_key: text — after this finding key ('' from the start)
+-- $6 limit: int8 — page size
 WITH scan AS (
     SELECT id, state, findings_revision FROM scans
     WHERE id = $1 AND ($2::uuid IS NULL OR organization_id = $2)

@@ -4,14 +4,14 @@
 -- revision moves. The finding's and its scan's rows are locked (in that order), so changes of
 -- one finding take turns: of two naming the same revision, the second sees the first's and
 -- changes nothing. No row: no such finding (in the organization).
--- $1: finding id
--- $2: organization id (NULL: any, the operator's command)
--- $3: expected revision
--- $4: expected collection revision (NULL: not checked)
--- $5: the new status (FindingStatus::as_str())
--- $6: reason
--- $7: actor
--- $8: FindingChange::Set.as_str()
+-- $1 finding_id: uuid
+-- $2 organization_id: uuid — NULL: any, the operator's command
+-- $3 expected_revision: int4
+-- $4 expected_collection_revision: int4 — NULL: not checked
+-- $5 status: text — the new status (FindingStatus::as_str())
+-- $6 reason: text
+-- $7 actor: text
+-- $8 set_change: text — FindingChange::Set.as_str()
 WITH target AS (
     SELECT f.id, f.scan_id, f.organization_id, f.finding_key, f.status, f.revision,
            s.findings_revision

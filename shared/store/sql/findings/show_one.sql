@@ -1,6 +1,6 @@
 -- `palisade finding show`: one finding, with its scan's target and collection revision.
--- $1: finding id
--- $2: organization id (NULL: any)
+-- $1 finding_id: uuid
+-- $2 organization_id: uuid — NULL: any
 SELECT f.id, f.scan_id, f.organization_id, s.target_id, s.findings_revision AS collection_revision,
        f.finding_key, f.plugin, f.rule_id, f.resource, f.discriminator, f.severity, f.title,
        f.description, f.evidence, f.cve_ids, f.cve_data, f.status, f.status_reason, f.revision,

@@ -4,9 +4,9 @@
 -- unchanged is not written, so enriching again writes nothing. The job's row stays locked
 -- FOR SHARE until commit: a newer claim waits for it, or it sees the newer claim and writes
 -- nothing (`holds` false).
--- $1: job id
--- $2: fencing token
--- $3: EnrichmentJobState::Running.as_str()
+-- $1 job_id: uuid
+-- $2 fencing_token: int8
+-- $3 running_state: text — EnrichmentJobState::Running.as_str()
 WITH holder AS (
     SELECT scan_id FROM enrichment_jobs
     WHERE id = $1 AND fencing_token = $2 AND state = $3 AND lease_expires_at > now()

@@ -1,8 +1,8 @@
 -- Every worker and client holding a NATS credential (or only the one of $1/$2), with what its
 -- own NATS account is signed with: the organizations a client is bound to, and the keys NATS
 -- must refuse (replaced ones, and all of a revoked worker's or client's).
--- $1: worker_id (NULL with $2 NULL: every identity)
--- $2: client_id
+-- $1 worker_id: uuid — NULL with $2 NULL: every identity
+-- $2 client_id: text
 SELECT u.worker_id,
        u.client_id,
        coalesce(c.organization_ids, '{}'::uuid[]) AS organization_ids,

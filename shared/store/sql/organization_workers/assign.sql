@@ -1,10 +1,10 @@
 -- Assigns a worker to an organization (again, if it was revoked), and records the change.
--- $1: organization_id
--- $2: worker_id
--- $3: the change's id (Uuid::now_v7())
--- $4: who
--- $5: why
--- $6: AdminAction::AssignmentAdded
+-- $1 organization_id: uuid
+-- $2 worker_id: uuid
+-- $3 change_id: uuid — the change's id (Uuid::now_v7())
+-- $4 who: text
+-- $5 why: text
+-- $6 assignment_added_action: text — AdminAction::AssignmentAdded
 WITH assigned AS (
     INSERT INTO organization_workers (organization_id, worker_id) VALUES ($1, $2)
     ON CONFLICT (organization_id, worker_id) DO UPDATE

@@ -1,6 +1,6 @@
 -- The organizations a worker serves now (enabled, not revoked), share-locked so no revocation
 -- commits until the caller's transaction ends.
--- $1: worker_id
+-- $1 worker_id: uuid
 SELECT organization_id FROM organization_workers
 WHERE worker_id = $1 AND enabled AND revoked_at IS NULL
 FOR SHARE

@@ -1,10 +1,10 @@
 -- Revokes a worker's assignment to an organization, and records the change.
--- $1: organization_id
--- $2: worker_id
--- $3: reason
--- $4: the change's id (Uuid::now_v7())
--- $5: who
--- $6: AdminAction::AssignmentRevoked
+-- $1 organization_id: uuid
+-- $2 worker_id: uuid
+-- $3 reason: text
+-- $4 change_id: uuid — the change's id (Uuid::now_v7())
+-- $5 who: text
+-- $6 assignment_revoked_action: text — AdminAction::AssignmentRevoked
 WITH revoked AS (
     UPDATE organization_workers SET enabled = false, revoked_at = coalesce(revoked_at, now()),
            revocation_reason = $3, updated_at = now()

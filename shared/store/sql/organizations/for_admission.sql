@@ -1,6 +1,6 @@
 -- Admission: the batch's organizations with their quotas; an organization with a quota is locked so
 -- its admissions count one after another.
--- $1: ids
+-- $1 ids: uuid[]
 WITH counted AS MATERIALIZED (
     -- Serialize an organization's admissions only when it has a quota to count.
     SELECT id FROM organizations

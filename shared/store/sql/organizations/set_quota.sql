@@ -1,12 +1,12 @@
 -- `palisade org set`: an organization's hourly scan quota, changed on the live organization
 -- (admission reads it at each decision, so the next admission counts against it), and the
 -- change recorded. Returns the quota it replaced; no row: no such organization.
--- $1: id
--- $2: the new quota (NULL: none)
--- $3: the change's id (Uuid::now_v7())
--- $4: who
--- $5: why
--- $6: AdminAction::OrganizationLimitsSet
+-- $1 id: uuid
+-- $2 hourly_scan_quota: int4 — the new quota (NULL: none)
+-- $3 change_id: uuid — the change's id (Uuid::now_v7())
+-- $4 who: text
+-- $5 why: text
+-- $6 organization_limits_set_action: text — AdminAction::OrganizationLimitsSet
 WITH previous AS (
     SELECT id, hourly_scan_quota FROM organizations WHERE id = $1 FOR UPDATE
 ), changed AS (

@@ -1,7 +1,7 @@
 -- `palisade org show`: an organization's limits, its workers (with each assignment's state),
 -- its clients, its schedules and its tasks in flight. No row: no such organization.
--- $1: id
--- $2: TaskState::LEASED
+-- $1 id: uuid
+-- $2 leased_states: text[] — TaskState::LEASED
 SELECT o.id, o.name, o.hourly_scan_quota, o.max_running_tasks, o.created_at,
        (SELECT count(*) FROM worker_tasks t
         WHERE t.organization_id = o.id AND t.state = ANY($2)) AS tasks_in_flight,

@@ -2,8 +2,8 @@
 -- and never claimed: `created_at`; claim lapsed: `claimed_until`), from both tables: a batch
 -- row (one decision's events) and a row an older build wrote (one event). Batch rows are taken
 -- while the events before them number fewer than the limit, so one large row is still taken.
--- $1: limit
--- $2: crate::seconds(claim_for)
+-- $1 limit: int8
+-- $2 claim_for_seconds: float8
 WITH single AS (
     SELECT id FROM outbox
     WHERE published_at IS NULL AND coalesce(claimed_until, created_at) <= now()

@@ -1,13 +1,13 @@
 -- Writes the events one decision makes as one row, in the deciding transaction; an event's
 -- trace headers come from its scan when it has none; a staged row is already claimed by its
 -- committer. Returns the headers as stored, in the order of the events.
--- $1: id
--- $2: event_ids
--- $3: subjects
--- $4: payloads
--- $5: headers
--- $6: trace_scan_ids
--- $7: claimed_for.map(crate::seconds)
+-- $1 id: uuid
+-- $2 event_ids: uuid[]
+-- $3 subjects: text[]
+-- $4 payloads: bytea[]
+-- $5 headers: jsonb[]
+-- $6 trace_scan_ids: uuid[]
+-- $7 claimed_for_seconds: float8 — claimed_for.map(crate::seconds)
 INSERT INTO outbox_batches (id, event_ids, subjects, payloads, headers, claimed_until)
 SELECT $1,
        array_agg(e.id ORDER BY e.position),

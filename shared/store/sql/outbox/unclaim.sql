@@ -1,8 +1,8 @@
 -- Gives rows the bus refused (any of their events) back to the poll, without the events it
 -- acknowledged: those are on the stream, and publishing them again past the stream's
 -- duplicate window would repeat them. Either table.
--- $1: ids
--- $2: published_event_ids
+-- $1 ids: uuid[]
+-- $2 published_event_ids: uuid[]
 WITH single AS (
     UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1)
 )

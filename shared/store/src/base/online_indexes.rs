@@ -80,8 +80,8 @@ pub enum IndexState {
 
 /// The state of the index `name`.
 pub async fn state(pool: &PgPool, name: &str) -> Result<IndexState, StoreError> {
-    let valid: Option<bool> = sql::query_scalar(sql::database::INDEX_STATE)
-        .bind(name)
+    let valid: Option<bool> = sql::database::IndexState { index_name: name }
+        .query_scalar()
         .fetch_optional(pool)
         .await?;
     Ok(match valid {

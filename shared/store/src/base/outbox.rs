@@ -223,16 +223,18 @@ async fn insert(
         .collect();
     let trace_scan_ids: Vec<Option<Uuid>> =
         events.iter().map(|event| event.trace_scan_id).collect();
-    let stored: Vec<serde_json::Value> = sql::query_scalar(sql::outbox::INSERT_BATCH)
-        .bind(id)
-        .bind(&ids)
-        .bind(&subjects)
-        .bind(&payloads)
-        .bind(&headers)
-        .bind(&trace_scan_ids)
-        .bind(claimed_for.map(crate::seconds))
-        .fetch_one(conn)
-        .await?;
+    let stored: Vec<serde_json::Value> = sql::outbox::InsertBatch {
+        id,
+        event_ids: &ids,
+        subjects: &subjects,
+        payloads: &payloads,
+        headers: &headers,
+        trace_scan_ids: &trace_scan_ids,
+        claimed_for_seconds: claimed_for.map(crate::seconds),
+    }
+    .query_scalar()
+    .fetch_one(conn)
+    .await?;
     if stored.len() != events.len() {
         return Err(StoreError::Corrupt(format!(
             "outbox row {id}: {} events written, {} stored",
@@ -260,11 +262,13 @@ pub async fn claim(
     limit: i64,
     claim_for: Duration,
 ) -> Result<Vec<OutboxRow>, StoreError> {
-    let claimed: Vec<ClaimedRow> = sql::query_as(sql::outbox::CLAIM)
-        .bind(limit)
-        .bind(crate::seconds(claim_for))
-        .fetch_all(pool)
-        .await?;
+    let claimed: Vec<ClaimedRow> = sql::outbox::Claim {
+        limit,
+        claim_for_seconds: crate::seconds(claim_for),
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?;
     let mut rows: Vec<OutboxRow> = claimed
         .into_iter()
         .map(|(id, event_ids, subjects, payloads, headers)| OutboxRow {
@@ -297,8 +301,8 @@ pub async fn remove_published(pool: &PgPool, ids: &[Uuid]) -> Result<(), StoreEr
     if ids.is_empty() {
         return Ok(());
     }
-    sql::query(sql::outbox::REMOVE_PUBLISHED)
-        .bind(ids)
+    sql::outbox::RemovePublished { ids }
+        .query()
         .execute(pool)
         .await?;
     Ok(())
@@ -310,11 +314,13 @@ pub async fn unclaim(pool: &PgPool, ids: &[Uuid], published: &[Uuid]) -> Result<
     if ids.is_empty() {
         return Ok(());
     }
-    sql::query(sql::outbox::UNCLAIM)
-        .bind(ids)
-        .bind(published)
-        .execute(pool)
-        .await?;
+    sql::outbox::Unclaim {
+        ids,
+        published_event_ids: published,
+    }
+    .query()
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

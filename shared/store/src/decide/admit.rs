@@ -274,8 +274,8 @@ async fn organizations(
     let mut ids: Vec<Uuid> = requests.iter().map(|r| r.organization_id).collect();
     ids.sort_unstable();
     ids.dedup();
-    let rows: Vec<(Uuid, Option<i32>)> = sql::query_as(sql::organizations::FOR_ADMISSION)
-        .bind(&ids)
+    let rows: Vec<(Uuid, Option<i32>)> = sql::organizations::ForAdmission { ids: &ids }
+        .query_as()
         .fetch_all(conn)
         .await?;
     Ok(rows.into_iter().collect())

@@ -682,11 +682,13 @@ async fn finish_attempts(
             .iter()
             .map(|(params, _, _)| params.claim.attempt_id)
             .collect();
-        sql::query(sql::findings::DELETE_SUPERSEDED_MANY)
-            .bind(&jobs)
-            .bind(&attempts)
-            .execute(&mut *conn)
-            .await?;
+        sql::findings::DeleteSupersededMany {
+            jobs: &jobs,
+            attempts: &attempts,
+        }
+        .query()
+        .execute(&mut *conn)
+        .await?;
     }
 
     // Per attempt and task: done (completed) wins over running.

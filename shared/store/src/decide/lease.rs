@@ -249,10 +249,12 @@ pub async fn acquire_many(
         .into_iter()
         .collect();
     if !capped.is_empty() {
-        sql::query(sql::organizations::LOCK_CAPPED)
-            .bind(&capped)
-            .execute(&mut *tx)
-            .await?;
+        sql::organizations::LockCapped {
+            organization_ids: &capped,
+        }
+        .query()
+        .execute(&mut *tx)
+        .await?;
     }
 
     let mut decided: Vec<Acquired> = Vec::with_capacity(acquires.len());
@@ -552,15 +554,12 @@ async fn assigned_organizations(
     worker_id: Uuid,
     lock: bool,
 ) -> Result<Vec<Uuid>, StoreError> {
-    let sql = if lock {
-        sql::organization_workers::ASSIGNED_FOR_SHARE
+    let query = if lock {
+        sql::organization_workers::AssignedForShare { worker_id }.query_scalar()
     } else {
-        sql::organization_workers::ASSIGNED
+        sql::organization_workers::Assigned { worker_id }.query_scalar()
     };
-    Ok(sql::query_scalar(sql)
-        .bind(worker_id)
-        .fetch_all(conn)
-        .await?)
+    Ok(query.fetch_all(conn).await?)
 }
 
 #[derive(Debug, Clone, PartialEq)]

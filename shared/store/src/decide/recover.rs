@@ -292,9 +292,8 @@ pub async fn prune(
     limit: i64,
 ) -> Result<Pruned, StoreError> {
     let seconds = crate::seconds(retention);
-    let outbox = sql::query(sql::outbox::PRUNE)
-        .bind(seconds)
-        .bind(limit)
+    let outbox = sql::outbox::Prune { seconds, limit }
+        .query()
         .execute(pool)
         .await?
         .rows_affected();
@@ -305,15 +304,13 @@ pub async fn prune(
         .execute(pool)
         .await?
         .rows_affected();
-    let dead_letters = sql::query(sql::dead_letters::PRUNE)
-        .bind(seconds)
-        .bind(limit)
+    let dead_letters = sql::dead_letters::Prune { seconds, limit }
+        .query()
         .execute(pool)
         .await?
         .rows_affected();
-    let cve_quarantine = sql::query(sql::cve_quarantine::PRUNE)
-        .bind(seconds)
-        .bind(limit)
+    let cve_quarantine = sql::cve_quarantine::Prune { seconds, limit }
+        .query()
         .execute(pool)
         .await?
         .rows_affected();

@@ -68,15 +68,17 @@ pub async fn revoke_assignment(
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let found: Option<Uuid> = sql::query_scalar(sql::organization_workers::REVOKE)
-        .bind(organization_id)
-        .bind(worker_id)
-        .bind(change.reason)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(AdminAction::AssignmentRevoked.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
+    let found: Option<Uuid> = sql::organization_workers::Revoke {
+        organization_id,
+        worker_id,
+        reason: change.reason,
+        change_id: change.id(),
+        who: change.by,
+        assignment_revoked_action: AdminAction::AssignmentRevoked.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(&mut *tx)
+    .await?;
     if found.is_none() {
         return Ok(RevokeOutcome::NotFound);
     }

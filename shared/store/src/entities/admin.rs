@@ -16,12 +16,14 @@ pub async fn create_organization(
     name: &str,
     hourly_scan_quota: Option<i32>,
 ) -> Result<(), StoreError> {
-    sql::query(sql::organizations::CREATE)
-        .bind(id)
-        .bind(name)
-        .bind(hourly_scan_quota)
-        .execute(pool)
-        .await?;
+    sql::organizations::Create {
+        id,
+        name,
+        hourly_scan_quota,
+    }
+    .query()
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
@@ -33,15 +35,17 @@ pub async fn set_hourly_quota(
     hourly_scan_quota: Option<i32>,
     change: &Change<'_>,
 ) -> Result<Result<Option<i32>, ()>, StoreError> {
-    let previous: Option<Option<i32>> = sql::query_scalar(sql::organizations::SET_QUOTA)
-        .bind(id)
-        .bind(hourly_scan_quota)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(change.reason)
-        .bind(AdminAction::OrganizationLimitsSet.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let previous: Option<Option<i32>> = sql::organizations::SetQuota {
+        id,
+        hourly_scan_quota,
+        change_id: change.id(),
+        who: change.by,
+        why: change.reason,
+        organization_limits_set_action: AdminAction::OrganizationLimitsSet.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(previous.ok_or(()))
 }
 
@@ -53,15 +57,17 @@ pub async fn set_max_running_tasks(
     max_running_tasks: Option<i32>,
     change: &Change<'_>,
 ) -> Result<Result<Option<i32>, ()>, StoreError> {
-    let previous: Option<Option<i32>> = sql::query_scalar(sql::organizations::SET_MAX_RUNNING)
-        .bind(id)
-        .bind(max_running_tasks)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(change.reason)
-        .bind(AdminAction::OrganizationLimitsSet.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let previous: Option<Option<i32>> = sql::organizations::SetMaxRunning {
+        id,
+        max_running_tasks,
+        change_id: change.id(),
+        who: change.by,
+        why: change.reason,
+        organization_limits_set_action: AdminAction::OrganizationLimitsSet.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(previous.ok_or(()))
 }
 
@@ -88,15 +94,17 @@ pub async fn assign_worker(
     worker_id: Uuid,
     change: &Change<'_>,
 ) -> Result<(), StoreError> {
-    sql::query_scalar::<Uuid>(sql::organization_workers::ASSIGN)
-        .bind(organization_id)
-        .bind(worker_id)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(change.reason)
-        .bind(AdminAction::AssignmentAdded.as_str())
-        .fetch_one(pool)
-        .await?;
+    sql::organization_workers::Assign {
+        organization_id,
+        worker_id,
+        change_id: change.id(),
+        who: change.by,
+        why: change.reason,
+        assignment_added_action: AdminAction::AssignmentAdded.as_str(),
+    }
+    .query_scalar::<Uuid>()
+    .fetch_one(pool)
+    .await?;
     Ok(())
 }
 
@@ -220,8 +228,8 @@ pub struct FindingView {
 }
 
 pub async fn findings(pool: &PgPool, scan_id: Uuid) -> Result<Vec<FindingView>, StoreError> {
-    Ok(sql::query_as::<FindingView>(sql::findings::SHOW_FOR_SCAN)
-        .bind(scan_id)
+    Ok(sql::findings::ShowForScan { scan_id }
+        .query_as::<FindingView>()
         .fetch_all(pool)
         .await?)
 }

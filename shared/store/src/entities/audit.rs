@@ -111,9 +111,11 @@ pub struct OrganizationView {
 
 /// An organization with its workers and clients; `None` when there is no such organization.
 pub async fn organization(pool: &PgPool, id: Uuid) -> Result<Option<OrganizationView>, StoreError> {
-    Ok(sql::query_as(sql::organizations::SHOW)
-        .bind(id)
-        .bind(crate::states::TaskState::LEASED.map(crate::states::TaskState::as_str))
-        .fetch_optional(pool)
-        .await?)
+    Ok(sql::organizations::Show {
+        id,
+        leased_states: crate::states::TaskState::LEASED.map(crate::states::TaskState::as_str),
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await?)
 }

@@ -35,17 +35,21 @@ pub async fn record_credential(
 ) -> Result<(), StoreError> {
     let (worker_id, client_id) = holder.ids();
     let mut tx = pool.begin().await?;
-    sql::query(sql::nats_users::RETIRE_OTHERS)
-        .bind(worker_id)
-        .bind(client_id)
-        .execute(&mut *tx)
-        .await?;
-    sql::query(sql::nats_users::RECORD)
-        .bind(public_key)
-        .bind(worker_id)
-        .bind(client_id)
-        .execute(&mut *tx)
-        .await?;
+    sql::nats_users::RetireOthers {
+        worker_id,
+        client_id,
+    }
+    .query()
+    .execute(&mut *tx)
+    .await?;
+    sql::nats_users::Record {
+        public_key,
+        worker_id,
+        client_id,
+    }
+    .query()
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(())
 }
@@ -68,11 +72,13 @@ pub async fn bus_accounts(
     let (worker_id, client_id) = holder.map_or((None, None), Holder::ids);
     /// worker_id, client_id, organization_ids, refused.
     type Row = (Option<Uuid>, Option<String>, Vec<Uuid>, Vec<String>);
-    let rows: Vec<Row> = sql::query_as(sql::nats_users::ACCOUNTS)
-        .bind(worker_id)
-        .bind(client_id)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<Row> = sql::nats_users::Accounts {
+        worker_id,
+        client_id,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?;
     Ok(rows
         .into_iter()
         .filter_map(|(worker_id, client_id, organization_ids, refused)| {

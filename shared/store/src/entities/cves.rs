@@ -184,14 +184,16 @@ pub async fn upsert(
         }
     }
     let rows = serde_json::Value::Array(latest.values().map(|record| record.row()).collect());
-    let (holds, written): (bool, i64) = sql::query_as(sql::cves::UPSERT)
-        .bind(fence.map(|fence| fence.job_id))
-        .bind(fence.map(|fence| fence.fencing_token))
-        .bind(EnrichmentJobState::Running.as_str())
-        .bind(rows)
-        .bind(origin.as_str())
-        .fetch_one(pool)
-        .await?;
+    let (holds, written): (bool, i64) = sql::cves::Upsert {
+        job_id: fence.map(|fence| fence.job_id),
+        fencing_token: fence.map(|fence| fence.fencing_token),
+        running_state: EnrichmentJobState::Running.as_str(),
+        records: rows,
+        source: origin.as_str(),
+    }
+    .query_as()
+    .fetch_one(pool)
+    .await?;
     Ok(if holds {
         Written::Rows(written.max(0) as u64)
     } else {
@@ -215,12 +217,14 @@ pub async fn misses(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(sql::query_scalar(sql::cves::MISSES)
-        .bind(&ids)
-        .bind(crate::seconds(recheck_unknown_after))
-        .bind(QuarantineAction::SetAside.as_str())
-        .fetch_all(pool)
-        .await?)
+    Ok(sql::cves::Misses {
+        ids: &ids,
+        retry_after_seconds: crate::seconds(recheck_unknown_after),
+        set_aside_action: QuarantineAction::SetAside.as_str(),
+    }
+    .query_scalar()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// A sync window a job took.
@@ -240,14 +244,16 @@ pub async fn take_sync(
     source: &str,
     interval: Duration,
 ) -> Result<Option<SyncTaken>, StoreError> {
-    let taken: Option<(Option<DateTime<Utc>>, DateTime<Utc>)> = sql::query_as(sql::cve_sync::TAKE)
-        .bind(fence.job_id)
-        .bind(fence.fencing_token)
-        .bind(EnrichmentJobState::Running.as_str())
-        .bind(source)
-        .bind(crate::seconds(interval))
-        .fetch_optional(pool)
-        .await?;
+    let taken: Option<(Option<DateTime<Utc>>, DateTime<Utc>)> = sql::cve_sync::Take {
+        job_id: fence.job_id,
+        fencing_token: fence.fencing_token,
+        running_state: EnrichmentJobState::Running.as_str(),
+        source,
+        sync_interval_seconds: crate::seconds(interval),
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await?;
     Ok(taken.map(|(synced_through, until)| SyncTaken {
         synced_through,
         until,
@@ -262,14 +268,16 @@ pub async fn finish_sync(
     source: &str,
     through: DateTime<Utc>,
 ) -> Result<Written, StoreError> {
-    let moved: Option<Option<DateTime<Utc>>> = sql::query_scalar(sql::cve_sync::FINISH)
-        .bind(fence.job_id)
-        .bind(fence.fencing_token)
-        .bind(EnrichmentJobState::Running.as_str())
-        .bind(source)
-        .bind(through)
-        .fetch_optional(pool)
-        .await?;
+    let moved: Option<Option<DateTime<Utc>>> = sql::cve_sync::Finish {
+        job_id: fence.job_id,
+        fencing_token: fence.fencing_token,
+        running_state: EnrichmentJobState::Running.as_str(),
+        source,
+        synced_through: through,
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(match moved {
         Some(_) => Written::Rows(1),
         None => Written::Fenced,
@@ -288,12 +296,14 @@ pub enum FindingsWritten {
 /// Writes each CVE finding of the job's scan its CVE data from the table, fenced, in one
 /// statement.
 pub async fn write_findings(pool: &PgPool, fence: JobFence) -> Result<FindingsWritten, StoreError> {
-    let (holds, findings, written): (bool, i64, i64) = sql::query_as(sql::findings::WRITE_CVE_DATA)
-        .bind(fence.job_id)
-        .bind(fence.fencing_token)
-        .bind(EnrichmentJobState::Running.as_str())
-        .fetch_one(pool)
-        .await?;
+    let (holds, findings, written): (bool, i64, i64) = sql::findings::WriteCveData {
+        job_id: fence.job_id,
+        fencing_token: fence.fencing_token,
+        running_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_as()
+    .fetch_one(pool)
+    .await?;
     Ok(if holds {
         FindingsWritten::Written {
             findings: findings.max(0) as u64,
@@ -400,11 +410,13 @@ pub async fn quarantine(
             })
             .collect(),
     );
-    let recorded: Vec<(String, bool)> = sql::query_as(sql::cve_quarantine::RECORD)
-        .bind(rows)
-        .bind(origin.as_str())
-        .fetch_all(pool)
-        .await?;
+    let recorded: Vec<(String, bool)> = sql::cve_quarantine::Record {
+        records: rows,
+        source: origin.as_str(),
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?;
     Ok(recorded
         .into_iter()
         .filter(|(_, first_seen)| *first_seen)
@@ -450,12 +462,13 @@ pub async fn status(pool: &PgPool, recent: i64) -> Result<CveStatus, StoreError>
         Option<Uuid>,
         DateTime<Utc>,
     );
-    let (known, unknown, imported, synced_through, holder, updated): Sync =
-        sql::query_as(sql::cves::STATUS)
-            .bind(NVD_SYNC)
-            .bind(CveOrigin::Import.as_str())
-            .fetch_one(pool)
-            .await?;
+    let (known, unknown, imported, synced_through, holder, updated): Sync = sql::cves::Status {
+        sync_source: NVD_SYNC,
+        import_origin: CveOrigin::Import.as_str(),
+    }
+    .query_as()
+    .fetch_one(pool)
+    .await?;
     type Row = (
         String,
         Option<String>,
@@ -467,8 +480,8 @@ pub async fn status(pool: &PgPool, recent: i64) -> Result<CveStatus, StoreError>
         i64,
         i64,
     );
-    let rows: Vec<Row> = sql::query_as(sql::cve_quarantine::RECENT)
-        .bind(recent)
+    let rows: Vec<Row> = sql::cve_quarantine::Recent { limit: recent }
+        .query_as()
         .fetch_all(pool)
         .await?;
     let quarantined = rows.first().map_or(0, |row| row.8);

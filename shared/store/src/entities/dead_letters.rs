@@ -22,16 +22,18 @@ pub struct DeadLetter<'a> {
 
 /// Records it once per (consumer, stream sequence).
 pub async fn record(pool: &PgPool, letter: &DeadLetter<'_>) -> Result<(), StoreError> {
-    sql::query(sql::dead_letters::RECORD)
-        .bind(Uuid::now_v7())
-        .bind(letter.consumer)
-        .bind(letter.subject)
-        .bind(letter.stream_sequence as i64)
-        .bind(letter.delivered)
-        .bind(letter.reason)
-        .bind(letter.payload)
-        .execute(pool)
-        .await?;
+    sql::dead_letters::Record {
+        id: Uuid::now_v7(),
+        consumer: letter.consumer,
+        subject: letter.subject,
+        stream_sequence: letter.stream_sequence as i64,
+        delivered: letter.delivered,
+        reason: letter.reason,
+        payload: letter.payload,
+    }
+    .query()
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
@@ -74,13 +76,15 @@ pub async fn list(
         row: DeadLetterRow,
         bytes: i64,
     }
-    let listed: Vec<Listed> = sql::query_as(sql::dead_letters::LIST)
-        .bind(filter.consumer)
-        .bind(filter.all)
-        .bind(filter.after)
-        .bind(filter.limit)
-        .fetch_all(pool)
-        .await?;
+    let listed: Vec<Listed> = sql::dead_letters::List {
+        consumer: filter.consumer,
+        include_resolved: filter.all,
+        after_id: filter.after,
+        limit: filter.limit,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?;
     Ok(listed.into_iter().map(|l| (l.row, l.bytes)).collect())
 }
 
@@ -92,8 +96,8 @@ pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<(DeadLetterRow, Vec<u
         row: DeadLetterRow,
         payload: Vec<u8>,
     }
-    let read: Option<Read> = sql::query_as(sql::dead_letters::GET)
-        .bind(id)
+    let read: Option<Read> = sql::dead_letters::Get { id }
+        .query_as()
         .fetch_optional(pool)
         .await?;
     Ok(read.map(|read| (read.row, read.payload)))
@@ -107,13 +111,14 @@ pub async fn resolve(
     by: &str,
     note: &str,
 ) -> Result<bool, StoreError> {
-    let resolved: Option<chrono::DateTime<chrono::Utc>> =
-        sql::query_scalar(sql::dead_letters::RESOLVE)
-            .bind(id)
-            .bind(resolution.as_str())
-            .bind(by)
-            .bind(note)
-            .fetch_optional(pool)
-            .await?;
+    let resolved: Option<chrono::DateTime<chrono::Utc>> = sql::dead_letters::Resolve {
+        id,
+        resolution: resolution.as_str(),
+        who: by,
+        why: note,
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(resolved.is_some())
 }

@@ -57,16 +57,16 @@ pub async fn claim(
     lease_ttl: Duration,
     limit: i64,
 ) -> Result<Vec<ClaimedJob>, StoreError> {
-    Ok(
-        sql::query_as::<ClaimedJob>(sql::enrichment_jobs::CLAIM_MANY)
-            .bind(owner)
-            .bind(crate::seconds(lease_ttl))
-            .bind(limit)
-            .bind(EnrichmentJobState::Pending.as_str())
-            .bind(EnrichmentJobState::Running.as_str())
-            .fetch_all(pool)
-            .await?,
-    )
+    Ok(sql::enrichment_jobs::ClaimMany {
+        owner,
+        lease_ttl_seconds: crate::seconds(lease_ttl),
+        limit,
+        pending_state: EnrichmentJobState::Pending.as_str(),
+        running_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_as::<ClaimedJob>()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// The CVE ids of each scan's findings, in one statement; a scan without any is absent.
@@ -74,8 +74,8 @@ pub async fn scan_cve_ids(
     pool: &PgPool,
     scan_ids: &[Uuid],
 ) -> Result<HashMap<Uuid, Vec<String>>, StoreError> {
-    let rows: Vec<(Uuid, Vec<String>)> = sql::query_as(sql::findings::CVE_IDS_OF_SCANS)
-        .bind(scan_ids)
+    let rows: Vec<(Uuid, Vec<String>)> = sql::findings::CveIdsOfScans { scan_ids }
+        .query_as()
         .fetch_all(pool)
         .await?;
     Ok(rows.into_iter().collect())
@@ -87,13 +87,15 @@ pub async fn renew(
     job: &ClaimedJob,
     lease_ttl: Duration,
 ) -> Result<bool, StoreError> {
-    let renewed: Option<Uuid> = sql::query_scalar(sql::enrichment_jobs::RENEW)
-        .bind(job.id)
-        .bind(job.fencing_token)
-        .bind(crate::seconds(lease_ttl))
-        .bind(EnrichmentJobState::Running.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let renewed: Option<Uuid> = sql::enrichment_jobs::Renew {
+        job_id: job.id,
+        fencing_token: job.fencing_token,
+        lease_ttl_seconds: crate::seconds(lease_ttl),
+        running_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(renewed.is_some())
 }
 
@@ -103,13 +105,15 @@ pub async fn checkpoint(
     job: &ClaimedJob,
     checkpoint: &serde_json::Value,
 ) -> Result<bool, StoreError> {
-    let written: Option<Uuid> = sql::query_scalar(sql::enrichment_jobs::CHECKPOINT)
-        .bind(job.id)
-        .bind(job.fencing_token)
-        .bind(checkpoint)
-        .bind(EnrichmentJobState::Running.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let written: Option<Uuid> = sql::enrichment_jobs::Checkpoint {
+        job_id: job.id,
+        fencing_token: job.fencing_token,
+        checkpoint,
+        running_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(written.is_some())
 }
 
@@ -176,14 +180,16 @@ pub async fn complete(
         .map(|(_, checkpoint)| checkpoint.clone())
         .collect();
     let mut tx = pool.begin().await?;
-    let ended: Vec<Ended> = sql::query_as(sql::enrichment_jobs::COMPLETE_MANY)
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(&checkpoints)
-        .bind(EnrichmentJobState::Completed.as_str())
-        .bind(EnrichmentJobState::Running.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
+    let ended: Vec<Ended> = sql::enrichment_jobs::CompleteMany {
+        ids: &ids,
+        tokens: &tokens,
+        checkpoints: &checkpoints,
+        completed_state: EnrichmentJobState::Completed.as_str(),
+        running_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_as()
+    .fetch_all(&mut *tx)
+    .await?;
     let events: Vec<OutboxEvent> = ended
         .iter()
         .map(|row| {
@@ -237,17 +243,19 @@ pub async fn fail(
         Duration::ZERO
     };
     let mut tx = pool.begin().await?;
-    let row: Option<FailedRow> = sql::query_as(sql::enrichment_jobs::FAIL)
-        .bind(job.id)
-        .bind(job.fencing_token)
-        .bind(last_error(error))
-        .bind(retries)
-        .bind(crate::seconds(after))
-        .bind(EnrichmentJobState::Pending.as_str())
-        .bind(EnrichmentJobState::Failed.as_str())
-        .bind(EnrichmentJobState::Running.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
+    let row: Option<FailedRow> = sql::enrichment_jobs::Fail {
+        job_id: job.id,
+        fencing_token: job.fencing_token,
+        error: last_error(error),
+        retry: retries,
+        delay_seconds: crate::seconds(after),
+        pending_state: EnrichmentJobState::Pending.as_str(),
+        failed_state: EnrichmentJobState::Failed.as_str(),
+        running_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_as()
+    .fetch_optional(&mut *tx)
+    .await?;
     let outcome = match row {
         None => FailOutcome::Fenced,
         Some(row) if row.failed() => {
@@ -294,11 +302,13 @@ pub async fn recover_expired(
     limit: i64,
 ) -> Result<RecoveredJobs, StoreError> {
     let mut tx = pool.begin().await?;
-    let expired: Vec<Expired> = sql::query_as(sql::enrichment_jobs::LOCK_EXPIRED)
-        .bind(limit)
-        .bind(EnrichmentJobState::Running.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
+    let expired: Vec<Expired> = sql::enrichment_jobs::LockExpired {
+        limit,
+        running_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_as()
+    .fetch_all(&mut *tx)
+    .await?;
     if expired.is_empty() {
         tx.commit().await?;
         return Ok(RecoveredJobs::default());
@@ -320,15 +330,17 @@ pub async fn recover_expired(
         })
         .collect();
     let error = lease_expired();
-    let rows: Vec<FailedRow> = sql::query_as(sql::enrichment_jobs::RECOVER_MANY)
-        .bind(&ids)
-        .bind(&retries)
-        .bind(&delays)
-        .bind(last_error(&error))
-        .bind(EnrichmentJobState::Pending.as_str())
-        .bind(EnrichmentJobState::Failed.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows: Vec<FailedRow> = sql::enrichment_jobs::RecoverMany {
+        ids: &ids,
+        retries: &retries,
+        delay_seconds: &delays,
+        error: last_error(&error),
+        pending_state: EnrichmentJobState::Pending.as_str(),
+        failed_state: EnrichmentJobState::Failed.as_str(),
+    }
+    .query_as()
+    .fetch_all(&mut *tx)
+    .await?;
     let events: Vec<OutboxEvent> = rows
         .iter()
         .filter(|row| row.failed())
@@ -412,11 +424,13 @@ pub async fn request(
 ) -> Result<RequestOutcome, StoreError> {
     // At most three rounds: a row created or requeued by a concurrent request is read again.
     for _ in 0..3 {
-        let found: Option<ForRequest> = sql::query_as(sql::enrichment_jobs::FOR_REQUEST)
-            .bind(scan_id)
-            .bind(organization_id)
-            .fetch_optional(pool)
-            .await?;
+        let found: Option<ForRequest> = sql::enrichment_jobs::ForRequest {
+            scan_id,
+            organization_id,
+        }
+        .query_as()
+        .fetch_optional(pool)
+        .await?;
         let Some(found) = found else {
             return Ok(RequestOutcome::NotFound);
         };
@@ -427,14 +441,15 @@ pub async fn request(
         }
         let (Some(job_id), Some(job_state)) = (found.job_id, found.job_state) else {
             let job_id = Uuid::now_v7();
-            let created: Option<String> =
-                sql::query_scalar(sql::enrichment_jobs::CREATE_FOR_REQUEST)
-                    .bind(job_id)
-                    .bind(scan_id)
-                    .bind(EnrichmentJobState::Pending.as_str())
-                    .bind(EnrichmentJobState::Completed.as_str())
-                    .fetch_optional(pool)
-                    .await?;
+            let created: Option<String> = sql::enrichment_jobs::CreateForRequest {
+                job_id,
+                scan_id,
+                pending_state: EnrichmentJobState::Pending.as_str(),
+                completed_state: EnrichmentJobState::Completed.as_str(),
+            }
+            .query_scalar()
+            .fetch_optional(pool)
+            .await?;
             match created.as_deref().map(EnrichmentJobState::parse) {
                 Some(Some(EnrichmentJobState::Pending)) => {
                     return Ok(RequestOutcome::Created { job_id });
@@ -450,12 +465,14 @@ pub async fn request(
                 return Ok(RequestOutcome::Active { job_id, state });
             }
             EnrichmentJobState::Failed => {
-                let requeued: Option<Uuid> = sql::query_scalar(sql::enrichment_jobs::REQUEUE)
-                    .bind(job_id)
-                    .bind(EnrichmentJobState::Pending.as_str())
-                    .bind(EnrichmentJobState::Failed.as_str())
-                    .fetch_optional(pool)
-                    .await?;
+                let requeued: Option<Uuid> = sql::enrichment_jobs::Requeue {
+                    job_id,
+                    pending_state: EnrichmentJobState::Pending.as_str(),
+                    failed_state: EnrichmentJobState::Failed.as_str(),
+                }
+                .query_scalar()
+                .fetch_optional(pool)
+                .await?;
                 if requeued.is_some() {
                     return Ok(RequestOutcome::Requeued { job_id });
                 }
@@ -463,12 +480,14 @@ pub async fn request(
         }
     }
     // Three rounds each overtaken by another request: the job is being requested right now.
-    let found: Option<(Uuid, String)> = sql::query_as(sql::enrichment_jobs::FOR_REQUEST)
-        .bind(scan_id)
-        .bind(organization_id)
-        .fetch_optional(pool)
-        .await?
-        .and_then(|row: ForRequest| row.job_id.zip(row.job_state));
+    let found: Option<(Uuid, String)> = sql::enrichment_jobs::ForRequest {
+        scan_id,
+        organization_id,
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await?
+    .and_then(|row: ForRequest| row.job_id.zip(row.job_state));
     match found {
         Some((job_id, state)) => match job_state_of(&state)? {
             EnrichmentJobState::Completed => Ok(RequestOutcome::Completed { job_id }),

@@ -148,18 +148,20 @@ pub async fn set_status(
         decided: Decided,
         revision: Option<i32>,
     }
-    let row: Option<Row> = sql::query_as(sql::findings::SET_STATUS)
-        .bind(change.finding_id)
-        .bind(change.organization_id)
-        .bind(change.expected_revision)
-        .bind(change.expected_collection_revision)
-        .bind(status.as_str())
-        .bind(reason)
-        .bind(change.actor.trim())
-        .bind(FindingChange::Set.as_str())
-        .fetch_optional(pool)
-        .await
-        .map_err(StoreError::from)?;
+    let row: Option<Row> = sql::findings::SetStatus {
+        finding_id: change.finding_id,
+        organization_id: change.organization_id,
+        expected_revision: change.expected_revision,
+        expected_collection_revision: change.expected_collection_revision,
+        status: status.as_str(),
+        reason,
+        actor: change.actor.trim(),
+        set_change: FindingChange::Set.as_str(),
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await
+    .map_err(StoreError::from)?;
     Ok(match row {
         None => ChangeOutcome::NotFound,
         Some(row) => decided(row.decided, row.revision),
@@ -179,18 +181,20 @@ pub async fn delete(pool: &PgPool, change: &Change) -> Result<ChangeOutcome, Cha
         .iter()
         .map(|state| state.as_str())
         .collect();
-    let row: Option<Row> = sql::query_as(sql::findings::DELETE_ONE)
-        .bind(change.finding_id)
-        .bind(change.organization_id)
-        .bind(change.expected_revision)
-        .bind(change.expected_collection_revision)
-        .bind(change.reason.trim())
-        .bind(change.actor.trim())
-        .bind(FindingChange::Delete.as_str())
-        .bind(&active)
-        .fetch_optional(pool)
-        .await
-        .map_err(StoreError::from)?;
+    let row: Option<Row> = sql::findings::DeleteOne {
+        finding_id: change.finding_id,
+        organization_id: change.organization_id,
+        expected_revision: change.expected_revision,
+        expected_collection_revision: change.expected_collection_revision,
+        reason: change.reason.trim(),
+        actor: change.actor.trim(),
+        delete_change: FindingChange::Delete.as_str(),
+        active_scan_states: &active,
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await
+    .map_err(StoreError::from)?;
     Ok(match row {
         None => ChangeOutcome::NotFound,
         Some(row) if active.contains(&row.scan_state.as_str()) => ChangeOutcome::ScanActive,
@@ -271,15 +275,17 @@ pub async fn page(
             .map(|severity| severity.as_str())
             .collect()
     });
-    let rows: Vec<Row> = sql::query_as(sql::findings::PAGE)
-        .bind(scan_id)
-        .bind(organization_id)
-        .bind(statuses)
-        .bind(severities)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<Row> = sql::findings::Page {
+        scan_id,
+        organization_id,
+        statuses,
+        severities,
+        after_finding_key: after,
+        limit,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?;
     let Some(first) = rows.first() else {
         return Ok(None);
     };
@@ -399,25 +405,29 @@ pub async fn show(
         #[sqlx(flatten)]
         finding: Finding,
     }
-    let row: Option<Row> = sql::query_as(sql::findings::SHOW_ONE)
-        .bind(finding_id)
-        .bind(organization_id)
-        .fetch_optional(pool)
-        .await?;
+    let row: Option<Row> = sql::findings::ShowOne {
+        finding_id,
+        organization_id,
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await?;
     let Some(row) = row else {
         return Ok(None);
     };
-    let history = sql::query_as(sql::finding_history::OF_FINDING)
-        .bind(finding_id)
+    let history = sql::finding_history::OfFinding { finding_id }
+        .query_as()
         .fetch_all(pool)
         .await?;
-    let occurrences = sql::query_as(sql::findings::OCCURRENCES)
-        .bind(row.organization_id)
-        .bind(&row.finding.finding_key)
-        .bind(row.target_id)
-        .bind(OCCURRENCES_MAX)
-        .fetch_all(pool)
-        .await?;
+    let occurrences = sql::findings::Occurrences {
+        organization_id: row.organization_id,
+        finding_key: &row.finding.finding_key,
+        target_id: row.target_id,
+        limit: OCCURRENCES_MAX,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?;
     Ok(Some(Detail {
         scan_id: row.scan_id,
         collection_revision: row.collection_revision,

@@ -32,11 +32,13 @@ pub async fn take(
     window: Duration,
 ) -> Result<Taken, StoreError> {
     let mut tx = pool.begin().await?;
-    let held: Option<(Vec<DateTime<Utc>>, DateTime<Utc>)> = sql::query_as(sql::rate_limits::HOLD)
-        .bind(name)
-        .bind(crate::seconds(window))
-        .fetch_optional(&mut *tx)
-        .await?;
+    let held: Option<(Vec<DateTime<Utc>>, DateTime<Utc>)> = sql::rate_limits::Hold {
+        name,
+        window_seconds: crate::seconds(window),
+    }
+    .query_as()
+    .fetch_optional(&mut *tx)
+    .await?;
     let Some((mut live, now)) = held else {
         return Err(StoreError::Corrupt(format!(
             "no rate limit named {name:?} in rate_limits: run `palisade migrate`"
@@ -50,11 +52,13 @@ pub async fn take(
         return Ok(Taken::Wait(wait.max(Duration::from_millis(1))));
     }
     live.push(now);
-    sql::query(sql::rate_limits::SET)
-        .bind(name)
-        .bind(&live)
-        .execute(&mut *tx)
-        .await?;
+    sql::rate_limits::Set {
+        name,
+        starts: &live,
+    }
+    .query()
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(Taken::Started)
 }

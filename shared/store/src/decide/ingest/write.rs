@@ -193,23 +193,25 @@ async fn write_findings(
         evidence.push(redact(&finding.evidence));
         cves.push(finding.cve_ids.join(","));
     }
-    sql::query(sql::findings::INSERT_MANY)
-        .bind(&ids)
-        .bind(&organizations)
-        .bind(&scans)
-        .bind(&jobs)
-        .bind(&attempts)
-        .bind(&keys)
-        .bind(&plugins)
-        .bind(&rule_ids)
-        .bind(&resources)
-        .bind(&discriminators)
-        .bind(&severities)
-        .bind(&titles)
-        .bind(&descriptions)
-        .bind(&evidence)
-        .bind(&cves)
-        .execute(conn)
-        .await?;
+    sql::findings::InsertMany {
+        ids: &ids,
+        organizations: &organizations,
+        scans: &scans,
+        jobs: &jobs,
+        attempts: &attempts,
+        keys: &keys,
+        plugins: &plugins,
+        rule_ids: &rule_ids,
+        resources: &resources,
+        discriminators: &discriminators,
+        severities: &severities,
+        titles: &titles,
+        descriptions: &descriptions,
+        evidence: &evidence,
+        cves: &cves,
+    }
+    .query()
+    .execute(conn)
+    .await?;
     Ok(())
 }
