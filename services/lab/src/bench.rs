@@ -433,6 +433,19 @@ impl ConsumerBatches {
             handler_seconds: self.handler_seconds - earlier.handler_seconds,
         }
     }
+
+    /// What each consumer decided since the `before` [`snapshot`](Self::snapshot); consumers
+    /// that decided no batch left out.
+    fn spent_since(before: &BTreeMap<String, Self>) -> BTreeMap<String, Self> {
+        Self::snapshot()
+            .into_iter()
+            .map(|(consumer, now)| {
+                let then = before.get(&consumer).copied().unwrap_or_default();
+                (consumer, now.since(then))
+            })
+            .filter(|(_, spent)| spent.batches > 0.0)
+            .collect()
+    }
 }
 
 /// One stage of a scan's life, over the scans of the steady scenario.
@@ -553,18 +566,8 @@ async fn scenarios(
     web_app: SocketAddr,
     options: &BenchOptions,
 ) -> anyhow::Result<BenchReport> {
-    let postgresql: String = sqlx::query_scalar("SHOW server_version")
-        .fetch_one(&harness.pool)
-        .await
-        .context("cannot read PostgreSQL's version")?;
     let mut report = BenchReport {
-        host: Host {
-            date: Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-            cores: std::thread::available_parallelism().map_or(0, usize::from),
-            postgresql,
-            nats: harness.bus.client().server_info().version,
-            ..Host::default()
-        },
+        host: host(harness).await?,
         workers: options.workers,
         worker_capacity: options.worker_capacity,
         in_flight: options.in_flight,
@@ -627,6 +630,21 @@ async fn scenarios(
     Ok(report)
 }
 
+/// The machine and the servers the harness runs on (load averages are read around the run).
+async fn host(harness: &Harness) -> anyhow::Result<Host> {
+    let postgresql: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&harness.pool)
+        .await
+        .context("cannot read PostgreSQL's version")?;
+    Ok(Host {
+        date: Utc::now().format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        cores: std::thread::available_parallelism().map_or(0, usize::from),
+        postgresql,
+        nats: harness.bus.client().server_info().version,
+        ..Host::default()
+    })
+}
+
 /// Longest wait for the previous scenario's tail (outbox, enrichment) before the next starts.
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 
@@ -685,23 +703,64 @@ async fn burn_down(
     let submitted = Arc::new(AtomicU64::new(0));
     let progress =
         outcomes.report_progress(format!("bench {name}"), submitted.clone(), scans, started);
+    let sent = publish_at_once(client, &outcomes, &requests, &submitted, options.in_flight).await;
+    let requested_at = match sent {
+        Ok(requested_at) => requested_at,
+        Err(error) => {
+            progress.stop().await;
+            return Err(error).context("a request was not accepted by JetStream");
+        }
+    };
+    outcomes
+        .wait_for(Tally::answered, scans, options.timeout)
+        .await;
+    let cost = telemetry::cost::spent(&cost_before, &telemetry::cost::snapshot());
+    let consumers = ConsumerBatches::spent_since(&consumers_before);
+    progress.stop().await;
+
+    let ended = Ended::read(&outcomes, started);
+    Ok(BurnDown {
+        profile: profile.to_vec(),
+        scans,
+        completed: ended.completed,
+        failed: ended.failed,
+        rejected: ended.rejected,
+        completion_events_repeated: ended.completion_events_repeated,
+        findings: ended.findings,
+        latency_ms: ended.latency_ms,
+        seconds: ended.seconds,
+        scans_per_second: ended.completed as f64 / ended.seconds.max(0.001),
+        database_completed: completed_in_database(harness, name).await?,
+        stages: stages(harness, name, &requested_at, &ended.seen_at).await?,
+        cost,
+        consumers,
+        ..BurnDown::default()
+    })
+}
+
+/// Publishes every request through the durable path, `in_flight` awaiting their PubAck at a
+/// time, counting each sent in `submitted`: when each was sent, by idempotency key, or the
+/// first refusal (once every request was tried).
+async fn publish_at_once(
+    client: &client::Client,
+    outcomes: &Outcomes,
+    requests: &[messages::v1::ScanRequest],
+    submitted: &AtomicU64,
+    in_flight: usize,
+) -> Result<HashMap<String, DateTime<Utc>>, client::ClientError> {
     let sent: Vec<(String, DateTime<Utc>, Result<(), client::ClientError>)> =
-        futures::stream::iter(&requests)
-            .map(|request| {
-                let outcomes = &outcomes;
-                let submitted = &submitted;
-                async move {
-                    outcomes.submitting(&request.idempotency_key);
-                    let requested_at = Utc::now();
-                    let sent = client.publish(request).await;
-                    submitted.fetch_add(1, Ordering::Relaxed);
-                    (request.idempotency_key.clone(), requested_at, sent)
-                }
+        futures::stream::iter(requests)
+            .map(|request| async move {
+                outcomes.submitting(&request.idempotency_key);
+                let requested_at = Utc::now();
+                let sent = client.publish(request).await;
+                submitted.fetch_add(1, Ordering::Relaxed);
+                (request.idempotency_key.clone(), requested_at, sent)
             })
-            .buffer_unordered(options.in_flight.max(1))
+            .buffer_unordered(in_flight.max(1))
             .collect()
             .await;
-    let mut requested_at: HashMap<String, DateTime<Utc>> = HashMap::with_capacity(scans);
+    let mut requested_at: HashMap<String, DateTime<Utc>> = HashMap::with_capacity(sent.len());
     let mut failed_send = None;
     for (key, at, sent) in sent {
         requested_at.insert(key, at);
@@ -709,47 +768,43 @@ async fn burn_down(
             failed_send.get_or_insert(error);
         }
     }
-    if let Some(error) = failed_send {
-        progress.stop().await;
-        return Err(error).context("a request was not accepted by JetStream");
+    match failed_send {
+        Some(error) => Err(error),
+        None => Ok(requested_at),
     }
-    outcomes
-        .wait_for(Tally::answered, scans, options.timeout)
-        .await;
-    let cost = telemetry::cost::spent(&cost_before, &telemetry::cost::snapshot());
-    let consumers = ConsumerBatches::snapshot()
-        .into_iter()
-        .map(|(consumer, now)| {
-            let then = consumers_before.get(&consumer).copied().unwrap_or_default();
-            (consumer, now.since(then))
-        })
-        .filter(|(_, spent)| spent.batches > 0.0)
-        .collect();
-    progress.stop().await;
+}
 
-    let mut report = BurnDown {
-        profile: profile.to_vec(),
-        scans,
-        cost,
-        consumers,
-        ..BurnDown::default()
-    };
-    let seen_at = {
+/// What a scenario's outcome events said when its wait ended: the figures a burn-down and
+/// the steady scenario both report.
+struct Ended {
+    completed: usize,
+    failed: usize,
+    rejected: usize,
+    completion_events_repeated: usize,
+    findings: u64,
+    latency_ms: Quantiles,
+    /// From the first request to the last scan's end.
+    seconds: f64,
+    /// When each scan's first completion event arrived, by idempotency key.
+    seen_at: HashMap<String, DateTime<Utc>>,
+}
+
+impl Ended {
+    /// The tally of `outcomes` now, for a scenario whose first request was sent at `started`.
+    fn read(outcomes: &Outcomes, started: Instant) -> Self {
         let tally = outcomes.tally();
-        report.completed = tally.completed.len();
-        report.failed = tally.failed.len();
-        report.rejected = tally.rejected;
-        report.completion_events_repeated = tally.completion_events_repeated();
-        report.findings = tally.findings;
-        report.latency_ms = Quantiles::from_tally(&tally);
         let last = tally.last_finished.unwrap_or_else(Instant::now);
-        report.seconds = last.duration_since(started).as_secs_f64();
-        tally.completed_seen_at.clone()
-    };
-    report.scans_per_second = report.completed as f64 / report.seconds.max(0.001);
-    report.database_completed = completed_in_database(harness, name).await?;
-    report.stages = stages(harness, name, &requested_at, &seen_at).await?;
-    Ok(report)
+        Self {
+            completed: tally.completed.len(),
+            failed: tally.failed.len(),
+            rejected: tally.rejected,
+            completion_events_repeated: tally.completion_events_repeated(),
+            findings: tally.findings,
+            latency_ms: Quantiles::from_tally(&tally),
+            seconds: last.duration_since(started).as_secs_f64(),
+            seen_at: tally.completed_seen_at.clone(),
+        }
+    }
 }
 
 /// The idempotency key of request `index` of scenario `name`.
@@ -773,7 +828,6 @@ async fn completed_in_database(harness: &Harness, name: &str) -> anyhow::Result<
 /// (an open loop), then the wait for their completion events and the timestamps PostgreSQL
 /// recorded for each scan.
 async fn steady(harness: &Harness, options: &BenchOptions) -> anyhow::Result<Steady> {
-    const NAME: &str = "steady";
     anyhow::ensure!(
         options.rate > 0.0 && options.rate.is_finite(),
         "--rate must be a positive number"
@@ -784,25 +838,69 @@ async fn steady(harness: &Harness, options: &BenchOptions) -> anyhow::Result<Ste
         options.rate,
         options.duration.as_secs_f64()
     );
-    let client = &harness.client;
-    let organization = harness.organization_id.to_string();
-    let outcomes = Outcomes::follow(client, &harness.organization_id).await?;
-    let mut requested_at: HashMap<String, DateTime<Utc>> = HashMap::with_capacity(scans);
+    let outcomes = Outcomes::follow(&harness.client, &harness.organization_id).await?;
     let started = Instant::now();
     let submitted = Arc::new(AtomicU64::new(0));
     let progress =
-        outcomes.report_progress(format!("bench {NAME}"), submitted.clone(), scans, started);
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / options.rate));
+        outcomes.report_progress(format!("bench {STEADY}"), submitted.clone(), scans, started);
+    let requested_at = match offer(harness, &outcomes, scans, options.rate, &submitted).await {
+        Ok(requested_at) => requested_at,
+        Err(error) => {
+            progress.stop().await;
+            return Err(error);
+        }
+    };
+    let send_seconds = started.elapsed().as_secs_f64();
+    outcomes
+        .wait_for(Tally::answered, scans, options.timeout)
+        .await;
+    progress.stop().await;
+
+    let ended = Ended::read(&outcomes, started);
+    Ok(Steady {
+        offered_per_second: options.rate,
+        duration_seconds: options.duration.as_secs_f64(),
+        scans,
+        send_seconds,
+        completed: ended.completed,
+        failed: ended.failed,
+        rejected: ended.rejected,
+        completion_events_repeated: ended.completion_events_repeated,
+        latency_ms: ended.latency_ms,
+        seconds: ended.seconds,
+        achieved_per_second: ended.completed as f64 / ended.seconds.max(0.001),
+        database_completed: completed_in_database(harness, STEADY).await?,
+        stages: stages(harness, STEADY, &requested_at, &ended.seen_at).await?,
+    })
+}
+
+/// The steady scenario's name, the prefix of its idempotency keys.
+const STEADY: &str = "steady";
+
+/// The steady scenario's open loop: `scans` one-plugin requests, one every 1/`rate` seconds,
+/// each published in a task of its own; returns when every publish was answered, with when
+/// each request was sent (by idempotency key), or at the first that failed.
+async fn offer(
+    harness: &Harness,
+    outcomes: &Outcomes,
+    scans: usize,
+    rate: f64,
+    submitted: &Arc<AtomicU64>,
+) -> anyhow::Result<HashMap<String, DateTime<Utc>>> {
+    let client = &harness.client;
+    let organization = harness.organization_id.to_string();
+    let mut requested_at: HashMap<String, DateTime<Utc>> = HashMap::with_capacity(scans);
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut sends = JoinSet::new();
     for index in 0..scans {
         ticker.tick().await;
-        let target = format!("synthetic://bench/{NAME}/{index}?duration_ms=0&findings=1");
+        let target = format!("synthetic://bench/{STEADY}/{index}?duration_ms=0&findings=1");
         let request = client.request(
             &organization,
             &target,
             &BURN_DOWN_PROFILE,
-            &key(NAME, index),
+            &key(STEADY, index),
         );
         outcomes.submitting(&request.idempotency_key);
         requested_at.insert(request.idempotency_key.clone(), Utc::now());
@@ -815,42 +913,10 @@ async fn steady(harness: &Harness, options: &BenchOptions) -> anyhow::Result<Ste
         });
     }
     while let Some(sent) = sends.join_next().await {
-        if let Err(error) = sent
-            .context("a send panicked")
-            .and_then(|sent| sent.context("a request was not accepted by JetStream"))
-        {
-            progress.stop().await;
-            return Err(error);
-        }
+        sent.context("a send panicked")?
+            .context("a request was not accepted by JetStream")?;
     }
-    let send_seconds = started.elapsed().as_secs_f64();
-    outcomes
-        .wait_for(Tally::answered, scans, options.timeout)
-        .await;
-    progress.stop().await;
-
-    let mut report = Steady {
-        offered_per_second: options.rate,
-        duration_seconds: options.duration.as_secs_f64(),
-        scans,
-        send_seconds,
-        ..Steady::default()
-    };
-    let seen_at = {
-        let tally = outcomes.tally();
-        report.completed = tally.completed.len();
-        report.failed = tally.failed.len();
-        report.rejected = tally.rejected;
-        report.completion_events_repeated = tally.completion_events_repeated();
-        report.latency_ms = Quantiles::from_tally(&tally);
-        let last = tally.last_finished.unwrap_or_else(Instant::now);
-        report.seconds = last.duration_since(started).as_secs_f64();
-        tally.completed_seen_at.clone()
-    };
-    report.achieved_per_second = report.completed as f64 / report.seconds.max(0.001);
-    report.database_completed = completed_in_database(harness, NAME).await?;
-    report.stages = stages(harness, NAME, &requested_at, &seen_at).await?;
-    Ok(report)
+    Ok(requested_at)
 }
 
 /// A scan's timestamps as PostgreSQL recorded them (`now()`: the start of the transaction
@@ -863,6 +929,30 @@ type ScanTimes = (
     Option<DateTime<Utc>>,
 );
 
+/// The stages of a scan's life, each a name and the span it measures, in the order
+/// [`stage_samples`] measures them.
+const STAGES: [(&str, &str); 7] = [
+    ("admission", "request sent → scans.created_at"),
+    (
+        "acquire",
+        "scans.created_at → first attempt created_at (leased)",
+    ),
+    (
+        "result",
+        "leased → first worker_result_batches.persisted_at",
+    ),
+    ("completion", "first result persisted → scans.finished_at"),
+    ("event", "scans.finished_at → client saw scan.completed"),
+    (
+        "event.publish",
+        "scans.finished_at → scan.completed stored on the stream",
+    ),
+    (
+        "event.read",
+        "stored → the client's events request answered it",
+    ),
+];
+
 /// Pickup and the time per stage of scenario `name`'s scans, from PostgreSQL's timestamps,
 /// the time each request was sent and the time its completion event arrived.
 async fn stages(
@@ -871,10 +961,32 @@ async fn stages(
     requested_at: &HashMap<String, DateTime<Utc>>,
     seen_at: &HashMap<String, DateTime<Utc>>,
 ) -> anyhow::Result<Stages> {
-    let mut report = Stages::default();
+    let rows = scan_times(harness, name).await?;
+    let stored_at = completions_stored_at(harness, name).await?;
+    let (pickup, spans, incomplete) = stage_samples(rows, requested_at, &stored_at, seen_at);
+    // Requests whose scan PostgreSQL does not hold lack every timestamp.
+    let missing = requested_at.len().saturating_sub(pickup.len() + incomplete);
+    Ok(Stages {
+        pickup_ms: Quantiles::of(&pickup),
+        stages: STAGES
+            .into_iter()
+            .zip(spans)
+            .map(|((name, span), samples)| Stage {
+                name,
+                span,
+                samples: samples.len(),
+                ms: Quantiles::of(&samples),
+            })
+            .collect(),
+        incomplete_timestamps: incomplete + missing,
+    })
+}
+
+/// The timestamps PostgreSQL holds for each of scenario `name`'s scans.
+async fn scan_times(harness: &Harness, name: &str) -> anyhow::Result<Vec<ScanTimes>> {
     // There is no `leased_at`: an attempt row is created by the transaction that grants the
     // lease, so its `created_at` is the lease time.
-    let rows: Vec<ScanTimes> = sqlx::query_as(
+    sqlx::query_as(
         "SELECT s.idempotency_key, s.created_at, min(a.created_at) AS leased_at,
                 min(b.persisted_at) AS first_result_at, s.finished_at
            FROM scans s
@@ -888,13 +1000,24 @@ async fn stages(
     .bind(format!("{name}-%"))
     .fetch_all(&harness.pool)
     .await
-    .context("cannot read the scans' timestamps")?;
-    let stored_at = completions_stored_at(harness, name).await?;
+    .context("cannot read the scans' timestamps")
+}
+
+/// Each scan's pickup and its time in each of the [`STAGES`], in milliseconds, from its
+/// timestamps and when its request was sent, its completion stored and seen; and how many
+/// scans lacked one of those and were left out.
+fn stage_samples(
+    rows: Vec<ScanTimes>,
+    requested_at: &HashMap<String, DateTime<Utc>>,
+    stored_at: &HashMap<String, DateTime<Utc>>,
+    seen_at: &HashMap<String, DateTime<Utc>>,
+) -> (Vec<f64>, [Vec<f64>; STAGES.len()], usize) {
     let ms = |from: DateTime<Utc>, to: DateTime<Utc>| {
         (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1_000.0
     };
     let mut pickup = Vec::new();
-    let mut spans: [Vec<f64>; 7] = Default::default();
+    let mut spans: [Vec<f64>; STAGES.len()] = Default::default();
+    let mut incomplete = 0;
     for (key, created_at, leased_at, first_result_at, finished_at) in rows {
         let (
             Some(requested),
@@ -912,7 +1035,7 @@ async fn stages(
             seen_at.get(&key).copied(),
         )
         else {
-            report.incomplete_timestamps += 1;
+            incomplete += 1;
             continue;
         };
         pickup.push(ms(requested, leased));
@@ -928,42 +1051,7 @@ async fn stages(
             samples.push(ms(from, to));
         }
     }
-    report.incomplete_timestamps += requested_at
-        .len()
-        .saturating_sub(pickup.len() + report.incomplete_timestamps);
-    report.pickup_ms = Quantiles::of(&pickup);
-    let names = [
-        ("admission", "request sent → scans.created_at"),
-        (
-            "acquire",
-            "scans.created_at → first attempt created_at (leased)",
-        ),
-        (
-            "result",
-            "leased → first worker_result_batches.persisted_at",
-        ),
-        ("completion", "first result persisted → scans.finished_at"),
-        ("event", "scans.finished_at → client saw scan.completed"),
-        (
-            "event.publish",
-            "scans.finished_at → scan.completed stored on the stream",
-        ),
-        (
-            "event.read",
-            "stored → the client's events request answered it",
-        ),
-    ];
-    report.stages = names
-        .into_iter()
-        .zip(spans)
-        .map(|((name, span), samples)| Stage {
-            name,
-            span,
-            samples: samples.len(),
-            ms: Quantiles::of(&samples),
-        })
-        .collect();
-    Ok(report)
+    (pickup, spans, incomplete)
 }
 
 /// When each `scan.completed` of scenario `name` was stored on the events stream (the stream's
@@ -1061,7 +1149,7 @@ pub const CEILING_BATCH: usize = 100;
 const CEILING_BATCH_LEASES_FROM: i64 = 1_000_000;
 
 /// `connections` connections each repeating the fenced step on a lease row of its own for
-/// `duration`.
+/// `duration`, then the same batched, then the checks of what they wrote.
 async fn ceiling(
     database_url: &str,
     connections: usize,
@@ -1071,9 +1159,68 @@ async fn ceiling(
     let mut settings = store::DatabaseSettings::new(database_url);
     settings.max_connections = connections as u32;
     let pool = store::connect(&settings).await?;
+    create_ceiling_tables(&pool, connections).await?;
+    let (steps, fence_misses, seconds) = fenced_in_parallel(
+        connections,
+        duration,
+        "a fenced stepper",
+        |connection, deadline| {
+            let pool = pool.clone();
+            async move { fenced_steps(&pool, connection + 1, deadline).await }
+        },
+    )
+    .await?;
+    // The same, batched: each connection fences its own CEILING_BATCH leases per commit.
+    let (batched_steps, batched_misses, batched_seconds) = fenced_in_parallel(
+        connections,
+        duration,
+        "a batched fenced stepper",
+        |connection, deadline| {
+            let pool = pool.clone();
+            let first = CEILING_BATCH_LEASES_FROM + connection * CEILING_BATCH as i64;
+            async move { fenced_batches(&pool, first, deadline).await }
+        },
+    )
+    .await?;
+    let stale_token_refused = sqlx::query(
+        "UPDATE bench_leases SET renewed_at = now()
+          WHERE id = 1 AND token = 'stale' AND expires_at > now()",
+    )
+    .execute(&pool)
+    .await?
+    .rows_affected()
+        == 0;
+    let (result_rows, outbox_rows) = sqlx::query_as::<_, (i64, i64)>(
+        "SELECT (SELECT count(*) FROM bench_results), (SELECT count(*) FROM bench_outbox)",
+    )
+    .fetch_one(&pool)
+    .await?;
+    pool.close().await;
+    Ok(Ceiling {
+        connections,
+        seconds,
+        steps,
+        steps_per_second: steps as f64 / seconds.max(0.001),
+        fence_misses,
+        stale_token_refused,
+        result_rows,
+        outbox_rows,
+        batched: BatchedCeiling {
+            per_commit: CEILING_BATCH,
+            seconds: batched_seconds,
+            steps: batched_steps,
+            steps_per_second: batched_steps as f64 / batched_seconds.max(0.001),
+            fence_misses: batched_misses,
+        },
+    })
+}
+
+/// The ceiling's scratch tables, and the lease rows of both phases: one per connection for
+/// the one-step phase, [`CEILING_BATCH`] per connection for the batched one.
+async fn create_ceiling_tables(pool: &sqlx::PgPool, connections: usize) -> anyhow::Result<()> {
     for statement in CEILING_SCHEMA {
         sqlx::query(statement)
-            .execute(&pool)
+            .execute(pool)
             .await
             .context("cannot create the ceiling's scratch tables")?;
     }
@@ -1087,61 +1234,37 @@ async fn ceiling(
     .bind(connections as i64)
     .bind(CEILING_BATCH_LEASES_FROM)
     .bind(CEILING_BATCH as i64)
-    .execute(&pool)
+    .execute(pool)
     .await
     .context("cannot create the ceiling's leases")?;
+    Ok(())
+}
 
+/// One phase of the ceiling: `stepper` run once per connection (given its index, from 0, and
+/// the deadline `duration` from now), all at once. Returns the steps and the fence misses they
+/// counted, and the seconds until the last ended; `stepper` names them when one panics.
+async fn fenced_in_parallel<F>(
+    connections: usize,
+    duration: Duration,
+    stepper: &str,
+    start: impl Fn(i64, Instant) -> F,
+) -> anyhow::Result<(u64, u64, f64)>
+where
+    F: std::future::Future<Output = anyhow::Result<(u64, u64)>> + Send + 'static,
+{
     let started = Instant::now();
     let deadline = started + duration;
     let mut steppers = JoinSet::new();
-    for lease in 1..=connections as i64 {
-        let pool = pool.clone();
-        steppers.spawn(async move { fenced_steps(&pool, lease, deadline).await });
-    }
-    let mut report = Ceiling {
-        connections,
-        ..Ceiling::default()
-    };
-    while let Some(stepped) = steppers.join_next().await {
-        let (steps, misses) = stepped.context("a fenced stepper panicked")??;
-        report.steps += steps;
-        report.fence_misses += misses;
-    }
-    report.seconds = started.elapsed().as_secs_f64();
-    report.steps_per_second = report.steps as f64 / report.seconds.max(0.001);
-
-    // The same, batched: each connection fences its own CEILING_BATCH leases per commit.
-    let started = Instant::now();
-    let deadline = started + duration;
     for connection in 0..connections as i64 {
-        let pool = pool.clone();
-        let first = CEILING_BATCH_LEASES_FROM + connection * CEILING_BATCH as i64;
-        steppers.spawn(async move { fenced_batches(&pool, first, deadline).await });
+        steppers.spawn(start(connection, deadline));
     }
-    report.batched.per_commit = CEILING_BATCH;
+    let (mut steps, mut misses) = (0, 0);
     while let Some(stepped) = steppers.join_next().await {
-        let (steps, misses) = stepped.context("a batched fenced stepper panicked")??;
-        report.batched.steps += steps;
-        report.batched.fence_misses += misses;
+        let (stepped, missed) = stepped.with_context(|| format!("{stepper} panicked"))??;
+        steps += stepped;
+        misses += missed;
     }
-    report.batched.seconds = started.elapsed().as_secs_f64();
-    report.batched.steps_per_second =
-        report.batched.steps as f64 / report.batched.seconds.max(0.001);
-    report.stale_token_refused = sqlx::query(
-        "UPDATE bench_leases SET renewed_at = now()
-          WHERE id = 1 AND token = 'stale' AND expires_at > now()",
-    )
-    .execute(&pool)
-    .await?
-    .rows_affected()
-        == 0;
-    (report.result_rows, report.outbox_rows) = sqlx::query_as::<_, (i64, i64)>(
-        "SELECT (SELECT count(*) FROM bench_results), (SELECT count(*) FROM bench_outbox)",
-    )
-    .fetch_one(&pool)
-    .await?;
-    pool.close().await;
-    Ok(report)
+    Ok((steps, misses, started.elapsed().as_secs_f64()))
 }
 
 /// The fenced step on lease row `lease` until `deadline`: returns the steps committed and the
@@ -1338,23 +1461,63 @@ pub fn checks(report: &BenchReport) -> Vec<Check> {
     checks
 }
 
+/// The width of the benchmark's table.
+const TABLE_WIDTH: usize = 78;
+
+/// The steps per second of the ceiling's two phases, when it ran: what throughputs are
+/// compared with.
+type CeilingRates = Option<(f64, f64)>;
+
 /// Prints the report as a table; returns whether every check held.
 pub fn print_report(report: &BenchReport) -> bool {
-    const WIDTH: usize = 78;
-    let host = &report.host;
     let ceiling = report
         .ceiling
         .as_ref()
         .map(|ceiling| (ceiling.steps_per_second, ceiling.batched.steps_per_second));
-    let ratio = |per_second: f64| match ceiling {
+    print_setting(report);
+    if let Some(ceiling) = &report.ceiling {
+        print_ceiling(ceiling);
+    }
+    for (name, run) in [
+        ("burn-down", &report.burn_down),
+        ("profile", &report.profile),
+    ] {
+        if let Some(run) = run {
+            print_burn_down(name, run, ceiling);
+        }
+    }
+    if let Some(steady) = &report.steady {
+        print_steady(steady, ceiling);
+    }
+    println!("total {:.1} s", report.total_seconds);
+    let mut all = true;
+    for (name, held) in checks(report) {
+        println!("{name:<72} {}", if held { "yes" } else { "NO" });
+        all &= held;
+    }
+    all
+}
+
+/// A throughput as a ratio to both ceilings (nothing when the ceiling did not run).
+fn ratio(per_second: f64, ceiling: CeilingRates) -> String {
+    match ceiling {
         Some((steps, batched)) if steps > 0.0 && batched > 0.0 => format!(
             "{:.3} × ceiling, {:.3} × batched",
             per_second / steps,
             per_second / batched
         ),
         _ => String::new(),
-    };
-    let line = || println!("{}", "-".repeat(WIDTH));
+    }
+}
+
+/// A line across the table.
+fn rule() {
+    println!("{}", "-".repeat(TABLE_WIDTH));
+}
+
+/// The table's head: when, on what, with how many workers and how much history.
+fn print_setting(report: &BenchReport) {
+    let host = &report.host;
     println!();
     println!("palisade bench, {}", host.date);
     println!(
@@ -1369,110 +1532,106 @@ pub fn print_report(report: &BenchReport) -> bool {
         "history: {} completed scans in the tables before the scenarios ran",
         report.history
     );
-    line();
-    if let Some(ceiling) = &report.ceiling {
+    rule();
+}
+
+/// The ceiling's rows: both phases' steps per second.
+fn print_ceiling(ceiling: &Ceiling) {
+    println!(
+        "{:<46} {:>12.0} steps/s",
+        format!(
+            "ceiling: fenced step, {} connections, {:.1} s",
+            ceiling.connections, ceiling.seconds
+        ),
+        ceiling.steps_per_second
+    );
+    println!("  (UPDATE lease WHERE token AND expiry, INSERT result, INSERT outbox, COMMIT)");
+    println!(
+        "{:<46} {:>12.0} steps/s",
+        format!(
+            "ceiling, batched: {} steps per commit, {:.1} s",
+            ceiling.batched.per_commit, ceiling.batched.seconds
+        ),
+        ceiling.batched.steps_per_second
+    );
+    println!("  (the same three statements set-wise over the batch's leases, COMMIT)");
+    rule();
+}
+
+/// A burn-down's rows: throughput, outcomes, latency, the bound the ceiling sets, the stages,
+/// the cost, the writes, the CPU and the consumers' batches.
+fn print_burn_down(name: &str, run: &BurnDown, ceiling: CeilingRates) {
+    println!(
+        "{:<46} {:>12.1} scans/s  {}",
+        format!("{name}: {} scans at once", run.scans),
+        run.scans_per_second,
+        ratio(run.scans_per_second, ceiling)
+    );
+    println!(
+        "  {}: completed {} failed {} refused {} in {:.1} s; {} findings",
+        run.profile.join(" → "),
+        run.completed,
+        run.failed,
+        run.rejected,
+        run.seconds,
+        run.findings
+    );
+    println!(
+        "  request → completion event  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
+        run.latency_ms.p50, run.latency_ms.p95, run.latency_ms.p99
+    );
+    let total = total_cost(&run.cost);
+    let per_scan = |count: u64| count as f64 / run.completed.max(1) as f64;
+    if let Some((steps, _)) = ceiling {
         println!(
-            "{:<46} {:>12.0} steps/s",
-            format!(
-                "ceiling: fenced step, {} connections, {:.1} s",
-                ceiling.connections, ceiling.seconds
-            ),
-            ceiling.steps_per_second
+            "  bound by the ceiling's PostgreSQL: {:.0} scans/s by statements ({} per step), {:.0} by commits",
+            steps * CEILING_STATEMENTS_PER_STEP as f64 / per_scan(total.statements).max(0.001),
+            CEILING_STATEMENTS_PER_STEP,
+            steps / per_scan(total.commits).max(0.001),
         );
-        println!("  (UPDATE lease WHERE token AND expiry, INSERT result, INSERT outbox, COMMIT)");
-        println!(
-            "{:<46} {:>12.0} steps/s",
-            format!(
-                "ceiling, batched: {} steps per commit, {:.1} s",
-                ceiling.batched.per_commit, ceiling.batched.seconds
-            ),
-            ceiling.batched.steps_per_second
-        );
-        println!("  (the same three statements set-wise over the batch's leases, COMMIT)");
-        line();
     }
-    for (name, run) in [
-        ("burn-down", &report.burn_down),
-        ("profile", &report.profile),
-    ] {
-        let Some(run) = run else { continue };
-        println!(
-            "{:<46} {:>12.1} scans/s  {}",
-            format!("{name}: {} scans at once", run.scans),
-            run.scans_per_second,
-            ratio(run.scans_per_second)
-        );
-        println!(
-            "  {}: completed {} failed {} refused {} in {:.1} s; {} findings",
-            run.profile.join(" → "),
-            run.completed,
-            run.failed,
-            run.rejected,
-            run.seconds,
-            run.findings
-        );
-        println!(
-            "  request → completion event  p50 {:.0} ms  p95 {:.0} ms  p99 {:.0} ms",
-            run.latency_ms.p50, run.latency_ms.p95, run.latency_ms.p99
-        );
-        let total = total_cost(&run.cost);
-        let per_scan = |count: u64| count as f64 / run.completed.max(1) as f64;
-        if let Some((steps, _)) = ceiling {
-            println!(
-                "  bound by the ceiling's PostgreSQL: {:.0} scans/s by statements ({} per step), {:.0} by commits",
-                steps * CEILING_STATEMENTS_PER_STEP as f64 / per_scan(total.statements).max(0.001),
-                CEILING_STATEMENTS_PER_STEP,
-                steps / per_scan(total.commits).max(0.001),
-            );
-        }
-        print_stages(&run.stages);
-        print_cost(&run.cost, run.completed, WIDTH);
-        print_writes(&run.writes, run.completed);
-        if let Some(cpu) = &run.cpu {
-            println!("  CPU of the machine: {}", cpu.line());
-        }
-        for (consumer, spent) in &run.consumers {
-            println!(
-                "  consumer {consumer}: {:.0} batches, {:.1} messages and {:.1} ms each",
-                spent.batches,
-                spent.messages / spent.batches.max(1.0),
-                spent.handler_seconds * 1000.0 / spent.batches.max(1.0),
-            );
-        }
+    print_stages(&run.stages);
+    print_cost(&run.cost, run.completed, TABLE_WIDTH);
+    print_writes(&run.writes, run.completed);
+    if let Some(cpu) = &run.cpu {
+        println!("  CPU of the machine: {}", cpu.line());
     }
-    if let Some(steady) = &report.steady {
+    for (consumer, spent) in &run.consumers {
         println!(
-            "{:<46} {:>12.1} scans/s  {}",
-            format!(
-                "steady: {:.0} scans/s offered for {:.0} s",
-                steady.offered_per_second, steady.duration_seconds
-            ),
-            steady.achieved_per_second,
-            ratio(steady.achieved_per_second)
+            "  consumer {consumer}: {:.0} batches, {:.1} messages and {:.1} ms each",
+            spent.batches,
+            spent.messages / spent.batches.max(1.0),
+            spent.handler_seconds * 1000.0 / spent.batches.max(1.0),
         );
-        println!(
-            "  {} sent in {:.1} s; completed {} failed {} refused {}, the last {:.1} s after the first request",
-            steady.scans,
-            steady.send_seconds,
-            steady.completed,
-            steady.failed,
-            steady.rejected,
-            steady.seconds
-        );
-        println!(
-            "  request → completion event  p50 {:.1} ms  p95 {:.1} ms  p99 {:.1} ms",
-            steady.latency_ms.p50, steady.latency_ms.p95, steady.latency_ms.p99
-        );
-        print_stages(&steady.stages);
-        line();
     }
-    println!("total {:.1} s", report.total_seconds);
-    let mut all = true;
-    for (name, held) in checks(report) {
-        println!("{name:<72} {}", if held { "yes" } else { "NO" });
-        all &= held;
-    }
-    all
+}
+
+/// The steady scenario's rows: achieved throughput, outcomes, latency and the stages.
+fn print_steady(steady: &Steady, ceiling: CeilingRates) {
+    println!(
+        "{:<46} {:>12.1} scans/s  {}",
+        format!(
+            "steady: {:.0} scans/s offered for {:.0} s",
+            steady.offered_per_second, steady.duration_seconds
+        ),
+        steady.achieved_per_second,
+        ratio(steady.achieved_per_second, ceiling)
+    );
+    println!(
+        "  {} sent in {:.1} s; completed {} failed {} refused {}, the last {:.1} s after the first request",
+        steady.scans,
+        steady.send_seconds,
+        steady.completed,
+        steady.failed,
+        steady.rejected,
+        steady.seconds
+    );
+    println!(
+        "  request → completion event  p50 {:.1} ms  p95 {:.1} ms  p99 {:.1} ms",
+        steady.latency_ms.p50, steady.latency_ms.p95, steady.latency_ms.p99
+    );
+    print_stages(&steady.stages);
+    rule();
 }
 
 /// Row versions written per completed scan, in all and per table.
@@ -1552,93 +1711,7 @@ fn stages_json(stages: &Stages) -> serde_json::Value {
 
 /// The report as one JSON document.
 pub fn to_json(report: &BenchReport) -> serde_json::Value {
-    let ceiling = report
-        .ceiling
-        .as_ref()
-        .map(|ceiling| ceiling.steps_per_second);
-    let ratio = |per_second: f64| {
-        ceiling
-            .filter(|steps| *steps > 0.0)
-            .map(|steps| per_second / steps)
-    };
-    let batched_ratio = |per_second: f64| {
-        report
-            .ceiling
-            .as_ref()
-            .map(|ceiling| ceiling.batched.steps_per_second)
-            .filter(|steps| *steps > 0.0)
-            .map(|steps| per_second / steps)
-    };
-    let cost_json = |cost: &BTreeMap<&'static str, LaneCost>, completed: usize| {
-        let per_scan = |count: u64| round(count as f64 / completed.max(1) as f64);
-        let lane = |cost: &LaneCost| {
-            json!({
-                "statements": per_scan(cost.statements),
-                "commits": per_scan(cost.commits),
-                "messages_sent": per_scan(cost.messages_sent),
-                "messages_received": per_scan(cost.messages_received),
-            })
-        };
-        let lanes: serde_json::Map<String, serde_json::Value> = cost
-            .iter()
-            .filter(|(_, cost)| **cost != LaneCost::default())
-            .map(|(name, cost)| ((*name).to_owned(), lane(cost)))
-            .collect();
-        json!({ "lanes": lanes, "total": lane(&total_cost(cost)) })
-    };
-    let burn_down = |run: &BurnDown| {
-        json!({
-            "profile": run.profile,
-            "scans": run.scans,
-            "completed": run.completed,
-            "failed": run.failed,
-            "refused": run.rejected,
-            "completion_events_repeated": run.completion_events_repeated,
-            "database_completed": run.database_completed,
-            "findings": run.findings,
-            "seconds": round(run.seconds),
-            "scans_per_second": round(run.scans_per_second),
-            "ratio_to_ceiling": ratio(run.scans_per_second),
-            "ratio_to_batched_ceiling": batched_ratio(run.scans_per_second),
-            "latency_ms": run.latency_ms.to_json(),
-            "time": stages_json(&run.stages),
-            "cost_per_scan": cost_json(&run.cost, run.completed),
-            "writes_per_scan": run.writes.iter().map(|(table, spent)| {
-                let per_scan = |count: i64| round(count as f64 / run.completed.max(1) as f64);
-                (table.clone(), json!({
-                    "row_versions": per_scan(spent.row_versions()),
-                    "inserted": per_scan(spent.inserted),
-                    "updated": per_scan(spent.updated),
-                    "hot_updated": per_scan(spent.hot_updated),
-                    "deleted": per_scan(spent.deleted),
-                }))
-            }).collect::<serde_json::Map<_, _>>(),
-            "cpu": run.cpu.map(cpu::CpuSplit::to_json),
-            "consumers": run.consumers.iter().map(|(consumer, spent)| (consumer.clone(), json!({
-                "batches": spent.batches,
-                "messages_per_batch": round(spent.messages / spent.batches.max(1.0)),
-                "ms_per_batch": round(spent.handler_seconds * 1000.0 / spent.batches.max(1.0)),
-            }))).collect::<serde_json::Map<_, _>>(),
-        })
-    };
-    let steady = report.steady.as_ref().map(|steady| {
-        json!({
-            "offered_per_second": steady.offered_per_second,
-            "duration_seconds": steady.duration_seconds,
-            "scans": steady.scans,
-            "send_seconds": round(steady.send_seconds),
-            "completed": steady.completed,
-            "failed": steady.failed,
-            "refused": steady.rejected,
-            "completion_events_repeated": steady.completion_events_repeated,
-            "database_completed": steady.database_completed,
-            "seconds": round(steady.seconds),
-            "achieved_per_second": round(steady.achieved_per_second),
-            "ratio_to_ceiling": ratio(steady.achieved_per_second),
-            "latency_ms": steady.latency_ms.to_json(),
-            "time": stages_json(&steady.stages),
-        })
-    });
+    let ceiling = report.ceiling.as_ref();
     let checks: Vec<serde_json::Value> = checks(report)
         .into_iter()
         .map(|(name, held)| json!({ "name": name, "held": held }))
@@ -1661,25 +1734,123 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
             "in_flight": report.in_flight,
             "history_completed_scans": report.history,
         },
-        "ceiling": report.ceiling.as_ref().map(|ceiling| json!({
-            "step": "UPDATE lease WHERE id AND token AND expires_at > now(); INSERT result; INSERT outbox; COMMIT",
-            "connections": ceiling.connections,
-            "seconds": round(ceiling.seconds),
-            "steps": ceiling.steps,
-            "steps_per_second": round(ceiling.steps_per_second),
-            "batched": {
-                "steps_per_commit": ceiling.batched.per_commit,
-                "seconds": round(ceiling.batched.seconds),
-                "steps": ceiling.batched.steps,
-                "steps_per_second": round(ceiling.batched.steps_per_second),
-            },
-        })),
-        "burn_down": report.burn_down.as_ref().map(burn_down),
-        "profile": report.profile.as_ref().map(burn_down),
-        "steady": steady,
+        "ceiling": ceiling.map(ceiling_json),
+        "burn_down": report.burn_down.as_ref().map(|run| burn_down_json(run, ceiling)),
+        "profile": report.profile.as_ref().map(|run| burn_down_json(run, ceiling)),
+        "steady": report.steady.as_ref().map(|steady| steady_json(steady, ceiling)),
         "total_seconds": round(report.total_seconds),
         "checks": checks,
         "ok": ok,
+    })
+}
+
+/// `per_second` as a ratio to `steps_per_second`, when that was measured.
+fn ratio_to(per_second: f64, steps_per_second: Option<f64>) -> Option<f64> {
+    steps_per_second
+        .filter(|steps| *steps > 0.0)
+        .map(|steps| per_second / steps)
+}
+
+/// The ceiling's two phases as JSON.
+fn ceiling_json(ceiling: &Ceiling) -> serde_json::Value {
+    json!({
+        "step": "UPDATE lease WHERE id AND token AND expires_at > now(); INSERT result; INSERT outbox; COMMIT",
+        "connections": ceiling.connections,
+        "seconds": round(ceiling.seconds),
+        "steps": ceiling.steps,
+        "steps_per_second": round(ceiling.steps_per_second),
+        "batched": {
+            "steps_per_commit": ceiling.batched.per_commit,
+            "seconds": round(ceiling.batched.seconds),
+            "steps": ceiling.batched.steps,
+            "steps_per_second": round(ceiling.batched.steps_per_second),
+        },
+    })
+}
+
+/// A burn-down as JSON, its throughput also as ratios to the ceiling's phases.
+fn burn_down_json(run: &BurnDown, ceiling: Option<&Ceiling>) -> serde_json::Value {
+    let per_scan = |count: i64| round(count as f64 / run.completed.max(1) as f64);
+    json!({
+        "profile": run.profile,
+        "scans": run.scans,
+        "completed": run.completed,
+        "failed": run.failed,
+        "refused": run.rejected,
+        "completion_events_repeated": run.completion_events_repeated,
+        "database_completed": run.database_completed,
+        "findings": run.findings,
+        "seconds": round(run.seconds),
+        "scans_per_second": round(run.scans_per_second),
+        "ratio_to_ceiling": ratio_to(
+            run.scans_per_second,
+            ceiling.map(|ceiling| ceiling.steps_per_second),
+        ),
+        "ratio_to_batched_ceiling": ratio_to(
+            run.scans_per_second,
+            ceiling.map(|ceiling| ceiling.batched.steps_per_second),
+        ),
+        "latency_ms": run.latency_ms.to_json(),
+        "time": stages_json(&run.stages),
+        "cost_per_scan": cost_json(&run.cost, run.completed),
+        "writes_per_scan": run.writes.iter().map(|(table, spent)| {
+            (table.clone(), json!({
+                "row_versions": per_scan(spent.row_versions()),
+                "inserted": per_scan(spent.inserted),
+                "updated": per_scan(spent.updated),
+                "hot_updated": per_scan(spent.hot_updated),
+                "deleted": per_scan(spent.deleted),
+            }))
+        }).collect::<serde_json::Map<_, _>>(),
+        "cpu": run.cpu.map(cpu::CpuSplit::to_json),
+        "consumers": run.consumers.iter().map(|(consumer, spent)| (consumer.clone(), json!({
+            "batches": spent.batches,
+            "messages_per_batch": round(spent.messages / spent.batches.max(1.0)),
+            "ms_per_batch": round(spent.handler_seconds * 1000.0 / spent.batches.max(1.0)),
+        }))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// What each lane spent per completed scan, and all lanes together, as JSON; lanes that spent
+/// nothing left out.
+fn cost_json(cost: &BTreeMap<&'static str, LaneCost>, completed: usize) -> serde_json::Value {
+    let per_scan = |count: u64| round(count as f64 / completed.max(1) as f64);
+    let lane = |cost: &LaneCost| {
+        json!({
+            "statements": per_scan(cost.statements),
+            "commits": per_scan(cost.commits),
+            "messages_sent": per_scan(cost.messages_sent),
+            "messages_received": per_scan(cost.messages_received),
+        })
+    };
+    let lanes: serde_json::Map<String, serde_json::Value> = cost
+        .iter()
+        .filter(|(_, cost)| **cost != LaneCost::default())
+        .map(|(name, cost)| ((*name).to_owned(), lane(cost)))
+        .collect();
+    json!({ "lanes": lanes, "total": lane(&total_cost(cost)) })
+}
+
+/// The steady scenario as JSON, its throughput also as a ratio to the ceiling.
+fn steady_json(steady: &Steady, ceiling: Option<&Ceiling>) -> serde_json::Value {
+    json!({
+        "offered_per_second": steady.offered_per_second,
+        "duration_seconds": steady.duration_seconds,
+        "scans": steady.scans,
+        "send_seconds": round(steady.send_seconds),
+        "completed": steady.completed,
+        "failed": steady.failed,
+        "refused": steady.rejected,
+        "completion_events_repeated": steady.completion_events_repeated,
+        "database_completed": steady.database_completed,
+        "seconds": round(steady.seconds),
+        "achieved_per_second": round(steady.achieved_per_second),
+        "ratio_to_ceiling": ratio_to(
+            steady.achieved_per_second,
+            ceiling.map(|ceiling| ceiling.steps_per_second),
+        ),
+        "latency_ms": steady.latency_ms.to_json(),
+        "time": stages_json(&steady.stages),
     })
 }
 

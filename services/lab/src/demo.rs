@@ -126,6 +126,13 @@ pub async fn run(common: CommonSettings, options: DemoOptions) -> anyhow::Result
     report
 }
 
+/// A request the demo sent and what it was answered.
+type Answer = (
+    RequestKind,
+    v1::ScanRequest,
+    Result<v1::ScanRequestReply, client::ClientError>,
+);
+
 /// Sends the demo's requests and waits for their scans.
 async fn load(
     harness: &Harness,
@@ -142,55 +149,12 @@ async fn load(
     let submitted = Arc::new(AtomicU64::new(0));
     let progress =
         outcomes.report_progress("demo".into(), submitted.clone(), total_requests, started);
-
-    let answers: Vec<(
-        RequestKind,
-        v1::ScanRequest,
-        Result<v1::ScanRequestReply, client::ClientError>,
-    )> = futures::stream::iter(requests)
-        .map(|(kind, request)| {
-            let submitted = submitted.clone();
-            let outcomes = &outcomes;
-            async move {
-                if kind == RequestKind::Original {
-                    outcomes.submitting(&request.idempotency_key);
-                }
-                let reply = client.submit(&request).await;
-                submitted.fetch_add(1, Ordering::Relaxed);
-                (kind, request, reply)
-            }
-        })
-        .buffer_unordered(options.concurrency)
-        .collect()
-        .await;
-
+    let answers = submit(client, &outcomes, requests, &submitted, options.concurrency).await;
     let mut report = DemoReport {
         requests: total_requests,
         ..Default::default()
     };
-    let mut scan_by_key: HashMap<String, String> = HashMap::new();
-    let mut replays: Vec<(String, String)> = Vec::new();
-    for (_kind, request, reply) in &answers {
-        let reply = reply
-            .as_ref()
-            .map_err(|error| anyhow::anyhow!("submission failed: {error}"))?;
-        match reply.error.as_ref().and_then(v1::Error::error_code) {
-            None if reply.deduplicated => {
-                report.deduplicated += 1;
-                replays.push((request.idempotency_key.clone(), reply.scan_id.clone()));
-            }
-            None => {
-                report.admitted += 1;
-                scan_by_key.insert(request.idempotency_key.clone(), reply.scan_id.clone());
-            }
-            Some(ErrorCode::IdempotencyConflict) => report.conflicts += 1,
-            Some(_) => report.other_refusals += 1,
-        }
-    }
-    report.deduplicated_to_other_scan = replays
-        .iter()
-        .filter(|(key, scan_id)| scan_by_key.get(key) != Some(scan_id))
-        .count();
+    count_answers(&answers, &mut report)?;
 
     outcomes
         .wait_for(Tally::finished, report.admitted, options.timeout)
@@ -214,6 +178,58 @@ async fn load(
     report.database_scans = database_scans;
     report.database_completed = database_completed;
     Ok(report)
+}
+
+/// Submits every request over request/reply, `concurrency` at a time, counting each sent in
+/// `submitted`; originals are noted in `outcomes` first, so their events count.
+async fn submit(
+    client: &client::Client,
+    outcomes: &Outcomes,
+    requests: Vec<(RequestKind, v1::ScanRequest)>,
+    submitted: &AtomicU64,
+    concurrency: usize,
+) -> Vec<Answer> {
+    futures::stream::iter(requests)
+        .map(|(kind, request)| async move {
+            if kind == RequestKind::Original {
+                outcomes.submitting(&request.idempotency_key);
+            }
+            let reply = client.submit(&request).await;
+            submitted.fetch_add(1, Ordering::Relaxed);
+            (kind, request, reply)
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await
+}
+
+/// Counts the answers into `report`: admitted, deduplicated (and whether each replay got its
+/// original's scan), conflicts and other refusals. A submission that failed fails the demo.
+fn count_answers(answers: &[Answer], report: &mut DemoReport) -> anyhow::Result<()> {
+    let mut scan_by_key: HashMap<String, String> = HashMap::new();
+    let mut replays: Vec<(String, String)> = Vec::new();
+    for (_kind, request, reply) in answers {
+        let reply = reply
+            .as_ref()
+            .map_err(|error| anyhow::anyhow!("submission failed: {error}"))?;
+        match reply.error.as_ref().and_then(v1::Error::error_code) {
+            None if reply.deduplicated => {
+                report.deduplicated += 1;
+                replays.push((request.idempotency_key.clone(), reply.scan_id.clone()));
+            }
+            None => {
+                report.admitted += 1;
+                scan_by_key.insert(request.idempotency_key.clone(), reply.scan_id.clone());
+            }
+            Some(ErrorCode::IdempotencyConflict) => report.conflicts += 1,
+            Some(_) => report.other_refusals += 1,
+        }
+    }
+    report.deduplicated_to_other_scan = replays
+        .iter()
+        .filter(|(key, scan_id)| scan_by_key.get(key) != Some(scan_id))
+        .count();
+    Ok(())
 }
 
 /// Originals, replays and conflicting reuses, interleaved the way real clients send them.
