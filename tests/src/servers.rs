@@ -557,6 +557,47 @@ impl PostgresServer {
     }
 }
 
+impl PostgresServer {
+    /// SIGSTOP to the server and every backend: connections stay open and statements hang
+    /// rather than fail, as when PostgreSQL's host freezes. Returns once all are stopped.
+    pub fn freeze(&self) {
+        let postmaster = self.child.as_ref().expect("postgres running");
+        // The postmaster first, so it forks no backend the loop below would miss.
+        signal(postmaster, "STOP");
+        for pid in children_of(postmaster.id().expect("postgres running")) {
+            signal_pid(pid, "STOP");
+        }
+    }
+
+    /// SIGCONT to every process [`PostgresServer::freeze`] stopped.
+    pub fn thaw(&self) {
+        let postmaster = self.child.as_ref().expect("postgres running");
+        for pid in children_of(postmaster.id().expect("postgres running")) {
+            signal_pid(pid, "CONT");
+        }
+        signal(postmaster, "CONT");
+    }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // After the command name (in parentheses): the state, then the parent's pid.
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1))
+                    .and_then(|ppid| ppid.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
 impl Drop for PostgresServer {
     /// Immediate shutdown (SIGQUIT) takes the server's own children down too; `kill_on_drop`
     /// then makes sure of the postmaster.
@@ -576,21 +617,26 @@ impl Drop for PostgresServer {
 /// another core could answer what is sent to it just after.
 pub fn signal(child: &Child, signal: &str) {
     if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &pid.to_string()])
-            .status();
-        if signal == "STOP" {
-            let stopped = || {
-                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                    // The state follows the command name, which is in parentheses.
-                    stat.rsplit_once(") ")
-                        .is_some_and(|(_, rest)| rest.starts_with('T'))
-                })
-            };
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while !stopped() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+        signal_pid(pid, signal);
+    }
+}
+
+/// [`signal`], to a process by its pid.
+fn signal_pid(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status();
+    if signal == "STOP" {
+        let stopped = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // The state follows the command name, which is in parentheses.
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('T'))
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !stopped() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }

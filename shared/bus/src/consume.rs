@@ -13,9 +13,13 @@
 //!   closed and nothing new is fetched.
 //!
 //! Pull mechanics: a pull expires after half the ack wait and is reopened after two missed
-//! heartbeats or a reconnection; a batch being decided gets in-progress acknowledgements every
-//! third of the ack wait, so only a crashed consumer's messages are redelivered; a deadlock or
-//! a statement timeout is a [`Decision::Retry`].
+//! heartbeats or a reconnection. Every message delivered is in a batch being decided, held, or
+//! waiting its turn (at most one batch waits), and all three get in-progress acknowledgements
+//! every third of the ack wait, so only a crashed consumer's messages are redelivered: waiting
+//! for a connection, for a hung statement or for a batch slot never spends a delivery. A full
+//! batch still waiting after a third of the ack wait closes the pull (see `Pulling`), so the
+//! pool's acquire timeout may be longer than the ack wait. A deadlock or a statement timeout is
+//! a [`Decision::Retry`].
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,7 +28,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::decisions;
@@ -253,16 +257,44 @@ pub async fn run<H: BatchHandler>(
     handler: Arc<H>,
     shutdown: CancellationToken,
 ) -> Result<(), BusError> {
-    let consume_error = |message: String| BusError::Consume {
-        consumer: spec.durable_name.clone(),
-        message,
+    let consumer = create(bus, &spec).await?;
+    // A switch that fails (a stream whose Raft group has just formed may not answer in time)
+    // does not stop the consumer: the stream keeps more than it needs until the next check,
+    // which comes soon.
+    let mut retention_switched = true;
+    if spec.removes_decided
+        && let Err(error) = keep_only_undecided(bus, &spec.stream).await
+    {
+        tracing::warn!(consumer = %spec.durable_name, %error, "switching the stream to interest retention failed; trying again shortly");
+        retention_switched = false;
+    }
+    let mut pulling = Pulling {
+        bus,
+        spec: &spec,
+        consumer,
+        pull: None,
+        waiting: Vec::new(),
+        stalled_since: None,
     };
+    pulling.pull = Some(pulling.open().await?);
+    crate::metrics::register_consumer(&spec.durable_name);
+    let holding = Holding::new(&spec.durable_name);
+    pulling
+        .run(handler, &holding, &shutdown, retention_switched)
+        .await
+}
+
+/// Creates the durable consumer `spec` describes, or finds it.
+async fn create(
+    bus: &Bus,
+    spec: &ConsumerSpec,
+) -> Result<jetstream::consumer::PullConsumer, BusError> {
     let stream = bus
         .jetstream()
         .get_stream(&spec.stream)
         .await
         .map_err(|error| {
-            consume_error(format!(
+            spec.error(format!(
                 "stream {} missing ({error}); run provisioning first",
                 spec.stream
             ))
@@ -276,154 +308,235 @@ pub async fn run<H: BatchHandler>(
         max_ack_pending: spec.max_ack_pending,
         ..Default::default()
     };
-    let consumer: jetstream::consumer::PullConsumer = stream
+    stream
         .create_consumer(config)
         .await
-        .map_err(|error| consume_error(error.to_string()))?;
-    // A switch that fails (a stream whose Raft group has just formed may not answer in time)
-    // does not stop the consumer: the stream keeps more than it needs until the next check,
-    // which comes soon.
-    let mut retention_switched = true;
-    if spec.removes_decided
-        && let Err(error) = keep_only_undecided(bus, &spec.stream).await
-    {
-        tracing::warn!(consumer = %spec.durable_name, %error, "switching the stream to interest retention failed; trying again shortly");
-        retention_switched = false;
+        .map_err(|error| spec.error(error.to_string()))
+}
+
+impl ConsumerSpec {
+    fn error(&self, message: String) -> BusError {
+        BusError::Consume {
+            consumer: self.durable_name.clone(),
+            message,
+        }
     }
-    let open = || async {
-        consumer
+}
+
+/// One consumer's fetching: its open pull, and the deliveries no batch has taken yet.
+///
+/// Every message the server delivered is either in a batch being decided, held, or waiting
+/// here, and each of those is kept with in-progress acknowledgements: a delivery is spent
+/// only by a decision (or a crash), never by waiting its turn. A full batch waits at most;
+/// past that the pull is not read. If a full batch is still waiting after a third of the ack
+/// wait (every batch in flight stuck, as when PostgreSQL hangs), the pull is closed, and what
+/// it had already received is taken into the waiting batch first, so nothing delivered sits
+/// unread in the client until the server redelivers it. So the consumer stops fetching
+/// within a third of the ack wait of its batches stalling, whatever the pool's acquire timeout.
+struct Pulling<'a> {
+    bus: &'a Bus,
+    spec: &'a ConsumerSpec,
+    consumer: jetstream::consumer::PullConsumer,
+    pull: Option<Pull>,
+    waiting: Vec<Delivery>,
+    /// Since when a full batch has waited with no room to decide it.
+    stalled_since: Option<tokio::time::Instant>,
+}
+
+impl Pulling<'_> {
+    async fn open(&self) -> Result<Pull, BusError> {
+        self.consumer
             .stream()
-            .max_messages_per_batch(spec.batch_size)
-            .heartbeat(pull_heartbeat(&spec))
-            .expires(pull_expires(&spec))
+            .max_messages_per_batch(self.spec.batch_size)
+            .heartbeat(pull_heartbeat(self.spec))
+            .expires(pull_expires(self.spec))
             .messages()
             .await
-            .map(|messages| messages.ready_chunks(spec.batch_size))
-            .map_err(|error| consume_error(error.to_string()))
-    };
-    let mut messages = Some(open().await?);
-    crate::metrics::register_consumer(&spec.durable_name);
+            .map(|messages| messages.ready_chunks(self.spec.batch_size))
+            .map_err(|error| self.spec.error(error.to_string()))
+    }
 
-    let statistics = bus.client().statistics();
-    let connects = || statistics.connects.load(Ordering::Relaxed);
-    let mut connects_seen = connects();
-    let mut reconnect_check = tokio::time::interval(RECONNECT_CHECK);
-    reconnect_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let first_retention_check = if retention_switched {
-        spec.retention_check
-    } else {
-        spec.retention_check.min(RETENTION_RETRY)
-    };
-    let mut retention_check = tokio::time::interval_at(
-        tokio::time::Instant::now() + first_retention_check,
-        spec.retention_check,
-    );
-    retention_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    /// The longest-waiting deliveries, up to a batch; none when nothing waits.
+    fn next_batch(&mut self) -> Option<Vec<Delivery>> {
+        let count = self.waiting.len().min(self.spec.batch_size);
+        (count > 0).then(|| self.waiting.drain(..count).collect())
+    }
 
-    let spec = &spec;
-    let holding = Holding::new(&spec.durable_name);
-    let holding = &holding;
-    let shutdown = &shutdown;
-    let mut in_flight = futures::stream::FuturesUnordered::new();
-    loop {
-        // Registered before the check below, so a hold that starts after it still wakes us.
-        let changed = holding.changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        // While messages are held, no pull is open: what the server delivered but nobody
-        // decides would spend its deliveries, redelivered into the pull every ack wait.
-        if holding.any() {
-            if messages.take().is_some() {
-                tracing::info!(consumer = %spec.durable_name, "pull closed while messages are held");
+    fn waiting_full(&self) -> bool {
+        self.waiting.len() >= self.spec.batch_size
+    }
+
+    async fn run<H: BatchHandler>(
+        &mut self,
+        handler: Arc<H>,
+        holding: &Holding,
+        shutdown: &CancellationToken,
+        retention_switched: bool,
+    ) -> Result<(), BusError> {
+        let spec = self.spec;
+        let statistics = self.bus.client().statistics();
+        let connects = || statistics.connects.load(Ordering::Relaxed);
+        let mut connects_seen = connects();
+        let mut reconnect_check = interval(RECONNECT_CHECK, RECONNECT_CHECK);
+        let first_retention_check = if retention_switched {
+            spec.retention_check
+        } else {
+            spec.retention_check.min(RETENTION_RETRY)
+        };
+        let mut retention_check = interval(first_retention_check, spec.retention_check);
+        let beat = in_progress_interval(spec);
+        let mut waiting_beat = interval(beat, beat);
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        loop {
+            // Registered before the check below, so a hold that starts after it still wakes us.
+            let changed = holding.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            while in_flight.len() < spec.batches_in_flight.max(1)
+                && let Some(batch) = self.next_batch()
+            {
+                let handler = handler.clone();
+                in_flight.push(telemetry::cost::inherit(async move {
+                    decide_and_acknowledge(spec, handler.as_ref(), batch, holding, shutdown).await
+                }));
             }
-        } else if messages.is_none() {
-            messages = Some(open().await?);
-        }
-        let room = in_flight.len() < spec.batches_in_flight.max(1);
-        let chunk = tokio::select! {
-            () = shutdown.cancelled() => {
-                // Batches being decided finish and are acknowledged; nothing new is fetched.
-                while let Some(finished) = in_flight.next().await {
-                    finished?;
-                }
-                return Ok(());
-            }
-            Some(finished) = in_flight.next(), if !in_flight.is_empty() => {
-                finished?;
-                continue;
-            }
-            () = &mut changed => continue,
-            _ = retention_check.tick(), if spec.removes_decided => {
-                if let Err(error) = keep_only_undecided(bus, &spec.stream).await {
-                    tracing::warn!(consumer = %spec.durable_name, %error, "checking the stream's retention failed; trying again later");
-                }
-                continue;
-            }
-            _ = reconnect_check.tick() => {
-                if connects() != connects_seen {
-                    connects_seen = connects();
-                    if messages.take().is_some() {
-                        tracing::info!(consumer = %spec.durable_name, "NATS connection re-established; pulling again");
+            self.close_or_open(holding).await?;
+            let chunk = tokio::select! {
+                () = shutdown.cancelled() => {
+                    // Batches being decided finish and are acknowledged; nothing new is
+                    // fetched, and what waits is redelivered after the ack wait.
+                    while let Some(finished) = in_flight.next().await {
+                        finished?;
                     }
+                    return Ok(());
                 }
-                continue;
+                Some(finished) = in_flight.next(), if !in_flight.is_empty() => {
+                    finished?;
+                    continue;
+                }
+                () = &mut changed => continue,
+                _ = waiting_beat.tick(), if !self.waiting.is_empty() => {
+                    in_progress(&self.waiting).await;
+                    continue;
+                }
+                _ = retention_check.tick(), if spec.removes_decided => {
+                    if let Err(error) = keep_only_undecided(self.bus, &spec.stream).await {
+                        tracing::warn!(consumer = %spec.durable_name, %error, "checking the stream's retention failed; trying again later");
+                    }
+                    continue;
+                }
+                _ = reconnect_check.tick() => {
+                    if connects() != connects_seen {
+                        connects_seen = connects();
+                        if self.pull.take().is_some() {
+                            tracing::info!(consumer = %spec.durable_name, "NATS connection re-established; pulling again");
+                        }
+                    }
+                    continue;
+                }
+                chunk = next_chunk(&mut self.pull), if !self.waiting_full() => chunk,
+            };
+            let Some(chunk) = chunk else {
+                return Err(spec.error("message stream ended".into()));
+            };
+            if self.receive(chunk) {
+                self.pull = Some(self.open().await?);
             }
-            chunk = next_chunk(&mut messages), if room => chunk,
+        }
+    }
+
+    /// Closes the pull while messages are held (what the server delivered but nobody decides
+    /// would spend its deliveries) or while a full batch has waited a third of the ack wait
+    /// for room; opens it again when neither holds.
+    async fn close_or_open(&mut self, holding: &Holding) -> Result<(), BusError> {
+        self.stalled_since = match (self.waiting_full(), self.stalled_since) {
+            (true, Some(since)) => Some(since),
+            (true, None) => Some(tokio::time::Instant::now()),
+            (false, _) => None,
         };
-        let Some(chunk) = chunk else {
-            return Err(consume_error("message stream ended".into()));
-        };
-        let mut batch = Vec::with_capacity(chunk.len());
+        let stalled = self
+            .stalled_since
+            .is_some_and(|since| since.elapsed() >= in_progress_interval(self.spec));
+        if holding.any() || stalled {
+            if let Some(mut pull) = self.pull.take() {
+                let buffered = self.take_buffered(&mut pull);
+                tracing::info!(
+                    consumer = %self.spec.durable_name,
+                    buffered,
+                    reason = if stalled { "no batch in flight finishes" } else { "messages are held" },
+                    "pull closed"
+                );
+                in_progress(&self.waiting).await;
+            }
+        } else if self.pull.is_none() && !self.waiting_full() {
+            self.pull = Some(self.open().await?);
+        }
+        Ok(())
+    }
+
+    /// Moves every message the closing `pull` has already received into the waiting ones.
+    fn take_buffered(&mut self, pull: &mut Pull) -> usize {
+        let before = self.waiting.len();
+        while let Some(Some(chunk)) = pull.next().now_or_never() {
+            self.receive(chunk);
+        }
+        self.waiting.len() - before
+    }
+
+    /// Adds a chunk's messages to the waiting ones; true when the pull must be opened again
+    /// (the server's heartbeats stopped).
+    fn receive(&mut self, chunk: Vec<Result<jetstream::Message, pull::MessagesError>>) -> bool {
         let mut missed_heartbeat = false;
         for message in chunk {
             match message {
-                Ok(message) => {
-                    let (delivered, stream_sequence) = match message.info() {
-                        Ok(info) => (info.delivered, info.stream_sequence),
-                        Err(_) => (1, 0),
-                    };
-                    let span = crate::trace::process_span(
-                        bus.subjects(),
-                        message.subject.as_str(),
-                        message
-                            .headers
-                            .as_ref()
-                            .and_then(|headers| headers.get(messages::HEADER_MSG_ID))
-                            .map(|value| value.as_str()),
-                        &spec.durable_name,
-                        "consumer",
-                        message.headers.as_ref(),
-                    );
-                    batch.push(Delivery {
-                        message,
-                        delivered,
-                        stream_sequence,
-                        span,
-                    });
-                }
+                Ok(message) => self.waiting.push(delivery(self.bus, self.spec, message)),
                 Err(error) if error.kind() == MessagesErrorKind::MissingHeartbeat => {
                     // The server holds no pull request of ours any more, yet the client still
                     // counts one as open and would not ask again before it expired (seen as
                     // admission pausing for the whole expiry in the middle of a burn-down).
                     // Nothing is buffered when no heartbeat arrived: pull afresh.
-                    tracing::warn!(consumer = %spec.durable_name, "pull consumer missed the server's heartbeats; pulling again");
+                    tracing::warn!(consumer = %self.spec.durable_name, "pull consumer missed the server's heartbeats; pulling again");
                     missed_heartbeat = true;
                 }
                 Err(error) => {
-                    tracing::warn!(consumer = %spec.durable_name, error = %telemetry::chain(&error), "pull consumer hiccup, continuing");
+                    tracing::warn!(consumer = %self.spec.durable_name, error = %telemetry::chain(&error), "pull consumer hiccup, continuing");
                 }
             }
         }
-        if missed_heartbeat {
-            messages = Some(open().await?);
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        let handler = handler.clone();
-        in_flight.push(telemetry::cost::inherit(async move {
-            decide_and_acknowledge(spec, handler.as_ref(), batch, holding, shutdown).await
-        }));
+        missed_heartbeat
+    }
+}
+
+/// A tick every `period`, the first after `first`, late ticks delayed rather than bunched.
+fn interval(first: Duration, period: Duration) -> tokio::time::Interval {
+    let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + first, period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
+/// A delivered message, with its `process` span.
+fn delivery(bus: &Bus, spec: &ConsumerSpec, message: jetstream::Message) -> Delivery {
+    let (delivered, stream_sequence) = match message.info() {
+        Ok(info) => (info.delivered, info.stream_sequence),
+        Err(_) => (1, 0),
+    };
+    let span = crate::trace::process_span(
+        bus.subjects(),
+        message.subject.as_str(),
+        message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(messages::HEADER_MSG_ID))
+            .map(|value| value.as_str()),
+        &spec.durable_name,
+        "consumer",
+        message.headers.as_ref(),
+    );
+    Delivery {
+        message,
+        delivered,
+        stream_sequence,
+        span,
     }
 }
 

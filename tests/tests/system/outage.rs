@@ -36,6 +36,19 @@ struct Outage {
 
 impl Outage {
     async fn start() -> Self {
+        Self::start_with(Duration::from_secs(1), |consumer| {
+            consumer.ack_wait = ACK_WAIT;
+            consumer.max_deliver = MAX_DELIVER;
+        })
+        .await
+    }
+
+    /// A running palisade whose pool waits `acquire_timeout` for a connection, and whose
+    /// admission and ingestion consumers `configure` sets.
+    async fn start_with(
+        acquire_timeout: Duration,
+        configure: impl Fn(&mut runtime::env::ConsumerTuning),
+    ) -> Self {
         tests::init_test_logging();
         let postgres = PostgresServer::start().await;
         let (authority, subjects) = tests::OwnNats::installation();
@@ -44,7 +57,7 @@ impl Outage {
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(postgres.url("palisade"));
         common.database.max_connections = 8;
-        common.database.acquire_timeout = Duration::from_secs(1);
+        common.database.acquire_timeout = acquire_timeout;
         common.subjects = subjects.clone();
         common.nats_url = nats.url();
         common.nats_credentials = credentials.clone();
@@ -56,8 +69,7 @@ impl Outage {
             &mut settings.admission.consumer,
             &mut settings.ingestion.consumer,
         ] {
-            consumer.ack_wait = ACK_WAIT;
-            consumer.max_deliver = MAX_DELIVER;
+            configure(consumer);
         }
         let system = System::start(settings).await.expect("palisade starts");
         let organization_id = Uuid::new_v4();
@@ -274,9 +286,85 @@ async fn a_completion_confirmed_during_an_outage_is_accepted_once() {
     outage.finish("ingestion").await;
 }
 
+/// PostgreSQL frozen (SIGSTOP: connections open, statements hanging, new connections timing
+/// out) for longer than the whole redelivery budget, with the pool's acquire timeout longer
+/// than the ack wait, as by default: no message spends a delivery. Batches are small and few,
+/// so most requests are delivered while every batch in flight hangs: they wait in the
+/// consumer, kept with in-progress acknowledgements, and it stops fetching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_postgres_spends_no_delivery() {
+    const REQUESTS: usize = 40;
+    const MAX_DELIVER: i64 = 2;
+    let outage = Outage::start_with(ACK_WAIT * 2, |consumer| {
+        consumer.ack_wait = ACK_WAIT;
+        consumer.max_deliver = MAX_DELIVER;
+        consumer.batch_size = 4;
+        consumer.batches_in_flight = 2;
+    })
+    .await;
+    // A connection of the pool in use, so a batch hangs on a statement, not only on acquiring.
+    let warm = outage.request(REQUESTS);
+    outage
+        .client
+        .publish(&warm)
+        .await
+        .expect("request confirmed");
+    outage
+        .wait_count(
+            "the first scan",
+            &format!(
+                "SELECT count(*) FROM scans WHERE idempotency_key = '{}'",
+                warm.idempotency_key
+            ),
+            1,
+        )
+        .await;
+    let requests: Vec<v1::ScanRequest> = (0..REQUESTS).map(|index| outage.request(index)).collect();
+    outage.postgres.freeze();
+    for request in &requests {
+        outage
+            .client
+            .publish(request)
+            .await
+            .expect("JetStream confirms the request");
+    }
+    tokio::time::sleep(ACK_WAIT * MAX_DELIVER as u32 * 3).await;
+    outage.postgres.thaw();
+    let keys: Vec<String> = requests
+        .iter()
+        .map(|request| format!("'{}'", request.idempotency_key))
+        .collect();
+    outage
+        .wait_count(
+            "scans of the confirmed requests",
+            &format!(
+                "SELECT count(*) FROM scans WHERE idempotency_key IN ({})",
+                keys.join(",")
+            ),
+            REQUESTS as i64,
+        )
+        .await;
+    assert_eq!(
+        redeliveries("admission"),
+        0.0,
+        "a message was decided on a redelivery: it spent a delivery while PostgreSQL was frozen"
+    );
+    outage.finish("admission").await;
+}
+
 /// `palisade_consumer_held_messages{consumer="<consumer>"}` in this process's `/metrics` text.
 fn held_messages(consumer: &str) -> f64 {
     let series = format!("palisade_consumer_held_messages{{consumer=\"{consumer}\"}} ");
+    bus::metrics::encode_text()
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `palisade_redeliveries_total{consumer="<consumer>"}`: messages decided on a redelivery.
+fn redeliveries(consumer: &str) -> f64 {
+    let series = format!("palisade_redeliveries_total{{consumer=\"{consumer}\"}} ");
     bus::metrics::encode_text()
         .lines()
         .find_map(|line| line.strip_prefix(series.as_str()))
