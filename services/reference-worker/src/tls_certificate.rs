@@ -216,42 +216,7 @@ impl TlsCertificate {
         };
         let subject = leaf.subject().to_string();
         let evidence = |text: String| format!("{text} (subject: {subject})");
-        let now_seconds = now.as_secs() as i64;
-        let (not_before, not_after) = (
-            leaf.validity().not_before.timestamp(),
-            leaf.validity().not_after.timestamp(),
-        );
-        if now_seconds > not_after {
-            findings.push(with_evidence(
-                finding(
-                    resource,
-                    "certificate-expired",
-                    "high",
-                    "Certificate expired",
-                    "The certificate's validity has ended: clients refuse it.",
-                ),
-                evidence(format!("notAfter {}", leaf.validity().not_after)),
-            ));
-        } else if not_after - now_seconds < EXPIRY_WARNING_DAYS * 86_400 {
-            findings.push(with_evidence(
-                finding(
-                    resource,
-                    "certificate-expires-soon",
-                    "medium",
-                    "Certificate expires soon",
-                    &format!(
-                        "The certificate expires within {EXPIRY_WARNING_DAYS} days: renew it."
-                    ),
-                ),
-                evidence(format!("notAfter {}", leaf.validity().not_after)),
-            ));
-        }
-        if now_seconds < not_before {
-            findings.push(with_evidence(
-                finding(resource, "certificate-not-yet-valid", "high", "Certificate not yet valid", "The certificate's validity has not begun: clients refuse it (or the server's clock is wrong)."),
-                evidence(format!("notBefore {}", leaf.validity().not_before)),
-            ));
-        }
+        findings.extend(validity_findings(resource, &leaf, now, &evidence));
         let for_name = webpki::EndEntityCert::try_from(leaf_der)
             .map(|cert| cert.verify_is_valid_for_subject_name(server_name).is_ok())
             .unwrap_or(false);
@@ -262,6 +227,7 @@ impl TlsCertificate {
             ));
         }
         let self_signed = leaf.subject() == leaf.issuer() && leaf.verify_signature(None).is_ok();
+        let not_before = leaf.validity().not_before.timestamp();
         if self_signed {
             findings.push(with_evidence(
                 finding(
@@ -285,25 +251,7 @@ impl TlsCertificate {
                 evidence(format!("issuer: {}", leaf.issuer())),
             ));
         }
-        if let Some(weakness) = weak_key(&leaf) {
-            findings.push(with_evidence(
-                finding(resource, "certificate-weak-key", "high", "Weak certificate key", "The certificate's key is too short to resist factoring or discrete-log attacks: issue one with RSA 2048+ or ECDSA P-256+."),
-                evidence(weakness),
-            ));
-        }
-        let algorithm = leaf.signature_algorithm.algorithm.to_id_string();
-        if WEAK_SIGNATURES.contains(&algorithm.as_str()) {
-            findings.push(with_evidence(
-                finding(
-                    resource,
-                    "certificate-weak-signature",
-                    "medium",
-                    "Weak certificate signature",
-                    "The certificate is signed with MD5 or SHA-1, which collisions break.",
-                ),
-                evidence(format!("signature algorithm {algorithm}")),
-            ));
-        }
+        findings.extend(strength_findings(resource, &leaf, &evidence));
         findings
     }
 
@@ -334,6 +282,81 @@ impl TlsCertificate {
             Err(_) => false,
         }
     }
+}
+
+/// The leaf's validity period at `now`: expired, expiring within [`EXPIRY_WARNING_DAYS`], or
+/// not yet valid.
+fn validity_findings(
+    resource: &str,
+    leaf: &x509_parser::certificate::X509Certificate<'_>,
+    now: UnixTime,
+    evidence: &dyn Fn(String) -> String,
+) -> Vec<v1::Finding> {
+    let mut findings = Vec::new();
+    let now_seconds = now.as_secs() as i64;
+    let (not_before, not_after) = (
+        leaf.validity().not_before.timestamp(),
+        leaf.validity().not_after.timestamp(),
+    );
+    if now_seconds > not_after {
+        findings.push(with_evidence(
+            finding(
+                resource,
+                "certificate-expired",
+                "high",
+                "Certificate expired",
+                "The certificate's validity has ended: clients refuse it.",
+            ),
+            evidence(format!("notAfter {}", leaf.validity().not_after)),
+        ));
+    } else if not_after - now_seconds < EXPIRY_WARNING_DAYS * 86_400 {
+        findings.push(with_evidence(
+            finding(
+                resource,
+                "certificate-expires-soon",
+                "medium",
+                "Certificate expires soon",
+                &format!("The certificate expires within {EXPIRY_WARNING_DAYS} days: renew it."),
+            ),
+            evidence(format!("notAfter {}", leaf.validity().not_after)),
+        ));
+    }
+    if now_seconds < not_before {
+        findings.push(with_evidence(
+            finding(resource, "certificate-not-yet-valid", "high", "Certificate not yet valid", "The certificate's validity has not begun: clients refuse it (or the server's clock is wrong)."),
+            evidence(format!("notBefore {}", leaf.validity().not_before)),
+        ));
+    }
+    findings
+}
+
+/// The leaf's key and signature: too short a key, or a signature collisions break.
+fn strength_findings(
+    resource: &str,
+    leaf: &x509_parser::certificate::X509Certificate<'_>,
+    evidence: &dyn Fn(String) -> String,
+) -> Vec<v1::Finding> {
+    let mut findings = Vec::new();
+    if let Some(weakness) = weak_key(leaf) {
+        findings.push(with_evidence(
+            finding(resource, "certificate-weak-key", "high", "Weak certificate key", "The certificate's key is too short to resist factoring or discrete-log attacks: issue one with RSA 2048+ or ECDSA P-256+."),
+            evidence(weakness),
+        ));
+    }
+    let algorithm = leaf.signature_algorithm.algorithm.to_id_string();
+    if WEAK_SIGNATURES.contains(&algorithm.as_str()) {
+        findings.push(with_evidence(
+            finding(
+                resource,
+                "certificate-weak-signature",
+                "medium",
+                "Weak certificate signature",
+                "The certificate is signed with MD5 or SHA-1, which collisions break.",
+            ),
+            evidence(format!("signature algorithm {algorithm}")),
+        ));
+    }
+    findings
 }
 
 /// md5WithRSAEncryption, sha1WithRSAEncryption, ecdsa-with-SHA1, dsa-with-sha1.

@@ -179,6 +179,69 @@ impl UploadPieces {
     }
 }
 
+/// The chunks of one upload as its first pass reads them (pure: no I/O).
+struct ChunkIndex {
+    /// Per index: (stream sequence, length, sha256) of its first copy.
+    chunks: BTreeMap<u32, (u64, usize, [u8; 32])>,
+    /// Bytes of the distinct chunks so far.
+    total: u64,
+    size_max: u64,
+}
+
+impl ChunkIndex {
+    fn new(size_max: u64) -> Self {
+        Self {
+            chunks: BTreeMap::new(),
+            total: 0,
+            size_max,
+        }
+    }
+
+    /// Keeps a chunk read at `sequence`, once: a copy with the same contents is skipped, one
+    /// with other contents is a conflict, and the distinct chunks stay within `size_max`.
+    fn add(&mut self, sequence: u64, chunk: &v1::ArtifactChunk) -> Result<(), UploadMismatch> {
+        let digest: [u8; 32] = Sha256::digest(&chunk.data).into();
+        match self.chunks.get(&chunk.index) {
+            Some((_, len, kept)) if (*len, kept) != (chunk.data.len(), &digest) => {
+                Err(UploadMismatch::ChunkConflict { index: chunk.index })
+            }
+            Some(_) => Ok(()),
+            None => {
+                self.total += chunk.data.len() as u64;
+                if self.total > self.size_max {
+                    return Err(UploadMismatch::TooLarge { max: self.size_max });
+                }
+                self.chunks
+                    .insert(chunk.index, (sequence, chunk.data.len(), digest));
+                Ok(())
+            }
+        }
+    }
+
+    /// The index of the upload, unless a chunk is missing below the highest one.
+    fn finish(self, upload_id: &str) -> Result<UploadIndex, UploadMismatch> {
+        // Indexes are dense from 0: the first index that is not its position names a gap.
+        if let Some(missing) = self
+            .chunks
+            .keys()
+            .zip(0_u32..)
+            .find(|(index, position)| **index != *position)
+            .map(|(_, position)| position)
+        {
+            return Err(UploadMismatch::Gap { missing });
+        }
+        Ok(UploadIndex {
+            upload_id: upload_id.to_owned(),
+            sequences: self
+                .chunks
+                .into_values()
+                .map(|(sequence, _, _)| sequence)
+                .collect(),
+            size_bytes: self.total,
+        })
+    }
+}
+
 /// Decodes a message of upload `upload_id`'s stored subject: a chunk of that upload within
 /// the chunk limit.
 fn chunk_of(payload: Bytes, upload_id: &str) -> Result<v1::ArtifactChunk, UploadMismatch> {
@@ -376,53 +439,22 @@ impl Bus {
             .messages()
             .await
             .map_err(|error| failed(error.to_string()))?;
-        // Per index: (stream sequence, length, sha256) of its first copy.
-        let mut chunks: BTreeMap<u32, (u64, usize, [u8; 32])> = BTreeMap::new();
-        let mut total: u64 = 0;
+        let mut index = ChunkIndex::new(size_max);
         while let Some(message) = messages.next().await {
             let message = message.map_err(|error| failed(error.to_string()))?;
             let info = message.info().map_err(|error| failed(error.to_string()))?;
             let (sequence, pending) = (info.stream_sequence, info.pending);
-            let chunk = match chunk_of(message.payload.clone(), upload_id) {
-                Ok(chunk) => chunk,
-                Err(mismatch) => return Ok(Err(mismatch)),
-            };
-            let digest: [u8; 32] = Sha256::digest(&chunk.data).into();
-            match chunks.get(&chunk.index) {
-                Some((_, len, kept)) if (*len, kept) != (chunk.data.len(), &digest) => {
-                    return Ok(Err(UploadMismatch::ChunkConflict { index: chunk.index }));
-                }
-                Some(_) => {}
-                None => {
-                    total += chunk.data.len() as u64;
-                    if total > size_max {
-                        return Ok(Err(UploadMismatch::TooLarge { max: size_max }));
-                    }
-                    chunks.insert(chunk.index, (sequence, chunk.data.len(), digest));
-                }
+            let added = chunk_of(message.payload.clone(), upload_id)
+                .and_then(|chunk| index.add(sequence, &chunk));
+            if let Err(mismatch) = added {
+                return Ok(Err(mismatch));
             }
             // The last message looked up, or none after this one (it was purged meanwhile).
             if sequence >= last || pending == 0 {
                 break;
             }
         }
-        // Indexes are dense from 0: the first index that is not its position names a gap.
-        if let Some(missing) = chunks
-            .keys()
-            .zip(0_u32..)
-            .find(|(index, position)| **index != *position)
-            .map(|(_, position)| position)
-        {
-            return Ok(Err(UploadMismatch::Gap { missing }));
-        }
-        Ok(Ok(UploadIndex {
-            upload_id: upload_id.to_owned(),
-            sequences: chunks
-                .into_values()
-                .map(|(sequence, _, _)| sequence)
-                .collect(),
-            size_bytes: total,
-        }))
+        Ok(index.finish(upload_id))
     }
 
     /// The second pass of a commit: the indexed session's file as a stream of its chunks in

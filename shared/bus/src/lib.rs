@@ -376,15 +376,23 @@ impl Bus {
     /// or updates the streams to this build's configuration.
     /// Idempotent; every service calls it at start-up.
     pub async fn provision(&self, settings: &StreamSettings) -> Result<(), BusError> {
+        for (name, stream_subjects, limits) in self.streams(&settings.quotas) {
+            self.provision_stream(settings, name, stream_subjects, limits)
+                .await?;
+        }
+        self.provision_artifacts(settings).await
+    }
+
+    /// Palisade's streams: each one's name, the subjects it captures and its bounds.
+    fn streams(&self, quotas: &StreamQuotas) -> [(String, Vec<String>, StreamLimits); 4] {
         let subjects = &self.subjects;
-        let quotas = &settings.quotas;
         let refusing = |max_age, max_message_size, per_subject| StreamLimits {
             max_age,
             max_message_size,
             per_subject,
             discard: stream::DiscardPolicy::New,
         };
-        let streams = [
+        [
             (
                 subjects.requests_stream(),
                 vec![subjects.client_wildcard(messages::ClientVerb::Request)],
@@ -425,54 +433,62 @@ impl Bus {
                     quotas.chunks_stored_per_upload,
                 ),
             ),
-        ];
-        for (name, stream_subjects, limits) in streams {
-            let mut config = stream::Config {
-                name: name.clone(),
-                subjects: stream_subjects,
-                retention: stream::RetentionPolicy::Limits,
-                storage: stream::StorageType::File,
-                num_replicas: settings.replicas,
-                max_age: limits.max_age,
-                max_message_size: limits.max_message_size,
-                max_messages_per_subject: limits.per_subject,
-                max_bytes: quotas.stream_bytes_max,
-                discard: limits.discard,
-                discard_new_per_subject: limits.per_subject > 0,
-                duplicate_window: DUPLICATE_WINDOW,
-                // The events stream is read back in batches (`events`), which only a direct
-                // get does.
-                allow_direct: name == subjects.events_stream(),
-                ..Default::default()
-            };
-            let provision_error = |message: String| BusError::Provision {
-                stream: name.clone(),
-                message: provision_message(message),
-            };
-            match self.jetstream.get_stream(&name).await {
-                Ok(existing) => {
-                    // Interest retention, once the stream's consumer switched it on, stays.
-                    config.retention = existing.cached_info().config.retention;
-                    self.jetstream
-                        .update_stream(&config)
-                        .await
-                        .map_err(|error| provision_error(error.to_string()))?;
-                }
-                Err(_) => {
-                    self.jetstream
-                        .get_or_create_stream(config)
-                        .await
-                        .map_err(|error| {
-                            if error.to_string().contains("not enabled") {
-                                BusError::JetStreamDisabled
-                            } else {
-                                provision_error(error.to_string())
-                            }
-                        })?;
-                }
+        ]
+    }
+
+    /// Creates one stream, or updates it to this build's configuration.
+    async fn provision_stream(
+        &self,
+        settings: &StreamSettings,
+        name: String,
+        stream_subjects: Vec<String>,
+        limits: StreamLimits,
+    ) -> Result<(), BusError> {
+        let mut config = stream::Config {
+            name: name.clone(),
+            subjects: stream_subjects,
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            num_replicas: settings.replicas,
+            max_age: limits.max_age,
+            max_message_size: limits.max_message_size,
+            max_messages_per_subject: limits.per_subject,
+            max_bytes: settings.quotas.stream_bytes_max,
+            discard: limits.discard,
+            discard_new_per_subject: limits.per_subject > 0,
+            duplicate_window: DUPLICATE_WINDOW,
+            // The events stream is read back in batches (`events`), which only a direct
+            // get does.
+            allow_direct: name == self.subjects.events_stream(),
+            ..Default::default()
+        };
+        let provision_error = |message: String| BusError::Provision {
+            stream: name.clone(),
+            message: provision_message(message),
+        };
+        match self.jetstream.get_stream(&name).await {
+            Ok(existing) => {
+                // Interest retention, once the stream's consumer switched it on, stays.
+                config.retention = existing.cached_info().config.retention;
+                self.jetstream
+                    .update_stream(&config)
+                    .await
+                    .map_err(|error| provision_error(error.to_string()))?;
+            }
+            Err(_) => {
+                self.jetstream
+                    .get_or_create_stream(config)
+                    .await
+                    .map_err(|error| {
+                        if error.to_string().contains("not enabled") {
+                            BusError::JetStreamDisabled
+                        } else {
+                            provision_error(error.to_string())
+                        }
+                    })?;
             }
         }
-        self.provision_artifacts(settings).await
+        Ok(())
     }
 
     /// Reads what each of the requests, events, results and uploads streams holds and may

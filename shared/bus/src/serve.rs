@@ -90,12 +90,8 @@ where
                 );
                 refusal_logged = true;
             }
-            crate::metrics::record_request(
-                server,
-                request_outcomes::REFUSED_REPLY,
-                received.elapsed().as_secs_f64(),
-                None,
-            );
+            let seconds = received.elapsed().as_secs_f64();
+            crate::metrics::record_request(server, request_outcomes::REFUSED_REPLY, seconds, None);
             continue;
         }
         let permit = permits
@@ -115,30 +111,41 @@ where
         );
         let trace_id = crate::trace::trace_id_of(&span);
         tokio::spawn(telemetry::cost::inherit(async move {
-            let reply_to = message.reply.clone();
-            let reply = handler(message).instrument(span).await;
-            let outcome = match (reply_to, reply) {
-                (Some(reply_to), Some(reply)) => {
-                    count_messages(Direction::Sent, 1);
-                    match client.publish(reply_to, reply).await {
-                        Ok(()) => request_outcomes::REPLIED,
-                        Err(error) => {
-                            tracing::warn!(error = %telemetry::chain(&error), "reply failed; the requester will retry");
-                            request_outcomes::REPLY_FAILED
-                        }
-                    }
-                }
-                _ => request_outcomes::UNANSWERED,
-            };
-            crate::metrics::record_request(
-                server,
-                outcome,
-                received.elapsed().as_secs_f64(),
-                trace_id,
-            );
+            let outcome = handle_one(&client, handler.as_ref(), message, span).await;
+            let seconds = received.elapsed().as_secs_f64();
+            crate::metrics::record_request(server, outcome, seconds, trace_id);
             drop(permit);
         }));
     }
     let _ = subscription.unsubscribe().await;
     Ok(())
+}
+
+/// Runs `handler` on one request in its `process` span and publishes its reply, if it has
+/// one and the request has a reply subject. Returns the request's outcome for the metrics.
+async fn handle_one<F, Fut>(
+    client: &async_nats::Client,
+    handler: &F,
+    message: async_nats::Message,
+    span: tracing::Span,
+) -> &'static str
+where
+    F: Fn(async_nats::Message) -> Fut,
+    Fut: Future<Output = Option<Bytes>>,
+{
+    let reply_to = message.reply.clone();
+    let reply = handler(message).instrument(span).await;
+    match (reply_to, reply) {
+        (Some(reply_to), Some(reply)) => {
+            count_messages(Direction::Sent, 1);
+            match client.publish(reply_to, reply).await {
+                Ok(()) => request_outcomes::REPLIED,
+                Err(error) => {
+                    tracing::warn!(error = %telemetry::chain(&error), "reply failed; the requester will retry");
+                    request_outcomes::REPLY_FAILED
+                }
+            }
+        }
+        _ => request_outcomes::UNANSWERED,
+    }
 }

@@ -267,36 +267,12 @@ impl Subjects {
     }
 
     fn service_permissions(&self, service: Service, inbox: String) -> Permissions {
-        // Every service provisions the streams at start-up and reports them in /readyz, and
-        // publishes the events its transactions wrote (the outbox relay).
-        let mut publish: Vec<String> = [
-            self.requests_stream(),
-            self.events_stream(),
-            self.results_stream(),
-            self.uploads_stream(),
-            self.artifacts_stream(),
-        ]
-        .into_iter()
-        .flat_map(|stream| {
-            ["INFO", "CREATE", "UPDATE"].map(|verb| format!("{JS_API}.STREAM.{verb}.{stream}"))
-        })
-        .collect();
-        publish.push(format!("{JS_API}.INFO"));
-        publish.extend(self.event_publish());
+        let mut publish = self.every_service_publish();
         let mut subscribe = vec![inbox];
         let mut responses = false;
-        let consumer_of = |stream: String, publish: &mut Vec<String>| {
-            publish.extend([
-                format!("{JS_API}.CONSUMER.CREATE.{stream}.>"),
-                format!("{JS_API}.CONSUMER.DURABLE.CREATE.{stream}.*"),
-                format!("{JS_API}.CONSUMER.INFO.{stream}.*"),
-                format!("{JS_API}.CONSUMER.MSG.NEXT.{stream}.*"),
-                format!("$JS.ACK.{stream}.>"),
-            ]);
-        };
         match service {
             Service::Admission => {
-                consumer_of(self.requests_stream(), &mut publish);
+                publish.extend(consumer_api(&self.requests_stream()));
                 subscribe.push(self.client_wildcard(ClientVerb::Submit));
                 subscribe.push(self.client_wildcard(ClientVerb::Schedules));
                 responses = true;
@@ -320,7 +296,7 @@ impl Subjects {
                 responses = true;
             }
             Service::Ingestion => {
-                consumer_of(self.results_stream(), &mut publish);
+                publish.extend(consumer_api(&self.results_stream()));
                 publish.push(self.worker_wildcard(WorkerVerb::Ack));
                 subscribe.push(self.client_wildcard(ClientVerb::Findings));
                 subscribe.push(self.client_wildcard(ClientVerb::Scans));
@@ -358,6 +334,27 @@ impl Subjects {
         }
     }
 
+    /// What every service publishes: the streams' administration (each provisions the
+    /// streams at start-up and reports them in /readyz) and the events its transactions wrote
+    /// (the outbox relay).
+    fn every_service_publish(&self) -> Vec<String> {
+        let mut publish: Vec<String> = [
+            self.requests_stream(),
+            self.events_stream(),
+            self.results_stream(),
+            self.uploads_stream(),
+            self.artifacts_stream(),
+        ]
+        .into_iter()
+        .flat_map(|stream| {
+            ["INFO", "CREATE", "UPDATE"].map(|verb| format!("{JS_API}.STREAM.{verb}.{stream}"))
+        })
+        .collect();
+        publish.push(format!("{JS_API}.INFO"));
+        publish.extend(self.event_publish());
+        publish
+    }
+
     /// Reading, writing and removing artifacts and upload chunks: the object store's own
     /// subjects (`$O.<bucket>.…`), its stream's message and purge APIs, the uploads stream's
     /// purge, and consumers that read either back.
@@ -384,6 +381,18 @@ impl Subjects {
     fn event_publish(&self) -> [String; 2] {
         self.events_wildcards()
     }
+}
+
+/// What a service's durable pull consumer on `stream` publishes: creating and reading the
+/// consumer, pulling its messages and acknowledging them.
+fn consumer_api(stream: &str) -> [String; 5] {
+    [
+        format!("{JS_API}.CONSUMER.CREATE.{stream}.>"),
+        format!("{JS_API}.CONSUMER.DURABLE.CREATE.{stream}.*"),
+        format!("{JS_API}.CONSUMER.INFO.{stream}.*"),
+        format!("{JS_API}.CONSUMER.MSG.NEXT.{stream}.*"),
+        format!("$JS.ACK.{stream}.>"),
+    ]
 }
 
 #[cfg(test)]

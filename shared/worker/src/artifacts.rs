@@ -101,6 +101,37 @@ impl LeaseUploader {
                 ),
             ));
         }
+        let count = self.send_chunks(upload_id, name, &bytes, &prepared).await?;
+        let sha256 = messages::sha256_hex(&bytes);
+        let size_bytes = bytes.len() as u64;
+        let committed = self
+            .request(
+                v1::artifact_request::Step::Commit(v1::CommitUpload {
+                    upload_id: upload_id.to_string(),
+                    size_bytes,
+                    sha256: sha256.clone(),
+                    chunks: count,
+                }),
+                self.ctx.config.request_timeout.max(COMMIT_TIMEOUT_MIN),
+            )
+            .await?;
+        tracing::info!(task_id = %self.lease.task_id, %upload_id, size_bytes, "artifact uploaded");
+        Ok(UploadedArtifact {
+            id: upload_id,
+            size_bytes: committed.size_bytes,
+            sha256: committed.sha256,
+        })
+    }
+
+    /// Publishes the file's chunks (of the prepared session's chunk size) on its chunk subject,
+    /// [`CHUNKS_IN_FLIGHT`] at a time, each awaiting its PubAck. Returns how many were sent.
+    async fn send_chunks(
+        &self,
+        upload_id: Uuid,
+        name: &str,
+        bytes: &Bytes,
+        prepared: &v1::ArtifactReply,
+    ) -> Result<u32, PluginError> {
         let chunk_size = (prepared.chunk_bytes_max as usize).max(1);
         let chunks: Vec<Bytes> = (0..bytes.len())
             .step_by(chunk_size)
@@ -137,25 +168,7 @@ impl LeaseUploader {
                 })?;
             }
         }
-        let sha256 = messages::sha256_hex(&bytes);
-        let size_bytes = bytes.len() as u64;
-        let committed = self
-            .request(
-                v1::artifact_request::Step::Commit(v1::CommitUpload {
-                    upload_id: upload_id.to_string(),
-                    size_bytes,
-                    sha256: sha256.clone(),
-                    chunks: count,
-                }),
-                self.ctx.config.request_timeout.max(COMMIT_TIMEOUT_MIN),
-            )
-            .await?;
-        tracing::info!(task_id = %self.lease.task_id, %upload_id, size_bytes, "artifact uploaded");
-        Ok(UploadedArtifact {
-            id: upload_id,
-            size_bytes: committed.size_bytes,
-            sha256: committed.sha256,
-        })
+        Ok(count)
     }
 
     /// Sends one step, again (it is idempotent) when no answer comes.

@@ -187,7 +187,46 @@ async fn run_one(
     let renewal = ctx
         .renewals
         .hold(lease_ref.clone(), expires_at, ctx.session.renew_interval);
-    let plugin_cancel = CancellationToken::new();
+    let plugin = start_plugin(&ctx, &lease, &lease_ref, plugin);
+    let mut task = LeaseTask::new(
+        ctx.clone(),
+        lease_ref.clone(),
+        deadline,
+        stop,
+        plugin,
+        acks,
+        renewal,
+    );
+    let outcome = task.drive().await;
+    task.renewal.end();
+    task.stop_plugin().await;
+    if outcome == Outcome::Released {
+        ctx.release(&lease_ref, RELEASE_REASON_SHUTDOWN).await;
+    }
+    record(&ctx, outcome);
+    drop(route);
+    let next = hand_on(&ctx, std::mem::take(&mut task.handed)).await;
+    next.map(|lease| (lease, permit, task.handed_at))
+}
+
+/// A plugin running in a task of its own.
+struct StartedPlugin {
+    cancel: CancellationToken,
+    task: JoinHandle<Result<String, PluginError>>,
+    /// What it pushes into its sink.
+    results: mpsc::Receiver<ResultItem>,
+}
+
+/// Starts the lease's plugin (or, when this worker has none of its name, a permanent
+/// `unknown_plugin` failure) on the lease's input, with a sink that uploads its artifacts
+/// under the lease.
+fn start_plugin(
+    ctx: &Arc<Context>,
+    lease: &v1::Lease,
+    lease_ref: &v1::LeaseRef,
+    plugin: Option<Arc<dyn Plugin>>,
+) -> StartedPlugin {
+    let cancel = CancellationToken::new();
     let (sink, results) = ResultSink::channel(SINK_QUEUE_MAX);
     let sink = sink.with_artifacts(Arc::new(crate::artifacts::LeaseUploader {
         ctx: ctx.clone(),
@@ -204,8 +243,8 @@ async fn run_one(
         attempt_number: lease_ref.attempt_number,
         position: lease.position,
     };
-    let plugin_task = {
-        let cancel = plugin_cancel.clone();
+    let task = {
+        let cancel = cancel.clone();
         tokio::spawn(async move {
             match plugin {
                 Some(plugin) => plugin.run(input, sink, cancel).await,
@@ -216,47 +255,25 @@ async fn run_one(
             }
         })
     };
-    let mut task = LeaseTask {
-        batcher: Batcher::new(ctx.session.batch_findings_max, ctx.session.batch_bytes_max),
-        result_subject: ctx.subject(WorkerVerb::Result),
-        ctx: ctx.clone(),
-        lease: lease_ref.clone(),
-        deadline,
-        stop,
-        plugin_cancel,
-        plugin_task,
+    StartedPlugin {
+        cancel,
+        task,
         results,
-        acks,
-        renewal,
-        batch_started_at: None,
-        batches: Vec::new(),
-        unacked: BTreeMap::new(),
-        result_bytes: 0,
-        last: None,
-        complete_rounds: 0,
-        complete_sends: 0,
-        final_pending: false,
-        handed: Vec::new(),
-        handed_at: Instant::now(),
-    };
-    let outcome = task.drive().await;
-    task.renewal.end();
-    task.stop_plugin().await;
-    if outcome == Outcome::Released {
-        ctx.release(&lease_ref, RELEASE_REASON_SHUTDOWN).await;
     }
-    record(&ctx, outcome);
-    drop(route);
-    // At most one lease is handed on (a scan runs one plugin at a time); any other is given
-    // back rather than run beyond the worker's capacity.
-    let mut handed = std::mem::take(&mut task.handed).into_iter();
+}
+
+/// The lease handed on by the completion's acknowledgement, if any. At most one lease is
+/// handed on (a scan runs one plugin at a time); any other is given back rather than run
+/// beyond the worker's capacity.
+async fn hand_on(ctx: &Context, handed: Vec<v1::Lease>) -> Option<v1::Lease> {
+    let mut handed = handed.into_iter();
     let next = handed.next();
     for extra in handed {
         if let Some(extra) = &extra.lease {
             ctx.release(extra, RELEASE_REASON_OVER_CAPACITY).await;
         }
     }
-    next.map(|lease| (lease, permit, task.handed_at))
+    next
 }
 
 fn record(ctx: &Context, outcome: Outcome) {
@@ -372,6 +389,41 @@ struct LeaseTask {
 }
 
 impl LeaseTask {
+    /// A lease task at the start of its attempt: running, nothing sent yet.
+    fn new(
+        ctx: Arc<Context>,
+        lease: v1::LeaseRef,
+        deadline: Option<Instant>,
+        stop: CancellationToken,
+        plugin: StartedPlugin,
+        acks: mpsc::Receiver<v1::IngestAck>,
+        renewal: Renewal,
+    ) -> Self {
+        Self {
+            batcher: Batcher::new(ctx.session.batch_findings_max, ctx.session.batch_bytes_max),
+            result_subject: ctx.subject(WorkerVerb::Result),
+            ctx,
+            lease,
+            deadline,
+            stop,
+            plugin_cancel: plugin.cancel,
+            plugin_task: plugin.task,
+            results: plugin.results,
+            acks,
+            renewal,
+            batch_started_at: None,
+            batches: Vec::new(),
+            unacked: BTreeMap::new(),
+            result_bytes: 0,
+            last: None,
+            complete_rounds: 0,
+            complete_sends: 0,
+            final_pending: false,
+            handed: Vec::new(),
+            handed_at: Instant::now(),
+        }
+    }
+
     async fn drive(&mut self) -> Outcome {
         let mut phase = Phase::Running;
         let mut sink_open = true;
