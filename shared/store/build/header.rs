@@ -53,6 +53,9 @@ pub fn parameters(comment: &[String]) -> Result<Vec<Parameter>, String> {
         let Some(rest) = line.trim_start().strip_prefix('$') else {
             continue;
         };
+        if !is_parameter_line(rest) {
+            continue; // prose that begins with a parameter's number (`$2, of one …`)
+        }
         let expected = declared.len() + 1;
         let parsed = parse_line(rest).ok_or_else(|| {
             format!(
@@ -89,6 +92,26 @@ pub fn parameters(comment: &[String]) -> Result<Vec<Parameter>, String> {
         declared.push(parameter);
     }
     Ok(declared)
+}
+
+/// Whether a comment line that begins with `$` (taken off) declares a parameter: `<n>:` (the
+/// untyped form, refused) or `<n> <word>:`. Any other, `$2, of one organization`, is prose.
+fn is_parameter_line(rest: &str) -> bool {
+    let digits = rest.chars().take_while(char::is_ascii_digit).count();
+    if digits == 0 {
+        return false;
+    }
+    let rest = &rest[digits..];
+    if rest.starts_with(':') {
+        return true;
+    }
+    rest.strip_prefix(' ').is_some_and(|rest| {
+        let word = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .count();
+        word > 0 && rest[word..].starts_with(':')
+    })
 }
 
 /// `<n> <name>: <type>[ — what it is]` (the `$` already taken off).

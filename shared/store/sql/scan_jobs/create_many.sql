@@ -1,14 +1,14 @@
 -- Creates scan jobs and their tasks, and emits nothing: the caller stages `task.ready`.
--- $1: job_ids
--- $2: task_ids
--- $3: scan_ids
--- $4: organizations
--- $5: positions
--- $6: plugins
--- $7: payloads
--- $8: priorities
--- $9: deadlines
--- $10: max_attempts
+-- $1 job_ids: uuid[]
+-- $2 task_ids: uuid[]
+-- $3 scan_ids: uuid[]
+-- $4 organizations: uuid[]
+-- $5 positions: int4[]
+-- $6 plugins: text[]
+-- $7 payloads: jsonb[]
+-- $8 priorities: int4[]
+-- $9 deadlines: int4[]
+-- $10 max_attempts: int4[]
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::int[], $6::text[],
                          $7::jsonb[], $8::int[], $9::int[], $10::int[])

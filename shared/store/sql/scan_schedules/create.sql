@@ -2,25 +2,25 @@
 -- unknown, has one of that name already, or has `SCHEDULES_PER_ORGANIZATION_MAX` (no row:
 -- `create` tells them apart). Runs after `lock_organization`, so the count sees every schedule
 -- a concurrent create committed.
--- $1: id (Uuid::now_v7())
--- $2: organization_id
--- $3: name
--- $4: target
--- $5: plugins
--- $6: priority
--- $7: execution_deadline_seconds
--- $8: client_id
--- $9: cron, or NULL
--- $10: interval_seconds, or NULL
--- $11: time_zone
--- $12: jitter_seconds
--- $13: ScheduleOverlap
--- $14: paused
--- $15: next_slot
--- $16: next_fire_at
--- $17: who (the operator's name)
--- $18: why
--- $19: SCHEDULES_PER_ORGANIZATION_MAX
+-- $1 id: uuid — (Uuid::now_v7())
+-- $2 organization_id: uuid
+-- $3 name: text
+-- $4 target: text
+-- $5 plugins: text[]
+-- $6 priority: int4
+-- $7 execution_deadline_seconds: int4
+-- $8 client_id: text
+-- $9 cron: text — may be NULL
+-- $10 interval_seconds: int8 — may be NULL
+-- $11 time_zone: text
+-- $12 jitter_seconds: int4
+-- $13 overlap: text — ScheduleOverlap
+-- $14 paused: bool
+-- $15 next_slot: timestamptz
+-- $16 next_fire_at: timestamptz
+-- $17 who: text — the operator's name
+-- $18 why: text
+-- $19 schedules_per_organization_max: int8
 INSERT INTO scan_schedules (id, organization_id, name, target, plugins, priority,
                             execution_deadline_seconds, client_id, cron, interval_seconds,
                             time_zone, jitter_seconds, overlap, paused, next_slot, next_fire_at,

@@ -1,16 +1,16 @@
 -- Admission: upserts the batch's targets and inserts its scans.
--- $1: scan_ids
--- $2: target_ids
--- $3: organizations
--- $4: locators
--- $5: clients
--- $6: keys
--- $7: fingerprints
--- $8: plugins
--- $9: priorities
--- $10: deadlines
--- $11: trace_contexts
--- $12: ScanState::Pending.as_str()
+-- $1 scan_ids: uuid[]
+-- $2 target_ids: uuid[]
+-- $3 organizations: uuid[]
+-- $4 locators: text[]
+-- $5 clients: text[]
+-- $6 keys: text[]
+-- $7 fingerprints: text[]
+-- $8 plugins: jsonb[]
+-- $9 priorities: int4[]
+-- $10 deadlines: int4[]
+-- $11 trace_contexts: text[]
+-- $12 pending_scan_state: text — ScanState::Pending.as_str()
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::jsonb[], $9::int[], $10::int[],

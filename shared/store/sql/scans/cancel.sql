@@ -1,8 +1,8 @@
 -- Cancel: ends the scan.
--- $1: scan_id
--- $2: reason
--- $3: ScanState::Cancelled.as_str()
--- $4: CANCELLED
+-- $1 scan_id: uuid
+-- $2 reason: text
+-- $3 cancelled_scan_state: text — ScanState::Cancelled.as_str()
+-- $4 cancelled: text
 UPDATE scans SET state = $3, failure_code = $4, failure_reason = $2,
        finished_at = now(), updated_at = now()
 WHERE id = $1

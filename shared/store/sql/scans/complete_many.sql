@@ -1,10 +1,10 @@
 -- Progress: completes scans whose last plugin completed, counting their findings, and creates
 -- each one's enrichment job (born completed when no finding names a CVE).
--- $1: scan_ids
--- $2: job_ids
--- $3: ScanState::Completed.as_str()
--- $4: EnrichmentJobState::Pending.as_str()
--- $5: EnrichmentJobState::Completed.as_str()
+-- $1 scan_ids: uuid[]
+-- $2 job_ids: uuid[]
+-- $3 completed_scan_state: text — ScanState::Completed.as_str()
+-- $4 pending_state: text — EnrichmentJobState::Pending.as_str()
+-- $5 completed_state: text — EnrichmentJobState::Completed.as_str()
 WITH input AS (
     -- Each scan's findings are read once: their count, and whether any names a CVE.
     SELECT u.scan_id, u.job_id, f.findings, f.cves

@@ -1,9 +1,9 @@
 -- `palisade scan gate`: a scan's state, its collection revision, its plugins and how many
 -- completed with their evidence published, and its findings counted by (status, severity), in
 -- one snapshot. No row: no such scan.
--- $1: scan id
--- $2: organization id (NULL: any)
--- $3: ScanJobState::Completed.as_str()
+-- $1 scan_id: uuid
+-- $2 organization_id: uuid — NULL: any
+-- $3 completed_job_state: text — ScanJobState::Completed.as_str()
 SELECT s.state, s.findings_revision,
        (SELECT count(*) FROM scan_jobs j WHERE j.scan_id = s.id) AS plugins,
        (SELECT count(*) FROM scan_jobs j

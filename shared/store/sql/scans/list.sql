@@ -3,18 +3,18 @@
 -- unfinished scan is `running` once any task of it was leased, `pending` before. Served by
 -- `scans_org_created_idx` when an organization is given, `scans_target_created_idx` when a
 -- target is.
--- $1: organization_id
--- $2: target (its locator, exact)
--- $3: state, as reported
--- $4: plugin (the scan runs it)
--- $5: admitted at or after
--- $6: admitted before
--- $7: client_id (who requested it)
--- $8: the last scan of the previous page
--- $9: limit
--- $10: [ScanState::Pending.as_str(), ScanState::Running.as_str()] (stored while unfinished)
--- $11: ScanState::Running.as_str()
--- $12: ScanState::Pending.as_str()
+-- $1 organization_id: uuid
+-- $2 target: text — its locator, exact
+-- $3 state: text — as reported
+-- $4 plugin: text — the scan runs it
+-- $5 admitted_from: timestamptz — admitted at or after
+-- $6 admitted_before: timestamptz
+-- $7 client_id: text — who requested it
+-- $8 after_scan_id: uuid — the last scan of the previous page
+-- $9 limit: int8
+-- $10 unfinished_scan_states: text[] — [ScanState::Pending.as_str(), ScanState::Running.as_str()] (stored while unfinished)
+-- $11 running_scan_state: text — ScanState::Running.as_str()
+-- $12 pending_scan_state: text — ScanState::Pending.as_str()
 SELECT s.id, s.organization_id, t.locator AS target, s.client_id, s.idempotency_key, s.plugins,
        CASE WHEN s.state = ANY($10) THEN CASE WHEN started.at IS NULL THEN $12 ELSE $11 END
             ELSE s.state END AS state,

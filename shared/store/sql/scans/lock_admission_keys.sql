@@ -1,9 +1,9 @@
 -- Admission: one advisory lock per (organization, target) and per (organization, client, key) of
 -- the batch, taken in key order so two batches never deadlock.
--- $1: organizations
--- $2: targets
--- $3: clients
--- $4: keys
+-- $1 organizations: uuid[]
+-- $2 targets: text[]
+-- $3 clients: text[]
+-- $4 keys: text[]
 SELECT pg_advisory_xact_lock(k)
 FROM (
     SELECT DISTINCT k FROM (

@@ -1,5 +1,5 @@
 -- Progress: locks the scans to advance, in id order, and reads what their next step needs.
--- $1: scan_ids
+-- $1 scan_ids: uuid[]
 SELECT s.id, s.plugins, s.state, s.client_id, s.idempotency_key, s.priority,
        s.execution_deadline_seconds, t.locator AS target,
        (extract(epoch FROM s.created_at) * 1000)::bigint AS admitted_at_unix_ms

@@ -3,12 +3,12 @@
 -- last hour. The batch's registered clients are read `FOR SHARE`, in id order:
 -- `client revoke`'s `UPDATE` waits for this transaction, so no scan is admitted for a client after
 -- its revocation commits. A client id with no `clients` row is not revoked.
--- $1: organizations
--- $2: clients
--- $3: keys
--- $4: targets
--- $5: counted
--- $6: active
+-- $1 organizations: uuid[]
+-- $2 clients: text[]
+-- $3 keys: text[]
+-- $4 targets: text[]
+-- $5 counted: uuid[]
+-- $6 active: text[]
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[])
         WITH ORDINALITY AS u(organization_id, client_id, idempotency_key, locator, position)

@@ -1,17 +1,17 @@
 -- One chunk of history: completed scans finished an hour or two ago (inside the retention
 -- window, so the reaper keeps them), each with its job, task, attempt, batch, finding, asset,
 -- enrichment job (its published events left the outbox when they were published).
--- $1: organization_id
--- $2: the first scan's number in the history
--- $3: the last scan's number
--- $4: worker_id, which held every attempt
--- $5: ScanState::Completed.as_str()
--- $6: ScanJobState::Completed.as_str()
--- $7: TaskState::Completed.as_str()
--- $8: AttemptStatus::Succeeded.as_str()
--- $9: ResultBatchStatus::Persisted.as_str()
--- $10: EnrichmentJobState::Completed.as_str()
--- $11: Severity::Low.as_str()
+-- $1 organization_id: uuid
+-- $2 first_number: int8 — the first scan's number in the history
+-- $3 last_number: int8 — the last scan's number
+-- $4 worker_id: uuid — which held every attempt
+-- $5 completed_scan_state: text — ScanState::Completed.as_str()
+-- $6 completed_job_state: text — ScanJobState::Completed.as_str()
+-- $7 completed_state: text — TaskState::Completed.as_str()
+-- $8 succeeded_status: text — AttemptStatus::Succeeded.as_str()
+-- $9 persisted_status: text — ResultBatchStatus::Persisted.as_str()
+-- $10 completed_enrichment_state: text — EnrichmentJobState::Completed.as_str()
+-- $11 low_severity: text — Severity::Low.as_str()
 WITH s AS (
     SELECT i, gen_random_uuid() AS scan_id, gen_random_uuid() AS target_id,
            gen_random_uuid() AS job_id, gen_random_uuid() AS task_id,

@@ -1,6 +1,6 @@
 -- Retention: deletes a slice of fire records of slots older than the cutoff.
--- $1: seconds
--- $2: limit
+-- $1 seconds: float8
+-- $2 limit: int8
 DELETE FROM schedule_fires WHERE (schedule_id, slot) IN (
     SELECT schedule_id, slot FROM schedule_fires
     WHERE slot < now() - make_interval(secs => $1)

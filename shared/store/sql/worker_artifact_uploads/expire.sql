@@ -1,7 +1,7 @@
 -- Reaper: expires upload sessions past their deadline.
--- $1: limit
--- $2: UploadStatus::Expired.as_str()
--- $3: UploadStatus::OPEN.map(UploadStatus::as_str)
+-- $1 limit: int8
+-- $2 expired_status: text — UploadStatus::Expired.as_str()
+-- $3 open_statuses: text[] — UploadStatus::OPEN.map(UploadStatus::as_str)
 UPDATE worker_artifact_uploads SET status = $2
 WHERE id IN (
     SELECT id FROM worker_artifact_uploads

@@ -1,3 +1,3 @@
 -- One upload session, in any state.
--- $1: upload id
+-- $1 upload_id: uuid
 SELECT * FROM worker_artifact_uploads WHERE id = $1

@@ -1,14 +1,14 @@
 -- Ingestion: opens an upload session for an attempt that holds its lease (the fence was
 -- checked in this transaction), or finds the one a resent prepare opened. Returns the row.
--- $1: upload id (the worker's)
--- $2: claim.task_id
--- $3: claim.attempt_id
--- $4: claim.worker_id
--- $5: object key
--- $6: name
--- $7: content type
--- $8: crate::seconds(ttl)
--- $9: UploadStatus::Prepared.as_str()
+-- $1 upload_id: uuid — the worker's
+-- $2 task_id: uuid
+-- $3 attempt_id: uuid
+-- $4 worker_id: uuid
+-- $5 object_key: text
+-- $6 name: text
+-- $7 content_type: text
+-- $8 ttl_seconds: float8
+-- $9 prepared_status: text — UploadStatus::Prepared.as_str()
 WITH inserted AS (
     INSERT INTO worker_artifact_uploads
         (id, task_id, attempt_id, organization_id, scan_id, scan_job_id, worker_id, object_key,

@@ -3,10 +3,10 @@
 -- whose chunks ingestion did not record purged within $4 seconds of the commit (it stopped
 -- between its commit and its purge; their chunks only: the object is the artifact), oldest
 -- commit first.
--- $1: limit
--- $2: [UploadStatus::Expired.as_str(), UploadStatus::Failed.as_str()]
--- $3: UploadStatus::Committed.as_str()
--- $4: crate::seconds(COMMITTED_CHUNKS_GRACE)
+-- $1 limit: int8
+-- $2 removable_statuses: text[] — [UploadStatus::Expired.as_str(), UploadStatus::Failed.as_str()]
+-- $3 committed_status: text — UploadStatus::Committed.as_str()
+-- $4 committed_chunks_grace_seconds: float8
 (SELECT id, worker_id, object_key, status FROM worker_artifact_uploads
  WHERE status = ANY($2) AND removed_at IS NULL
  ORDER BY created_at

@@ -1,7 +1,7 @@
 -- Ingestion: for each completing attempt, how many of its batches are stored below and at or above
 -- its batch count.
--- $1: attempt_ids
--- $2: batch_counts
+-- $1 attempt_ids: uuid[]
+-- $2 batch_counts: int4[]
 SELECT u.attempt_id,
        count(b.id) FILTER (WHERE b.sequence_number < u.batch_count),
        count(b.id) FILTER (WHERE b.sequence_number >= u.batch_count)

@@ -1,7 +1,7 @@
 -- Retention: deletes a slice of batches received before the cutoff whose task has ended.
--- $1: seconds
--- $2: limit
--- $3: TaskState::TERMINAL.map(TaskState::as_str)
+-- $1 seconds: float8
+-- $2 limit: int8
+-- $3 terminal_states: text[] — TaskState::TERMINAL.map(TaskState::as_str)
 DELETE FROM worker_result_batches WHERE id = ANY(ARRAY(
     SELECT b.id FROM worker_result_batches b
     CROSS JOIN LATERAL (

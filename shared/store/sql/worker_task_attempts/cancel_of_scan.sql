@@ -1,8 +1,8 @@
 -- Cancel: ends the scan's live attempts (their writes are refused from now on).
--- $1: scan_id
--- $2: reason
--- $3: AttemptStatus::Cancelled.as_str()
--- $4: AttemptStatus::LIVE.map(AttemptStatus::as_str)
+-- $1 scan_id: uuid
+-- $2 reason: text
+-- $3 cancelled_status: text — AttemptStatus::Cancelled.as_str()
+-- $4 live_statuses: text[] — AttemptStatus::LIVE.map(AttemptStatus::as_str)
 UPDATE worker_task_attempts a
 SET status = $3, finished_at = now(), updated_at = now(),
     error_code = 'cancel_requested', error_message = $2

@@ -1,14 +1,14 @@
 -- Reaper: claims attempts past their task's execution deadline (skipping attempts or tasks
 -- someone holds locked), marks them failed, and returns each with its task for
 -- `progress::fail_tasks`. The same shape as `recover_expired.sql`, ordered by its own index.
--- $1: limit
--- $2: AttemptStatus::Leased.as_str()
--- $3: AttemptStatus::Running.as_str()
--- $4: AttemptStatus::Failed.as_str()
--- $5: TaskState::Leased.as_str()
--- $6: TaskState::Running.as_str()
--- $7: DEADLINE_EXCEEDED
--- $8: DEADLINE_EXCEEDED_MESSAGE
+-- $1 limit: int8
+-- $2 leased_status: text — AttemptStatus::Leased.as_str()
+-- $3 running_status: text — AttemptStatus::Running.as_str()
+-- $4 failed_status: text — AttemptStatus::Failed.as_str()
+-- $5 leased_state: text — TaskState::Leased.as_str()
+-- $6 running_state: text — TaskState::Running.as_str()
+-- $7 deadline_exceeded: text
+-- $8 deadline_exceeded_message: text
 WITH overdue AS (
     SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
            coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,

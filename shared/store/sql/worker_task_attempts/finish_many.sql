@@ -1,17 +1,17 @@
 -- Ingestion: moves attempts, their tasks and scan jobs to running or completed, publishing each
 -- completed job's evidence counts.
--- $1: attempt_ids
--- $2: task_ids
--- $3: finished
--- $4: job_ids
--- $5: summaries
--- $6: AttemptStatus::Succeeded.as_str()
--- $7: AttemptStatus::Running.as_str()
--- $8: AttemptStatus::Leased.as_str()
--- $9: TaskState::Completed.as_str()
--- $10: TaskState::Running.as_str()
--- $11: TaskState::Leased.as_str()
--- $12: ScanJobState::Completed.as_str()
+-- $1 attempt_ids: uuid[]
+-- $2 task_ids: uuid[]
+-- $3 finished: bool[]
+-- $4 job_ids: uuid[]
+-- $5 summaries: text[]
+-- $6 succeeded_status: text — AttemptStatus::Succeeded.as_str()
+-- $7 running_status: text — AttemptStatus::Running.as_str()
+-- $8 leased_status: text — AttemptStatus::Leased.as_str()
+-- $9 completed_state: text — TaskState::Completed.as_str()
+-- $10 running_state: text — TaskState::Running.as_str()
+-- $11 leased_state: text — TaskState::Leased.as_str()
+-- $12 completed_job_state: text — ScanJobState::Completed.as_str()
 WITH attempts AS (
     UPDATE worker_task_attempts a
     SET status = CASE WHEN u.done THEN $6 ELSE $7 END,

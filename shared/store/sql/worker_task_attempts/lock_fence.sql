@@ -1,7 +1,7 @@
 -- The fence of one claim (artifact uploads, renewals): locks an attempt and its task (attempt,
 -- then task) and reads what the fence decides on.
--- $1: claim.attempt_id
--- $2: claim.task_id
+-- $1 attempt_id: uuid
+-- $2 task_id: uuid
 SELECT a.attempt_number, a.lease_token, a.status AS attempt_status, a.worker_id,
        a.lease_expires_at > now() AS lease_live,
        t.state AS task_state, t.current_attempt_id, t.organization_id, t.scan_id,

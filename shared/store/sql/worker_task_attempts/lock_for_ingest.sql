@@ -1,6 +1,6 @@
 -- Ingestion (set-wise): locks every attempt and task the batch names, in task order, and reads
 -- their scan jobs.
--- $1: attempt_ids
+-- $1 attempt_ids: uuid[]
 SELECT a.id AS attempt_id, a.task_id AS attempt_task_id,
        a.attempt_number, a.lease_token, a.status AS attempt_status, a.worker_id,
        a.lease_expires_at > now() AS lease_live,

@@ -1,13 +1,13 @@
 -- Reaper: claims leases that expired (skipping attempts or tasks someone holds locked), marks
 -- their attempts expired, and returns each with its task for `progress::fail_tasks`.
--- $1: limit
--- $2: AttemptStatus::Leased.as_str()
--- $3: AttemptStatus::Running.as_str()
--- $4: AttemptStatus::Expired.as_str()
--- $5: TaskState::Leased.as_str()
--- $6: TaskState::Running.as_str()
--- $7: LEASE_EXPIRED
--- $8: LEASE_EXPIRED_MESSAGE
+-- $1 limit: int8
+-- $2 leased_status: text — AttemptStatus::Leased.as_str()
+-- $3 running_status: text — AttemptStatus::Running.as_str()
+-- $4 expired_status: text — AttemptStatus::Expired.as_str()
+-- $5 leased_state: text — TaskState::Leased.as_str()
+-- $6 running_state: text — TaskState::Running.as_str()
+-- $7 lease_expired: text
+-- $8 lease_expired_message: text
 WITH stale AS (
     SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
            coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,

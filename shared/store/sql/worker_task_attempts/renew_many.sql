@@ -5,18 +5,18 @@
 -- database clock, the task's current attempt, the task leased or running without a cancel
 -- requested. The refusal's reason comes from the same statement: a left join of every claim
 -- to its lock and, for a claim naming no attempt of that task, to the task it names.
--- $1: column(|claim| claim.attempt_id)
--- $2: column(|claim| claim.task_id)
--- $3: column(|claim| claim.worker_id)
--- $4: attempt_numbers
--- $5: lease_tokens
--- $6: crate::seconds(lease_ttl)
--- $7: AttemptStatus::LIVE.map(AttemptStatus::as_str)
--- $8: TaskState::LEASED.map(TaskState::as_str)
--- $9: [ TaskState::Cancelling.as_str(), TaskState::Cancelled.as_str(), ]
--- $10: AttemptStatus::Running.as_str()
--- $11: TaskState::Running.as_str()
--- $12: TaskState::Leased.as_str()
+-- $1 attempt_ids: uuid[] — column(|claim| claim.attempt_id)
+-- $2 task_ids: uuid[] — column(|claim| claim.task_id)
+-- $3 worker_ids: uuid[] — column(|claim| claim.worker_id)
+-- $4 attempt_numbers: int4[]
+-- $5 lease_tokens: text[]
+-- $6 lease_ttl_seconds: float8
+-- $7 live_statuses: text[] — AttemptStatus::LIVE.map(AttemptStatus::as_str)
+-- $8 leased_states: text[] — TaskState::LEASED.map(TaskState::as_str)
+-- $9 cancel_states: text[] — [ TaskState::Cancelling.as_str(), TaskState::Cancelled.as_str(), ]
+-- $10 running_status: text — AttemptStatus::Running.as_str()
+-- $11 running_state: text — TaskState::Running.as_str()
+-- $12 leased_state: text — TaskState::Leased.as_str()
 WITH claim AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int[], $5::text[])
         WITH ORDINALITY AS c(attempt_id, task_id, worker_id, attempt_number, lease_token, ordinal)

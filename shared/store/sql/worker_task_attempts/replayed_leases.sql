@@ -1,8 +1,8 @@
 -- Acquire, and leases handed with completions, replayed: the leases earlier grants under each
 -- (worker, request id) made, in grant order. Its columns are `lease::GrantedLease`'s, the same
 -- as `worker_tasks/grant.sql`'s.
--- $1: worker_ids
--- $2: request_ids
+-- $1 worker_ids: uuid[]
+-- $2 request_ids: uuid[]
 SELECT
     a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,
     t.organization_id, coalesce(t.payload->>'plugin', '') AS plugin,

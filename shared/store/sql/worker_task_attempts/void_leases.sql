@@ -1,11 +1,11 @@
 -- Revocation: cancels a worker's live attempts (all, or those of one organization's tasks) and
 -- returns their tasks to pending without counting the attempt against the budget.
--- $1: worker_id
--- $2: organization_id
--- $3: AttemptStatus::LIVE.map(AttemptStatus::as_str)
--- $4: AttemptStatus::Cancelled.as_str()
--- $5: TaskState::Pending.as_str()
--- $6: TaskState::LEASED.map(TaskState::as_str)
+-- $1 worker_id: uuid
+-- $2 organization_id: uuid
+-- $3 live_statuses: text[] — AttemptStatus::LIVE.map(AttemptStatus::as_str)
+-- $4 cancelled_status: text — AttemptStatus::Cancelled.as_str()
+-- $5 pending_state: text — TaskState::Pending.as_str()
+-- $6 leased_states: text[] — TaskState::LEASED.map(TaskState::as_str)
 WITH live AS (
     SELECT a.id, a.task_id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id
     WHERE a.worker_id = $1 AND a.status = ANY($3)

@@ -5,12 +5,12 @@
 -- `progress::fail_tasks`, which fails them with their scans and frees their targets. A pending or
 -- retry_wait task whose attempts are spent (which the grant never leases) is claimed the same
 -- way once the deadline passed: no worker can take it either.
--- $1: limit
--- $2: [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()]
--- $3: crate::seconds(pending_deadline)
--- $4: crate::seconds(worker_live_within)
--- $5: AttemptStatus::LIVE.map(AttemptStatus::as_str)
--- $6: TaskState::Pending.as_str()
+-- $1 limit: int8
+-- $2 waiting_states: text[] — [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()]
+-- $3 pending_deadline_seconds: float8
+-- $4 worker_live_within_seconds: float8
+-- $5 live_statuses: text[] — AttemptStatus::LIVE.map(AttemptStatus::as_str)
+-- $6 pending_state: text — TaskState::Pending.as_str()
 SELECT NULL::uuid AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
        coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,
        true AS task_live

@@ -1,24 +1,24 @@
 -- Progress: fails tasks (to retry_wait with a delay, or terminally with their scan job and scan).
--- $1: task_ids
--- $2: job_ids
--- $3: scan_ids
--- $4: retries
--- $5: delays
--- $6: reasons
--- $7: TaskState::RetryWait.as_str()
--- $8: TaskState::FailedTerminal.as_str()
--- $9: failure.error.code
--- $10: failure.task_message
--- $11: failure.from, the states the tasks are failed from (live attempts: leased or running;
+-- $1 task_ids: uuid[]
+-- $2 job_ids: uuid[]
+-- $3 scan_ids: uuid[]
+-- $4 retries: bool[]
+-- $5 delays: float8[]
+-- $6 reasons: text[]
+-- $7 retry_wait_state: text — TaskState::RetryWait.as_str()
+-- $8 failed_terminal_state: text — TaskState::FailedTerminal.as_str()
+-- $9 error_code: text
+-- $10 task_message: text
+-- $11 from_states: text[] — failure.from, the states the tasks are failed from (live attempts: leased or running;
 --      never leased: pending)
--- $12: ScanJobState::Pending.as_str()
--- $13: ScanJobState::Failed.as_str()
--- $14: failure.error.message
--- $15: ScanJobState::Running.as_str() (stored only by an older build: a retry moves such a job back
+-- $12 pending_job_state: text — ScanJobState::Pending.as_str()
+-- $13 failed_job_state: text — ScanJobState::Failed.as_str()
+-- $14 error_message: text
+-- $15 running_job_state: text — ScanJobState::Running.as_str() (stored only by an older build: a retry moves such a job back
 --      to pending; this build leaves a retried job's row as it is)
--- $16: ScanState::Failed.as_str()
--- $17: ScanState::Pending.as_str()
--- $18: ScanState::Running.as_str() (stored only by an older build)
+-- $16 failed_scan_state: text — ScanState::Failed.as_str()
+-- $17 pending_scan_state: text — ScanState::Pending.as_str()
+-- $18 running_scan_state: text — ScanState::Running.as_str() (stored only by an older build)
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::bool[], $5::float8[], $6::text[])
         WITH ORDINALITY AS u(task_id, scan_job_id, scan_id, retry, delay, reason, ord)

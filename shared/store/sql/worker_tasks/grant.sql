@@ -12,16 +12,16 @@
 -- A task whose attempts are spent is never leased (the reaper fails it, `claim_stranded.sql`).
 -- Its columns are `lease::GrantedLease`'s, the same as
 -- `worker_task_attempts/replayed_leases.sql`'s and `grant_next.sql`'s.
--- $1: params.worker_id
--- $2: eligibility.capabilities
--- $3: free
--- $4: params.request_id
--- $5: crate::seconds(params.lease_ttl)
--- $6: [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()]
--- $7: TaskState::Leased.as_str()
--- $8: AttemptStatus::Leased.as_str()
--- $9: LIVE_ATTEMPT_STATUSES
--- $10: TaskState::LEASED (the states of a task in flight)
+-- $1 worker_id: uuid
+-- $2 capabilities: text[]
+-- $3 free: int8
+-- $4 request_id: uuid
+-- $5 lease_ttl_seconds: float8
+-- $6 grantable_states: text[] — [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()]
+-- $7 leased_state: text — TaskState::Leased.as_str()
+-- $8 leased_status: text — AttemptStatus::Leased.as_str()
+-- $9 live_statuses: text[] — LIVE_ATTEMPT_STATUSES
+-- $10 leased_states: text[] — TaskState::LEASED (the states of a task in flight)
 WITH room AS (
     SELECT least($3::bigint, greatest(0, w.max_concurrent_tasks - (
                SELECT count(*) FROM worker_task_attempts a

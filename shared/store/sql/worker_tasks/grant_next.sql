@@ -3,13 +3,13 @@
 -- task of that attempt's scan, when the worker offers its plugin and serves its organization
 -- (assignments locked FOR SHARE, as acquire's grant does). Each is leased, its attempt created
 -- under that request id and the worker marked seen, as `grant.sql` does for an acquire. Its columns are `lease::GrantedLease`'s.
--- $1: worker_ids
--- $2: request_ids
--- $3: crate::seconds(lease_ttl)
--- $4: TaskState::Pending.as_str()
--- $5: TaskState::Leased.as_str()
--- $6: AttemptStatus::Leased.as_str()
--- $7: LIVE_ATTEMPT_STATUSES
+-- $1 worker_ids: uuid[]
+-- $2 request_ids: uuid[]
+-- $3 lease_ttl_seconds: float8
+-- $4 pending_state: text — TaskState::Pending.as_str()
+-- $5 leased_state: text — TaskState::Leased.as_str()
+-- $6 leased_status: text — AttemptStatus::Leased.as_str()
+-- $7 live_statuses: text[] — LIVE_ATTEMPT_STATUSES
 WITH asks AS (
     SELECT u.worker_id, u.request_id, done.scan_id
     FROM UNNEST($1::uuid[], $2::uuid[]) AS u(worker_id, request_id)

@@ -2,13 +2,13 @@
 -- live leases and the stalest renewal, the outbox backlog, the newest completion's age and the
 -- enrichment backlog (due age, running jobs and their stalest renewal), the active schedules and
 -- the soonest next fire.
--- $1: crate::seconds(worker_seen_within)
--- $2: TaskState::Pending.as_str()
--- $3: TaskState::RetryWait.as_str()
--- $4: AttemptStatus::LIVE.map(AttemptStatus::as_str)
--- $5: ScanState::Completed.as_str()
--- $6: EnrichmentJobState::Pending.as_str()
--- $7: EnrichmentJobState::Running.as_str()
+-- $1 worker_seen_within_seconds: float8
+-- $2 pending_state: text — TaskState::Pending.as_str()
+-- $3 retry_wait_state: text — TaskState::RetryWait.as_str()
+-- $4 live_statuses: text[] — AttemptStatus::LIVE.map(AttemptStatus::as_str)
+-- $5 completed_scan_state: text — ScanState::Completed.as_str()
+-- $6 pending_enrichment_state: text — EnrichmentJobState::Pending.as_str()
+-- $7 running_enrichment_state: text — EnrichmentJobState::Running.as_str()
 WITH waiting AS (
     SELECT
         count(*) FILTER (WHERE state = $2 AND available_at <= now()) AS due_pending,

@@ -1,9 +1,9 @@
 -- Enables a worker again, and records the change. No row: no such worker.
--- $1: worker_id
--- $2: the change's id (Uuid::now_v7())
--- $3: who
--- $4: why
--- $5: AdminAction::WorkerEnabled
+-- $1 worker_id: uuid
+-- $2 change_id: uuid — the change's id (Uuid::now_v7())
+-- $3 who: text
+-- $4 why: text
+-- $5 worker_enabled_action: text — AdminAction::WorkerEnabled
 WITH enabled AS (
     UPDATE workers SET enabled = true, revoked_at = NULL, revocation_reason = '', updated_at = now()
     WHERE id = $1 RETURNING id

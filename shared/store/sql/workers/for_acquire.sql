@@ -3,9 +3,9 @@
 -- revocation; two acquires of one worker take turns), its live leases, whether its request was
 -- already granted, its organizations, and whether one of them caps its tasks in flight. Unknown
 -- workers are not returned.
--- $1: worker_ids
--- $2: request_ids
--- $3: LIVE_ATTEMPT_STATUSES
+-- $1 worker_ids: uuid[]
+-- $2 request_ids: uuid[]
+-- $3 live_statuses: text[] — LIVE_ATTEMPT_STATUSES
 SELECT w.id, w.enabled, w.revoked_at IS NOT NULL AS revoked, w.capabilities,
        w.max_concurrent_tasks AS capacity,
        (SELECT count(*) FROM worker_task_attempts a

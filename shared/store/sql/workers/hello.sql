@@ -2,11 +2,11 @@
 -- for an enabled worker that is not revoked (a refused hello writes nothing). Returns no
 -- row for an unknown worker, else whether the hello was taken: false when the worker is
 -- disabled or revoked, also by a revocation that committed while this statement waited.
--- $1: params.worker_id
--- $2: params.capabilities
--- $3: params.capacity
--- $4: params.software_version
--- $5: params.protocol_version
+-- $1 worker_id: uuid
+-- $2 capabilities: text[]
+-- $3 capacity: int4
+-- $4 software_version: text
+-- $5 protocol_version: text
 WITH updated AS (
     UPDATE workers
     SET capabilities = $2, max_concurrent_tasks = $3, software_version = $4,

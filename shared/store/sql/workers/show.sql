@@ -1,7 +1,7 @@
 -- `palisade worker show`: a worker, its live leases and its organizations with each
 -- assignment's state. No row: no such worker.
--- $1: worker_id
--- $2: LIVE_ATTEMPT_STATUSES
+-- $1 worker_id: uuid
+-- $2 live_statuses: text[] — LIVE_ATTEMPT_STATUSES
 SELECT w.id, w.name, w.enabled, w.revoked_at, w.revocation_reason, w.capabilities,
        w.max_concurrent_tasks AS capacity, w.software_version, w.last_seen_at, w.created_at,
        (SELECT count(*) FROM worker_task_attempts a

@@ -139,11 +139,13 @@ pub(crate) async fn lock(
     conn: &mut PgConnection,
     claim: &LeaseClaim,
 ) -> Result<Option<LockedAttempt>, StoreError> {
-    let locked = sql::query_as::<LockedAttempt>(sql::worker_task_attempts::LOCK_FENCE)
-        .bind(claim.attempt_id)
-        .bind(claim.task_id)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let locked = sql::worker_task_attempts::LockFence {
+        attempt_id: claim.attempt_id,
+        task_id: claim.task_id,
+    }
+    .query_as::<LockedAttempt>()
+    .fetch_optional(&mut *conn)
+    .await?;
     Ok(locked)
 }
 

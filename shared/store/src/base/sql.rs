@@ -135,6 +135,7 @@ mod tests {
             "$1 worker_id: uuid — the worker asking",
             "$2 capabilities: text[]",
             "  (prose continuing the line above)",
+            "$2, as prose, is not a declaration",
         ]))
         .unwrap();
         assert_eq!(

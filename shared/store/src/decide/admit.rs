@@ -256,13 +256,15 @@ async fn lock(conn: &mut PgConnection, requests: &[AdmitParams<'_>]) -> Result<(
     let clients: Vec<&str> = requests.iter().map(|r| r.client_id).collect();
     let keys: Vec<&str> = requests.iter().map(|r| r.idempotency_key).collect();
     // Seed 0 is the target lock older admissions take; seed 1 keeps the key locks apart.
-    sql::query(sql::scans::LOCK_ADMISSION_KEYS)
-        .bind(&organizations)
-        .bind(&targets)
-        .bind(&clients)
-        .bind(&keys)
-        .execute(conn)
-        .await?;
+    sql::scans::LockAdmissionKeys {
+        organizations: &organizations,
+        targets: &targets,
+        clients: &clients,
+        keys: &keys,
+    }
+    .query()
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -314,15 +316,17 @@ async fn look_up(
         .collect();
     // The states in which a scan occupies its target (I6).
     let active = ScanState::ACTIVE.map(ScanState::as_str);
-    let found: Vec<Found> = sql::query_as(sql::scans::LOOK_UP_FOR_ADMISSION)
-        .bind(&organizations)
-        .bind(&clients)
-        .bind(&keys)
-        .bind(&targets)
-        .bind(&counted)
-        .bind(active)
-        .fetch_all(conn)
-        .await?;
+    let found: Vec<Found> = sql::scans::LookUpForAdmission {
+        organizations: &organizations,
+        clients: &clients,
+        keys: &keys,
+        targets: &targets,
+        counted: &counted,
+        active,
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?;
     if found.len() != requests.len() {
         return Err(StoreError::Corrupt(format!(
             "{} rows read for {} scan requests",
@@ -376,21 +380,23 @@ async fn write(
         deadlines.push(request.execution_deadline_seconds);
         trace_contexts.push(request.trace_context);
     }
-    let inserted: Vec<(Uuid, i64)> = sql::query_as(sql::scans::ADMIT_MANY)
-        .bind(&scan_ids)
-        .bind(&target_ids)
-        .bind(&organizations)
-        .bind(&locators)
-        .bind(&clients)
-        .bind(&keys)
-        .bind(&fingerprints)
-        .bind(&plugins)
-        .bind(&priorities)
-        .bind(&deadlines)
-        .bind(&trace_contexts)
-        .bind(ScanState::Pending.as_str())
-        .fetch_all(&mut *conn)
-        .await?;
+    let inserted: Vec<(Uuid, i64)> = sql::scans::AdmitMany {
+        scan_ids: &scan_ids,
+        target_ids: &target_ids,
+        organizations: &organizations,
+        locators: &locators,
+        clients: &clients,
+        keys: &keys,
+        fingerprints: &fingerprints,
+        plugins: &plugins,
+        priorities: &priorities,
+        deadlines: &deadlines,
+        trace_contexts: &trace_contexts,
+        pending_scan_state: ScanState::Pending.as_str(),
+    }
+    .query_as()
+    .fetch_all(&mut *conn)
+    .await?;
     let admitted_at: HashMap<Uuid, i64> = inserted.into_iter().collect();
     if admitted_at.len() != n {
         // The key locks exclude every admission that takes them: a replica that does not
@@ -496,12 +502,14 @@ async fn find_by_key(
     conn: &mut PgConnection,
     request: &AdmitParams<'_>,
 ) -> Result<Option<ExistingScan>, StoreError> {
-    Ok(sql::query_as::<ExistingScan>(sql::scans::FIND_BY_KEY)
-        .bind(request.organization_id)
-        .bind(request.client_id)
-        .bind(request.idempotency_key)
-        .fetch_optional(conn)
-        .await?)
+    Ok(sql::scans::FindByKey {
+        organization_id: request.organization_id,
+        client_id: request.client_id,
+        idempotency_key: request.idempotency_key,
+    }
+    .query_as::<ExistingScan>()
+    .fetch_optional(conn)
+    .await?)
 }
 
 /// A repeated key: the original scan when the request is the same, else a conflict.

@@ -59,8 +59,8 @@ pub async fn cancel(
     let scan_id = match target {
         CancelTarget::Scan(scan_id) => Some(scan_id),
         CancelTarget::Task(task_id) => {
-            let task: Option<(Option<Uuid>, Uuid)> = sql::query_as(sql::worker_tasks::SCAN_OF_TASK)
-                .bind(task_id)
+            let task: Option<(Option<Uuid>, Uuid)> = sql::worker_tasks::ScanOfTask { task_id }
+                .query_as()
                 .fetch_optional(&mut *tx)
                 .await?;
             // Any task of a scan names the scan, whatever the task's own state: cancelling the
@@ -86,17 +86,19 @@ async fn cancel_scan(
     reason: &str,
 ) -> Result<CancelOutcome, StoreError> {
     // attempt → task → scan, like ingestion's fence then scan lock.
-    sql::query(sql::worker_task_attempts::LOCK_LIVE_OF_SCAN)
-        .bind(scan_id)
-        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
+    sql::worker_task_attempts::LockLiveOfScan {
+        scan_id,
+        live_statuses: AttemptStatus::LIVE.map(AttemptStatus::as_str),
+    }
+    .query()
+    .execute(&mut *conn)
+    .await?;
+    sql::worker_tasks::LockOfScan { scan_id }
+        .query()
         .execute(&mut *conn)
         .await?;
-    sql::query(sql::worker_tasks::LOCK_OF_SCAN)
-        .bind(scan_id)
-        .execute(&mut *conn)
-        .await?;
-    let scan: Option<(String, Uuid, String, String)> = sql::query_as(sql::scans::LOCK_FOR_CANCEL)
-        .bind(scan_id)
+    let scan: Option<(String, Uuid, String, String)> = sql::scans::LockForCancel { scan_id }
+        .query_as()
         .fetch_optional(&mut *conn)
         .await?;
     let Some((state, organization_id, client_id, idempotency_key)) = scan else {
@@ -111,39 +113,47 @@ async fn cancel_scan(
     }
 
     // Attempts leased after the first lock (by an acquire we then waited for) are live too.
-    sql::query(sql::worker_task_attempts::CANCEL_OF_SCAN)
-        .bind(scan_id)
-        .bind(reason)
-        .bind(AttemptStatus::Cancelled.as_str())
-        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-        .execute(&mut *conn)
-        .await?;
-    sql::query(sql::worker_tasks::CANCEL_OF_SCAN)
-        .bind(scan_id)
-        .bind(reason)
-        .bind(TaskState::Cancelled.as_str())
-        .bind(CANCELLED)
-        .bind(TaskState::TERMINAL.map(TaskState::as_str))
-        .execute(&mut *conn)
-        .await?;
-    sql::query(sql::scan_jobs::CANCEL_OF_SCAN)
-        .bind(scan_id)
-        .bind(reason)
-        .bind(ScanJobState::Cancelled.as_str())
-        .bind(CANCELLED)
-        .bind([
+    sql::worker_task_attempts::CancelOfScan {
+        scan_id,
+        reason,
+        cancelled_status: AttemptStatus::Cancelled.as_str(),
+        live_statuses: AttemptStatus::LIVE.map(AttemptStatus::as_str),
+    }
+    .query()
+    .execute(&mut *conn)
+    .await?;
+    sql::worker_tasks::CancelOfScan {
+        scan_id,
+        reason,
+        cancelled_state: TaskState::Cancelled.as_str(),
+        cancelled: CANCELLED,
+        terminal_states: TaskState::TERMINAL.map(TaskState::as_str),
+    }
+    .query()
+    .execute(&mut *conn)
+    .await?;
+    sql::scan_jobs::CancelOfScan {
+        scan_id,
+        reason,
+        cancelled_job_state: ScanJobState::Cancelled.as_str(),
+        cancelled: CANCELLED,
+        cancellable_job_states: [
             ScanJobState::Pending.as_str(),
             ScanJobState::Running.as_str(),
-        ])
-        .execute(&mut *conn)
-        .await?;
-    let cancelled_at_unix_ms: i64 = sql::query_scalar(sql::scans::CANCEL)
-        .bind(scan_id)
-        .bind(reason)
-        .bind(ScanState::Cancelled.as_str())
-        .bind(CANCELLED)
-        .fetch_one(&mut *conn)
-        .await?;
+        ],
+    }
+    .query()
+    .execute(&mut *conn)
+    .await?;
+    let cancelled_at_unix_ms: i64 = sql::scans::Cancel {
+        scan_id,
+        reason,
+        cancelled_scan_state: ScanState::Cancelled.as_str(),
+        cancelled: CANCELLED,
+    }
+    .query_scalar()
+    .fetch_one(&mut *conn)
+    .await?;
     let event = v1::ScanCancelled {
         scan_id: scan_id.to_string(),
         organization_id: organization_id.to_string(),

@@ -481,13 +481,15 @@ async fn fail_attempts(
         .iter()
         .map(|(params, _)| params.error_message)
         .collect();
-    sql::query(sql::worker_task_attempts::FAIL_MANY)
-        .bind(&attempt_ids)
-        .bind(&codes)
-        .bind(&texts)
-        .bind(AttemptStatus::Failed.as_str())
-        .execute(&mut *conn)
-        .await?;
+    sql::worker_task_attempts::FailMany {
+        attempt_ids: &attempt_ids,
+        codes: &codes,
+        texts: &texts,
+        failed_status: AttemptStatus::Failed.as_str(),
+    }
+    .query()
+    .execute(&mut *conn)
+    .await?;
 
     // The failures as workers reported them, each with the tasks that reported it.
     type Reported<'f> = (&'f str, &'f str, bool, RetryPolicy);
@@ -553,10 +555,12 @@ async fn lock(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let rows: Vec<LockedRow> = sql::query_as(sql::worker_task_attempts::LOCK_FOR_INGEST)
-        .bind(&attempt_ids)
-        .fetch_all(conn)
-        .await?;
+    let rows: Vec<LockedRow> = sql::worker_task_attempts::LockForIngest {
+        attempt_ids: &attempt_ids,
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?;
     Ok(rows.into_iter().map(|row| (row.attempt_id, row)).collect())
 }
 
@@ -589,13 +593,15 @@ async fn colliding_batches(
         .iter()
         .map(|params| params.sequence_number)
         .collect();
-    Ok(sql::query_as(sql::worker_result_batches::COLLIDING)
-        .bind(&attempt_ids)
-        .bind(&keys)
-        .bind(&attempt_ids)
-        .bind(&sequences)
-        .fetch_all(conn)
-        .await?)
+    Ok(sql::worker_result_batches::Colliding {
+        key_attempt_ids: &attempt_ids,
+        keys: &keys,
+        sequence_attempt_ids: &attempt_ids,
+        sequences: &sequences,
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?)
 }
 
 /// Per completing attempt: its batches below `batch_count`, and at or above it.
@@ -614,12 +620,13 @@ async fn count_batches(
         .iter()
         .map(|(_, params, _, _)| params.batch_count)
         .collect();
-    let rows: Vec<(Uuid, i64, i64)> =
-        sql::query_as(sql::worker_result_batches::COUNT_FOR_COMPLETIONS)
-            .bind(&attempt_ids)
-            .bind(&batch_counts)
-            .fetch_all(conn)
-            .await?;
+    let rows: Vec<(Uuid, i64, i64)> = sql::worker_result_batches::CountForCompletions {
+        attempt_ids: &attempt_ids,
+        batch_counts: &batch_counts,
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|(attempt_id, below, beyond)| (attempt_id, (below, beyond)))
@@ -711,21 +718,23 @@ async fn finish_attempts(
         .iter()
         .map(|(params, _, _)| params.summary)
         .collect();
-    let rows: Vec<(Uuid, i32, i32)> = sql::query_as(sql::worker_task_attempts::FINISH_MANY)
-        .bind(&attempt_ids)
-        .bind(&task_ids)
-        .bind(&finished)
-        .bind(&job_ids)
-        .bind(&summaries)
-        .bind(AttemptStatus::Succeeded.as_str())
-        .bind(AttemptStatus::Running.as_str())
-        .bind(AttemptStatus::Leased.as_str())
-        .bind(TaskState::Completed.as_str())
-        .bind(TaskState::Running.as_str())
-        .bind(TaskState::Leased.as_str())
-        .bind(ScanJobState::Completed.as_str())
-        .fetch_all(conn)
-        .await?;
+    let rows: Vec<(Uuid, i32, i32)> = sql::worker_task_attempts::FinishMany {
+        attempt_ids: &attempt_ids,
+        task_ids: &task_ids,
+        finished: &finished,
+        job_ids: &job_ids,
+        summaries: &summaries,
+        succeeded_status: AttemptStatus::Succeeded.as_str(),
+        running_status: AttemptStatus::Running.as_str(),
+        leased_status: AttemptStatus::Leased.as_str(),
+        completed_state: TaskState::Completed.as_str(),
+        running_state: TaskState::Running.as_str(),
+        leased_state: TaskState::Leased.as_str(),
+        completed_job_state: ScanJobState::Completed.as_str(),
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|(id, findings, assets)| (id, (findings, assets)))

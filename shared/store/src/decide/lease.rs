@@ -40,14 +40,16 @@ pub enum HelloOutcome {
 /// workers. Registration itself is an administrative act (`palisade worker add`).
 pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let accepted: Option<bool> = sql::query_scalar(sql::workers::HELLO)
-        .bind(params.worker_id)
-        .bind(params.capabilities)
-        .bind(params.capacity)
-        .bind(params.software_version)
-        .bind(params.protocol_version)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let accepted: Option<bool> = sql::workers::Hello {
+        worker_id: params.worker_id,
+        capabilities: params.capabilities,
+        capacity: params.capacity,
+        software_version: params.software_version,
+        protocol_version: params.protocol_version,
+    }
+    .query_scalar()
+    .fetch_optional(&mut *tx)
+    .await?;
     let outcome = match accepted {
         None => HelloOutcome::Refused(unknown_worker(params.worker_id)),
         Some(false) => HelloOutcome::Refused(worker_disabled(params.worker_id)),
@@ -217,26 +219,23 @@ pub async fn acquire_many(
     // same request asked again while its first ask is granted) take turns, and the grant below
     // refuses to grant a request id twice. The assignments are read here to answer
     // `worker_not_assigned`, and locked by the grant itself.
-    let mut workers: HashMap<Uuid, AcquiringWorker> =
-        sql::query_as::<AcquiringWorker>(sql::workers::FOR_ACQUIRE)
-            .bind(
-                acquires
-                    .iter()
-                    .map(|params| params.worker_id)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                acquires
-                    .iter()
-                    .map(|params| params.request_id)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(LIVE_ATTEMPT_STATUSES)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .map(|worker| (worker.id, worker))
-            .collect();
+    let mut workers: HashMap<Uuid, AcquiringWorker> = sql::workers::ForAcquire {
+        worker_ids: acquires
+            .iter()
+            .map(|params| params.worker_id)
+            .collect::<Vec<_>>(),
+        request_ids: acquires
+            .iter()
+            .map(|params| params.request_id)
+            .collect::<Vec<_>>(),
+        live_statuses: LIVE_ATTEMPT_STATUSES,
+    }
+    .query_as::<AcquiringWorker>()
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|worker| (worker.id, worker))
+    .collect();
 
     // Organizations that cap their tasks in flight are locked before any grant (in id order,
     // after the workers, as every acquire does), so each grant counts the leases of the acquire
@@ -305,19 +304,21 @@ pub async fn acquire_many(
         let params = &acquires[index];
         let eligibility = &decided[index].1;
         granted.extend(
-            sql::query_as::<GrantedLease>(sql::worker_tasks::GRANT)
-                .bind(params.worker_id)
-                .bind(&eligibility.capabilities)
-                .bind(free)
-                .bind(params.request_id)
-                .bind(crate::seconds(params.lease_ttl))
-                .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
-                .bind(TaskState::Leased.as_str())
-                .bind(AttemptStatus::Leased.as_str())
-                .bind(LIVE_ATTEMPT_STATUSES)
-                .bind(TaskState::LEASED.map(TaskState::as_str))
-                .fetch_all(&mut *tx)
-                .await?,
+            sql::worker_tasks::Grant {
+                worker_id: params.worker_id,
+                capabilities: &eligibility.capabilities,
+                free,
+                request_id: params.request_id,
+                lease_ttl_seconds: crate::seconds(params.lease_ttl),
+                grantable_states: [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()],
+                leased_state: TaskState::Leased.as_str(),
+                leased_status: AttemptStatus::Leased.as_str(),
+                live_statuses: LIVE_ATTEMPT_STATUSES,
+                leased_states: TaskState::LEASED.map(TaskState::as_str),
+            }
+            .query_as::<GrantedLease>()
+            .fetch_all(&mut *tx)
+            .await?,
         );
     }
     if !granted.is_empty() {
@@ -349,11 +350,13 @@ async fn replayed_leases(
     worker_ids: Vec<Uuid>,
     request_ids: Vec<Uuid>,
 ) -> Result<Vec<GrantedLease>, StoreError> {
-    let mut leases: Vec<GrantedLease> = sql::query_as(sql::worker_task_attempts::REPLAYED_LEASES)
-        .bind(worker_ids)
-        .bind(request_ids)
-        .fetch_all(conn)
-        .await?;
+    let mut leases: Vec<GrantedLease> = sql::worker_task_attempts::ReplayedLeases {
+        worker_ids,
+        request_ids,
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?;
     for lease in &mut leases {
         lease.replayed = true;
     }
@@ -458,13 +461,15 @@ pub async fn lease_next(
     let mut worker_ids: Vec<Uuid> = asks.iter().map(|ask| ask.worker_id).collect();
     worker_ids.sort_unstable();
     worker_ids.dedup();
-    let mut rooms: HashMap<Uuid, i64> = sql::query_as(sql::workers::LOCK_FOR_NEXT)
-        .bind(&worker_ids)
-        .bind(LIVE_ATTEMPT_STATUSES)
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .collect();
+    let mut rooms: HashMap<Uuid, i64> = sql::workers::LockForNext {
+        worker_ids: &worker_ids,
+        live_statuses: LIVE_ATTEMPT_STATUSES,
+    }
+    .query_as()
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .collect();
     let replayed = replayed_leases(
         &mut tx,
         asks.iter().map(|ask| ask.worker_id).collect(),
@@ -492,16 +497,18 @@ pub async fn lease_next(
     let granted: Vec<GrantedLease> = if grant_workers.is_empty() {
         Vec::new()
     } else {
-        sql::query_as(sql::worker_tasks::GRANT_NEXT)
-            .bind(&grant_workers)
-            .bind(&grant_requests)
-            .bind(crate::seconds(lease_ttl))
-            .bind(TaskState::Pending.as_str())
-            .bind(TaskState::Leased.as_str())
-            .bind(AttemptStatus::Leased.as_str())
-            .bind(LIVE_ATTEMPT_STATUSES)
-            .fetch_all(&mut *tx)
-            .await?
+        sql::worker_tasks::GrantNext {
+            worker_ids: &grant_workers,
+            request_ids: &grant_requests,
+            lease_ttl_seconds: crate::seconds(lease_ttl),
+            pending_state: TaskState::Pending.as_str(),
+            leased_state: TaskState::Leased.as_str(),
+            leased_status: AttemptStatus::Leased.as_str(),
+            live_statuses: LIVE_ATTEMPT_STATUSES,
+        }
+        .query_as()
+        .fetch_all(&mut *tx)
+        .await?
     };
     outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
     let leases = with_assets(&mut tx, replayed.into_iter().chain(granted).collect()).await?;
@@ -534,11 +541,13 @@ async fn with_assets(
     if needs_assets.is_empty() {
         return Ok(leases);
     }
-    let rows: Vec<(Uuid, String, String)> = sql::query_as(sql::scan_assets::FOR_LEASES)
-        .bind(&needs_assets)
-        .bind(LEASE_ASSETS_MAX)
-        .fetch_all(conn)
-        .await?;
+    let rows: Vec<(Uuid, String, String)> = sql::scan_assets::ForLeases {
+        needs_assets: &needs_assets,
+        lease_assets_max: LEASE_ASSETS_MAX,
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?;
     for lease in &mut leases {
         lease.discovered_assets = rows
             .iter()
@@ -655,24 +664,26 @@ pub async fn renew_many(
         .iter()
         .map(|claim| claim.lease_token.as_str())
         .collect();
-    let rows: Vec<(i64, Option<i64>, bool)> = sql::query_as(sql::worker_task_attempts::RENEW_MANY)
-        .bind(column(|claim| claim.attempt_id))
-        .bind(column(|claim| claim.task_id))
-        .bind(column(|claim| claim.worker_id))
-        .bind(&attempt_numbers)
-        .bind(&lease_tokens)
-        .bind(crate::seconds(lease_ttl))
-        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-        .bind(TaskState::LEASED.map(TaskState::as_str))
-        .bind([
+    let rows: Vec<(i64, Option<i64>, bool)> = sql::worker_task_attempts::RenewMany {
+        attempt_ids: column(|claim| claim.attempt_id),
+        task_ids: column(|claim| claim.task_id),
+        worker_ids: column(|claim| claim.worker_id),
+        attempt_numbers: &attempt_numbers,
+        lease_tokens: &lease_tokens,
+        lease_ttl_seconds: crate::seconds(lease_ttl),
+        live_statuses: AttemptStatus::LIVE.map(AttemptStatus::as_str),
+        leased_states: TaskState::LEASED.map(TaskState::as_str),
+        cancel_states: [
             TaskState::Cancelling.as_str(),
             TaskState::Cancelled.as_str(),
-        ])
-        .bind(AttemptStatus::Running.as_str())
-        .bind(TaskState::Running.as_str())
-        .bind(TaskState::Leased.as_str())
-        .fetch_all(pool)
-        .await?;
+        ],
+        running_status: AttemptStatus::Running.as_str(),
+        running_state: TaskState::Running.as_str(),
+        leased_state: TaskState::Leased.as_str(),
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?;
     assert_eq!(rows.len(), claims.len(), "one answer per claim");
     Ok(rows
         .into_iter()
@@ -715,17 +726,21 @@ pub async fn release(
     if !locked.holds_lease(claim)? {
         return Ok(ReleaseOutcome::Refused(lease_lost(claim)));
     }
-    sql::query(sql::worker_task_attempts::RELEASE)
-        .bind(claim.attempt_id)
-        .bind(reason)
-        .bind(AttemptStatus::Released.as_str())
-        .execute(&mut *tx)
-        .await?;
-    sql::query(sql::worker_tasks::RELEASE)
-        .bind(claim.task_id)
-        .bind(TaskState::Pending.as_str())
-        .execute(&mut *tx)
-        .await?;
+    sql::worker_task_attempts::Release {
+        attempt_id: claim.attempt_id,
+        reason,
+        released_status: AttemptStatus::Released.as_str(),
+    }
+    .query()
+    .execute(&mut *tx)
+    .await?;
+    sql::worker_tasks::Release {
+        task_id: claim.task_id,
+        pending_state: TaskState::Pending.as_str(),
+    }
+    .query()
+    .execute(&mut *tx)
+    .await?;
     let ready = v1::TaskReady {
         task_id: claim.task_id.to_string(),
         scan_id: locked.scan_id.map(|id| id.to_string()).unwrap_or_default(),

@@ -60,19 +60,21 @@ pub async fn create_jobs(
         .map(|job| job.execution_deadline_seconds)
         .collect();
     let max_attempts: Vec<i32> = jobs.iter().map(|job| job.max_attempts).collect();
-    sql::query(sql::scan_jobs::CREATE_MANY)
-        .bind(&job_ids)
-        .bind(&task_ids)
-        .bind(&scan_ids)
-        .bind(&organizations)
-        .bind(&positions)
-        .bind(&plugins)
-        .bind(&payloads)
-        .bind(&priorities)
-        .bind(&deadlines)
-        .bind(&max_attempts)
-        .execute(conn)
-        .await?;
+    sql::scan_jobs::CreateMany {
+        job_ids: &job_ids,
+        task_ids: &task_ids,
+        scan_ids: &scan_ids,
+        organizations: &organizations,
+        positions: &positions,
+        plugins: &plugins,
+        payloads: &payloads,
+        priorities: &priorities,
+        deadlines: &deadlines,
+        max_attempts: &max_attempts,
+    }
+    .query()
+    .execute(conn)
+    .await?;
     Ok(task_ids)
 }
 
@@ -115,14 +117,15 @@ pub async fn advance(
     let mut scan_ids: Vec<Uuid> = completed.iter().map(|job| job.scan_id).collect();
     scan_ids.sort_unstable();
     scan_ids.dedup();
-    let scans: HashMap<Uuid, LockedScan> =
-        sql::query_as::<LockedScan>(sql::scans::LOCK_FOR_ADVANCE)
-            .bind(&scan_ids)
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .map(|scan| (scan.id, scan))
-            .collect();
+    let scans: HashMap<Uuid, LockedScan> = sql::scans::LockForAdvance {
+        scan_ids: &scan_ids,
+    }
+    .query_as::<LockedScan>()
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|scan| (scan.id, scan))
+    .collect();
 
     let mut next = Vec::new();
     let mut finished = Vec::new();
@@ -214,14 +217,16 @@ async fn complete_scans(
     }
     let scan_ids: Vec<Uuid> = scans.iter().map(|(scan_id, _)| *scan_id).collect();
     let job_ids: Vec<Uuid> = scans.iter().map(|_| Uuid::now_v7()).collect();
-    Ok(sql::query_as(sql::scans::COMPLETE_MANY)
-        .bind(&scan_ids)
-        .bind(&job_ids)
-        .bind(ScanState::Completed.as_str())
-        .bind(EnrichmentJobState::Pending.as_str())
-        .bind(EnrichmentJobState::Completed.as_str())
-        .fetch_all(conn)
-        .await?)
+    Ok(sql::scans::CompleteMany {
+        scan_ids: &scan_ids,
+        job_ids: &job_ids,
+        completed_scan_state: ScanState::Completed.as_str(),
+        pending_state: EnrichmentJobState::Pending.as_str(),
+        completed_state: EnrichmentJobState::Completed.as_str(),
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?)
 }
 
 /// A task whose current attempt just ended badly (failed, expired, overdue). The caller has
@@ -328,33 +333,33 @@ pub async fn fail_tasks(
             }
         })
         .collect();
-    let rows: Vec<FailedRow> = sql::query_as(sql::worker_tasks::FAIL_MANY)
-        .bind(&task_ids)
-        .bind(&job_ids)
-        .bind(&scan_ids)
-        .bind(&retries)
-        .bind(&delays)
-        .bind(&reasons)
-        .bind(TaskState::RetryWait.as_str())
-        .bind(TaskState::FailedTerminal.as_str())
-        .bind(&failure.error.code)
-        .bind(failure.task_message)
-        .bind(
-            failure
-                .from
-                .iter()
-                .map(|state| state.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(ScanJobState::Pending.as_str())
-        .bind(ScanJobState::Failed.as_str())
-        .bind(&failure.error.message)
-        .bind(ScanJobState::Running.as_str())
-        .bind(ScanState::Failed.as_str())
-        .bind(ScanState::Pending.as_str())
-        .bind(ScanState::Running.as_str())
-        .fetch_all(conn)
-        .await?;
+    let rows: Vec<FailedRow> = sql::worker_tasks::FailMany {
+        task_ids: &task_ids,
+        job_ids: &job_ids,
+        scan_ids: &scan_ids,
+        retries: &retries,
+        delays: &delays,
+        reasons: &reasons,
+        retry_wait_state: TaskState::RetryWait.as_str(),
+        failed_terminal_state: TaskState::FailedTerminal.as_str(),
+        error_code: &failure.error.code,
+        task_message: failure.task_message,
+        from_states: failure
+            .from
+            .iter()
+            .map(|state| state.as_str())
+            .collect::<Vec<_>>(),
+        pending_job_state: ScanJobState::Pending.as_str(),
+        failed_job_state: ScanJobState::Failed.as_str(),
+        error_message: &failure.error.message,
+        running_job_state: ScanJobState::Running.as_str(),
+        failed_scan_state: ScanState::Failed.as_str(),
+        pending_scan_state: ScanState::Pending.as_str(),
+        running_scan_state: ScanState::Running.as_str(),
+    }
+    .query_as()
+    .fetch_all(conn)
+    .await?;
 
     let mut outcome = FailedTasks::default();
     for row in rows {

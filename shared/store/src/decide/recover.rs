@@ -98,17 +98,19 @@ pub async fn recover_expired(
     limit: i64,
 ) -> Result<RecoveryOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let claimed = sql::query_as::<Claimed>(sql::worker_task_attempts::RECOVER_EXPIRED)
-        .bind(limit)
-        .bind(AttemptStatus::Leased.as_str())
-        .bind(AttemptStatus::Running.as_str())
-        .bind(AttemptStatus::Expired.as_str())
-        .bind(TaskState::Leased.as_str())
-        .bind(TaskState::Running.as_str())
-        .bind(LEASE_EXPIRED)
-        .bind(LEASE_EXPIRED_MESSAGE)
-        .fetch_all(&mut *tx)
-        .await?;
+    let claimed = sql::worker_task_attempts::RecoverExpired {
+        limit,
+        leased_status: AttemptStatus::Leased.as_str(),
+        running_status: AttemptStatus::Running.as_str(),
+        expired_status: AttemptStatus::Expired.as_str(),
+        leased_state: TaskState::Leased.as_str(),
+        running_state: TaskState::Running.as_str(),
+        lease_expired: LEASE_EXPIRED,
+        lease_expired_message: LEASE_EXPIRED_MESSAGE,
+    }
+    .query_as::<Claimed>()
+    .fetch_all(&mut *tx)
+    .await?;
     if claimed.is_empty() {
         tx.commit().await?;
         return Ok(RecoveryOutcome::default());
@@ -137,10 +139,12 @@ const DEADLINE_EXCEEDED_MESSAGE: &str = "the execution deadline passed";
 
 /// How many `retry_wait` tasks are due now (index-served).
 pub async fn due_retries(pool: &PgPool) -> Result<i64, StoreError> {
-    Ok(sql::query_scalar(sql::worker_tasks::COUNT_DUE_RETRIES)
-        .bind(TaskState::RetryWait.as_str())
-        .fetch_one(pool)
-        .await?)
+    Ok(sql::worker_tasks::CountDueRetries {
+        retry_wait_state: TaskState::RetryWait.as_str(),
+    }
+    .query_scalar()
+    .fetch_one(pool)
+    .await?)
 }
 
 /// Fails live attempts that passed their task's execution deadline, even if they renew:
@@ -155,17 +159,19 @@ pub async fn fail_overdue(
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
     let mut tx = pool.begin().await?;
-    let claimed = sql::query_as::<Claimed>(sql::worker_task_attempts::FAIL_OVERDUE)
-        .bind(limit)
-        .bind(AttemptStatus::Leased.as_str())
-        .bind(AttemptStatus::Running.as_str())
-        .bind(AttemptStatus::Failed.as_str())
-        .bind(TaskState::Leased.as_str())
-        .bind(TaskState::Running.as_str())
-        .bind(DEADLINE_EXCEEDED)
-        .bind(DEADLINE_EXCEEDED_MESSAGE)
-        .fetch_all(&mut *tx)
-        .await?;
+    let claimed = sql::worker_task_attempts::FailOverdue {
+        limit,
+        leased_status: AttemptStatus::Leased.as_str(),
+        running_status: AttemptStatus::Running.as_str(),
+        failed_status: AttemptStatus::Failed.as_str(),
+        leased_state: TaskState::Leased.as_str(),
+        running_state: TaskState::Running.as_str(),
+        deadline_exceeded: DEADLINE_EXCEEDED,
+        deadline_exceeded_message: DEADLINE_EXCEEDED_MESSAGE,
+    }
+    .query_as::<Claimed>()
+    .fetch_all(&mut *tx)
+    .await?;
     if claimed.is_empty() {
         tx.commit().await?;
         return Ok(Vec::new());
@@ -201,15 +207,17 @@ pub async fn fail_stranded(
     limit: i64,
 ) -> Result<Vec<Uuid>, StoreError> {
     let mut tx = pool.begin().await?;
-    let stranded = sql::query_as::<Claimed>(sql::worker_tasks::CLAIM_STRANDED)
-        .bind(limit)
-        .bind([TaskState::Pending.as_str(), TaskState::RetryWait.as_str()])
-        .bind(crate::seconds(pending_deadline))
-        .bind(crate::seconds(worker_live_within))
-        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-        .bind(TaskState::Pending.as_str())
-        .fetch_all(&mut *tx)
-        .await?;
+    let stranded = sql::worker_tasks::ClaimStranded {
+        limit,
+        waiting_states: [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()],
+        pending_deadline_seconds: crate::seconds(pending_deadline),
+        worker_live_within_seconds: crate::seconds(worker_live_within),
+        live_statuses: AttemptStatus::LIVE.map(AttemptStatus::as_str),
+        pending_state: TaskState::Pending.as_str(),
+    }
+    .query_as::<Claimed>()
+    .fetch_all(&mut *tx)
+    .await?;
     if stranded.is_empty() {
         tx.commit().await?;
         return Ok(Vec::new());
@@ -253,13 +261,15 @@ async fn fail_terminally(
 
 /// Upload sessions past their expiry (never committed) become `expired`, in one statement.
 pub async fn expire_uploads(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
-    Ok(sql::query(sql::worker_artifact_uploads::EXPIRE)
-        .bind(limit)
-        .bind(UploadStatus::Expired.as_str())
-        .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
-        .execute(pool)
-        .await?
-        .rows_affected())
+    Ok(sql::worker_artifact_uploads::Expire {
+        limit,
+        expired_status: UploadStatus::Expired.as_str(),
+        open_statuses: UploadStatus::OPEN.map(UploadStatus::as_str),
+    }
+    .query()
+    .execute(pool)
+    .await?
+    .rows_affected())
 }
 
 /// What one retention pass removed.
@@ -297,13 +307,15 @@ pub async fn prune(
         .execute(pool)
         .await?
         .rows_affected();
-    let batches = sql::query(sql::worker_result_batches::PRUNE)
-        .bind(seconds)
-        .bind(limit)
-        .bind(TaskState::TERMINAL.map(TaskState::as_str))
-        .execute(pool)
-        .await?
-        .rows_affected();
+    let batches = sql::worker_result_batches::Prune {
+        seconds,
+        limit,
+        terminal_states: TaskState::TERMINAL.map(TaskState::as_str),
+    }
+    .query()
+    .execute(pool)
+    .await?
+    .rows_affected();
     let dead_letters = sql::dead_letters::Prune { seconds, limit }
         .query()
         .execute(pool)
@@ -314,9 +326,8 @@ pub async fn prune(
         .execute(pool)
         .await?
         .rows_affected();
-    let schedule_fires = sql::query(sql::schedule_fires::PRUNE)
-        .bind(seconds)
-        .bind(limit)
+    let schedule_fires = sql::schedule_fires::Prune { seconds, limit }
+        .query()
         .execute(pool)
         .await?
         .rows_affected();

@@ -39,14 +39,16 @@ pub async fn revoke_worker(
     active: ActiveLeases,
 ) -> Result<RevokeOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let found: Option<Uuid> = sql::query_scalar(sql::workers::REVOKE)
-        .bind(worker_id)
-        .bind(change.reason)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(AdminAction::WorkerRevoked.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
+    let found: Option<Uuid> = sql::workers::Revoke {
+        worker_id,
+        reason: change.reason,
+        change_id: change.id(),
+        who: change.by,
+        worker_revoked_action: AdminAction::WorkerRevoked.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(&mut *tx)
+    .await?;
     if found.is_none() {
         return Ok(RevokeOutcome::NotFound);
     }
@@ -99,14 +101,16 @@ pub async fn enable_worker(
     worker_id: Uuid,
     change: &Change<'_>,
 ) -> Result<bool, StoreError> {
-    let enabled: Option<Uuid> = sql::query_scalar(sql::workers::ENABLE)
-        .bind(worker_id)
-        .bind(change.id())
-        .bind(change.by)
-        .bind(change.reason)
-        .bind(AdminAction::WorkerEnabled.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let enabled: Option<Uuid> = sql::workers::Enable {
+        worker_id,
+        change_id: change.id(),
+        who: change.by,
+        why: change.reason,
+        worker_enabled_action: AdminAction::WorkerEnabled.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     Ok(enabled.is_some())
 }
 
@@ -118,16 +122,17 @@ async fn void_leases(
     worker_id: Uuid,
     organization_id: Option<Uuid>,
 ) -> Result<usize, StoreError> {
-    let voided: Vec<(Uuid, Option<Uuid>, Uuid, String)> =
-        sql::query_as(sql::worker_task_attempts::VOID_LEASES)
-            .bind(worker_id)
-            .bind(organization_id)
-            .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-            .bind(AttemptStatus::Cancelled.as_str())
-            .bind(TaskState::Pending.as_str())
-            .bind(TaskState::LEASED.map(TaskState::as_str))
-            .fetch_all(&mut *conn)
-            .await?;
+    let voided: Vec<(Uuid, Option<Uuid>, Uuid, String)> = sql::worker_task_attempts::VoidLeases {
+        worker_id,
+        organization_id,
+        live_statuses: AttemptStatus::LIVE.map(AttemptStatus::as_str),
+        cancelled_status: AttemptStatus::Cancelled.as_str(),
+        pending_state: TaskState::Pending.as_str(),
+        leased_states: TaskState::LEASED.map(TaskState::as_str),
+    }
+    .query_as()
+    .fetch_all(&mut *conn)
+    .await?;
     if voided.is_empty() {
         return Ok(0);
     }

@@ -78,10 +78,8 @@ pub async fn register_worker(
     name: &str,
     capacity: i32,
 ) -> Result<(), StoreError> {
-    sql::query(sql::workers::REGISTER)
-        .bind(id)
-        .bind(name)
-        .bind(capacity)
+    sql::workers::Register { id, name, capacity }
+        .query()
         .execute(pool)
         .await?;
     Ok(())
@@ -145,8 +143,8 @@ pub struct ScanJobView {
 
 /// The scan, with its state as reported ([`ScanState::reported`]).
 pub async fn scan(pool: &PgPool, scan_id: Uuid) -> Result<Option<ScanView>, StoreError> {
-    let Some(mut scan) = sql::query_as::<ScanView>(sql::scans::SHOW)
-        .bind(scan_id)
+    let Some(mut scan) = sql::scans::Show { scan_id }
+        .query_as::<ScanView>()
         .fetch_optional(pool)
         .await?
     else {
@@ -181,27 +179,29 @@ pub struct ScanFilter {
 
 /// Scans newest first by admission, each with its state as reported, in one statement.
 pub async fn scans(pool: &PgPool, filter: &ScanFilter) -> Result<Vec<ScanView>, StoreError> {
-    Ok(sql::query_as::<ScanView>(sql::scans::LIST)
-        .bind(filter.organization_id)
-        .bind(filter.target.as_deref())
-        .bind(filter.state.map(ScanState::as_str))
-        .bind(filter.plugin.as_deref())
-        .bind(filter.admitted_from)
-        .bind(filter.admitted_before)
-        .bind(filter.client_id.as_deref())
-        .bind(filter.after)
-        .bind(filter.limit)
-        .bind([ScanState::Pending.as_str(), ScanState::Running.as_str()])
-        .bind(ScanState::Running.as_str())
-        .bind(ScanState::Pending.as_str())
-        .fetch_all(pool)
-        .await?)
+    Ok(sql::scans::List {
+        organization_id: filter.organization_id,
+        target: filter.target.as_deref(),
+        state: filter.state.map(ScanState::as_str),
+        plugin: filter.plugin.as_deref(),
+        admitted_from: filter.admitted_from,
+        admitted_before: filter.admitted_before,
+        client_id: filter.client_id.as_deref(),
+        after_scan_id: filter.after,
+        limit: filter.limit,
+        unfinished_scan_states: [ScanState::Pending.as_str(), ScanState::Running.as_str()],
+        running_scan_state: ScanState::Running.as_str(),
+        pending_scan_state: ScanState::Pending.as_str(),
+    }
+    .query_as::<ScanView>()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// The scan's plugin jobs, each with its state as reported ([`ScanJobState::reported`]).
 pub async fn scan_jobs(pool: &PgPool, scan_id: Uuid) -> Result<Vec<ScanJobView>, StoreError> {
-    let mut jobs = sql::query_as::<ScanJobView>(sql::scan_jobs::SHOW_FOR_SCAN)
-        .bind(scan_id)
+    let mut jobs = sql::scan_jobs::ShowForScan { scan_id }
+        .query_as::<ScanJobView>()
         .fetch_all(pool)
         .await?;
     for job in &mut jobs {
@@ -236,8 +236,10 @@ pub async fn findings(pool: &PgPool, scan_id: Uuid) -> Result<Vec<FindingView>, 
 
 /// (scans, completed scans) in the whole database: the demo's cross-check.
 pub async fn scan_counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
-    Ok(sql::query_as(sql::scans::COUNTS)
-        .bind(crate::states::ScanState::Completed.as_str())
-        .fetch_one(pool)
-        .await?)
+    Ok(sql::scans::Counts {
+        completed_scan_state: crate::states::ScanState::Completed.as_str(),
+    }
+    .query_as()
+    .fetch_one(pool)
+    .await?)
 }

@@ -96,18 +96,20 @@ pub async fn prepare(
     let claim = prepare.claim;
     let upload = match fenced(pool, claim, prepare.upload_id, async |conn| {
         Ok(Some(
-            sql::query_as::<Upload>(sql::worker_artifact_uploads::PREPARE)
-                .bind(prepare.upload_id)
-                .bind(claim.task_id)
-                .bind(claim.attempt_id)
-                .bind(claim.worker_id)
-                .bind(object_key(prepare.upload_id))
-                .bind(prepare.name)
-                .bind(prepare.content_type)
-                .bind(seconds(prepare.ttl))
-                .bind(UploadStatus::Prepared.as_str())
-                .fetch_one(conn)
-                .await?,
+            sql::worker_artifact_uploads::Prepare {
+                upload_id: prepare.upload_id,
+                task_id: claim.task_id,
+                attempt_id: claim.attempt_id,
+                worker_id: claim.worker_id,
+                object_key: object_key(prepare.upload_id),
+                name: prepare.name,
+                content_type: prepare.content_type,
+                ttl_seconds: seconds(prepare.ttl),
+                prepared_status: UploadStatus::Prepared.as_str(),
+            }
+            .query_as::<Upload>()
+            .fetch_one(conn)
+            .await?,
         ))
     })
     .await?
@@ -136,8 +138,8 @@ pub async fn prepare(
 
 /// One session, in any state.
 pub async fn get(pool: &PgPool, upload_id: Uuid) -> Result<Option<Upload>, StoreError> {
-    Ok(sql::query_as::<Upload>(sql::worker_artifact_uploads::GET)
-        .bind(upload_id)
+    Ok(sql::worker_artifact_uploads::Get { upload_id }
+        .query_as::<Upload>()
         .fetch_optional(pool)
         .await?)
 }
@@ -165,15 +167,15 @@ pub async fn open_for_chunks(
     worker_id: Uuid,
     upload_id: Uuid,
 ) -> Result<bool, StoreError> {
-    Ok(
-        sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::OPEN_FOR_CHUNKS)
-            .bind(upload_id)
-            .bind(worker_id)
-            .bind(UploadStatus::Prepared.as_str())
-            .fetch_optional(pool)
-            .await?
-            .is_some(),
-    )
+    Ok(sql::worker_artifact_uploads::OpenForChunks {
+        upload_id,
+        worker_id,
+        prepared_status: UploadStatus::Prepared.as_str(),
+    }
+    .query_scalar::<Uuid>()
+    .fetch_optional(pool)
+    .await?
+    .is_some())
 }
 
 /// What the commit describes, as ingestion records it `uploaded`: the chunk count and size
@@ -227,18 +229,18 @@ pub async fn mark_uploaded(
     let chunks = i32::try_from(verified.chunks)
         .map_err(|_| StoreError::Corrupt(format!("chunks {}", verified.chunks)))?;
     fenced(pool, claim, upload_id, async |conn| {
-        Ok(
-            sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::MARK_UPLOADED)
-                .bind(upload_id)
-                .bind(claim.attempt_id)
-                .bind(size)
-                .bind(verified.sha256)
-                .bind(chunks)
-                .bind(UploadStatus::Uploaded.as_str())
-                .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
-                .fetch_optional(conn)
-                .await?,
-        )
+        Ok(sql::worker_artifact_uploads::MarkUploaded {
+            upload_id,
+            attempt_id: claim.attempt_id,
+            size_bytes: size,
+            sha256: verified.sha256,
+            chunks,
+            uploaded_status: UploadStatus::Uploaded.as_str(),
+            open_statuses: UploadStatus::OPEN.map(UploadStatus::as_str),
+        }
+        .query_scalar::<Uuid>()
+        .fetch_optional(conn)
+        .await?)
     })
     .await
     .map(|written| written.map(|_: Uuid| ()))
@@ -253,15 +255,15 @@ pub async fn commit(
     upload_id: Uuid,
 ) -> Result<Result<(), v1::Error>, StoreError> {
     fenced(pool, claim, upload_id, async |conn| {
-        Ok(
-            sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::COMMIT)
-                .bind(upload_id)
-                .bind(claim.attempt_id)
-                .bind(UploadStatus::Committed.as_str())
-                .bind(UploadStatus::Uploaded.as_str())
-                .fetch_optional(conn)
-                .await?,
-        )
+        Ok(sql::worker_artifact_uploads::Commit {
+            upload_id,
+            attempt_id: claim.attempt_id,
+            committed_status: UploadStatus::Committed.as_str(),
+            uploaded_status: UploadStatus::Uploaded.as_str(),
+        }
+        .query_scalar::<Uuid>()
+        .fetch_optional(conn)
+        .await?)
     })
     .await
     .map(|written| written.map(|_: Uuid| ()))
@@ -276,28 +278,28 @@ pub async fn fail(
     upload_id: Uuid,
     why: &str,
 ) -> Result<bool, StoreError> {
-    Ok(
-        sql::query_scalar::<Uuid>(sql::worker_artifact_uploads::FAIL)
-            .bind(upload_id)
-            .bind(claim.attempt_id)
-            .bind(why)
-            .bind(UploadStatus::Failed.as_str())
-            .bind(UploadStatus::OPEN.map(UploadStatus::as_str))
-            .fetch_optional(pool)
-            .await?
-            .is_some(),
-    )
+    Ok(sql::worker_artifact_uploads::Fail {
+        upload_id,
+        attempt_id: claim.attempt_id,
+        why,
+        failed_status: UploadStatus::Failed.as_str(),
+        open_statuses: UploadStatus::OPEN.map(UploadStatus::as_str),
+    }
+    .query_scalar::<Uuid>()
+    .fetch_optional(pool)
+    .await?
+    .is_some())
 }
 
 /// A scan's artifacts (committed sessions), in commit order.
 pub async fn of_scan(pool: &PgPool, scan_id: Uuid) -> Result<Vec<Upload>, StoreError> {
-    Ok(
-        sql::query_as::<Upload>(sql::worker_artifact_uploads::OF_SCAN)
-            .bind(scan_id)
-            .bind(UploadStatus::Committed.as_str())
-            .fetch_all(pool)
-            .await?,
-    )
+    Ok(sql::worker_artifact_uploads::OfScan {
+        scan_id,
+        committed_status: UploadStatus::Committed.as_str(),
+    }
+    .query_as::<Upload>()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// How long after a commit the reaper leaves a committed session's chunks to ingestion, which
@@ -327,27 +329,29 @@ impl Removable {
 /// failed (chunks and any object), oldest first, then committed ones whose chunks were not
 /// recorded purged within [`COMMITTED_CHUNKS_GRACE`] of their commit (chunks only).
 pub async fn removable(pool: &PgPool, limit: i64) -> Result<Vec<Removable>, StoreError> {
-    Ok(
-        sql::query_as::<Removable>(sql::worker_artifact_uploads::REMOVABLE)
-            .bind(limit)
-            .bind([
-                UploadStatus::Expired.as_str(),
-                UploadStatus::Failed.as_str(),
-            ])
-            .bind(UploadStatus::Committed.as_str())
-            .bind(seconds(COMMITTED_CHUNKS_GRACE))
-            .fetch_all(pool)
-            .await?,
-    )
+    Ok(sql::worker_artifact_uploads::Removable {
+        limit,
+        removable_statuses: [
+            UploadStatus::Expired.as_str(),
+            UploadStatus::Failed.as_str(),
+        ],
+        committed_status: UploadStatus::Committed.as_str(),
+        committed_chunks_grace_seconds: seconds(COMMITTED_CHUNKS_GRACE),
+    }
+    .query_as::<Removable>()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Records that what these sessions left on the bus is gone: a committed session's chunks
 /// (ingestion after its own purge, or the reaper), an ended one's chunks and object (the
 /// reaper).
 pub async fn mark_removed(pool: &PgPool, ids: &[Uuid]) -> Result<u64, StoreError> {
-    Ok(sql::query(sql::worker_artifact_uploads::MARK_REMOVED)
-        .bind(ids)
-        .execute(pool)
-        .await?
-        .rows_affected())
+    Ok(
+        sql::worker_artifact_uploads::MarkRemoved { upload_ids: ids }
+            .query()
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
 }

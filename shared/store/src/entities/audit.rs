@@ -83,11 +83,13 @@ pub struct WorkerView {
 
 /// A worker with its assignments; `None` when there is no such worker.
 pub async fn worker(pool: &PgPool, id: Uuid) -> Result<Option<WorkerView>, StoreError> {
-    Ok(sql::query_as(sql::workers::SHOW)
-        .bind(id)
-        .bind(crate::lease::LIVE_ATTEMPT_STATUSES)
-        .fetch_optional(pool)
-        .await?)
+    Ok(sql::workers::Show {
+        worker_id: id,
+        live_statuses: crate::lease::LIVE_ATTEMPT_STATUSES,
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await?)
 }
 
 /// An organization as `palisade org show` prints it.

@@ -477,12 +477,14 @@ pub async fn summary(
         plugins_complete: i64,
         counts: serde_json::Value,
     }
-    let row: Option<Row> = sql::query_as(sql::scans::FINDING_SUMMARY)
-        .bind(scan_id)
-        .bind(organization_id)
-        .bind(ScanJobState::Completed.as_str())
-        .fetch_optional(pool)
-        .await?;
+    let row: Option<Row> = sql::scans::FindingSummary {
+        scan_id,
+        organization_id,
+        completed_job_state: ScanJobState::Completed.as_str(),
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await?;
     let Some(row) = row else {
         return Ok(None);
     };

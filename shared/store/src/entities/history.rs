@@ -31,20 +31,22 @@ pub async fn seed(
     let mut written = 0;
     while written < scans {
         let chunk = CHUNK_SCANS.min(scans - written);
-        sql::query(sql::scans::SEED_HISTORY)
-            .bind(organization_id)
-            .bind(written as i64)
-            .bind((written + chunk) as i64 - 1)
-            .bind(worker_id)
-            .bind(ScanState::Completed.as_str())
-            .bind(ScanJobState::Completed.as_str())
-            .bind(TaskState::Completed.as_str())
-            .bind(AttemptStatus::Succeeded.as_str())
-            .bind(ResultBatchStatus::Persisted.as_str())
-            .bind(EnrichmentJobState::Completed.as_str())
-            .bind(Severity::Low.as_str())
-            .execute(pool)
-            .await?;
+        sql::scans::SeedHistory {
+            organization_id,
+            first_number: written as i64,
+            last_number: (written + chunk) as i64 - 1,
+            worker_id,
+            completed_scan_state: ScanState::Completed.as_str(),
+            completed_job_state: ScanJobState::Completed.as_str(),
+            completed_state: TaskState::Completed.as_str(),
+            succeeded_status: AttemptStatus::Succeeded.as_str(),
+            persisted_status: ResultBatchStatus::Persisted.as_str(),
+            completed_enrichment_state: EnrichmentJobState::Completed.as_str(),
+            low_severity: Severity::Low.as_str(),
+        }
+        .query()
+        .execute(pool)
+        .await?;
         written += chunk;
         progress(written);
     }

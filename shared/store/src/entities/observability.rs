@@ -60,16 +60,18 @@ pub struct Snapshot {
 /// Reads every aggregate in one statement. `worker_seen_within` is how recent a worker's
 /// `last_seen_at` must be for it to count as live (two lease TTLs).
 pub async fn snapshot(pool: &PgPool, worker_seen_within: Duration) -> Result<Snapshot, StoreError> {
-    let snapshot = sql::query_as::<Snapshot>(sql::worker_tasks::QUEUE_SNAPSHOT)
-        .bind(crate::seconds(worker_seen_within))
-        .bind(TaskState::Pending.as_str())
-        .bind(TaskState::RetryWait.as_str())
-        .bind(AttemptStatus::LIVE.map(AttemptStatus::as_str))
-        .bind(ScanState::Completed.as_str())
-        .bind(EnrichmentJobState::Pending.as_str())
-        .bind(EnrichmentJobState::Running.as_str())
-        .fetch_one(pool)
-        .await?;
+    let snapshot = sql::worker_tasks::QueueSnapshot {
+        worker_seen_within_seconds: crate::seconds(worker_seen_within),
+        pending_state: TaskState::Pending.as_str(),
+        retry_wait_state: TaskState::RetryWait.as_str(),
+        live_statuses: AttemptStatus::LIVE.map(AttemptStatus::as_str),
+        completed_scan_state: ScanState::Completed.as_str(),
+        pending_enrichment_state: EnrichmentJobState::Pending.as_str(),
+        running_enrichment_state: EnrichmentJobState::Running.as_str(),
+    }
+    .query_as::<Snapshot>()
+    .fetch_one(pool)
+    .await?;
     Ok(snapshot)
 }
 
@@ -95,8 +97,10 @@ pub async fn backlog(pool: &PgPool) -> Result<Vec<Backlog>, StoreError> {
         TaskState::Running,
     ]
     .map(TaskState::as_str);
-    Ok(sql::query_as(sql::worker_tasks::BACKLOG)
-        .bind(states)
-        .fetch_all(pool)
-        .await?)
+    Ok(sql::worker_tasks::Backlog {
+        unfinished_states: states,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?)
 }

@@ -279,42 +279,48 @@ pub async fn create(
     };
     let id = Uuid::now_v7();
     let mut tx = pool.begin().await?;
-    let organization: Option<Uuid> = sql::query_scalar(sql::scan_schedules::LOCK_ORGANIZATION)
-        .bind(schedule.organization_id)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let organization: Option<Uuid> = sql::scan_schedules::LockOrganization {
+        organization_id: schedule.organization_id,
+    }
+    .query_scalar()
+    .fetch_optional(&mut *tx)
+    .await?;
     if organization.is_none() {
         return Ok(Ok(Created::UnknownOrganization));
     }
-    let created: Option<Uuid> = sql::query_scalar(sql::scan_schedules::CREATE)
-        .bind(id)
-        .bind(schedule.organization_id)
-        .bind(&schedule.name)
-        .bind(&schedule.target)
-        .bind(&schedule.plugins)
-        .bind(schedule.priority)
-        .bind(schedule.execution_deadline_seconds)
-        .bind(&schedule.client_id)
-        .bind(&schedule.cron)
-        .bind(schedule.interval_seconds)
-        .bind(&schedule.time_zone)
-        .bind(schedule.jitter_seconds)
-        .bind(schedule.overlap.as_str())
-        .bind(schedule.paused)
-        .bind(next_slot)
-        .bind(fire_time(id, next_slot, schedule.jitter_seconds))
-        .bind(by)
-        .bind(reason)
-        .bind(SCHEDULES_PER_ORGANIZATION_MAX)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let created: Option<Uuid> = sql::scan_schedules::Create {
+        id,
+        organization_id: schedule.organization_id,
+        name: &schedule.name,
+        target: &schedule.target,
+        plugins: &schedule.plugins,
+        priority: schedule.priority,
+        execution_deadline_seconds: schedule.execution_deadline_seconds,
+        client_id: &schedule.client_id,
+        cron: &schedule.cron,
+        interval_seconds: schedule.interval_seconds,
+        time_zone: &schedule.time_zone,
+        jitter_seconds: schedule.jitter_seconds,
+        overlap: schedule.overlap.as_str(),
+        paused: schedule.paused,
+        next_slot,
+        next_fire_at: fire_time(id, next_slot, schedule.jitter_seconds),
+        who: by,
+        why: reason,
+        schedules_per_organization_max: SCHEDULES_PER_ORGANIZATION_MAX,
+    }
+    .query_scalar()
+    .fetch_optional(&mut *tx)
+    .await?;
     let outcome = if created.is_some() {
         Created::Created(id)
     } else {
-        let count: i64 = sql::query_scalar(sql::scan_schedules::COUNT)
-            .bind(schedule.organization_id)
-            .fetch_one(&mut *tx)
-            .await?;
+        let count: i64 = sql::scan_schedules::Count {
+            organization_id: schedule.organization_id,
+        }
+        .query_scalar()
+        .fetch_one(&mut *tx)
+        .await?;
         if count >= SCHEDULES_PER_ORGANIZATION_MAX {
             Created::TooMany
         } else {
@@ -359,8 +365,8 @@ impl ScheduleRow {
 
 /// One schedule.
 pub async fn get(pool: &sqlx::PgPool, id: Uuid) -> Result<Option<ScheduleRow>, StoreError> {
-    Ok(sql::query_as(sql::scan_schedules::GET)
-        .bind(id)
+    Ok(sql::scan_schedules::Get { id }
+        .query_as()
         .fetch_optional(pool)
         .await?)
 }
@@ -372,12 +378,14 @@ pub async fn list(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<ScheduleRow>, StoreError> {
-    Ok(sql::query_as(sql::scan_schedules::LIST)
-        .bind(organization_id)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+    Ok(sql::scan_schedules::List {
+        organization_id,
+        after_id: after,
+        limit,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// A fired slot as recorded.
@@ -393,11 +401,13 @@ pub struct FireRow {
 
 /// A schedule's latest fired slots, newest first.
 pub async fn fires(pool: &sqlx::PgPool, id: Uuid, limit: i64) -> Result<Vec<FireRow>, StoreError> {
-    Ok(sql::query_as(sql::schedule_fires::RECENT)
-        .bind(id)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?)
+    Ok(sql::schedule_fires::Recent {
+        schedule_id: id,
+        limit,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?)
 }
 
 /// Pauses (`true`) or resumes a schedule; resuming moves it to its first slot after `now`.
@@ -422,15 +432,17 @@ pub async fn set_paused(
             .map_err(|error| StoreError::Corrupt(error.to_string()))?;
         (slot, fire_time(id, slot, schedule.jitter_seconds))
     };
-    let changed: Option<Uuid> = sql::query_scalar(sql::scan_schedules::SET_PAUSED)
-        .bind(id)
-        .bind(paused)
-        .bind(next_slot)
-        .bind(next_fire_at)
-        .bind(by)
-        .bind(reason)
-        .fetch_optional(pool)
-        .await?;
+    let changed: Option<Uuid> = sql::scan_schedules::SetPaused {
+        id,
+        paused,
+        next_slot,
+        next_fire_at,
+        who: by,
+        why: reason,
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
     match changed {
         Some(_) => get(pool, id).await,
         None => Ok(None),
@@ -439,8 +451,8 @@ pub async fn set_paused(
 
 /// Deletes a schedule and its fire records; whether it existed.
 pub async fn delete(pool: &sqlx::PgPool, id: Uuid) -> Result<bool, StoreError> {
-    let deleted: Option<Uuid> = sql::query_scalar(sql::scan_schedules::DELETE)
-        .bind(id)
+    let deleted: Option<Uuid> = sql::scan_schedules::Delete { id }
+        .query_scalar()
         .fetch_optional(pool)
         .await?;
     Ok(deleted.is_some())
@@ -528,11 +540,13 @@ impl FireDue<'_> {
         staged: &mut Staged,
         one_by_one: bool,
     ) -> Result<Vec<Fire>, StoreError> {
-        let due: Vec<DueSchedule> = sql::query_as(sql::scan_schedules::DUE)
-            .bind(self.now)
-            .bind(self.limit)
-            .fetch_all(&mut **tx)
-            .await?;
+        let due: Vec<DueSchedule> = sql::scan_schedules::Due {
+            now: self.now,
+            limit: self.limit,
+        }
+        .query_as()
+        .fetch_all(&mut **tx)
+        .await?;
         if due.is_empty() {
             return Ok(Vec::new());
         }
@@ -680,28 +694,32 @@ async fn record(
     let scans: Vec<Option<Uuid>> = fired.iter().map(|(fire, ..)| fire.scan_id).collect();
     let missed: Vec<i64> = fired.iter().map(|(fire, ..)| fire.missed).collect();
     let details: Vec<&str> = fired.iter().map(|(_, detail, _)| detail.as_str()).collect();
-    sql::query(sql::schedule_fires::RECORD)
-        .bind(&ids)
-        .bind(&slots)
-        .bind(&fired_at)
-        .bind(&outcomes)
-        .bind(&scans)
-        .bind(&missed)
-        .bind(&details)
-        .execute(&mut **tx)
-        .await?;
+    sql::schedule_fires::Record {
+        schedule_ids: &ids,
+        slots: &slots,
+        fired_ats: &fired_at,
+        outcomes: &outcomes,
+        scan_ids: &scans,
+        skipped_slots: &missed,
+        details: &details,
+    }
+    .query()
+    .execute(&mut **tx)
+    .await?;
     let next_slots: Vec<DateTime<Utc>> = ids.iter().map(|id| by_id[id].next_slot).collect();
     let next_fire: Vec<DateTime<Utc>> = ids
         .iter()
         .zip(&next_slots)
         .map(|(id, slot)| fire_time(*id, *slot, by_id[id].schedule.jitter_seconds))
         .collect();
-    sql::query(sql::scan_schedules::ADVANCE)
-        .bind(&ids)
-        .bind(&next_slots)
-        .bind(&next_fire)
-        .execute(&mut **tx)
-        .await?;
+    sql::scan_schedules::Advance {
+        schedule_ids: &ids,
+        next_slots: &next_slots,
+        next_fire_ats: &next_fire,
+    }
+    .query()
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 

@@ -42,11 +42,13 @@ pub(super) async fn missing_batches(
     attempt_id: Uuid,
     batch_count: i32,
 ) -> Result<v1::Error, StoreError> {
-    let missing: Vec<i32> = sql::query_scalar(sql::worker_result_batches::MISSING)
-        .bind(attempt_id)
-        .bind(batch_count)
-        .fetch_all(conn)
-        .await?;
+    let missing: Vec<i32> = sql::worker_result_batches::Missing {
+        attempt_id,
+        batch_count,
+    }
+    .query_scalar()
+    .fetch_all(conn)
+    .await?;
     let mut error = v1::Error::new(
         ErrorCode::BatchMissing,
         format!(

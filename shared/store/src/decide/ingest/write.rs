@@ -41,18 +41,20 @@ pub(super) async fn write_batches(
         finding_counts.push(params.findings.len() as i32);
         asset_counts.push(params.assets.len() as i32);
     }
-    sql::query(sql::worker_result_batches::INSERT_MANY)
-        .bind(&ids)
-        .bind(&task_ids)
-        .bind(&attempt_ids)
-        .bind(&sequences)
-        .bind(&keys)
-        .bind(&checksums)
-        .bind(&finding_counts)
-        .bind(&asset_counts)
-        .bind(ResultBatchStatus::Persisted.as_str())
-        .execute(&mut *conn)
-        .await?;
+    sql::worker_result_batches::InsertMany {
+        ids: &ids,
+        task_ids: &task_ids,
+        attempt_ids: &attempt_ids,
+        sequences: &sequences,
+        keys: &keys,
+        checksums: &checksums,
+        finding_counts: &finding_counts,
+        asset_counts: &asset_counts,
+        persisted_status: ResultBatchStatus::Persisted.as_str(),
+    }
+    .query()
+    .execute(&mut *conn)
+    .await?;
     let evidence: Vec<Evidence<'_, '_>> = accepted
         .iter()
         .map(|(params, row, job)| Evidence {
