@@ -1,6 +1,8 @@
-//! An in-process OTLP/gRPC collector: the spans palisade exports, for tests that read them.
+//! An in-process OTLP/gRPC collector: the spans palisade exports, for tests that read them;
+//! and the services as processes of their own exporting to it, as production runs them.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -10,6 +12,12 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
+use tests::chaos::processes::Process;
+use tests::{Component, TestSystem};
+
+/// The `test-service` binary (one service as a process of its own), built by cargo with the
+/// tests.
+const SERVICE: &str = env!("CARGO_BIN_EXE_test-service");
 
 /// One exported span with its resource's `service.name`.
 #[derive(Debug, Clone)]
@@ -91,4 +99,87 @@ pub async fn start_collector() -> (Collector, std::net::SocketAddr) {
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     (collector, addr)
+}
+
+/// The `service.name` a palisade service's process exports under (`telemetry::init` in its
+/// binary; `test-service` and `test-worker` use the same): `palisade-<service>`.
+pub fn service_name(service: &str) -> String {
+    format!("palisade-{service}")
+}
+
+/// The five services of `system`, each as a process of its own exporting its spans to
+/// `endpoint` under its own `service.name` ([`service_name`]), as production runs them; the
+/// system's in-process services are stopped first.
+pub struct ServiceProcesses {
+    processes: Vec<Process>,
+    _logs: tempfile::TempDir,
+}
+
+impl ServiceProcesses {
+    /// Starts them with `settings` added to the environment, and waits until each is ready.
+    pub async fn start(system: &TestSystem, endpoint: &str, settings: &[(&str, &str)]) -> Self {
+        for component in [
+            Component::Admission,
+            Component::Dispatch,
+            Component::Ingestion,
+        ] {
+            system.stop(component).await;
+        }
+        let logs = tempfile::tempdir().expect("a log directory");
+        let mut processes = Vec::new();
+        for service in messages::Service::ALL {
+            let mut env: Vec<(String, String)> = [
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+                ("PALISADE_SUBJECT_PREFIX", system.subjects.prefix()),
+                ("DATABASE_URL", system.settings.common.database.url.as_str()),
+                ("PALISADE_DB_MAX_CONNECTIONS", "4"),
+                ("RUST_LOG", "warn"),
+            ]
+            .iter()
+            .chain(settings)
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+            env.extend(
+                system
+                    .nats
+                    .child_env(&messages::Identity::Service(service))
+                    .await
+                    .into_iter()
+                    .map(|(key, value)| (key.to_owned(), value)),
+            );
+            let mut process = Process::new(
+                service.name(),
+                std::path::Path::new(SERVICE),
+                &[service.name()],
+                env,
+                logs.path(),
+            )
+            .with_http_port(tests::servers::free_port());
+            process.start();
+            processes.push(process);
+        }
+        for process in &processes {
+            let url = format!(
+                "http://127.0.0.1:{}/readyz",
+                process.http_port.expect("a port")
+            );
+            system
+                .wait_for(&format!("{} ready", process.name), || async {
+                    let answer = palisade::probe::probe(&url).await.ok()?;
+                    (answer.status == 200).then_some(())
+                })
+                .await;
+        }
+        Self {
+            processes,
+            _logs: logs,
+        }
+    }
+
+    /// Stops each as an orchestrator would (SIGTERM): it exports what it still holds.
+    pub async fn stop(mut self) {
+        for process in &mut self.processes {
+            process.stop(Duration::from_secs(20)).await;
+        }
+    }
 }

@@ -1,27 +1,45 @@
-//! One scan is one trace: an in-process OTLP collector receives the spans of a three-plugin
-//! scan run by a real worker, and the structure documented in docs/operations.md
-//! ("Following one scan") holds: one trace id, every service present, parents and links as described,
-//! messaging attributes set.
+//! One scan is one trace, as an SRE sees it in production: the five services and the
+//! reference worker run as processes of their own, each exporting OTLP under its own
+//! `service.name` to a collector in the test, and the test itself is the client. The spans of
+//! a three-plugin scan keep the structure documented in docs/operations.md ("Following one
+//! scan"): one trace id, every service present under its own name, parents and links as
+//! described, messaging attributes set.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
-use tests::TestSystem;
+use tests::{TestSystem, WorkerProcess};
 
-use super::otlp::{Exported, start_collector};
+use super::otlp::{Exported, ServiceProcesses, service_name, start_collector};
 
 const PROFILE: [&str; 3] = ["tcp_connect", "http_headers", "synthetic"];
+
+/// The reference worker binary, built by cargo with this test.
+const WORKER: &str = env!("CARGO_BIN_EXE_test-worker");
+
+/// The `service.name` of this process, the client.
+const CLIENT: &str = "palisade-test-client";
+
+/// The `service.name` a span's `palisade.service` attribute says it must be exported under.
+fn exported_as(service: &str) -> String {
+    match service {
+        "client" => CLIENT.to_owned(),
+        service => service_name(service),
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
     let (collector, collector_addr) = start_collector().await;
+    let endpoint = format!("http://{collector_addr}");
     let telemetry = telemetry::init(
-        "palisade-test",
+        CLIENT,
         &telemetry::TelemetrySettings {
             json: false,
             default_filter: "info".into(),
             otlp: Some(telemetry::OtlpSettings {
                 protocol: telemetry::OtlpProtocol::Grpc,
-                endpoint: Some(format!("http://{collector_addr}")),
+                endpoint: Some(endpoint.clone()),
             }),
             to_stderr: false,
             flush_timeout: None,
@@ -30,17 +48,29 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
     .expect("telemetry installs once per test process");
 
     let system = TestSystem::spawn().await;
+    let services = ServiceProcesses::start(
+        &system,
+        &endpoint,
+        &[
+            ("PALISADE_ACQUIRE_POLL_MS", "200"),
+            ("PALISADE_ENRICHMENT_POLL_MS", "200"),
+            ("PALISADE_CVE_SOURCE", "local"),
+        ],
+    )
+    .await;
     let org = system.organization().await;
     let address = tests::start_web_app().await;
     // One slot: no acquire of the worker's is waiting while a plugin runs, so each later
     // plugin is the one its predecessor's completion hands on, never taken by an acquire.
-    let _stats = system.reference_worker(org, 1).await;
+    let exporting = [("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint.clone())];
+    let worker = WorkerProcess::start_with_env(&system, WORKER, org, 1, &exporting).await;
     let request = system.request(org, &format!("http://{address}/"), &PROFILE);
     let reply = system.submit(&request).await;
     assert!(reply.error.is_none(), "{reply:?}");
     system.wait_scan_state(&reply.scan_id, "completed").await;
     // None of this profile's findings names a CVE, so the scan's enrichment job was born
-    // completed; give it one to enrich, as a dependency audit's finding would.
+    // completed; give it one to enrich, as a dependency audit's finding would, and let the
+    // enrichment process run it.
     sqlx::query(
         "WITH cve AS (UPDATE findings SET cve_ids = '{CVE-2021-44228}' WHERE scan_id = $1::uuid) \
          UPDATE enrichment_jobs SET state = 'pending', finished_at = NULL WHERE scan_id = $1::uuid",
@@ -49,23 +79,23 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
     .execute(&system.pool)
     .await
     .expect("a CVE to enrich");
-    // The system tests run no enrichment loop; run one pass of it here.
-    let mut enrichment_settings = system.settings.enrichment.clone();
-    enrichment_settings.http_addr = None;
-    let enrichment = enrichment::Service::from_connections(
-        enrichment_settings,
-        runtime::Connections {
-            pool: system.pool.clone(),
-            bus: system.bus.clone(),
-        },
-    )
-    .expect("an enrichment service");
     system
         .wait_for("enrichment to run", || async {
-            (!enrichment.run_once().await.unwrap().is_empty()).then_some(())
+            let finished: bool = sqlx::query_scalar(
+                "SELECT bool_and(finished_at IS NOT NULL) FROM enrichment_jobs \
+                 WHERE scan_id = $1::uuid",
+            )
+            .bind(&reply.scan_id)
+            .fetch_one(&system.pool)
+            .await
+            .expect("the scan's enrichment job");
+            finished.then_some(())
         })
         .await;
 
+    // Stopped as an orchestrator stops them, each process exports what it still holds.
+    worker.terminate(Duration::from_secs(20)).await;
+    services.stop().await;
     let spans = system
         .wait_for("the scan's spans to be exported", || async {
             telemetry.flush().await;
@@ -106,11 +136,20 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
                 span.span.name
             );
         }
-        assert_eq!(span.service_name, "palisade-test", "resource service.name");
+        // Each process exports under its own name: a service's span under that service's.
+        if let Some(service) = span.attribute("palisade.service") {
+            assert_eq!(
+                span.service_name,
+                exported_as(&service),
+                "the resource service.name of {service}'s {}",
+                span.span.name
+            );
+        }
     }
-    let services: BTreeSet<String> = in_trace
+    // What the tracing UI lists for the scan's trace: every service, by its service.name.
+    let services: BTreeSet<&str> = in_trace
         .iter()
-        .filter_map(|span| span.attribute("palisade.service"))
+        .map(|span| span.service_name.as_str())
         .collect();
     for service in [
         "client",
@@ -121,7 +160,7 @@ async fn one_scan_is_one_trace_across_every_service_and_the_worker() {
         "enrichment",
     ] {
         assert!(
-            services.contains(service),
+            services.contains(exported_as(service).as_str()),
             "{service} missing from {services:?}"
         );
     }
