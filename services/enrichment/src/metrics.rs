@@ -91,7 +91,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     for result in ["hit", "miss"] {
         let _ = metrics.lookups.get_or_create(&ResultLabels { result });
     }
-    let mut registry = bus::metrics::registry();
+    let mut registry = telemetry::metrics::registry();
     registry.register(
         "enrichment_executions",
         "Executions of enrichment jobs by how they ended: completed, retrying (failed, retried \

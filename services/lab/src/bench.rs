@@ -378,7 +378,7 @@ impl ConsumerBatches {
     /// Every consumer's totals so far, read from the process's metrics.
     fn snapshot() -> BTreeMap<String, ConsumerBatches> {
         let mut consumers: BTreeMap<String, ConsumerBatches> = BTreeMap::new();
-        for line in bus::metrics::encode_text().lines() {
+        for line in telemetry::metrics::encode_text().lines() {
             let Some((series, value)) = line.rsplit_once(' ') else {
                 continue;
             };

@@ -29,7 +29,7 @@ static FIRES: LazyLock<Family<OutcomeLabels, Counter>> = LazyLock::new(|| {
     for outcome in outcomes.chain([QUEUED, MISSED]) {
         let _ = fires.get_or_create(&OutcomeLabels { outcome });
     }
-    bus::metrics::registry().register(
+    telemetry::metrics::registry().register(
         "schedule_fires",
         "Slots of recurring scan schedules by outcome: admitted, duplicate (the slot's key \
          named a scan already), skipped (overlap policy skip, the target busy), refused (quota, \

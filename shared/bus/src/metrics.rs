@@ -1,13 +1,12 @@
-//! The process-wide Prometheus registry and the metric families the message path updates:
-//! acknowledgement decisions, redeliveries and handler latency per consumer, refusals by
-//! error code, and leader status. It lives here, not in `runtime`, because `bus` is the
-//! lowest crate every updater depends on; `runtime` serves it on `GET /metrics` and adds the
-//! database gauges to the same registry.
+//! The metric families the message path updates, in the process-wide registry of
+//! `telemetry::metrics`: acknowledgement decisions, redeliveries and handler latency per
+//! consumer, refusals by error code, requests served, NATS connection events, stream sizes,
+//! and leader status.
 //!
 //! Every label value comes from a bounded set: durable consumer names, the four decisions,
 //! the `ErrorCode` names (unknown codes become `other`), lease names. Never an id.
 
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::LazyLock;
 
 use messages::ErrorCode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -16,12 +15,6 @@ use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::exponential_buckets;
-use prometheus_client::registry::Registry;
-
-pub use prometheus_client;
-
-/// Every metric name starts with this and an underscore.
-pub const PREFIX: &str = "palisade";
 
 /// The four ways a delivery ends at the bus, as the `decision` label.
 pub mod decisions {
@@ -134,13 +127,10 @@ pub struct BusMetrics {
     pub stream_messages: Family<StreamLabels, Gauge>,
 }
 
-struct Metrics {
-    registry: Mutex<Registry>,
-    bus: BusMetrics,
-}
-
-static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-    let mut registry = Registry::with_prefix(PREFIX);
+/// Registered in `telemetry::metrics` on first use ([`bus_metrics`]); `runtime` uses them
+/// before it serves `/metrics`, so the families are there from the first scrape.
+static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
+    let mut registry = telemetry::metrics::registry();
     let bus = BusMetrics {
         messages: Family::default(),
         redeliveries: Family::default(),
@@ -224,39 +214,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "Time from receiving a request to sending its reply (acquire includes its long-poll)",
         bus.request_seconds.clone(),
     );
-    let cost = telemetry::cost::metrics();
-    registry.register(
-        "db_statements",
-        "PostgreSQL statements sent (COMMIT included; sqlx does not report BEGIN), by lane",
-        cost.statements.clone(),
-    );
-    registry.register(
-        "db_commits",
-        "PostgreSQL transactions committed (statements that were a COMMIT), by lane",
-        cost.commits.clone(),
-    );
-    registry.register(
-        "nats_messages",
-        "NATS messages sent and received (acknowledgements, replies and PubAcks included), by lane",
-        cost.messages.clone(),
-    );
-    Metrics {
-        registry: Mutex::new(registry),
-        bus,
-    }
+    bus
 });
-
-/// The process-wide registry; `runtime` registers its gauges in it and encodes it.
-pub fn registry() -> MutexGuard<'static, Registry> {
-    METRICS
-        .registry
-        .lock()
-        .expect("metrics registry not poisoned")
-}
 
 /// The message-path metric families.
 pub fn bus_metrics() -> &'static BusMetrics {
-    &METRICS.bus
+    &METRICS
 }
 
 /// Creates every series of `consumer` at zero (each decision, each refusal code), so the set
@@ -420,14 +383,6 @@ pub fn set_leader(lease: &'static str, is_leader: bool) {
         .set(i64::from(is_leader));
 }
 
-/// The whole registry in the OpenMetrics text format.
-pub fn encode_text() -> String {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry())
-        .expect("writing to a String cannot fail");
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,7 +399,7 @@ mod tests {
     fn registered_consumer_has_every_decision_series() {
         register_consumer("unit-test-consumer");
         record_decision("unit-test-consumer", decisions::ACK, true);
-        let text = encode_text();
+        let text = telemetry::metrics::encode_text();
         for decision in decisions::ALL {
             let line = format!(
                 "palisade_messages_total{{consumer=\"unit-test-consumer\",decision=\"{decision}\"}}"

@@ -1,4 +1,4 @@
-//! `GET /metrics`: the process-wide registry of `bus::metrics` (message-path counters,
+//! `GET /metrics`: the process-wide registry of `telemetry::metrics` (message-path counters,
 //! handler latency, refusals, leader status) plus database gauges computed on scrape.
 //!
 //! The database gauges come from two statements run together (`store::observability::snapshot`,
@@ -16,12 +16,12 @@ use std::sync::LazyLock;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use bus::metrics::prometheus_client::encoding::EncodeLabelSet;
-use bus::metrics::prometheus_client::metrics::counter::Counter;
-use bus::metrics::prometheus_client::metrics::family::Family;
-use bus::metrics::prometheus_client::metrics::gauge::Gauge;
 use store::PgPool;
 use store::observability::Snapshot;
+use telemetry::metrics::prometheus_client::encoding::EncodeLabelSet;
+use telemetry::metrics::prometheus_client::metrics::counter::Counter;
+use telemetry::metrics::prometheus_client::metrics::family::Family;
+use telemetry::metrics::prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -136,7 +136,7 @@ pub fn backlog_series(backlog: &[store::observability::Backlog]) -> Vec<(Backlog
 
 type SecondsGauge = Gauge<f64, AtomicU64>;
 
-/// The database gauges, registered once per process in the `bus::metrics` registry.
+/// The database gauges, registered once per process in the `telemetry::metrics` registry.
 #[derive(Debug)]
 struct DatabaseGauges {
     tasks_due: Family<StateLabels, Gauge>,
@@ -185,7 +185,7 @@ static DATABASE_GAUGES: LazyLock<DatabaseGauges> = LazyLock::new(|| {
     for state in ["pending", "retry_wait"] {
         let _ = gauges.tasks_due.get_or_create(&StateLabels { state });
     }
-    let mut registry = bus::metrics::registry();
+    let mut registry = telemetry::metrics::registry();
     registry.register(
         "tasks_due",
         "Tasks due now (available_at passed), by state (pending, retry_wait)",
@@ -359,7 +359,10 @@ impl MetricsSource {
     /// The registry as text, after refreshing the database gauges if they are stale.
     pub(crate) async fn render(&self) -> String {
         self.refresh_if_stale().await;
-        bus::metrics::encode_text()
+        // The message path's families are registered on first use; make sure they are there
+        // before a scrape that comes before any message.
+        let _ = bus::metrics::bus_metrics();
+        telemetry::metrics::encode_text()
     }
 
     async fn refresh_if_stale(&self) {

@@ -168,7 +168,7 @@ static COST: LazyLock<Cost> = LazyLock::new(|| {
     Cost { metrics, lanes }
 });
 
-/// The process-wide cost counters (`bus::metrics` registers them for `/metrics`).
+/// The process-wide cost counters (registered for `/metrics` by [`crate::metrics`]).
 pub fn metrics() -> &'static CostMetrics {
     &COST.metrics
 }

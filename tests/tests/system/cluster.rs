@@ -1050,7 +1050,7 @@ async fn check_events(system: &TestSystem, organization_id: &Uuid, scans: usize)
 
 /// This process's `/metrics` series and their values (histograms left out).
 fn metrics_now() -> BTreeMap<String, f64> {
-    bus::metrics::encode_text()
+    telemetry::metrics::encode_text()
         .lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {

@@ -103,7 +103,7 @@ fn nvd_requests(outcome: &str) -> u64 {
 /// The value on the line of this process's registry that starts with `line` (0 when absent).
 pub(crate) fn counter(line: &str) -> u64 {
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &bus::metrics::registry())
+    prometheus_client::encoding::text::encode(&mut text, &telemetry::metrics::registry())
         .expect("encoded");
     text.lines()
         .find_map(|row| row.strip_prefix(line))

@@ -355,7 +355,7 @@ async fn a_frozen_postgres_spends_no_delivery() {
 /// `palisade_consumer_held_messages{consumer="<consumer>"}` in this process's `/metrics` text.
 fn held_messages(consumer: &str) -> f64 {
     let series = format!("palisade_consumer_held_messages{{consumer=\"{consumer}\"}} ");
-    bus::metrics::encode_text()
+    telemetry::metrics::encode_text()
         .lines()
         .find_map(|line| line.strip_prefix(series.as_str()))
         .and_then(|value| value.trim().parse().ok())
@@ -365,7 +365,7 @@ fn held_messages(consumer: &str) -> f64 {
 /// `palisade_redeliveries_total{consumer="<consumer>"}`: messages decided on a redelivery.
 fn redeliveries(consumer: &str) -> f64 {
     let series = format!("palisade_redeliveries_total{{consumer=\"{consumer}\"}} ");
-    bus::metrics::encode_text()
+    telemetry::metrics::encode_text()
         .lines()
         .find_map(|line| line.strip_prefix(series.as_str()))
         .and_then(|value| value.trim().parse().ok())

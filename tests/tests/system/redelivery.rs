@@ -213,7 +213,7 @@ async fn a_decision_slower_than_the_ack_wait_is_not_redelivered() {
     )
     .await;
     assert_eq!(system.table_counts().await["scans"], 1);
-    let redeliveries = bus::metrics::encode_text()
+    let redeliveries = telemetry::metrics::encode_text()
         .lines()
         .find_map(|line| {
             line.strip_prefix("palisade_redeliveries_total{consumer=\"admission\"} ")
