@@ -136,67 +136,15 @@ impl Service {
     }
 
     async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let subjects = self.bus.subjects().clone();
-        let mut spec = ConsumerSpec::new(
-            subjects.requests_stream(),
-            CONSUMER_NAME,
-            subjects.client_wildcard(ClientVerb::Request),
-        );
-        self.settings.consumer.apply(&mut spec);
-        #[cfg(feature = "testing")]
-        {
-            spec.crash_after_commit = self.settings.crash_after_commit.clone();
-        }
-        spec.removes_decided = true;
-
+        let spec = self.consumer_spec();
         let stop = shutdown.child_token();
         let plumbing = self
             .plumbing
             .start(&stop)
             .await
             .context("failed to serve the health endpoints")?;
-        let admission = self.admission.clone();
-        let server = bus::serve::serve(
-            &self.bus,
-            "admission.submit",
-            subjects.client_wildcard(ClientVerb::Submit),
-            QUEUE_GROUP,
-            move |message| {
-                let admission = admission.clone();
-                async move {
-                    Some(
-                        admission
-                            .submit(message.subject.as_str(), message.payload)
-                            .await,
-                    )
-                }
-            },
-            stop.clone(),
-        );
-        let (schedules_admission, schedules_subjects) = (self.admission.clone(), subjects.clone());
-        let schedules_server = bus::serve::serve(
-            &self.bus,
-            schedules::REQUEST_SERVER,
-            subjects.client_wildcard(ClientVerb::Schedules),
-            QUEUE_GROUP,
-            move |message| {
-                let (admission, subjects) =
-                    (schedules_admission.clone(), schedules_subjects.clone());
-                async move {
-                    let known = |valid: &ValidScanRequest| admission.check_plugins(valid);
-                    let reply = schedules::reply(
-                        &admission.pool,
-                        &subjects,
-                        &known,
-                        message.subject.as_str(),
-                        &message.payload,
-                    )
-                    .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            stop.clone(),
-        );
+        let submit_server = serve_submit(&self.bus, self.admission.clone(), stop.clone());
+        let schedules_server = serve_schedules(&self.bus, self.admission.clone(), stop.clone());
         // Request/reply submissions are decided by as many deciders as the durable path has
         // batches in flight, each taking what queued while it was busy, up to a batch.
         let deciding = self.admission.clone();
@@ -208,7 +156,7 @@ impl Service {
             move |taken| deciding.clone().decide_submissions(taken),
         );
         let server = async move {
-            let (submit, _, schedules) = tokio::join!(server, deciders, schedules_server);
+            let (submit, _, schedules) = tokio::join!(submit_server, deciders, schedules_server);
             submit.and(schedules)
         };
         let consumer = bus::consume::run(&self.bus, spec, self.admission.clone(), stop.clone());
@@ -219,6 +167,82 @@ impl Service {
         plumbing.stop().await;
         result
     }
+
+    /// The durable consumer of `…client.*.request`, tuned by the settings.
+    fn consumer_spec(&self) -> ConsumerSpec {
+        let subjects = self.bus.subjects();
+        let mut spec = ConsumerSpec::new(
+            subjects.requests_stream(),
+            CONSUMER_NAME,
+            subjects.client_wildcard(ClientVerb::Request),
+        );
+        self.settings.consumer.apply(&mut spec);
+        #[cfg(feature = "testing")]
+        {
+            spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        }
+        spec.removes_decided = true;
+        spec
+    }
+}
+
+/// Answers `…client.*.submit` until `stop`: each submission queued for a decider and
+/// answered with its verdict.
+async fn serve_submit(
+    bus: &Bus,
+    admission: Arc<Admission>,
+    stop: CancellationToken,
+) -> Result<(), bus::BusError> {
+    bus::serve::serve(
+        bus,
+        "admission.submit",
+        bus.subjects().client_wildcard(ClientVerb::Submit),
+        QUEUE_GROUP,
+        move |message| {
+            let admission = admission.clone();
+            async move {
+                Some(
+                    admission
+                        .submit(message.subject.as_str(), message.payload)
+                        .await,
+                )
+            }
+        },
+        stop,
+    )
+    .await
+}
+
+/// Answers the `schedules` verb until `stop`, checking plugins as admission does.
+async fn serve_schedules(
+    bus: &Bus,
+    admission: Arc<Admission>,
+    stop: CancellationToken,
+) -> Result<(), bus::BusError> {
+    let subjects = bus.subjects().clone();
+    bus::serve::serve(
+        bus,
+        schedules::REQUEST_SERVER,
+        subjects.client_wildcard(ClientVerb::Schedules),
+        QUEUE_GROUP,
+        move |message| {
+            let (admission, subjects) = (admission.clone(), subjects.clone());
+            async move {
+                let known = |valid: &ValidScanRequest| admission.check_plugins(valid);
+                let reply = schedules::reply(
+                    &admission.pool,
+                    &subjects,
+                    &known,
+                    message.subject.as_str(),
+                    &message.payload,
+                )
+                .await;
+                Some(reply.encode_to_vec().into())
+            }
+        },
+        stop,
+    )
+    .await
 }
 
 /// What admission decided about one request.
@@ -433,6 +457,81 @@ impl Admission {
         reply.encode_to_vec().into()
     }
 
+    /// Logs a refused request and builds its `scan.rejected` event, in the request's trace;
+    /// `None` when its subject names no organization (such an event would have no reader).
+    fn rejection(
+        &self,
+        delivery: &Delivery,
+        wire: Option<Box<v1::ScanRequest>>,
+        error: &v1::Error,
+    ) -> Option<bus::OutgoingMessage> {
+        let wire = wire
+            .map(|wire| *wire)
+            .or_else(|| v1::ScanRequest::decode(delivery.payload()).ok());
+        let rejected = v1::ScanRejected {
+            organization_id: wire
+                .as_ref()
+                .map(|w| w.organization_id.clone())
+                .unwrap_or_default(),
+            client_id: wire
+                .as_ref()
+                .map(|w| w.client_id.clone())
+                .unwrap_or_default(),
+            idempotency_key: wire
+                .as_ref()
+                .map(|w| w.idempotency_key.clone())
+                .unwrap_or_default(),
+            error: Some(error.clone()),
+        };
+        let span = delivery.span();
+        span.in_scope(|| tracing::info!(code = %error.code, stream_sequence = delivery.stream_sequence, "scan request refused"));
+        telemetry::record_error(span, &error.code, &error.message);
+        // The rejection event is published in the request's trace.
+        let mut headers = bus::async_nats::HeaderMap::new();
+        bus::trace::inject_span(span, &mut headers);
+        // Told to the organization the request was published for: the one its
+        // sender's credentials allow (a subject that names none has no reader).
+        let organization = self
+            .bus
+            .subjects()
+            .client_of(delivery.subject())
+            .and_then(|tokens| uuid::Uuid::parse_str(tokens.organization_id).ok())?;
+        Some(bus::OutgoingMessage {
+            subject: self
+                .bus
+                .subjects()
+                .tenant_event(&organization, EventKind::ScanRejected),
+            msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
+            headers,
+            payload: rejected.encode_to_vec().into(),
+        })
+    }
+
+    /// Publishes the rejection events, each with the index of its delivery's decision; a
+    /// rejection NATS did not take holds its delivery, to be decided again later.
+    async fn publish_rejections(
+        &self,
+        rejections: Vec<(usize, bus::OutgoingMessage)>,
+        decisions: &mut [Decision],
+    ) {
+        if rejections.is_empty() {
+            return;
+        }
+        let (indices, messages): (Vec<usize>, Vec<bus::OutgoingMessage>) =
+            rejections.into_iter().unzip();
+        for (index, result) in indices
+            .into_iter()
+            .zip(self.bus.publish_durable_all(messages).await)
+        {
+            if let Err(error) = result {
+                // NATS, not the request, failed: the refusal is decided again later.
+                decisions[index] = Decision::Hold {
+                    reason: format!("could not publish the rejection: {error}"),
+                };
+            }
+        }
+    }
+
     /// The answer to a request/reply submission.
     fn reply(verdict: Verdict) -> v1::ScanRequestReply {
         match verdict {
@@ -487,71 +586,15 @@ impl BatchHandler for Admission {
                 } => decisions.push(Decision::Hold { reason }),
                 Verdict::Failed { reason, .. } => decisions.push(Decision::Retry { reason }),
                 Verdict::Refused { wire, error } => {
-                    let wire = wire
-                        .map(|wire| *wire)
-                        .or_else(|| v1::ScanRequest::decode(delivery.payload()).ok());
-                    let rejected = v1::ScanRejected {
-                        organization_id: wire
-                            .as_ref()
-                            .map(|w| w.organization_id.clone())
-                            .unwrap_or_default(),
-                        client_id: wire
-                            .as_ref()
-                            .map(|w| w.client_id.clone())
-                            .unwrap_or_default(),
-                        idempotency_key: wire
-                            .as_ref()
-                            .map(|w| w.idempotency_key.clone())
-                            .unwrap_or_default(),
-                        error: Some(error.clone()),
-                    };
-                    let span = delivery.span();
-                    span.in_scope(|| tracing::info!(code = %error.code, stream_sequence = delivery.stream_sequence, "scan request refused"));
-                    telemetry::record_error(span, &error.code, &error.message);
-                    // The rejection event is published in the request's trace.
-                    let mut headers = bus::async_nats::HeaderMap::new();
-                    bus::trace::inject_span(span, &mut headers);
-                    // Told to the organization the request was published for: the one its
-                    // sender's credentials allow (a subject that names none has no reader).
-                    let organization = self
-                        .bus
-                        .subjects()
-                        .client_of(delivery.subject())
-                        .and_then(|tokens| uuid::Uuid::parse_str(tokens.organization_id).ok());
-                    if let Some(organization) = organization {
-                        rejections.push((
-                            decisions.len(),
-                            bus::OutgoingMessage {
-                                subject: self
-                                    .bus
-                                    .subjects()
-                                    .tenant_event(&organization, EventKind::ScanRejected),
-                                msg_id: format!("scan-rejected:{}", delivery.stream_sequence),
-                                headers,
-                                payload: rejected.encode_to_vec().into(),
-                            },
-                        ));
+                    if let Some(rejection) = self.rejection(delivery, wire, &error) {
+                        rejections.push((decisions.len(), rejection));
                     }
                     bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
                     decisions.push(Decision::Reject { reason: error.code });
                 }
             }
         }
-        if !rejections.is_empty() {
-            let (indices, messages): (Vec<usize>, Vec<bus::OutgoingMessage>) =
-                rejections.into_iter().unzip();
-            for (index, result) in indices
-                .into_iter()
-                .zip(self.bus.publish_durable_all(messages).await)
-            {
-                if let Err(error) = result {
-                    // NATS, not the request, failed: the refusal is decided again later.
-                    decisions[index] = Decision::Hold {
-                        reason: format!("could not publish the rejection: {error}"),
-                    };
-                }
-            }
-        }
+        self.publish_rejections(rejections, &mut decisions).await;
         decisions
     }
 

@@ -101,7 +101,8 @@ fn invalid(message: impl Into<String>) -> v1::Error {
     v1::Error::new(ErrorCode::InvalidField, message)
 }
 
-/// Checks every field of `wire`.
+/// Checks every field of `wire`, in the order the reference gives (the first fault is the
+/// one reported).
 pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
     if wire.schema_version != messages::SCHEMA_VERSION {
         return Err(v1::Error::new(
@@ -119,66 +120,10 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             wire.organization_id
         ))
     })?;
-    if wire.target.is_empty() || wire.target.chars().any(char::is_control) {
-        return Err(invalid(
-            "target must be non-empty text without control characters",
-        ));
-    }
-    if wire.target.len() > TARGET_BYTES_MAX {
-        return Err(v1::Error::new(
-            ErrorCode::TooLarge,
-            format!(
-                "target is {} bytes, at most {TARGET_BYTES_MAX} are allowed",
-                wire.target.len()
-            ),
-        ));
-    }
-    if wire.plugins.is_empty() {
-        return Err(invalid("plugins must name at least one plugin"));
-    }
-    if wire.plugins.len() > PROFILE_PLUGINS_MAX {
-        return Err(v1::Error::new(
-            ErrorCode::TooLarge,
-            format!(
-                "{} plugins in the profile, at most {PROFILE_PLUGINS_MAX}",
-                wire.plugins.len()
-            ),
-        ));
-    }
-    for (index, plugin) in wire.plugins.iter().enumerate() {
-        if wire.plugins[..index].contains(plugin) {
-            return Err(invalid(format!(
-                "plugin {plugin:?} appears twice in the profile"
-            )));
-        }
-        if !is_identifier(plugin) {
-            return Err(invalid(format!(
-                "plugin name {plugin:?} must be 1..={IDENTIFIER_BYTES_MAX} characters of [a-z0-9_-]"
-            )));
-        }
-    }
-    if !(-PRIORITY_ABS_MAX..=PRIORITY_ABS_MAX).contains(&wire.priority) {
-        return Err(invalid(format!(
-            "priority {} is outside -{PRIORITY_ABS_MAX}..={PRIORITY_ABS_MAX}",
-            wire.priority
-        )));
-    }
-    if wire.execution_deadline_seconds > EXECUTION_DEADLINE_SECONDS_MAX {
-        return Err(invalid(format!(
-            "execution_deadline_seconds {} is over {EXECUTION_DEADLINE_SECONDS_MAX}",
-            wire.execution_deadline_seconds
-        )));
-    }
-    // The client id is a token of the subject the request is published on.
-    if let Err(error) = messages::subjects::token("client_id", &wire.client_id) {
-        return Err(invalid(error.to_string()));
-    }
-    let key = &wire.idempotency_key;
-    if key.is_empty() || key.len() > IDENTIFIER_BYTES_MAX || key.chars().any(char::is_control) {
-        return Err(invalid(format!(
-            "idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes without control characters"
-        )));
-    }
+    validate_target(&wire.target)?;
+    validate_plugins(&wire.plugins)?;
+    validate_scheduling(wire)?;
+    validate_sender(wire)?;
     Ok(ValidScanRequest {
         organization_id,
         target: wire.target.clone(),
@@ -195,6 +140,86 @@ pub fn validate(wire: &v1::ScanRequest) -> Result<ValidScanRequest, v1::Error> {
             ..wire.clone()
         }),
     })
+}
+
+/// The target: non-empty text without control characters, within its byte limit.
+fn validate_target(target: &str) -> Result<(), v1::Error> {
+    if target.is_empty() || target.chars().any(char::is_control) {
+        return Err(invalid(
+            "target must be non-empty text without control characters",
+        ));
+    }
+    if target.len() > TARGET_BYTES_MAX {
+        return Err(v1::Error::new(
+            ErrorCode::TooLarge,
+            format!(
+                "target is {} bytes, at most {TARGET_BYTES_MAX} are allowed",
+                target.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The profile: one to `PROFILE_PLUGINS_MAX` distinct plugin identifiers.
+fn validate_plugins(plugins: &[String]) -> Result<(), v1::Error> {
+    if plugins.is_empty() {
+        return Err(invalid("plugins must name at least one plugin"));
+    }
+    if plugins.len() > PROFILE_PLUGINS_MAX {
+        return Err(v1::Error::new(
+            ErrorCode::TooLarge,
+            format!(
+                "{} plugins in the profile, at most {PROFILE_PLUGINS_MAX}",
+                plugins.len()
+            ),
+        ));
+    }
+    for (index, plugin) in plugins.iter().enumerate() {
+        if plugins[..index].contains(plugin) {
+            return Err(invalid(format!(
+                "plugin {plugin:?} appears twice in the profile"
+            )));
+        }
+        if !is_identifier(plugin) {
+            return Err(invalid(format!(
+                "plugin name {plugin:?} must be 1..={IDENTIFIER_BYTES_MAX} characters of [a-z0-9_-]"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The priority and the execution deadline, each within its bound.
+fn validate_scheduling(wire: &v1::ScanRequest) -> Result<(), v1::Error> {
+    if !(-PRIORITY_ABS_MAX..=PRIORITY_ABS_MAX).contains(&wire.priority) {
+        return Err(invalid(format!(
+            "priority {} is outside -{PRIORITY_ABS_MAX}..={PRIORITY_ABS_MAX}",
+            wire.priority
+        )));
+    }
+    if wire.execution_deadline_seconds > EXECUTION_DEADLINE_SECONDS_MAX {
+        return Err(invalid(format!(
+            "execution_deadline_seconds {} is over {EXECUTION_DEADLINE_SECONDS_MAX}",
+            wire.execution_deadline_seconds
+        )));
+    }
+    Ok(())
+}
+
+/// The client id (a subject token) and the idempotency key.
+fn validate_sender(wire: &v1::ScanRequest) -> Result<(), v1::Error> {
+    // The client id is a token of the subject the request is published on.
+    if let Err(error) = messages::subjects::token("client_id", &wire.client_id) {
+        return Err(invalid(error.to_string()));
+    }
+    let key = &wire.idempotency_key;
+    if key.is_empty() || key.len() > IDENTIFIER_BYTES_MAX || key.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes without control characters"
+        )));
+    }
+    Ok(())
 }
 
 fn is_identifier(text: &str) -> bool {
