@@ -166,66 +166,17 @@ impl Service {
     }
 
     async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let subjects = self.bus.subjects().clone();
         let stop = shutdown.child_token();
         let plumbing = self
             .plumbing
             .start(&stop)
             .await
             .context("failed to serve the health endpoints")?;
-
-        let ready = self
-            .bus
-            .client()
-            .subscribe(subjects.event(EventKind::TaskReady))
-            .await
-            .context("failed to subscribe to task.ready")?;
-        let hints = self
-            .bus
-            .client()
-            .subscribe(subjects.dispatch_wakeup())
-            .await
-            .context("failed to subscribe to dispatch wake-ups")?;
-        let mut ready = futures::stream::select(ready, hints);
-        let ready_subject = subjects.event(EventKind::TaskReady);
-        let waker_dispatch = self.dispatch.clone();
-        let wake_stop = stop.clone();
-        let waker = tokio::spawn(inherit(async move {
-            loop {
-                tokio::select! {
-                    () = wake_stop.cancelled() => return,
-                    event = ready.next() => match event {
-                        Some(message) => {
-                            count_messages(Direction::Received, 1);
-                            waker_dispatch.wake(&ready_subject, &message);
-                        }
-                        None => return,
-                    },
-                }
-            }
-        }));
+        let waker = spawn_waker(&self.bus, self.dispatch.clone(), stop.clone()).await?;
 
         // Every subscription is in place before dispatch says it serves: a worker that hears
         // `dispatch.ready` asks again at once and must find someone to answer.
-        let mut subscriptions = Vec::with_capacity(Served::ALL.len());
-        for served in Served::ALL {
-            subscriptions.push(
-                bus::serve::subscribe(
-                    &self.bus,
-                    subjects.worker_wildcard(served.verb()),
-                    QUEUE_GROUP,
-                )
-                .await
-                .context("failed to serve the worker verbs")?,
-            );
-        }
-        let cancels = bus::serve::subscribe(
-            &self.bus,
-            subjects.client_wildcard(ClientVerb::Cancel),
-            QUEUE_GROUP,
-        )
-        .await
-        .context("failed to serve cancellations")?;
+        let subscriptions = subscribe_served(&self.bus).await?;
         self.bus.flush().await.context("failed to reach NATS")?;
         let announcer = tokio::spawn(inherit(announce(
             self.bus.clone(),
@@ -242,51 +193,7 @@ impl Service {
             move |taken| deciding.clone().decide_acquires(taken),
         )));
 
-        let mut servers = tokio::task::JoinSet::new();
-        for (served, subscription) in Served::ALL.into_iter().zip(subscriptions) {
-            let dispatch = self.dispatch.clone();
-            let bus = self.bus.clone();
-            let stop = stop.clone();
-            servers.spawn(inherit(async move {
-                bus::serve::serve_subscribed(
-                    &bus,
-                    served.server_name(),
-                    subscription,
-                    QUEUE_GROUP,
-                    move |message| {
-                        let dispatch = dispatch.clone();
-                        async move { Some(dispatch.answer(served, &message).await) }
-                    },
-                    stop,
-                )
-                .await
-            }));
-        }
-        {
-            let dispatch = self.dispatch.clone();
-            let bus = self.bus.clone();
-            let stop = stop.clone();
-            servers.spawn(inherit(async move {
-                bus::serve::serve_subscribed(
-                    &bus,
-                    "dispatch.cancel",
-                    cancels,
-                    QUEUE_GROUP,
-                    move |message| {
-                        let dispatch = dispatch.clone();
-                        async move {
-                            let reply = dispatch
-                                .cancel(message.subject.as_str(), &message.payload)
-                                .await;
-                            runtime::record_refusal(reply.error.as_ref());
-                            Some(reply.encode_to_vec().into())
-                        }
-                    },
-                    stop,
-                )
-                .await
-            }));
-        }
+        let mut servers = spawn_servers(&self.bus, &self.dispatch, subscriptions, &stop);
         let result = tokio::select! {
             () = stop.cancelled() => Ok(()),
             Some(joined) = servers.join_next() => match joined {
@@ -302,6 +209,126 @@ impl Service {
         plumbing.stop().await;
         result
     }
+}
+
+/// The subscriptions dispatch serves on, all taken before it announces itself.
+struct ServedSubscriptions {
+    /// One per [`Served::ALL`], in its order.
+    worker_verbs: Vec<bus::async_nats::Subscriber>,
+    cancels: bus::async_nats::Subscriber,
+}
+
+/// Subscribes to `task.ready` and `dispatch.wakeup` and spawns the task that wakes waiting
+/// acquires on them until `stop`.
+async fn spawn_waker(
+    bus: &Bus,
+    dispatch: Arc<Dispatch>,
+    stop: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let subjects = bus.subjects();
+    let ready = bus
+        .client()
+        .subscribe(subjects.event(EventKind::TaskReady))
+        .await
+        .context("failed to subscribe to task.ready")?;
+    let hints = bus
+        .client()
+        .subscribe(subjects.dispatch_wakeup())
+        .await
+        .context("failed to subscribe to dispatch wake-ups")?;
+    let mut ready = futures::stream::select(ready, hints);
+    let ready_subject = subjects.event(EventKind::TaskReady);
+    Ok(tokio::spawn(inherit(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                event = ready.next() => match event {
+                    Some(message) => {
+                        count_messages(Direction::Received, 1);
+                        dispatch.wake(&ready_subject, &message);
+                    }
+                    None => return,
+                },
+            }
+        }
+    })))
+}
+
+/// Takes the queue subscriptions of the worker verbs and of clients' cancels.
+async fn subscribe_served(bus: &Bus) -> anyhow::Result<ServedSubscriptions> {
+    let subjects = bus.subjects();
+    let mut worker_verbs = Vec::with_capacity(Served::ALL.len());
+    for served in Served::ALL {
+        worker_verbs.push(
+            bus::serve::subscribe(bus, subjects.worker_wildcard(served.verb()), QUEUE_GROUP)
+                .await
+                .context("failed to serve the worker verbs")?,
+        );
+    }
+    let cancels = bus::serve::subscribe(
+        bus,
+        subjects.client_wildcard(ClientVerb::Cancel),
+        QUEUE_GROUP,
+    )
+    .await
+    .context("failed to serve cancellations")?;
+    Ok(ServedSubscriptions {
+        worker_verbs,
+        cancels,
+    })
+}
+
+/// Spawns one server per subscription, each answering until `stop`.
+fn spawn_servers(
+    bus: &Bus,
+    dispatch: &Arc<Dispatch>,
+    subscriptions: ServedSubscriptions,
+    stop: &CancellationToken,
+) -> tokio::task::JoinSet<Result<(), bus::BusError>> {
+    let mut servers = tokio::task::JoinSet::new();
+    for (served, subscription) in Served::ALL.into_iter().zip(subscriptions.worker_verbs) {
+        let dispatch = dispatch.clone();
+        let bus = bus.clone();
+        let stop = stop.clone();
+        servers.spawn(inherit(async move {
+            bus::serve::serve_subscribed(
+                &bus,
+                served.server_name(),
+                subscription,
+                QUEUE_GROUP,
+                move |message| {
+                    let dispatch = dispatch.clone();
+                    async move { Some(dispatch.answer(served, &message).await) }
+                },
+                stop,
+            )
+            .await
+        }));
+    }
+    let dispatch = dispatch.clone();
+    let bus = bus.clone();
+    let stop = stop.clone();
+    servers.spawn(inherit(async move {
+        bus::serve::serve_subscribed(
+            &bus,
+            "dispatch.cancel",
+            subscriptions.cancels,
+            QUEUE_GROUP,
+            move |message| {
+                let dispatch = dispatch.clone();
+                async move {
+                    let reply = dispatch
+                        .cancel(message.subject.as_str(), &message.payload)
+                        .await;
+                    runtime::record_refusal(reply.error.as_ref());
+                    Some(reply.encode_to_vec().into())
+                }
+            },
+            stop,
+        )
+        .await
+    }));
+    servers
 }
 
 /// The range `PALISADE_DISPATCH_HEARTBEAT_MS` accepts.
