@@ -24,6 +24,7 @@
 //! window being paged, never enter it (its end is in the past), so an unchanged total means no
 //! record moved.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -241,34 +242,8 @@ impl CveEnricher {
         // Phases that fetch nothing run on within the step; a checkpoint is written before
         // each that fetches from NVD.
         loop {
-            progress.phase = match progress.phase {
-                Phase::Start => {
-                    if job.cve_ids.is_empty() {
-                        return Ok(Step::Done(self.summary(job, progress, 0, 0)));
-                    }
-                    let misses = self.misses(job).await?;
-                    let valid = job
-                        .cve_ids
-                        .iter()
-                        .filter(|id| store::cves::is_cve_id(id))
-                        .count() as u64;
-                    let missed = misses.len() as u64;
-                    metrics::lookups(valid.saturating_sub(missed), missed);
-                    if self.nvd.is_none() {
-                        Phase::Write
-                    } else if let Some(interval) = self.settings.sync_interval
-                        && let Some(sync) = self.begin_sync(fence, interval).await?
-                    {
-                        progress.sync = Some(sync);
-                        progress.phase = Phase::Sync;
-                        return Ok(Step::Progress(to_value(&progress)));
-                    } else if misses.is_empty() {
-                        Phase::Write
-                    } else {
-                        progress.phase = Phase::Lookup;
-                        return Ok(Step::Progress(to_value(&progress)));
-                    }
-                }
+            let then = match progress.phase {
+                Phase::Start => self.start(job, &mut progress).await?,
                 Phase::Sync => {
                     let (Some(nvd), Some(sync)) = (&self.nvd, progress.sync.take()) else {
                         progress.phase = Phase::Lookup;
@@ -281,52 +256,101 @@ impl CveEnricher {
                         progress.phase = Phase::Write;
                         continue;
                     };
-                    let misses = self.misses(job).await?;
-                    if misses.is_empty() {
-                        Phase::Write
-                    } else {
-                        let mut records = Vec::new();
-                        let mut quarantined = Vec::new();
-                        for id in misses.iter().take(LOOKUP_BATCH) {
-                            let page = nvd
-                                .page(&Query::Id(id.clone()), 0)
-                                .await
-                                .map_err(nvd_failure)?;
-                            let set_aside = page.quarantined.iter().any(|entry| {
-                                entry.cve_id.as_ref() == Some(id)
-                                    && entry.action == QuarantineAction::SetAside
-                            });
-                            quarantined.extend(page.quarantined);
-                            // A record set aside is not recorded unknown: NVD knows it.
-                            if let Some(record) =
-                                page.records.into_iter().find(|record| record.id == *id)
-                            {
-                                records.push(record);
-                            } else if !set_aside {
-                                records.push(CveRecord::unknown(id));
-                            }
-                        }
-                        progress.looked_up += misses.len().min(LOOKUP_BATCH) as u64;
-                        match self.write(fence, &records).await? {
-                            Some(written) => progress.written += written,
-                            None => return Ok(Step::Lost),
-                        }
-                        progress.quarantined += self.quarantine(&quarantined).await?;
-                        return Ok(Step::Progress(to_value(&progress)));
-                    }
+                    self.lookup(nvd, job, &mut progress).await?
                 }
-                Phase::Write | Phase::Done => {
-                    return match store::cves::write_findings(&self.pool, fence)
-                        .await
-                        .map_err(store_failure)?
-                    {
-                        FindingsWritten::Fenced => Ok(Step::Lost),
-                        FindingsWritten::Written { findings, written } => {
-                            Ok(Step::Done(self.summary(job, progress, findings, written)))
-                        }
-                    };
-                }
+                Phase::Write | Phase::Done => return self.write_findings(job, progress).await,
             };
+            match then {
+                ControlFlow::Continue(phase) => progress.phase = phase,
+                ControlFlow::Break(step) => return Ok(step),
+            }
+        }
+    }
+
+    /// The `start` phase: counts the job's lookups, then takes the sync when it is due
+    /// (checkpointed before its first page), or goes on to the lookups or the write.
+    async fn start(
+        &self,
+        job: &JobInput,
+        progress: &mut Progress,
+    ) -> Result<ControlFlow<Step, Phase>, StepError> {
+        if job.cve_ids.is_empty() {
+            let done = self.summary(job, std::mem::take(progress), 0, 0);
+            return Ok(ControlFlow::Break(Step::Done(done)));
+        }
+        let misses = self.misses(job).await?;
+        let valid = job
+            .cve_ids
+            .iter()
+            .filter(|id| store::cves::is_cve_id(id))
+            .count() as u64;
+        let missed = misses.len() as u64;
+        metrics::lookups(valid.saturating_sub(missed), missed);
+        if self.nvd.is_none() {
+            Ok(ControlFlow::Continue(Phase::Write))
+        } else if let Some(interval) = self.settings.sync_interval
+            && let Some(sync) = self.begin_sync(job.fence, interval).await?
+        {
+            progress.sync = Some(sync);
+            progress.phase = Phase::Sync;
+            Ok(ControlFlow::Break(Step::Progress(to_value(progress))))
+        } else if misses.is_empty() {
+            Ok(ControlFlow::Continue(Phase::Write))
+        } else {
+            progress.phase = Phase::Lookup;
+            Ok(ControlFlow::Break(Step::Progress(to_value(progress))))
+        }
+    }
+
+    /// The `lookup` phase: up to [`LOOKUP_BATCH`] missing ids looked up by id and written, or
+    /// on to the write when none is missing.
+    async fn lookup(
+        &self,
+        nvd: &Nvd,
+        job: &JobInput,
+        progress: &mut Progress,
+    ) -> Result<ControlFlow<Step, Phase>, StepError> {
+        let misses = self.misses(job).await?;
+        if misses.is_empty() {
+            return Ok(ControlFlow::Continue(Phase::Write));
+        }
+        let mut records = Vec::new();
+        let mut quarantined = Vec::new();
+        for id in misses.iter().take(LOOKUP_BATCH) {
+            let page = nvd
+                .page(&Query::Id(id.clone()), 0)
+                .await
+                .map_err(nvd_failure)?;
+            let set_aside = page.quarantined.iter().any(|entry| {
+                entry.cve_id.as_ref() == Some(id) && entry.action == QuarantineAction::SetAside
+            });
+            quarantined.extend(page.quarantined);
+            // A record set aside is not recorded unknown: NVD knows it.
+            if let Some(record) = page.records.into_iter().find(|record| record.id == *id) {
+                records.push(record);
+            } else if !set_aside {
+                records.push(CveRecord::unknown(id));
+            }
+        }
+        progress.looked_up += misses.len().min(LOOKUP_BATCH) as u64;
+        match self.write(job.fence, &records).await? {
+            Some(written) => progress.written += written,
+            None => return Ok(ControlFlow::Break(Step::Lost)),
+        }
+        progress.quarantined += self.quarantine(&quarantined).await?;
+        Ok(ControlFlow::Break(Step::Progress(to_value(progress))))
+    }
+
+    /// The `write` phase: every CVE finding of the scan gets its CVE data, and the job is done.
+    async fn write_findings(&self, job: &JobInput, progress: Progress) -> Result<Step, StepError> {
+        match store::cves::write_findings(&self.pool, job.fence)
+            .await
+            .map_err(store_failure)?
+        {
+            FindingsWritten::Fenced => Ok(Step::Lost),
+            FindingsWritten::Written { findings, written } => {
+                Ok(Step::Done(self.summary(job, progress, findings, written)))
+            }
         }
     }
 
@@ -366,6 +390,22 @@ impl CveEnricher {
         }
         progress.quarantined += self.quarantine(&page.quarantined).await?;
         sync.pages += 1;
+        match self.after_page(fence, sync, &page).await? {
+            Some(sync) => progress.sync = Some(sync),
+            None => progress.phase = Phase::Lookup,
+        }
+        Ok(Step::Progress(to_value(&progress)))
+    }
+
+    /// Where the sync goes after `page`: the window again from its first page (its total
+    /// changed while paged), its next page, the next window, or, after the last window,
+    /// nowhere (`None`: the sync is finished and recorded).
+    async fn after_page(
+        &self,
+        fence: JobFence,
+        mut sync: SyncProgress,
+        page: &nvd::Page,
+    ) -> Result<Option<SyncProgress>, StepError> {
         let next = sync.start_index + page.count;
         let moved = sync
             .window_total
@@ -383,12 +423,12 @@ impl CveEnricher {
             metrics::window_reread();
             sync.rereads += 1;
             sync.start_index = 0;
-            progress.sync = Some(sync);
+            Ok(Some(sync))
         } else if page.count > 0 && next < page.total_results {
             sync.start_index = next;
-            progress.sync = Some(sync);
+            Ok(Some(sync))
         } else if page.count == 0 && sync.start_index < page.total_results {
-            return Err(StepError {
+            Err(StepError {
                 error: v1::Error {
                     code: "nvd_unavailable".into(),
                     message: format!(
@@ -398,18 +438,17 @@ impl CveEnricher {
                     ..Default::default()
                 },
                 retryable: true,
-            });
+            })
         } else if sync.window_end() < sync.until {
             sync.window_start = sync.window_end();
             sync.start_index = 0;
             sync.window_total = None;
             sync.rereads = 0;
-            progress.sync = Some(sync);
+            Ok(Some(sync))
         } else {
             self.finish_sync(fence, sync.until).await?;
-            progress.phase = Phase::Lookup;
+            Ok(None)
         }
-        Ok(Step::Progress(to_value(&progress)))
     }
 
     async fn misses(&self, job: &JobInput) -> Result<Vec<String>, StepError> {
