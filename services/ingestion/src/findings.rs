@@ -12,6 +12,7 @@ use store::PgPool;
 use store::findings::{Change, ChangeFailure, ChangeOutcome, Filter};
 use store::states::{FindingStatus, Severity};
 use uuid::Uuid;
+use v1::findings_reply::Answer;
 
 /// A page holds this many findings when the request says 0.
 pub const PAGE_DEFAULT: u32 = 100;
@@ -68,114 +69,11 @@ pub fn parse(subjects: &Subjects, subject: &str, bytes: &[u8]) -> Result<Request
     })?;
     let query = match request.query {
         None => return Err(invalid("query is required: list, show, set or gate")),
-        Some(Wire::List(list)) => {
-            let statuses = list
-                .statuses
-                .iter()
-                .map(|status| {
-                    FindingStatus::parse(status).ok_or_else(|| {
-                        invalid(format!(
-                            "list.statuses: {status:?} is not one of {}",
-                            FindingStatus::NAMES.join(", ")
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let severities = list
-                .severities
-                .iter()
-                .map(|severity| severity_of("list.severities", severity))
-                .collect::<Result<Vec<_>, _>>()?;
-            let key_form = list.after.len() <= 64
-                && list
-                    .after
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-            if !key_form {
-                return Err(invalid(
-                    "list.after must be a finding key (64 lowercase hex digits) or empty",
-                ));
-            }
-            let limit = match list.limit {
-                0 => PAGE_DEFAULT,
-                limit if i64::from(limit) <= store::findings::PAGE_MAX => limit,
-                _ => {
-                    return Err(invalid(format!(
-                        "list.limit must be 1..={} (0 for {PAGE_DEFAULT})",
-                        store::findings::PAGE_MAX
-                    )));
-                }
-            };
-            Query::List {
-                scan_id: uuid_field("list.scan_id", &list.scan_id)?,
-                filter: Filter {
-                    statuses,
-                    severities,
-                },
-                after: list.after,
-                limit: i64::from(limit),
-            }
-        }
+        Some(Wire::List(list)) => parse_list(list)?,
         Some(Wire::Show(show)) => Query::Show {
             finding_id: uuid_field("show.finding_id", &show.finding_id)?,
         },
-        Some(Wire::Set(set)) => {
-            let status = FindingStatus::parse(&set.status).ok_or_else(|| {
-                invalid(format!(
-                    "set.status {:?} is not one of {}",
-                    set.status,
-                    FindingStatus::NAMES.join(", ")
-                ))
-            })?;
-            let expected_revision = i32::try_from(set.expected_revision)
-                .ok()
-                .filter(|revision| *revision > 0)
-                .ok_or_else(|| {
-                    invalid("set.expected_revision must be the finding's revision (1 or more)")
-                })?;
-            let expected_collection_revision = set
-                .expected_collection_revision
-                .map(|revision| {
-                    i32::try_from(revision)
-                        .map_err(|_| invalid("set.expected_collection_revision is too large"))
-                })
-                .transpose()?;
-            if set.reason.chars().count() > store::findings::REASON_CHARS_MAX
-                || set.reason.contains('\0')
-            {
-                return Err(invalid(format!(
-                    "set.reason must be at most {} characters, without NUL",
-                    store::findings::REASON_CHARS_MAX
-                )));
-            }
-            if status.needs_reason() && set.reason.trim().is_empty() {
-                return Err(invalid(format!(
-                    "set.reason is required for {status}: gate_exempt, accepted_risk, ignore, false_positive and fixed need one"
-                )));
-            }
-            let actor = if set.actor.trim().is_empty() {
-                tokens.client_id.to_owned()
-            } else {
-                format!("{}:{}", tokens.client_id, set.actor.trim())
-            };
-            if actor.chars().count() > store::findings::ACTOR_CHARS_MAX || actor.contains('\0') {
-                return Err(invalid(format!(
-                    "set.actor must be at most {} characters with the client id",
-                    store::findings::ACTOR_CHARS_MAX
-                )));
-            }
-            Query::Set {
-                change: Change {
-                    finding_id: uuid_field("set.finding_id", &set.finding_id)?,
-                    organization_id: Some(organization_id),
-                    expected_revision,
-                    expected_collection_revision,
-                    reason: set.reason,
-                    actor,
-                },
-                status,
-            }
-        }
+        Some(Wire::Set(set)) => parse_set(set, organization_id, tokens.client_id)?,
         Some(Wire::Gate(gate)) => Query::Gate {
             scan_id: uuid_field("gate.scan_id", &gate.scan_id)?,
             threshold: if gate.threshold.is_empty() {
@@ -188,6 +86,118 @@ pub fn parse(subjects: &Subjects, subject: &str, bytes: &[u8]) -> Result<Request
     Ok(Request {
         organization_id,
         query,
+    })
+}
+
+/// A `list` query: its filter, its cursor (a finding key) and its page size.
+fn parse_list(list: v1::ListFindings) -> Result<Query, v1::Error> {
+    let statuses = list
+        .statuses
+        .iter()
+        .map(|status| {
+            FindingStatus::parse(status).ok_or_else(|| {
+                invalid(format!(
+                    "list.statuses: {status:?} is not one of {}",
+                    FindingStatus::NAMES.join(", ")
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let severities = list
+        .severities
+        .iter()
+        .map(|severity| severity_of("list.severities", severity))
+        .collect::<Result<Vec<_>, _>>()?;
+    let key_form = list.after.len() <= 64
+        && list
+            .after
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !key_form {
+        return Err(invalid(
+            "list.after must be a finding key (64 lowercase hex digits) or empty",
+        ));
+    }
+    let limit = match list.limit {
+        0 => PAGE_DEFAULT,
+        limit if i64::from(limit) <= store::findings::PAGE_MAX => limit,
+        _ => {
+            return Err(invalid(format!(
+                "list.limit must be 1..={} (0 for {PAGE_DEFAULT})",
+                store::findings::PAGE_MAX
+            )));
+        }
+    };
+    Ok(Query::List {
+        scan_id: uuid_field("list.scan_id", &list.scan_id)?,
+        filter: Filter {
+            statuses,
+            severities,
+        },
+        after: list.after,
+        limit: i64::from(limit),
+    })
+}
+
+/// A `set` query: the disposition, the revisions it expects, its reason, and its actor
+/// (the subject's client, with the actor the request names after a colon).
+fn parse_set(
+    set: v1::SetDisposition,
+    organization_id: Uuid,
+    client_id: &str,
+) -> Result<Query, v1::Error> {
+    let status = FindingStatus::parse(&set.status).ok_or_else(|| {
+        invalid(format!(
+            "set.status {:?} is not one of {}",
+            set.status,
+            FindingStatus::NAMES.join(", ")
+        ))
+    })?;
+    let expected_revision = i32::try_from(set.expected_revision)
+        .ok()
+        .filter(|revision| *revision > 0)
+        .ok_or_else(|| {
+            invalid("set.expected_revision must be the finding's revision (1 or more)")
+        })?;
+    let expected_collection_revision = set
+        .expected_collection_revision
+        .map(|revision| {
+            i32::try_from(revision)
+                .map_err(|_| invalid("set.expected_collection_revision is too large"))
+        })
+        .transpose()?;
+    if set.reason.chars().count() > store::findings::REASON_CHARS_MAX || set.reason.contains('\0') {
+        return Err(invalid(format!(
+            "set.reason must be at most {} characters, without NUL",
+            store::findings::REASON_CHARS_MAX
+        )));
+    }
+    if status.needs_reason() && set.reason.trim().is_empty() {
+        return Err(invalid(format!(
+            "set.reason is required for {status}: gate_exempt, accepted_risk, ignore, false_positive and fixed need one"
+        )));
+    }
+    let actor = if set.actor.trim().is_empty() {
+        client_id.to_owned()
+    } else {
+        format!("{}:{}", client_id, set.actor.trim())
+    };
+    if actor.chars().count() > store::findings::ACTOR_CHARS_MAX || actor.contains('\0') {
+        return Err(invalid(format!(
+            "set.actor must be at most {} characters with the client id",
+            store::findings::ACTOR_CHARS_MAX
+        )));
+    }
+    Ok(Query::Set {
+        change: Change {
+            finding_id: uuid_field("set.finding_id", &set.finding_id)?,
+            organization_id: Some(organization_id),
+            expected_revision,
+            expected_collection_revision,
+            reason: set.reason,
+            actor,
+        },
+        status,
     })
 }
 
@@ -243,134 +253,170 @@ pub async fn reply(
 }
 
 async fn decide(pool: &PgPool, request: Request) -> Result<v1::FindingsReply, String> {
-    use v1::findings_reply::Answer;
     let organization = Some(request.organization_id);
-    let chain = |error: store::StoreError| telemetry::chain(&error).to_string();
-    Ok(match request.query {
+    match request.query {
         Query::List {
             scan_id,
             filter,
             after,
             limit,
-        } => match store::findings::page(pool, organization, scan_id, &filter, &after, limit)
-            .await
-            .map_err(chain)?
-        {
-            None => not_found("scan"),
-            Some(page) => answer(Answer::Page(v1::FindingPage {
-                scan_id: scan_id.to_string(),
-                scan_state: page.scan_state,
-                collection_revision: page.collection_revision.max(0) as u32,
-                findings: page
-                    .findings
-                    .iter()
-                    .map(|finding| view(scan_id, finding))
-                    .collect(),
-                next_after: page.next_after.unwrap_or_default(),
-            })),
-        },
-        Query::Show { finding_id } => {
-            match store::findings::show(pool, organization, finding_id)
-                .await
-                .map_err(chain)?
-            {
-                None => not_found("finding"),
-                Some(detail) => answer(Answer::Finding(v1::FindingDetail {
-                    finding: Some(view(detail.scan_id, &detail.finding)),
-                    collection_revision: detail.collection_revision.max(0) as u32,
-                    history: detail
-                        .history
-                        .iter()
-                        .map(|entry| v1::FindingChange {
-                            action: entry.action.clone(),
-                            revision: entry.revision.max(0) as u32,
-                            from_status: entry.from_status.clone(),
-                            to_status: entry.to_status.clone(),
-                            reason: entry.reason.clone(),
-                            actor: entry.actor.clone(),
-                            changed_at_unix_ms: entry.changed_at.timestamp_millis(),
-                        })
-                        .collect(),
-                    occurrences: detail
-                        .occurrences
-                        .iter()
-                        .map(|occurrence| v1::FindingOccurrence {
-                            finding_id: occurrence.id.to_string(),
-                            scan_id: occurrence.scan_id.to_string(),
-                            status: occurrence.status.clone(),
-                            revision: occurrence.revision.max(0) as u32,
-                            scan_state: occurrence.scan_state.clone(),
-                            scanned_at_unix_ms: occurrence.scanned_at.timestamp_millis(),
-                        })
-                        .collect(),
-                })),
-            }
-        }
-        Query::Set { change, status } => {
-            let outcome = match store::findings::set_status(pool, &change, status).await {
-                Ok(outcome) => outcome,
-                Err(ChangeFailure::Invalid(error)) => {
-                    return Ok(refuse(invalid(error.to_string())));
-                }
-                Err(ChangeFailure::Store(error)) => return Err(chain(error)),
-            };
-            match outcome {
-                ChangeOutcome::Changed {
-                    revision,
-                    collection_revision,
-                } => answer(Answer::Set(v1::DispositionSet {
-                    finding_id: change.finding_id.to_string(),
-                    revision: revision.unwrap_or_default().max(0) as u32,
-                    collection_revision: collection_revision.max(0) as u32,
-                })),
-                ChangeOutcome::RevisionConflict {
-                    current_revision,
-                    current_collection_revision,
-                } => refuse(v1::Error::new(
-                    ErrorCode::RevisionConflict,
-                    format!(
-                        "the finding is at revision {current_revision} and its scan's findings at collection revision {current_collection_revision}: nothing changed; read it again and decide on what it holds now"
-                    ),
-                )),
-                ChangeOutcome::ReasonRequired => {
-                    refuse(invalid(format!("set.reason is required for {status}")))
-                }
-                // Not an outcome of setting a disposition.
-                ChangeOutcome::ScanActive | ChangeOutcome::NotFound => not_found("finding"),
-            }
-        }
+        } => decide_list(pool, organization, scan_id, &filter, &after, limit).await,
+        Query::Show { finding_id } => decide_show(pool, organization, finding_id).await,
+        Query::Set { change, status } => decide_set(pool, &change, status).await,
         Query::Gate { scan_id, threshold } => {
-            match store::findings::summary(pool, organization, scan_id, threshold)
-                .await
-                .map_err(chain)?
-            {
-                None => not_found("scan"),
-                Some(summary) => {
-                    let counts = |map: &std::collections::BTreeMap<String, i64>| {
-                        map.iter()
-                            .map(|(key, n)| (key.clone(), (*n).max(0) as u32))
-                            .collect()
-                    };
-                    answer(Answer::Gate(v1::GateResult {
-                        scan_id: scan_id.to_string(),
-                        scan_state: summary.scan_state.clone(),
-                        complete: summary.complete,
-                        plugins: summary.plugins.max(0) as u32,
-                        plugins_complete: summary.plugins_complete.max(0) as u32,
-                        by_status: counts(&summary.by_status),
-                        by_severity: counts(&summary.by_severity),
-                        gate_counted: counts(&summary.gate_counted),
-                        gate_exempt: summary.gate_exempt.max(0) as u32,
-                        suppressed: summary.suppressed.max(0) as u32,
-                        threshold: summary.threshold.clone(),
-                        blocking: summary.blocking.max(0) as u32,
-                        passed: summary.gate_passed,
-                        collection_revision: summary.collection_revision.max(0) as u32,
-                    }))
-                }
-            }
+            decide_gate(pool, organization, scan_id, threshold).await
         }
+    }
+}
+
+fn chain(error: store::StoreError) -> String {
+    telemetry::chain(&error).to_string()
+}
+
+/// One page of a scan's findings.
+async fn decide_list(
+    pool: &PgPool,
+    organization: Option<Uuid>,
+    scan_id: Uuid,
+    filter: &Filter,
+    after: &str,
+    limit: i64,
+) -> Result<v1::FindingsReply, String> {
+    let page = store::findings::page(pool, organization, scan_id, filter, after, limit)
+        .await
+        .map_err(chain)?;
+    Ok(match page {
+        None => not_found("scan"),
+        Some(page) => answer(Answer::Page(v1::FindingPage {
+            scan_id: scan_id.to_string(),
+            scan_state: page.scan_state,
+            collection_revision: page.collection_revision.max(0) as u32,
+            findings: page
+                .findings
+                .iter()
+                .map(|finding| view(scan_id, finding))
+                .collect(),
+            next_after: page.next_after.unwrap_or_default(),
+        })),
     })
+}
+
+/// One finding with its history and its occurrences in other scans.
+async fn decide_show(
+    pool: &PgPool,
+    organization: Option<Uuid>,
+    finding_id: Uuid,
+) -> Result<v1::FindingsReply, String> {
+    let detail = store::findings::show(pool, organization, finding_id)
+        .await
+        .map_err(chain)?;
+    let Some(detail) = detail else {
+        return Ok(not_found("finding"));
+    };
+    Ok(answer(Answer::Finding(v1::FindingDetail {
+        finding: Some(view(detail.scan_id, &detail.finding)),
+        collection_revision: detail.collection_revision.max(0) as u32,
+        history: detail
+            .history
+            .iter()
+            .map(|entry| v1::FindingChange {
+                action: entry.action.clone(),
+                revision: entry.revision.max(0) as u32,
+                from_status: entry.from_status.clone(),
+                to_status: entry.to_status.clone(),
+                reason: entry.reason.clone(),
+                actor: entry.actor.clone(),
+                changed_at_unix_ms: entry.changed_at.timestamp_millis(),
+            })
+            .collect(),
+        occurrences: detail
+            .occurrences
+            .iter()
+            .map(|occurrence| v1::FindingOccurrence {
+                finding_id: occurrence.id.to_string(),
+                scan_id: occurrence.scan_id.to_string(),
+                status: occurrence.status.clone(),
+                revision: occurrence.revision.max(0) as u32,
+                scan_state: occurrence.scan_state.clone(),
+                scanned_at_unix_ms: occurrence.scanned_at.timestamp_millis(),
+            })
+            .collect(),
+    })))
+}
+
+/// A disposition set, or why not.
+async fn decide_set(
+    pool: &PgPool,
+    change: &Change,
+    status: FindingStatus,
+) -> Result<v1::FindingsReply, String> {
+    let outcome = match store::findings::set_status(pool, change, status).await {
+        Ok(outcome) => outcome,
+        Err(ChangeFailure::Invalid(error)) => {
+            return Ok(refuse(invalid(error.to_string())));
+        }
+        Err(ChangeFailure::Store(error)) => return Err(chain(error)),
+    };
+    Ok(match outcome {
+        ChangeOutcome::Changed {
+            revision,
+            collection_revision,
+        } => answer(Answer::Set(v1::DispositionSet {
+            finding_id: change.finding_id.to_string(),
+            revision: revision.unwrap_or_default().max(0) as u32,
+            collection_revision: collection_revision.max(0) as u32,
+        })),
+        ChangeOutcome::RevisionConflict {
+            current_revision,
+            current_collection_revision,
+        } => refuse(v1::Error::new(
+            ErrorCode::RevisionConflict,
+            format!(
+                "the finding is at revision {current_revision} and its scan's findings at collection revision {current_collection_revision}: nothing changed; read it again and decide on what it holds now"
+            ),
+        )),
+        ChangeOutcome::ReasonRequired => {
+            refuse(invalid(format!("set.reason is required for {status}")))
+        }
+        // Not an outcome of setting a disposition.
+        ChangeOutcome::ScanActive | ChangeOutcome::NotFound => not_found("finding"),
+    })
+}
+
+/// The scan's gate at `threshold`, with the counts behind it.
+async fn decide_gate(
+    pool: &PgPool,
+    organization: Option<Uuid>,
+    scan_id: Uuid,
+    threshold: Severity,
+) -> Result<v1::FindingsReply, String> {
+    let summary = store::findings::summary(pool, organization, scan_id, threshold)
+        .await
+        .map_err(chain)?;
+    let Some(summary) = summary else {
+        return Ok(not_found("scan"));
+    };
+    let counts = |map: &std::collections::BTreeMap<String, i64>| {
+        map.iter()
+            .map(|(key, n)| (key.clone(), (*n).max(0) as u32))
+            .collect()
+    };
+    Ok(answer(Answer::Gate(v1::GateResult {
+        scan_id: scan_id.to_string(),
+        scan_state: summary.scan_state.clone(),
+        complete: summary.complete,
+        plugins: summary.plugins.max(0) as u32,
+        plugins_complete: summary.plugins_complete.max(0) as u32,
+        by_status: counts(&summary.by_status),
+        by_severity: counts(&summary.by_severity),
+        gate_counted: counts(&summary.gate_counted),
+        gate_exempt: summary.gate_exempt.max(0) as u32,
+        suppressed: summary.suppressed.max(0) as u32,
+        threshold: summary.threshold.clone(),
+        blocking: summary.blocking.max(0) as u32,
+        passed: summary.gate_passed,
+        collection_revision: summary.collection_revision.max(0) as u32,
+    })))
 }
 
 fn view(scan_id: Uuid, finding: &store::findings::Finding) -> v1::FindingView {

@@ -136,147 +136,18 @@ impl Service {
     }
 
     async fn serve_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let subjects = self.bus.subjects();
-        let mut spec = ConsumerSpec::new(
-            subjects.results_stream(),
-            CONSUMER_NAME,
-            subjects.results_wildcard(),
-        );
-        self.settings.consumer.apply(&mut spec);
-        #[cfg(feature = "testing")]
-        {
-            spec.crash_after_commit = self.settings.crash_after_commit.clone();
-        }
-        spec.removes_decided = true;
+        let spec = self.consumer_spec();
         let stop = shutdown.child_token();
         let plumbing = self
             .plumbing
             .start(&stop)
             .await
             .context("failed to serve the health endpoints")?;
-        let (pool, request_subjects) = (self.ingestion.pool.clone(), subjects.clone());
-        let server = bus::serve::serve(
-            &self.bus,
-            REQUEST_SERVER,
-            subjects.client_wildcard(messages::ClientVerb::Findings),
-            QUEUE_GROUP,
-            move |message| {
-                let (pool, subjects) = (pool.clone(), request_subjects.clone());
-                async move {
-                    use prost::Message as _;
-                    let reply = findings::reply(
-                        &pool,
-                        &subjects,
-                        message.subject.as_str(),
-                        &message.payload,
-                    )
-                    .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // Not stopped by the shutdown: the server ends when the consumer has (the select
-            // below drops it), so a decision in flight at shutdown is finished, not dropped.
-            CancellationToken::new(),
-        );
-        // A tenant's scans, listed for it.
-        let (scans_pool, scans_subjects) = (self.ingestion.pool.clone(), subjects.clone());
-        let scans_server = bus::serve::serve(
-            &self.bus,
-            scans::REQUEST_SERVER,
-            subjects.client_wildcard(messages::ClientVerb::Scans),
-            QUEUE_GROUP,
-            move |message| {
-                let (pool, subjects) = (scans_pool.clone(), scans_subjects.clone());
-                async move {
-                    use prost::Message as _;
-                    let reply =
-                        scans::reply(&pool, &subjects, message.subject.as_str(), &message.payload)
-                            .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        );
-        // A tenant's events: read from the events stream after the client's cursor; a waiting
-        // read is woken when its organization's next event is published (a hint only).
-        let waiters = Arc::new(events::Waiters::default());
-        let published = self
-            .bus
-            .client()
-            .subscribe(subjects.tenant_events_wildcard())
-            .await
-            .context("failed to subscribe to the tenant events")?;
-        let waker = tokio::spawn(telemetry::cost::inherit(wake_event_readers(
-            published,
-            subjects.clone(),
-            waiters.clone(),
-        )));
-        let events_bus = self.bus.clone();
-        let events_server = bus::serve::serve(
-            &self.bus,
-            events::REQUEST_SERVER,
-            subjects.client_wildcard(messages::ClientVerb::Events),
-            QUEUE_GROUP,
-            move |message| {
-                let (bus, waiters) = (events_bus.clone(), waiters.clone());
-                async move {
-                    let reply =
-                        events::reply(&bus, &waiters, message.subject.as_str(), &message.payload)
-                            .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        );
-        // Every worker's chunks: stored on the uploads stream only for an open session of
-        // the worker that sent them, answered in the form of a PubAck.
-        let uploads = Arc::new(uploads::Uploads {
-            pool: self.ingestion.pool.clone(),
-            bus: self.bus.clone(),
-            limits: self.settings.artifact_limits,
-        });
-        let upload_server = bus::serve::serve(
-            &self.bus,
-            uploads::REQUEST_SERVER,
-            subjects.upload_wildcard(),
-            QUEUE_GROUP,
-            move |message| {
-                let uploads = uploads.clone();
-                async move { Some(uploads.reply(&message).await) }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        );
-        let artifacts = std::sync::Arc::new(artifacts::Artifacts {
-            pool: self.ingestion.pool.clone(),
-            bus: self.bus.clone(),
-            store: runtime::artifacts::Artifacts::open(
-                &self.bus,
-                &self.settings.common.artifact_store,
-            )
-            .await
-            .context("failed to open the artifact store")?,
-            limits: self.settings.artifact_limits,
-        });
-        let artifact_server = bus::serve::serve(
-            &self.bus,
-            artifacts::REQUEST_SERVER,
-            subjects.worker_wildcard(WorkerVerb::Artifact),
-            QUEUE_GROUP,
-            move |message| {
-                let artifacts = artifacts.clone();
-                async move {
-                    let reply = artifacts
-                        .reply(message.subject.as_str(), &message.payload)
-                        .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        );
+        let server = self.findings_server();
+        let scans_server = self.scans_server();
+        let (events_server, waker) = self.events_server().await?;
+        let upload_server = self.upload_server();
+        let artifact_server = self.artifact_server().await?;
         let consumer = bus::consume::run(&self.bus, spec, self.ingestion.clone(), stop.clone());
         let result = tokio::select! {
             result = consumer => result.context("ingestion consumer stopped"),
@@ -289,6 +160,200 @@ impl Service {
         waker.abort();
         plumbing.stop().await;
         result
+    }
+
+    /// The durable consumer of the results stream, tuned by the settings.
+    fn consumer_spec(&self) -> ConsumerSpec {
+        let subjects = self.bus.subjects();
+        let mut spec = ConsumerSpec::new(
+            subjects.results_stream(),
+            CONSUMER_NAME,
+            subjects.results_wildcard(),
+        );
+        self.settings.consumer.apply(&mut spec);
+        #[cfg(feature = "testing")]
+        {
+            spec.crash_after_commit = self.settings.crash_after_commit.clone();
+        }
+        spec.removes_decided = true;
+        spec
+    }
+
+    /// A tenant's findings: listed, shown, dispositioned and gated for it.
+    fn findings_server(&self) -> impl Future<Output = Result<(), bus::BusError>> + 'static {
+        let (bus, pool) = (self.bus.clone(), self.ingestion.pool.clone());
+        let subjects = bus.subjects().clone();
+        async move {
+            bus::serve::serve(
+                &bus,
+                REQUEST_SERVER,
+                subjects.client_wildcard(messages::ClientVerb::Findings),
+                QUEUE_GROUP,
+                move |message| {
+                    let (pool, subjects) = (pool.clone(), subjects.clone());
+                    async move {
+                        let reply = findings::reply(
+                            &pool,
+                            &subjects,
+                            message.subject.as_str(),
+                            &message.payload,
+                        )
+                        .await;
+                        Some(reply.encode_to_vec().into())
+                    }
+                },
+                // Not stopped by the shutdown: the server ends when the consumer has (the
+                // select in `serve_until_stopped` drops it), so a decision in flight at
+                // shutdown is finished, not dropped.
+                CancellationToken::new(),
+            )
+            .await
+        }
+    }
+
+    /// A tenant's scans, listed for it.
+    fn scans_server(&self) -> impl Future<Output = Result<(), bus::BusError>> + 'static {
+        let (bus, pool) = (self.bus.clone(), self.ingestion.pool.clone());
+        let subjects = bus.subjects().clone();
+        async move {
+            bus::serve::serve(
+                &bus,
+                scans::REQUEST_SERVER,
+                subjects.client_wildcard(messages::ClientVerb::Scans),
+                QUEUE_GROUP,
+                move |message| {
+                    let (pool, subjects) = (pool.clone(), subjects.clone());
+                    async move {
+                        let reply = scans::reply(
+                            &pool,
+                            &subjects,
+                            message.subject.as_str(),
+                            &message.payload,
+                        )
+                        .await;
+                        Some(reply.encode_to_vec().into())
+                    }
+                },
+                // As the findings server: ends when the consumer has.
+                CancellationToken::new(),
+            )
+            .await
+        }
+    }
+
+    /// A tenant's events: read from the events stream after the client's cursor; a waiting
+    /// read is woken when its organization's next event is published (a hint only, by the
+    /// waker task returned beside the server, subscribed before this returns).
+    async fn events_server(
+        &self,
+    ) -> anyhow::Result<(
+        impl Future<Output = Result<(), bus::BusError>> + 'static,
+        tokio::task::JoinHandle<()>,
+    )> {
+        let subjects = self.bus.subjects().clone();
+        let waiters = Arc::new(events::Waiters::default());
+        let published = self
+            .bus
+            .client()
+            .subscribe(subjects.tenant_events_wildcard())
+            .await
+            .context("failed to subscribe to the tenant events")?;
+        let waker = tokio::spawn(telemetry::cost::inherit(wake_event_readers(
+            published,
+            subjects.clone(),
+            waiters.clone(),
+        )));
+        let (bus, events_bus) = (self.bus.clone(), self.bus.clone());
+        let server = async move {
+            bus::serve::serve(
+                &bus,
+                events::REQUEST_SERVER,
+                subjects.client_wildcard(messages::ClientVerb::Events),
+                QUEUE_GROUP,
+                move |message| {
+                    let (bus, waiters) = (events_bus.clone(), waiters.clone());
+                    async move {
+                        let reply = events::reply(
+                            &bus,
+                            &waiters,
+                            message.subject.as_str(),
+                            &message.payload,
+                        )
+                        .await;
+                        Some(reply.encode_to_vec().into())
+                    }
+                },
+                // As the findings server: ends when the consumer has.
+                CancellationToken::new(),
+            )
+            .await
+        };
+        Ok((server, waker))
+    }
+
+    /// Every worker's chunks: stored on the uploads stream only for an open session of the
+    /// worker that sent them, answered in the form of a PubAck.
+    fn upload_server(&self) -> impl Future<Output = Result<(), bus::BusError>> + 'static {
+        let bus = self.bus.clone();
+        let uploads = Arc::new(uploads::Uploads {
+            pool: self.ingestion.pool.clone(),
+            bus: self.bus.clone(),
+            limits: self.settings.artifact_limits,
+        });
+        async move {
+            bus::serve::serve(
+                &bus,
+                uploads::REQUEST_SERVER,
+                bus.subjects().upload_wildcard(),
+                QUEUE_GROUP,
+                move |message| {
+                    let uploads = uploads.clone();
+                    async move { Some(uploads.reply(&message).await) }
+                },
+                // As the findings server: ends when the consumer has.
+                CancellationToken::new(),
+            )
+            .await
+        }
+    }
+
+    /// Workers' upload sessions, prepared and committed into the artifact store (opened
+    /// before this returns).
+    async fn artifact_server(
+        &self,
+    ) -> anyhow::Result<impl Future<Output = Result<(), bus::BusError>> + 'static> {
+        let bus = self.bus.clone();
+        let artifacts = Arc::new(artifacts::Artifacts {
+            pool: self.ingestion.pool.clone(),
+            bus: self.bus.clone(),
+            store: runtime::artifacts::Artifacts::open(
+                &self.bus,
+                &self.settings.common.artifact_store,
+            )
+            .await
+            .context("failed to open the artifact store")?,
+            limits: self.settings.artifact_limits,
+        });
+        Ok(async move {
+            bus::serve::serve(
+                &bus,
+                artifacts::REQUEST_SERVER,
+                bus.subjects().worker_wildcard(WorkerVerb::Artifact),
+                QUEUE_GROUP,
+                move |message| {
+                    let artifacts = artifacts.clone();
+                    async move {
+                        let reply = artifacts
+                            .reply(message.subject.as_str(), &message.payload)
+                            .await;
+                        Some(reply.encode_to_vec().into())
+                    }
+                },
+                // As the findings server: ends when the consumer has.
+                CancellationToken::new(),
+            )
+            .await
+        })
     }
 }
 
@@ -321,6 +386,15 @@ enum Verdict {
     },
 }
 
+/// A fetched batch parsed: every message's ack address, the verdicts of the messages refused
+/// already, and the valid messages with their index in the batch.
+struct ParsedBatch {
+    addresses: Vec<AckAddress>,
+    /// `None` for a valid message, until it is decided.
+    verdicts: Vec<Option<Verdict>>,
+    valid: Vec<(usize, WorkerMessage)>,
+}
+
 struct Ingestion {
     pool: PgPool,
     bus: Bus,
@@ -341,6 +415,62 @@ fn verb_of(subject: &str) -> Option<WorkerVerb> {
 }
 
 impl Ingestion {
+    /// Parses every message of the batch, refusing what is malformed without SQL.
+    fn parse_batch(&self, batch: &[Delivery]) -> ParsedBatch {
+        let subjects = self.bus.subjects();
+        let mut parsed_batch = ParsedBatch {
+            addresses: Vec::with_capacity(batch.len()),
+            verdicts: Vec::with_capacity(batch.len()),
+            valid: Vec::new(),
+        };
+        for (index, delivery) in batch.iter().enumerate() {
+            let (address, parsed) = parse::parse(
+                verb_of(delivery.subject()),
+                subjects.worker_id_of(delivery.subject()),
+                delivery.payload(),
+                &self.limits,
+            );
+            parsed_batch.addresses.push(address);
+            match parsed {
+                Ok(message) => {
+                    parsed_batch.verdicts.push(None);
+                    parsed_batch.valid.push((index, message));
+                }
+                Err(error) => parsed_batch.verdicts.push(Some(Verdict::Refused(error))),
+            }
+        }
+        parsed_batch
+    }
+
+    /// Decides the valid messages and writes their verdicts; a transaction that failed is
+    /// every valid message's verdict. Returns the committed decision's events, to hand off.
+    async fn decide_into(
+        &self,
+        valid: &[(usize, WorkerMessage)],
+        spans: &[&tracing::Span],
+        verdicts: &mut [Option<Verdict>],
+    ) -> Option<store::Staged> {
+        match self.decide(valid, spans).await {
+            Ok((decided, staged)) => {
+                for ((index, _), verdict) in valid.iter().zip(decided) {
+                    verdicts[*index] = Some(verdict);
+                }
+                Some(staged)
+            }
+            Err(error) => {
+                // Logged once per message, by the bus, with the redelivery it causes.
+                let reason = format!("ingestion transaction failed: {}", telemetry::chain(&error));
+                for (index, _) in valid {
+                    verdicts[*index] = Some(Verdict::Failed {
+                        reason: reason.clone(),
+                        unavailable: error.is_unavailable(),
+                    });
+                }
+                None
+            }
+        }
+    }
+
     /// Decides the valid messages in one transaction (`store::ingest`: set-wise, with a fixed
     /// number of statements). When a set-wise statement fails for a reason retrying cannot fix,
     /// the batch is decided again one message per savepoint, so the message at fault is refused
@@ -495,71 +625,15 @@ impl Ingestion {
 
 impl BatchHandler for Ingestion {
     async fn handle(&self, batch: &[Delivery]) -> Vec<Decision> {
-        let subjects = self.bus.subjects();
-        let mut addresses = Vec::with_capacity(batch.len());
-        let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(batch.len());
-        let mut valid = Vec::new();
-        for (index, delivery) in batch.iter().enumerate() {
-            let (address, parsed) = parse::parse(
-                verb_of(delivery.subject()),
-                subjects.worker_id_of(delivery.subject()),
-                delivery.payload(),
-                &self.limits,
-            );
-            addresses.push(address);
-            match parsed {
-                Ok(message) => {
-                    verdicts.push(None);
-                    valid.push((index, message));
-                }
-                Err(error) => verdicts.push(Some(Verdict::Refused(error))),
-            }
-        }
+        let ParsedBatch {
+            addresses,
+            mut verdicts,
+            mut valid,
+        } = self.parse_batch(batch);
         valid.sort_by_key(|(_, message)| message.sort_key());
         let spans: Vec<&tracing::Span> = batch.iter().map(Delivery::span).collect();
-        let mut committed = None;
-        match self.decide(&valid, &spans).await {
-            Ok((decided, staged)) => {
-                for ((index, _), verdict) in valid.iter().zip(decided) {
-                    verdicts[*index] = Some(verdict);
-                }
-                committed = Some(staged);
-            }
-            Err(error) => {
-                // Logged once per message, by the bus, with the redelivery it causes.
-                let reason = format!("ingestion transaction failed: {}", telemetry::chain(&error));
-                for (index, _) in &valid {
-                    verdicts[*index] = Some(Verdict::Failed {
-                        reason: reason.clone(),
-                        unavailable: error.is_unavailable(),
-                    });
-                }
-            }
-        }
-        // Completions that asked for their scan's next plugin, accepted now or earlier.
-        let asks: Vec<(usize, NextAsk)> = valid
-            .iter()
-            .filter_map(|(index, message)| match message {
-                WorkerMessage::Complete {
-                    claim,
-                    lease_next: true,
-                    ..
-                } if matches!(
-                    verdicts[*index],
-                    Some(Verdict::Accepted | Verdict::Duplicate)
-                ) =>
-                {
-                    Some((
-                        *index,
-                        NextAsk {
-                            worker_id: claim.worker_id,
-                            attempt_id: claim.attempt_id,
-                        },
-                    ))
-                }
-                _ => None,
-            })
-            .collect();
+        let committed = self.decide_into(&valid, &spans, &mut verdicts).await;
+        let asks = next_asks(&valid, &verdicts);
         let mut leases = self.lease_next(&asks, &spans).await;
         // The decision's events go out after the next plugins were handed on: a `task.ready`
         // published before would wake an acquire that races the hand-off for the task.
@@ -574,29 +648,65 @@ impl BatchHandler for Ingestion {
             self.answer(address, &verdict, leases.remove(&index).unwrap_or_default())
                 .instrument(span.clone())
                 .await;
-            decisions.push(match verdict {
-                Verdict::Accepted | Verdict::Duplicate => Decision::Ack,
-                Verdict::Refused(error) => {
-                    span.in_scope(|| {
-                        if error.error_code() != Some(ErrorCode::LeaseLost) {
-                            tracing::info!(code = %error.code, kind = address.kind, task_id = %address.task_id, "worker message refused");
-                        }
-                    });
-                    telemetry::record_error(span, &error.code, &error.message);
-                    bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
-                    Decision::Reject { reason: error.code }
-                }
-                Verdict::Failed {
-                    reason,
-                    unavailable: true,
-                } => Decision::Hold { reason },
-                Verdict::Failed { reason, .. } => Decision::Retry { reason },
-            });
+            decisions.push(decision_of(span, address, verdict));
         }
         decisions
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), String> {
         runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await
+    }
+}
+
+/// Completions that asked for their scan's next plugin, accepted now or earlier.
+fn next_asks(
+    valid: &[(usize, WorkerMessage)],
+    verdicts: &[Option<Verdict>],
+) -> Vec<(usize, NextAsk)> {
+    valid
+        .iter()
+        .filter_map(|(index, message)| match message {
+            WorkerMessage::Complete {
+                claim,
+                lease_next: true,
+                ..
+            } if matches!(
+                verdicts[*index],
+                Some(Verdict::Accepted | Verdict::Duplicate)
+            ) =>
+            {
+                Some((
+                    *index,
+                    NextAsk {
+                        worker_id: claim.worker_id,
+                        attempt_id: claim.attempt_id,
+                    },
+                ))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// What the bus does with a message given its verdict; a refusal is logged (but the routine
+/// `lease_lost`), recorded on the message's span and counted.
+fn decision_of(span: &tracing::Span, address: &AckAddress, verdict: Verdict) -> Decision {
+    match verdict {
+        Verdict::Accepted | Verdict::Duplicate => Decision::Ack,
+        Verdict::Refused(error) => {
+            span.in_scope(|| {
+                if error.error_code() != Some(ErrorCode::LeaseLost) {
+                    tracing::info!(code = %error.code, kind = address.kind, task_id = %address.task_id, "worker message refused");
+                }
+            });
+            telemetry::record_error(span, &error.code, &error.message);
+            bus::metrics::record_refusal(CONSUMER_NAME, &error.code);
+            Decision::Reject { reason: error.code }
+        }
+        Verdict::Failed {
+            reason,
+            unavailable: true,
+        } => Decision::Hold { reason },
+        Verdict::Failed { reason, .. } => Decision::Retry { reason },
     }
 }

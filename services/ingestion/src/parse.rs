@@ -162,100 +162,8 @@ pub fn parse(
 ) -> (AckAddress, Result<WorkerMessage, v1::Error>) {
     match verb {
         Some(WorkerVerb::Result) => parse_result(subject_worker, payload, limits),
-        Some(WorkerVerb::Complete) => match v1::TaskComplete::decode(payload) {
-            Err(error) => (
-                address(subject_worker, "complete", None),
-                Err(malformed("TaskComplete", error)),
-            ),
-            Ok(message) => {
-                let address = address(subject_worker, "complete", message.lease.as_ref());
-                let parsed = (|| {
-                    schema(message.schema_version)?;
-                    let claim = LeaseClaim::from_wire(
-                        worker_id(subject_worker, &message.worker_id)?,
-                        message.lease.as_ref(),
-                    )?;
-                    if message.batch_count > BATCH_SEQUENCE_MAX + 1 {
-                        return Err(v1::Error::new(
-                            ErrorCode::SequenceOutOfRange,
-                            format!(
-                                "batch_count {} is over {}",
-                                message.batch_count,
-                                BATCH_SEQUENCE_MAX + 1
-                            ),
-                        ));
-                    }
-                    let final_batch = match message.final_batch {
-                        None => None,
-                        Some(batch) => {
-                            let batch = validate_batch(subject_worker, batch, limits)?;
-                            let WorkerMessage::Result {
-                                claim: batch_claim,
-                                sequence_number,
-                                ..
-                            } = &batch
-                            else {
-                                unreachable!("validate_batch returns a result")
-                            };
-                            if *batch_claim != claim {
-                                return Err(invalid(
-                                    "final_batch.lease must be the completion's lease",
-                                ));
-                            }
-                            if i64::from(*sequence_number) != i64::from(message.batch_count) - 1 {
-                                return Err(invalid(format!(
-                                    "final_batch.sequence_number must be batch_count - 1 ({}), not {sequence_number}",
-                                    i64::from(message.batch_count) - 1
-                                )));
-                            }
-                            Some(Box::new(batch))
-                        }
-                    };
-                    Ok(WorkerMessage::Complete {
-                        claim,
-                        batch_count: message.batch_count as i32,
-                        final_batch,
-                        summary: worker_text(&message.summary),
-                        lease_next: message.lease_next,
-                    })
-                })();
-                (address, parsed)
-            }
-        },
-        Some(WorkerVerb::Fail) => match v1::TaskFail::decode(payload) {
-            Err(error) => (
-                address(subject_worker, "fail", None),
-                Err(malformed("TaskFail", error)),
-            ),
-            Ok(message) => {
-                let address = address(subject_worker, "fail", message.lease.as_ref());
-                let parsed = (|| {
-                    schema(message.schema_version)?;
-                    let claim = LeaseClaim::from_wire(
-                        worker_id(subject_worker, &message.worker_id)?,
-                        message.lease.as_ref(),
-                    )?;
-                    let error = message.error.unwrap_or_default();
-                    let error_code = if error.code.is_empty() {
-                        "plugin_failed".to_owned()
-                    } else {
-                        error.code
-                    };
-                    if error_code.len() > IDENTIFIER_BYTES_MAX || error_code.contains('\0') {
-                        return Err(invalid(format!(
-                            "error.code must be 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
-                        )));
-                    }
-                    Ok(WorkerMessage::Fail {
-                        claim,
-                        error_code,
-                        error_message: worker_text(&error.message),
-                        retryable: message.retryable,
-                    })
-                })();
-                (address, parsed)
-            }
-        },
+        Some(WorkerVerb::Complete) => parse_complete(subject_worker, payload, limits),
+        Some(WorkerVerb::Fail) => parse_fail(subject_worker, payload),
         _ => (
             AckAddress {
                 worker_id: subject_worker.map(str::to_owned),
@@ -265,6 +173,134 @@ pub fn parse(
             Err(invalid("unexpected subject on the results stream")),
         ),
     }
+}
+
+fn parse_complete(
+    subject_worker: Option<&str>,
+    payload: &[u8],
+    limits: &BatchLimits,
+) -> (AckAddress, Result<WorkerMessage, v1::Error>) {
+    match v1::TaskComplete::decode(payload) {
+        Err(error) => (
+            address(subject_worker, "complete", None),
+            Err(malformed("TaskComplete", error)),
+        ),
+        Ok(message) => (
+            address(subject_worker, "complete", message.lease.as_ref()),
+            validate_complete(subject_worker, message, limits),
+        ),
+    }
+}
+
+/// Validates a completion, and the final batch it carries.
+fn validate_complete(
+    subject_worker: Option<&str>,
+    message: v1::TaskComplete,
+    limits: &BatchLimits,
+) -> Result<WorkerMessage, v1::Error> {
+    schema(message.schema_version)?;
+    let claim = LeaseClaim::from_wire(
+        worker_id(subject_worker, &message.worker_id)?,
+        message.lease.as_ref(),
+    )?;
+    if message.batch_count > BATCH_SEQUENCE_MAX + 1 {
+        return Err(v1::Error::new(
+            ErrorCode::SequenceOutOfRange,
+            format!(
+                "batch_count {} is over {}",
+                message.batch_count,
+                BATCH_SEQUENCE_MAX + 1
+            ),
+        ));
+    }
+    let final_batch = match message.final_batch {
+        None => None,
+        Some(batch) => Some(Box::new(validate_final_batch(
+            subject_worker,
+            batch,
+            &claim,
+            message.batch_count,
+            limits,
+        )?)),
+    };
+    Ok(WorkerMessage::Complete {
+        claim,
+        batch_count: message.batch_count as i32,
+        final_batch,
+        summary: worker_text(&message.summary),
+        lease_next: message.lease_next,
+    })
+}
+
+/// Validates a completion's final batch: a valid batch under the completion's own lease,
+/// numbered last of its `batch_count`.
+fn validate_final_batch(
+    subject_worker: Option<&str>,
+    batch: v1::ResultBatch,
+    claim: &LeaseClaim,
+    batch_count: u32,
+    limits: &BatchLimits,
+) -> Result<WorkerMessage, v1::Error> {
+    let batch = validate_batch(subject_worker, batch, limits)?;
+    let WorkerMessage::Result {
+        claim: batch_claim,
+        sequence_number,
+        ..
+    } = &batch
+    else {
+        unreachable!("validate_batch returns a result")
+    };
+    if batch_claim != claim {
+        return Err(invalid("final_batch.lease must be the completion's lease"));
+    }
+    if i64::from(*sequence_number) != i64::from(batch_count) - 1 {
+        return Err(invalid(format!(
+            "final_batch.sequence_number must be batch_count - 1 ({}), not {sequence_number}",
+            i64::from(batch_count) - 1
+        )));
+    }
+    Ok(batch)
+}
+
+fn parse_fail(
+    subject_worker: Option<&str>,
+    payload: &[u8],
+) -> (AckAddress, Result<WorkerMessage, v1::Error>) {
+    let message = match v1::TaskFail::decode(payload) {
+        Ok(message) => message,
+        Err(error) => {
+            return (
+                address(subject_worker, "fail", None),
+                Err(malformed("TaskFail", error)),
+            );
+        }
+    };
+    let address = address(subject_worker, "fail", message.lease.as_ref());
+    let parsed = (|| {
+        schema(message.schema_version)?;
+        let claim = LeaseClaim::from_wire(
+            worker_id(subject_worker, &message.worker_id)?,
+            message.lease.as_ref(),
+        )?;
+        let error = message.error.unwrap_or_default();
+        let error_code = if error.code.is_empty() {
+            "plugin_failed".to_owned()
+        } else {
+            error.code
+        };
+        if error_code.len() > IDENTIFIER_BYTES_MAX || error_code.contains('\0') {
+            return Err(invalid(format!(
+                "error.code must be 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
+            )));
+        }
+        Ok(WorkerMessage::Fail {
+            claim,
+            error_code,
+            error_message: worker_text(&error.message),
+            retryable: message.retryable,
+        })
+    })();
+    (address, parsed)
 }
 
 /// A worker's free text (a completion summary, a failure message) as it is kept, logged and
@@ -302,98 +338,110 @@ fn validate_batch(
     message: v1::ResultBatch,
     limits: &BatchLimits,
 ) -> Result<WorkerMessage, v1::Error> {
-    {
-        schema(message.schema_version)?;
-        let claim = LeaseClaim::from_wire(
-            worker_id(subject_worker, &message.worker_id)?,
-            message.lease.as_ref(),
-        )?;
-        if message.sequence_number > BATCH_SEQUENCE_MAX {
-            return Err(v1::Error::new(
-                ErrorCode::SequenceOutOfRange,
-                format!(
-                    "sequence_number {} is over {BATCH_SEQUENCE_MAX}",
-                    message.sequence_number
-                ),
-            ));
-        }
-        if message.idempotency_key.is_empty()
-            || message.idempotency_key.len() > IDENTIFIER_BYTES_MAX
-            || message.idempotency_key.contains('\0')
-        {
-            return Err(invalid(format!(
-                "idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes"
-            )));
-        }
-        let checksum_form = message.payload_sha256.len() == 64
-            && message
-                .payload_sha256
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if !checksum_form {
-            return Err(invalid("payload_sha256 must be 64 lowercase hex digits"));
-        }
-        if message.payload.len() > limits.bytes_max {
-            return Err(too_large(format!(
-                "batch payload is {} bytes, at most {} are accepted; send smaller batches",
-                message.payload.len(),
-                limits.bytes_max
-            )));
-        }
-        let actual = messages::sha256_hex(&message.payload);
-        if actual != message.payload_sha256 {
-            return Err(v1::Error::new(
-                ErrorCode::ChecksumMismatch,
-                format!(
-                    "payload hashes to {actual}, the message says {}",
-                    message.payload_sha256
-                ),
-            ));
-        }
-        // An empty finding is two bytes on the wire and some 200 decoded: at most the limit
-        // of them is held, the rest only counted.
-        let counted = messages::bounded::decode_counted::<v1::BatchPayload>(
-            &message.payload,
-            FINDINGS_TAG,
-            limits.findings_max,
-        )
-        .map_err(|error| malformed("BatchPayload", error))?;
-        if !counted.is_whole(limits.findings_max) {
-            return Err(too_large(format!(
-                "batch has {} findings, at most {} are accepted; send smaller batches",
-                counted.count, limits.findings_max
-            )));
-        }
-        let mut batch = counted.message;
-        for finding in &batch.findings {
-            validate_finding(finding)?;
-        }
-        for asset in &batch.assets {
-            if asset.kind.is_empty()
-                || asset.kind.len() > 64
-                || asset.value.is_empty()
-                || asset.value.len() > 2_048
-                || asset.kind.contains('\0')
-                || asset.value.contains('\0')
-            {
-                return Err(invalid(
-                    "asset kind must be 1..=64 bytes and value 1..=2048 bytes",
-                ));
-            }
-        }
-        // Asset values are stored and de-duplicated as redacted; a finding's text fields are
-        // redacted by the store, after its key is computed from what the worker sent.
-        for asset in &mut batch.assets {
-            asset.value = redact(&asset.value);
-        }
-        Ok(WorkerMessage::Result {
-            claim,
-            sequence_number: message.sequence_number as i32,
-            idempotency_key: message.idempotency_key,
-            payload_sha256: message.payload_sha256,
-            payload: batch,
-        })
+    schema(message.schema_version)?;
+    let claim = LeaseClaim::from_wire(
+        worker_id(subject_worker, &message.worker_id)?,
+        message.lease.as_ref(),
+    )?;
+    validate_envelope(&message, limits)?;
+    let batch = validate_payload(&message.payload, limits)?;
+    Ok(WorkerMessage::Result {
+        claim,
+        sequence_number: message.sequence_number as i32,
+        idempotency_key: message.idempotency_key,
+        payload_sha256: message.payload_sha256,
+        payload: batch,
+    })
+}
+
+/// A batch's envelope: its sequence number, its idempotency key, and its payload's size
+/// and checksum, checked before the payload is decoded.
+fn validate_envelope(message: &v1::ResultBatch, limits: &BatchLimits) -> Result<(), v1::Error> {
+    if message.sequence_number > BATCH_SEQUENCE_MAX {
+        return Err(v1::Error::new(
+            ErrorCode::SequenceOutOfRange,
+            format!(
+                "sequence_number {} is over {BATCH_SEQUENCE_MAX}",
+                message.sequence_number
+            ),
+        ));
     }
+    if message.idempotency_key.is_empty()
+        || message.idempotency_key.len() > IDENTIFIER_BYTES_MAX
+        || message.idempotency_key.contains('\0')
+    {
+        return Err(invalid(format!(
+            "idempotency_key must be 1..={IDENTIFIER_BYTES_MAX} bytes"
+        )));
+    }
+    let checksum_form = message.payload_sha256.len() == 64
+        && message
+            .payload_sha256
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !checksum_form {
+        return Err(invalid("payload_sha256 must be 64 lowercase hex digits"));
+    }
+    if message.payload.len() > limits.bytes_max {
+        return Err(too_large(format!(
+            "batch payload is {} bytes, at most {} are accepted; send smaller batches",
+            message.payload.len(),
+            limits.bytes_max
+        )));
+    }
+    let actual = messages::sha256_hex(&message.payload);
+    if actual != message.payload_sha256 {
+        return Err(v1::Error::new(
+            ErrorCode::ChecksumMismatch,
+            format!(
+                "payload hashes to {actual}, the message says {}",
+                message.payload_sha256
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A batch's payload decoded (at most the limit of findings held), every finding and asset
+/// checked, and the assets' values redacted.
+fn validate_payload(payload: &[u8], limits: &BatchLimits) -> Result<v1::BatchPayload, v1::Error> {
+    // An empty finding is two bytes on the wire and some 200 decoded: at most the limit
+    // of them is held, the rest only counted.
+    let counted = messages::bounded::decode_counted::<v1::BatchPayload>(
+        payload,
+        FINDINGS_TAG,
+        limits.findings_max,
+    )
+    .map_err(|error| malformed("BatchPayload", error))?;
+    if !counted.is_whole(limits.findings_max) {
+        return Err(too_large(format!(
+            "batch has {} findings, at most {} are accepted; send smaller batches",
+            counted.count, limits.findings_max
+        )));
+    }
+    let mut batch = counted.message;
+    for finding in &batch.findings {
+        validate_finding(finding)?;
+    }
+    for asset in &batch.assets {
+        if asset.kind.is_empty()
+            || asset.kind.len() > 64
+            || asset.value.is_empty()
+            || asset.value.len() > 2_048
+            || asset.kind.contains('\0')
+            || asset.value.contains('\0')
+        {
+            return Err(invalid(
+                "asset kind must be 1..=64 bytes and value 1..=2048 bytes",
+            ));
+        }
+    }
+    // Asset values are stored and de-duplicated as redacted; a finding's text fields are
+    // redacted by the store, after its key is computed from what the worker sent.
+    for asset in &mut batch.assets {
+        asset.value = redact(&asset.value);
+    }
+    Ok(batch)
 }
 
 fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {
