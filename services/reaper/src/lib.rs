@@ -188,10 +188,27 @@ impl Service {
     }
 
     async fn sweep(&self) -> Result<SweepOutcome, StoreError> {
+        let outcome = self.sweep_steps().await?;
+        if outcome.acted() {
+            outcome.log_acted();
+            self.relay.notify();
+        }
+        if outcome.due_retries > 0 {
+            // A hint that wakes waiting acquires for retried tasks whose backoff passed.
+            let wakeup = self
+                .bus
+                .publish_untraced(self.bus.subjects().dispatch_wakeup(), bytes::Bytes::new());
+            let _ = in_lane(lanes::REAPER_RETRIES, wakeup).await;
+        }
+        Ok(outcome)
+    }
+
+    /// The sweep's steps in order, each its own transaction, bounded by `batch` rows.
+    async fn sweep_steps(&self) -> Result<SweepOutcome, StoreError> {
         let subjects = self.bus.subjects();
         let batch = self.settings.batch;
         // Each step is a lane of its own, so its cost shows in `palisade_db_statements_total`.
-        let outcome = SweepOutcome {
+        Ok(SweepOutcome {
             recovered: in_lane(
                 lanes::REAPER_RECOVERY,
                 store::recover::recover_expired(&self.pool, subjects, self.settings.retry, batch),
@@ -240,35 +257,7 @@ impl Service {
                 store::recover::due_retries(&self.pool),
             )
             .await?,
-        };
-        if outcome.acted() {
-            tracing::info!(
-                retried = outcome.recovered.retried.len(),
-                budget_spent = outcome.recovered.failed.len(),
-                overdue = outcome.overdue.len(),
-                stranded = outcome.stranded.len(),
-                enrichment_retried = outcome.enrichment.retried.len(),
-                enrichment_failed = outcome.enrichment.failed.len(),
-                uploads_expired = outcome.uploads_expired,
-                uploads_removed = outcome.uploads_removed,
-                pruned_outbox = outcome.pruned.outbox,
-                pruned_batches = outcome.pruned.batches,
-                pruned_dead_letters = outcome.pruned.dead_letters,
-                pruned_cve_quarantine = outcome.pruned.cve_quarantine,
-                pruned_schedule_fires = outcome.pruned.schedule_fires,
-                schedule_fires = outcome.schedules.len(),
-                "reaper sweep acted"
-            );
-            self.relay.notify();
-        }
-        if outcome.due_retries > 0 {
-            // A hint that wakes waiting acquires for retried tasks whose backoff passed.
-            let wakeup = self
-                .bus
-                .publish_untraced(subjects.dispatch_wakeup(), bytes::Bytes::new());
-            let _ = in_lane(lanes::REAPER_RETRIES, wakeup).await;
-        }
-        Ok(outcome)
+        })
     }
 
     /// Fires the schedules due now by this replica's clock (`store::schedules`), in one
@@ -471,5 +460,26 @@ impl SweepOutcome {
             || self.uploads_removed > 0
             || self.pruned != Pruned::default()
             || self.schedules.iter().any(|fire| fire.outcome.is_some())
+    }
+
+    /// The one line a sweep that acted logs.
+    fn log_acted(&self) {
+        tracing::info!(
+            retried = self.recovered.retried.len(),
+            budget_spent = self.recovered.failed.len(),
+            overdue = self.overdue.len(),
+            stranded = self.stranded.len(),
+            enrichment_retried = self.enrichment.retried.len(),
+            enrichment_failed = self.enrichment.failed.len(),
+            uploads_expired = self.uploads_expired,
+            uploads_removed = self.uploads_removed,
+            pruned_outbox = self.pruned.outbox,
+            pruned_batches = self.pruned.batches,
+            pruned_dead_letters = self.pruned.dead_letters,
+            pruned_cve_quarantine = self.pruned.cve_quarantine,
+            pruned_schedule_fires = self.pruned.schedule_fires,
+            schedule_fires = self.schedules.len(),
+            "reaper sweep acted"
+        );
     }
 }
