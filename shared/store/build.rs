@@ -61,13 +61,8 @@ fn generate(root: &Path) -> Result<String, String> {
                 ));
             }
             let path = file.display().to_string();
-            let parameters = match legacy_parameters(&doc) {
-                Some(count) => Parameters::Legacy(count),
-                None => Parameters::Typed(
-                    header::parameters(&doc)
-                        .map_err(|problem| format!("{}: {problem}", file.display()))?,
-                ),
-            };
+            let parameters = header::parameters(&doc)
+                .map_err(|problem| format!("{}: {problem}", file.display()))?;
             let constant = stem.to_uppercase();
             for line in &doc {
                 writeln!(modules, "    #[doc = {line:?}]").unwrap();
@@ -77,13 +72,8 @@ fn generate(root: &Path) -> Result<String, String> {
                 "    pub(crate) const {constant}: &str = include_str!({path:?});"
             )
             .unwrap();
-            let declared: Vec<String> = match &parameters {
-                Parameters::Legacy(count) => vec![String::new(); *count],
-                Parameters::Typed(typed) => {
-                    binder(&mut modules, &constant, &camel_case(&stem), typed);
-                    typed.iter().map(|p| p.pg_type.clone()).collect()
-                }
-            };
+            binder(&mut modules, &constant, &camel_case(&stem), &parameters);
+            let declared: Vec<&str> = parameters.iter().map(|p| p.pg_type.as_str()).collect();
             writeln!(
                 list,
                 "    Statement {{ name: \"{table_name}/{stem}\", text: include_str!({path:?}), \
@@ -95,26 +85,6 @@ fn generate(root: &Path) -> Result<String, String> {
     }
     list.push_str("];\n");
     Ok(modules + &list)
-}
-
-/// A statement's parameters as its header declares them.
-enum Parameters {
-    /// `-- $n: the Rust expression bound` lines (the form before typed headers): a count only.
-    Legacy(usize),
-    Typed(Vec<header::Parameter>),
-}
-
-/// The count of `$n:` lines when the header is in the old form, `None` when it is not.
-fn legacy_parameters(doc: &[String]) -> Option<usize> {
-    let legacy = doc
-        .iter()
-        .filter_map(|line| line.trim_start().strip_prefix('$'))
-        .filter(|rest| {
-            rest.split_once(':')
-                .is_some_and(|(number, _)| number.parse::<usize>().is_ok())
-        })
-        .count();
-    (legacy > 0).then_some(legacy)
 }
 
 /// The struct binding a statement's parameters by name, and its `query*` methods binding the
@@ -132,11 +102,14 @@ fn binder(out: &mut String, constant: &str, name: &str, parameters: &[header::Pa
     )
     .unwrap();
     for (index, parameter) in parameters.iter().enumerate() {
+        let description = match parameter.description.as_str() {
+            "" => String::new(),
+            description => format!(" — {description}"),
+        };
         writeln!(
             out,
-            "        /// `${}`: `{}`.\n        pub(crate) {}: T{},",
-            index + 1,
-            parameter.pg_type,
+            "        #[doc = {:?}]\n        pub(crate) {}: T{},",
+            format!("`${}`: `{}`{description}", index + 1, parameter.pg_type),
             parameter.name,
             index + 1
         )

@@ -13,6 +13,8 @@ pub struct Parameter {
     pub name: String,
     /// As PostgreSQL's describe names it, lower case: `uuid`, `text[]`.
     pub pg_type: String,
+    /// What follows ` — ` on its line, if anything.
+    pub description: String,
 }
 
 /// PostgreSQL's name of each type a parameter may declare, with the marker type in
@@ -120,10 +122,7 @@ fn parse_line(rest: &str) -> Option<(usize, Parameter)> {
     let number: usize = number.parse().ok()?;
     let (name, rest) = rest.split_once(':')?;
     let rest = rest.strip_prefix(' ')?;
-    let pg_type = match rest.split_once(" — ") {
-        Some((pg_type, _description)) => pg_type,
-        None => rest,
-    };
+    let (pg_type, description) = rest.split_once(" — ").unwrap_or((rest, ""));
     let snake = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
             .chars()
@@ -138,6 +137,7 @@ fn parse_line(rest: &str) -> Option<(usize, Parameter)> {
             Parameter {
                 name: name.to_owned(),
                 pg_type: pg_type.to_owned(),
+                description: description.trim().to_owned(),
             },
         )
     })

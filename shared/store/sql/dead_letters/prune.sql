@@ -1,5 +1,5 @@
 -- Retention: deletes a slice of dead letters recorded before the cutoff.
--- $1 seconds: float8
+-- $1 retention_seconds: float8 — the cutoff, this long before now
 -- $2 limit: int8
 DELETE FROM dead_letters WHERE id = ANY(ARRAY(
     SELECT id FROM dead_letters WHERE created_at < now() - make_interval(secs => $1)

@@ -2,7 +2,7 @@
 -- unknown, has one of that name already, or has `SCHEDULES_PER_ORGANIZATION_MAX` (no row:
 -- `create` tells them apart). Runs after `lock_organization`, so the count sees every schedule
 -- a concurrent create committed.
--- $1 id: uuid — (Uuid::now_v7())
+-- $1 id: uuid — Uuid::now_v7()
 -- $2 organization_id: uuid
 -- $3 name: text
 -- $4 target: text

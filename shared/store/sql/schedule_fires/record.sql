@@ -4,7 +4,7 @@
 -- $2 slots: timestamptz[]
 -- $3 fired_ats: timestamptz[] — fired at (the reaper's clock)
 -- $4 outcomes: text[] — ScheduleFireOutcome of each
--- $5 scan_ids: uuid[] — (the admitted, replayed or active scan), NULL where none
+-- $5 scan_ids: uuid[] — the admitted, replayed or active scan; NULL where none
 -- $6 skipped_slots: int8[] — slots the catch-up rule passed over before each
 -- $7 details: text[] — the refusal's code and message
 INSERT INTO schedule_fires (schedule_id, slot, fired_at, outcome, scan_id, missed_before, detail)

@@ -1,5 +1,5 @@
 -- Retention: deletes a slice of batches received before the cutoff whose task has ended.
--- $1 seconds: float8
+-- $1 retention_seconds: float8 — the cutoff, this long before now
 -- $2 limit: int8
 -- $3 terminal_states: text[] — TaskState::TERMINAL.map(TaskState::as_str)
 DELETE FROM worker_result_batches WHERE id = ANY(ARRAY(

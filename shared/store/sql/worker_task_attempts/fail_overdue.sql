@@ -7,8 +7,8 @@
 -- $4 failed_status: text — AttemptStatus::Failed.as_str()
 -- $5 leased_state: text — TaskState::Leased.as_str()
 -- $6 running_state: text — TaskState::Running.as_str()
--- $7 deadline_exceeded: text
--- $8 deadline_exceeded_message: text
+-- $7 error_code: text — DEADLINE_EXCEEDED
+-- $8 error_message: text — DEADLINE_EXCEEDED_MESSAGE
 WITH overdue AS (
     SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
            coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,

@@ -6,8 +6,8 @@
 -- $4 expired_status: text — AttemptStatus::Expired.as_str()
 -- $5 leased_state: text — TaskState::Leased.as_str()
 -- $6 running_state: text — TaskState::Running.as_str()
--- $7 lease_expired: text
--- $8 lease_expired_message: text
+-- $7 error_code: text — LEASE_EXPIRED
+-- $8 error_message: text — LEASE_EXPIRED_MESSAGE
 WITH stale AS (
     SELECT a.id AS attempt_id, t.id AS task_id, t.organization_id, t.scan_id, t.scan_job_id,
            coalesce(t.payload->>'plugin', '') AS plugin, t.attempt_count, t.max_attempts,

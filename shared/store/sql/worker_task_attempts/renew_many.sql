@@ -5,15 +5,15 @@
 -- database clock, the task's current attempt, the task leased or running without a cancel
 -- requested. The refusal's reason comes from the same statement: a left join of every claim
 -- to its lock and, for a claim naming no attempt of that task, to the task it names.
--- $1 attempt_ids: uuid[] — column(|claim| claim.attempt_id)
--- $2 task_ids: uuid[] — column(|claim| claim.task_id)
--- $3 worker_ids: uuid[] — column(|claim| claim.worker_id)
+-- $1 attempt_ids: uuid[]
+-- $2 task_ids: uuid[]
+-- $3 worker_ids: uuid[]
 -- $4 attempt_numbers: int4[]
 -- $5 lease_tokens: text[]
 -- $6 lease_ttl_seconds: float8
 -- $7 live_statuses: text[] — AttemptStatus::LIVE.map(AttemptStatus::as_str)
 -- $8 leased_states: text[] — TaskState::LEASED.map(TaskState::as_str)
--- $9 cancel_states: text[] — [ TaskState::Cancelling.as_str(), TaskState::Cancelled.as_str(), ]
+-- $9 cancel_states: text[] — [TaskState::Cancelling.as_str(), TaskState::Cancelled.as_str()]
 -- $10 running_status: text — AttemptStatus::Running.as_str()
 -- $11 running_state: text — TaskState::Running.as_str()
 -- $12 leased_state: text — TaskState::Leased.as_str()

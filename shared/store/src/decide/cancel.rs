@@ -126,7 +126,7 @@ async fn cancel_scan(
         scan_id,
         reason,
         cancelled_state: TaskState::Cancelled.as_str(),
-        cancelled: CANCELLED,
+        failure_code: CANCELLED,
         terminal_states: TaskState::TERMINAL.map(TaskState::as_str),
     }
     .query()
@@ -136,7 +136,7 @@ async fn cancel_scan(
         scan_id,
         reason,
         cancelled_job_state: ScanJobState::Cancelled.as_str(),
-        cancelled: CANCELLED,
+        failure_code: CANCELLED,
         cancellable_job_states: [
             ScanJobState::Pending.as_str(),
             ScanJobState::Running.as_str(),
@@ -149,7 +149,7 @@ async fn cancel_scan(
         scan_id,
         reason,
         cancelled_scan_state: ScanState::Cancelled.as_str(),
-        cancelled: CANCELLED,
+        failure_code: CANCELLED,
     }
     .query_scalar()
     .fetch_one(&mut *conn)

@@ -105,8 +105,8 @@ pub async fn recover_expired(
         expired_status: AttemptStatus::Expired.as_str(),
         leased_state: TaskState::Leased.as_str(),
         running_state: TaskState::Running.as_str(),
-        lease_expired: LEASE_EXPIRED,
-        lease_expired_message: LEASE_EXPIRED_MESSAGE,
+        error_code: LEASE_EXPIRED,
+        error_message: LEASE_EXPIRED_MESSAGE,
     }
     .query_as::<Claimed>()
     .fetch_all(&mut *tx)
@@ -166,8 +166,8 @@ pub async fn fail_overdue(
         failed_status: AttemptStatus::Failed.as_str(),
         leased_state: TaskState::Leased.as_str(),
         running_state: TaskState::Running.as_str(),
-        deadline_exceeded: DEADLINE_EXCEEDED,
-        deadline_exceeded_message: DEADLINE_EXCEEDED_MESSAGE,
+        error_code: DEADLINE_EXCEEDED,
+        error_message: DEADLINE_EXCEEDED_MESSAGE,
     }
     .query_as::<Claimed>()
     .fetch_all(&mut *tx)
@@ -301,14 +301,17 @@ pub async fn prune(
     retention: std::time::Duration,
     limit: i64,
 ) -> Result<Pruned, StoreError> {
-    let seconds = crate::seconds(retention);
-    let outbox = sql::outbox::Prune { seconds, limit }
-        .query()
-        .execute(pool)
-        .await?
-        .rows_affected();
+    let retention_seconds = crate::seconds(retention);
+    let outbox = sql::outbox::Prune {
+        retention_seconds,
+        limit,
+    }
+    .query()
+    .execute(pool)
+    .await?
+    .rows_affected();
     let batches = sql::worker_result_batches::Prune {
-        seconds,
+        retention_seconds,
         limit,
         terminal_states: TaskState::TERMINAL.map(TaskState::as_str),
     }
@@ -316,21 +319,30 @@ pub async fn prune(
     .execute(pool)
     .await?
     .rows_affected();
-    let dead_letters = sql::dead_letters::Prune { seconds, limit }
-        .query()
-        .execute(pool)
-        .await?
-        .rows_affected();
-    let cve_quarantine = sql::cve_quarantine::Prune { seconds, limit }
-        .query()
-        .execute(pool)
-        .await?
-        .rows_affected();
-    let schedule_fires = sql::schedule_fires::Prune { seconds, limit }
-        .query()
-        .execute(pool)
-        .await?
-        .rows_affected();
+    let dead_letters = sql::dead_letters::Prune {
+        retention_seconds,
+        limit,
+    }
+    .query()
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let cve_quarantine = sql::cve_quarantine::Prune {
+        retention_seconds,
+        limit,
+    }
+    .query()
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let schedule_fires = sql::schedule_fires::Prune {
+        retention_seconds,
+        limit,
+    }
+    .query()
+    .execute(pool)
+    .await?
+    .rows_affected();
     Ok(Pruned {
         outbox,
         batches,
