@@ -122,6 +122,9 @@ pub fn nats_server_available() -> bool {
 pub struct NatsServer {
     binary: PathBuf,
     port: u16,
+    /// Where clients reach it: loopback, or an address of the suite's network
+    /// ([`crate::netns`]), in which case it listens on every address.
+    address: std::net::Ipv4Addr,
     dir: tempfile::TempDir,
     /// A configuration file passed with `-c` (a cluster node's); the command line's listen
     /// address, port and store directory take precedence over it.
@@ -142,7 +145,20 @@ impl NatsServer {
     /// palisade's account (with `subjects`' exports) is preloaded; each worker's and client's
     /// account is pushed when it is issued ([`crate::push_account`]).
     pub async fn start_secured(authority: &identity::Authority, subjects: &Subjects) -> Self {
+        Self::start_secured_at(authority, subjects, None).await
+    }
+
+    /// [`NatsServer::start_secured`], reached at `address` (one of the suite's network's)
+    /// when given.
+    pub async fn start_secured_at(
+        authority: &identity::Authority,
+        subjects: &Subjects,
+        address: Option<std::net::Ipv4Addr>,
+    ) -> Self {
         let mut server = Self::new(nats_server_binary());
+        if let Some(address) = address {
+            server.address = address;
+        }
         let resolver = server.dir.path().join("jwt");
         std::fs::create_dir_all(&resolver).expect("resolver directory");
         let config = server.dir.path().join("secured.conf");
@@ -174,6 +190,7 @@ impl NatsServer {
         Self {
             binary,
             port: free_port(),
+            address: std::net::Ipv4Addr::LOCALHOST,
             dir: tempfile::tempdir().expect("temporary directory"),
             config: None,
             child: None,
@@ -181,7 +198,7 @@ impl NatsServer {
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://{}:{}", self.address, self.port)
     }
 
     pub fn is_running(&self) -> bool {
@@ -191,15 +208,13 @@ impl NatsServer {
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "nats-server already running");
         let mut command = Command::new(&self.binary);
+        let listen = if self.address.is_loopback() {
+            "127.0.0.1"
+        } else {
+            "0.0.0.0"
+        };
         command
-            .args([
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-sd",
-            ])
+            .args(["-js", "-a", listen, "-p", &self.port.to_string(), "-sd"])
             .arg(self.dir.path());
         if let Some(config) = &self.config {
             command
@@ -430,6 +445,9 @@ async fn http_ok(port: u16, path: &str) -> bool {
 /// A PostgreSQL cluster of this test's own, in a temporary directory.
 pub struct PostgresServer {
     port: u16,
+    /// Where clients reach it: loopback, or an address of the suite's network
+    /// ([`crate::netns`]), where it listens too.
+    address: std::net::Ipv4Addr,
     bin_dir: PathBuf,
     /// `(uid, gid)` of the `postgres` user when this test runs as root.
     run_as: Option<(u32, u32)>,
@@ -442,6 +460,34 @@ pub struct PostgresServer {
 impl PostgresServer {
     pub async fn start() -> Self {
         Self::start_with(Vec::new(), |_| {}).await
+    }
+
+    /// [`PostgresServer::start`], reached at `address` (one of the suite's network's) when
+    /// given.
+    pub async fn start_at(address: Option<std::net::Ipv4Addr>) -> Self {
+        match address {
+            Some(address) => {
+                let settings = vec![format!("listen_addresses=127.0.0.1,{address}")];
+                let trust_network = |server: &Self| {
+                    use std::io::Write as _;
+                    let [a, b, c, _] = address.octets();
+                    std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(server.data_dir().join("pg_hba.conf"))
+                        .and_then(|mut file| writeln!(file, "host all all {a}.{b}.{c}.0/24 trust"))
+                        .expect("pg_hba.conf trusts the suite's network");
+                };
+                Self::start_with(settings, trust_network)
+                    .await
+                    .reached_at(address)
+            }
+            None => Self::start().await,
+        }
+    }
+
+    fn reached_at(mut self, address: std::net::Ipv4Addr) -> Self {
+        self.address = address;
+        self
     }
 
     /// A server that offers TLS with `certs`' server certificate (`ssl = on`); clients
@@ -479,6 +525,7 @@ impl PostgresServer {
         }
         let mut server = Self {
             port: free_port(),
+            address: std::net::Ipv4Addr::LOCALHOST,
             bin_dir,
             run_as,
             dir,
@@ -508,7 +555,10 @@ impl PostgresServer {
     }
 
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+        format!(
+            "postgres://postgres@{}:{}/{database}",
+            self.address, self.port
+        )
     }
 
     fn command(&self, program: &str) -> Command {

@@ -16,6 +16,7 @@ pub mod processes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io::{Read as _, Seek as _};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +34,7 @@ use uuid::Uuid;
 pub use injector::Injection;
 pub use processes::Service;
 
+use crate::netns::Network;
 use crate::servers::{NatsServer, PostgresServer, free_port};
 use ledger::{Ledger, SharedLedger};
 use processes::{Process, Sweeps};
@@ -57,6 +59,9 @@ fn redelivery_budget() -> Duration {
 
 /// After a fault heals, a scan must finish within this long, or the system counts as stuck.
 const PROGRESS_MAX: Duration = Duration::from_secs(30);
+
+/// How long a network cut lasts: past a lease TTL and an ack wait.
+const CUT: Duration = Duration::from_secs(5);
 
 /// How long [`Fault::PostgresDown`] lasts.
 fn postgres_down() -> Duration {
@@ -86,6 +91,14 @@ pub enum Fault {
     PoolExhausted,
     /// The NATS server SIGKILLed and started again on its JetStream store.
     NatsRestart,
+    /// One replica of the service cut from NATS for [`CUT`] (its packets to the server
+    /// dropped; the process alive, its connection open), then healed.
+    CutFromNats(Service),
+    /// A worker cut from everything (its link down) for [`CUT`], past its lease TTL.
+    IsolateWorker,
+    /// PostgreSQL unreachable from the service's replicas, and only from them, for as long as
+    /// [`Fault::PostgresDown`] lasts.
+    PostgresCutFrom(Service),
 }
 
 impl Fault {
@@ -109,13 +122,34 @@ impl Fault {
         ]);
         faults
     }
+
+    /// The faults that cut a network link: they need [`crate::netns`].
+    pub fn network() -> Vec<Fault> {
+        let mut faults: Vec<Fault> = [Service::Admission, Service::Dispatch, Service::Ingestion]
+            .into_iter()
+            .map(Fault::CutFromNats)
+            .collect();
+        faults.extend([
+            Fault::IsolateWorker,
+            Fault::PostgresCutFrom(Service::Ingestion),
+        ]);
+        faults
+    }
+
+    fn is_network(self) -> bool {
+        matches!(
+            self,
+            Fault::CutFromNats(_) | Fault::IsolateWorker | Fault::PostgresCutFrom(_)
+        )
+    }
 }
 
 impl std::str::FromStr for Fault {
     type Err = String;
 
     /// `kill:<service>`, `pause:<service>`, `kill-worker`, `pause-worker`, `postgres-restart`,
-    /// `postgres-down`, `terminate-backends`, `pool-exhausted`, `nats-restart`.
+    /// `postgres-down`, `terminate-backends`, `pool-exhausted`, `nats-restart`,
+    /// `cut-from-nats:<service>`, `isolate-worker`, `postgres-cut-from:<service>`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let service = |name: &str| {
             Service::ALL
@@ -126,6 +160,8 @@ impl std::str::FromStr for Fault {
         Ok(match text.split_once(':') {
             Some(("kill", name)) => Fault::Kill(service(name)?),
             Some(("pause", name)) => Fault::Pause(service(name)?),
+            Some(("cut-from-nats", name)) => Fault::CutFromNats(service(name)?),
+            Some(("postgres-cut-from", name)) => Fault::PostgresCutFrom(service(name)?),
             _ => match text {
                 "kill-worker" => Fault::KillWorker,
                 "pause-worker" => Fault::PauseWorker,
@@ -134,6 +170,7 @@ impl std::str::FromStr for Fault {
                 "terminate-backends" => Fault::TerminateBackends,
                 "pool-exhausted" => Fault::PoolExhausted,
                 "nats-restart" => Fault::NatsRestart,
+                "isolate-worker" => Fault::IsolateWorker,
                 other => return Err(format!("no fault {other:?}")),
             },
         })
@@ -152,6 +189,14 @@ impl fmt::Display for Fault {
             Fault::TerminateBackends => write!(f, "backends terminated"),
             Fault::PoolExhausted => write!(f, "pools exhausted {:?}", DB_ACQUIRE_TIMEOUT * 2),
             Fault::NatsRestart => write!(f, "NATS killed and restarted"),
+            Fault::CutFromNats(service) => write!(f, "{} cut from NATS {CUT:?}", service.name()),
+            Fault::IsolateWorker => write!(f, "worker isolated {CUT:?}"),
+            Fault::PostgresCutFrom(service) => write!(
+                f,
+                "PostgreSQL cut from {} {:?}",
+                service.name(),
+                postgres_down()
+            ),
         }
     }
 }
@@ -175,12 +220,23 @@ pub struct Plan {
     pub seed: u64,
     /// After the load stops, how long everything may take to finish.
     pub settle_max: Duration,
+    /// Why the network faults are not in `faults`, when they are not.
+    pub network_unavailable: Option<String>,
 }
 
 impl Plan {
     /// Every fault once, in a seeded order, a couple of seconds apart: for CI.
+    /// The network faults join them where this machine can make a network of the suite's own
+    /// ([`crate::netns`]); the report says when it cannot.
     pub fn bounded(seed: u64) -> Self {
         let mut faults = Fault::all();
+        let network_unavailable = match crate::netns::available() {
+            Ok(()) => {
+                faults.extend(Fault::network());
+                None
+            }
+            Err(why) => Some(why.to_string()),
+        };
         faults.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
         Self {
             faults,
@@ -195,6 +251,7 @@ impl Plan {
             },
             seed,
             settle_max: Duration::from_secs(120),
+            network_unavailable,
         }
     }
 
@@ -249,6 +306,8 @@ pub struct Report {
     pub unexpected_exits: Vec<String>,
     /// Every check that failed.
     pub violations: Vec<String>,
+    /// What the suite could not try here, and why.
+    pub notes: Vec<String>,
     /// The processes' logs, kept when something failed or on request.
     pub logs: Option<PathBuf>,
 }
@@ -297,6 +356,9 @@ impl fmt::Display for Report {
         for exit in &self.unexpected_exits {
             writeln!(f, "unexpected exit: {exit}")?;
         }
+        for note in &self.notes {
+            writeln!(f, "note: {note}")?;
+        }
         if self.violations.is_empty() {
             writeln!(f, "checker: every invariant holds")?;
         } else {
@@ -315,6 +377,9 @@ impl fmt::Display for Report {
 struct World {
     postgres: PostgresServer,
     nats: NatsServer,
+    /// The suite's own network, when the plan cuts links; every process runs in a host of
+    /// it, and the servers listen on addresses of their own on it.
+    network: Option<Wiring>,
     pool: PgPool,
     bus: Bus,
     services: BTreeMap<Service, Vec<Process>>,
@@ -324,9 +389,24 @@ struct World {
     unexpected_exits: Vec<String>,
 }
 
+/// The suite's network and the servers' addresses on it.
+struct Wiring {
+    network: Network,
+    nats: Ipv4Addr,
+    postgres: Ipv4Addr,
+}
+
 /// Runs the plan and checks the result. Panics only when the suite itself cannot run.
 pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
     let mut world = World::start(plan, binaries).await;
+    let mut notes: Vec<String> = plan
+        .network_unavailable
+        .iter()
+        .map(|why| format!("network faults not run: {why}"))
+        .collect();
+    if let Some(Err(why)) = world.network.as_ref().map(|wiring| wiring.network.netem()) {
+        notes.push(format!("delay and loss not run: {why}"));
+    }
     let organization_id = world.organization_id().await;
     for worker in &mut world.workers {
         worker.start();
@@ -428,17 +508,33 @@ pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
         messages_seen: injected.seen.load(std::sync::atomic::Ordering::Relaxed),
         unexpected_exits: world.unexpected_exits.clone(),
         violations,
+        notes,
         logs,
     }
 }
 
 impl World {
     async fn start(plan: &Plan, binaries: &Binaries) -> Self {
-        let postgres = PostgresServer::start().await;
+        let mut network = plan.faults.iter().any(|fault| fault.is_network()).then(|| {
+            let mut network = Network::create()
+                .unwrap_or_else(|why| panic!("the plan cuts network links, but {why}"));
+            Wiring {
+                nats: network.server_address(),
+                postgres: network.server_address(),
+                network,
+            }
+        });
+        let postgres =
+            PostgresServer::start_at(network.as_ref().map(|wiring| wiring.postgres)).await;
         // NATS authenticates, as in production: each process on its own credentials.
         let authority = identity::Authority::generate();
         let subjects = Subjects::new("chaos").expect("valid prefix");
-        let nats = NatsServer::start_secured(&authority, &subjects).await;
+        let nats = NatsServer::start_secured_at(
+            &authority,
+            &subjects,
+            network.as_ref().map(|wiring| wiring.nats),
+        )
+        .await;
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(postgres.url("palisade"));
         common.database.max_connections = 4;
@@ -478,8 +574,10 @@ impl World {
                     };
                     let mut env = env.clone();
                     env.push(credentials(messages::Identity::Service(service)));
+                    let host = network.as_mut().map(|wiring| wiring.network.host(&name));
                     let mut process =
                         Process::new(name, &binaries.service, &[service.name()], env, logs.path())
+                            .in_host(host)
                             .with_http_port(free_port());
                     if service == Service::Reaper {
                         process = process.with_sweeps(replica, sweeps.clone());
@@ -512,17 +610,14 @@ impl World {
                 ),
                 credentials(identity),
             ]);
-            workers.push(Process::new(
-                format!("worker-{index}"),
-                &binaries.worker,
-                &[],
-                env,
-                logs.path(),
-            ));
+            let name = format!("worker-{index}");
+            let host = network.as_mut().map(|wiring| wiring.network.host(&name));
+            workers.push(Process::new(name, &binaries.worker, &[], env, logs.path()).in_host(host));
         }
         Self {
             postgres,
             nats,
+            network,
             pool: connections.pool,
             bus: connections.bus,
             services,
@@ -565,7 +660,7 @@ impl World {
 
     /// Waits until every service's `/readyz` says ready.
     async fn wait_ready(&self) {
-        let ports: Vec<(String, u16)> = self.readyz_ports();
+        let ports: Vec<(String, SocketAddr)> = self.readyz_ports();
         let deadline = Instant::now() + crate::WAIT_MAX * 3;
         loop {
             let mut failing = BTreeSet::new();
@@ -586,11 +681,11 @@ impl World {
         }
     }
 
-    fn readyz_ports(&self) -> Vec<(String, u16)> {
+    fn readyz_ports(&self) -> Vec<(String, SocketAddr)> {
         self.services
             .values()
             .flatten()
-            .filter_map(|process| Some((process.name.clone(), process.http_port?)))
+            .filter_map(|process| Some((process.name.clone(), process.http_addr?)))
             .collect()
     }
 
@@ -687,6 +782,9 @@ impl World {
                 tokio::time::sleep(RESTART_AFTER).await;
                 self.nats.restart().await;
             }
+            Fault::CutFromNats(_) | Fault::IsolateWorker | Fault::PostgresCutFrom(_) => {
+                self.cut(fault, rng).await;
+            }
         }
         let lasted = injected.elapsed();
         let progress_after = self.progress_after().await;
@@ -700,6 +798,45 @@ impl World {
             progress_after,
             readyz_failing,
             logged,
+        }
+    }
+
+    /// A network fault: a link cut, then healed.
+    async fn cut(&mut self, fault: Fault, rng: &mut rand::rngs::StdRng) {
+        let wiring = self
+            .network
+            .as_ref()
+            .expect("a plan with network faults has a network");
+        let host_of = |process: &Process| {
+            process
+                .host()
+                .cloned()
+                .expect("every process runs in a host of the network")
+        };
+        match fault {
+            Fault::CutFromNats(service) => {
+                let host = host_of(&self.services[&service][0]);
+                wiring.network.cut(&host, wiring.nats);
+                tokio::time::sleep(CUT).await;
+                wiring.network.heal(&host, wiring.nats);
+            }
+            Fault::IsolateWorker => {
+                let host = host_of(&self.workers[rng.random_range(0..self.workers.len())]);
+                wiring.network.isolate(&host);
+                tokio::time::sleep(CUT).await;
+                wiring.network.rejoin(&host);
+            }
+            Fault::PostgresCutFrom(service) => {
+                let hosts: Vec<_> = self.services[&service].iter().map(host_of).collect();
+                for host in &hosts {
+                    wiring.network.cut(host, wiring.postgres);
+                }
+                tokio::time::sleep(postgres_down()).await;
+                for host in &hosts {
+                    wiring.network.heal(host, wiring.postgres);
+                }
+            }
+            other => unreachable!("{other} cuts no link"),
         }
     }
 
@@ -837,8 +974,8 @@ impl Readiness {
     }
 }
 
-async fn ready(port: u16) -> Readiness {
-    let url = format!("http://127.0.0.1:{port}/readyz");
+async fn ready(addr: SocketAddr) -> Readiness {
+    let url = format!("http://{addr}/readyz");
     match tokio::time::timeout(Duration::from_secs(2), palisade::probe::probe(&url)).await {
         Ok(Ok(answer)) => {
             let failing = serde_json::from_str::<serde_json::Value>(&answer.body)
@@ -862,7 +999,10 @@ async fn ready(port: u16) -> Readiness {
 }
 
 /// Polls every `/readyz` until `stop`; returns every `service: check` seen failing.
-async fn sample_readyz(ports: Vec<(String, u16)>, stop: CancellationToken) -> BTreeSet<String> {
+async fn sample_readyz(
+    ports: Vec<(String, SocketAddr)>,
+    stop: CancellationToken,
+) -> BTreeSet<String> {
     let mut failing = BTreeSet::new();
     while !stop.is_cancelled() {
         for (name, port) in &ports {

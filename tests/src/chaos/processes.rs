@@ -42,7 +42,9 @@ pub struct Process {
     env: Vec<(String, String)>,
     log: PathBuf,
     /// Where its `/readyz` answers, for services.
-    pub http_port: Option<u16>,
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// The network namespace it runs in, when the suite has a network of its own.
+    host: Option<crate::netns::Host>,
     /// The reaper replica index whose sweeps this process prints.
     sweeps: Option<(usize, Sweeps)>,
     child: Option<Child>,
@@ -64,18 +66,35 @@ impl Process {
             program: program.to_owned(),
             args: args.iter().map(|arg| (*arg).to_owned()).collect(),
             env,
-            http_port: None,
+            http_addr: None,
+            host: None,
             sweeps: None,
             child: None,
             paused: false,
         }
     }
 
-    /// Serves `/readyz` on `port`.
+    /// Runs in `host` (a network namespace of the suite's network) when there is one.
+    pub fn in_host(mut self, host: Option<crate::netns::Host>) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// The namespace it runs in, if any.
+    pub fn host(&self) -> Option<&crate::netns::Host> {
+        self.host.as_ref()
+    }
+
+    /// Serves `/readyz` on `port`, at its host's address (loopback without a network).
     pub fn with_http_port(mut self, port: u16) -> Self {
+        let address = self
+            .host
+            .as_ref()
+            .map_or(std::net::Ipv4Addr::LOCALHOST, |host| host.address);
+        let addr = std::net::SocketAddr::from((address, port));
         self.env
-            .push(("PALISADE_HTTP_ADDR".into(), format!("127.0.0.1:{port}")));
-        self.http_port = Some(port);
+            .push(("PALISADE_HTTP_ADDR".into(), addr.to_string()));
+        self.http_addr = Some(addr);
         self
     }
 
@@ -96,9 +115,13 @@ impl Process {
             .append(true)
             .open(&self.log)
             .expect("log file opens");
-        let mut command = Command::new(&self.program);
+        let (program, args) = match &self.host {
+            Some(host) => host.wrap(&self.program, &self.args),
+            None => (self.program.display().to_string(), self.args.clone()),
+        };
+        let mut command = Command::new(&program);
         command
-            .args(&self.args)
+            .args(&args)
             .envs(self.env.iter().map(|(key, value)| (key, value)))
             .stderr(Stdio::from(log))
             .stdout(if self.sweeps.is_some() {
@@ -109,7 +132,7 @@ impl Process {
             .kill_on_drop(true);
         let mut child = command
             .spawn()
-            .unwrap_or_else(|error| panic!("cannot start {}: {error}", self.program.display()));
+            .unwrap_or_else(|error| panic!("cannot start {program}: {error}"));
         if let Some((replica, sweeps)) = &self.sweeps {
             let stdout = child.stdout.take().expect("piped stdout");
             let (replica, sweeps) = (*replica, sweeps.clone());

@@ -159,10 +159,7 @@ impl ServiceProcesses {
             processes.push(process);
         }
         for process in &processes {
-            let url = format!(
-                "http://127.0.0.1:{}/readyz",
-                process.http_port.expect("a port")
-            );
+            let url = format!("http://{}/readyz", process.http_addr.expect("an address"));
             system
                 .wait_for(&format!("{} ready", process.name), || async {
                     let answer = palisade::probe::probe(&url).await.ok()?;

@@ -137,10 +137,7 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         services.push(process);
     }
     for service in &services {
-        let url = format!(
-            "http://127.0.0.1:{}/readyz",
-            service.http_port.expect("a port")
-        );
+        let url = format!("http://{}/readyz", service.http_addr.expect("an address"));
         system
             .wait_for(&format!("{} ready", service.name), || async {
                 let answer = palisade::probe::probe(&url).await.ok()?;
@@ -266,8 +263,8 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         .position(|service| *service == messages::Service::Dispatch)
         .expect("dispatch");
     let metrics = palisade::probe::probe(&format!(
-        "http://127.0.0.1:{}/metrics",
-        services[dispatch].http_port.expect("a port")
+        "http://{}/metrics",
+        services[dispatch].http_addr.expect("an address")
     ))
     .await
     .expect("dispatch serves /metrics")
