@@ -173,6 +173,14 @@ impl ServiceProcesses {
         }
     }
 
+    /// The process of `service`.
+    pub fn process(&mut self, service: messages::Service) -> &mut Process {
+        self.processes
+            .iter_mut()
+            .find(|process| process.name == service.name())
+            .expect("every service runs")
+    }
+
     /// Stops each as an orchestrator would (SIGTERM): it exports what it still holds.
     pub async fn stop(mut self) {
         for process in &mut self.processes {

@@ -16,14 +16,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tests::chaos::processes::Process;
-use tests::{Component, TestSystem, WorkerProcess};
+use tests::{TestSystem, WorkerProcess};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use super::otlp::{Exported, start_collector};
+use super::otlp::{Exported, ServiceProcesses, start_collector};
 
-const SERVICE: &str = env!("CARGO_BIN_EXE_test-service");
 const WORKER: &str = env!("CARGO_BIN_EXE_test-worker");
 
 /// OpenTelemetry's `STATUS_CODE_ERROR`.
@@ -81,70 +79,30 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
     .expect("telemetry installs once per test process");
 
     let system = TestSystem::spawn().await;
-    // The services run as processes below, not in this one.
-    for component in [
-        Component::Admission,
-        Component::Dispatch,
-        Component::Ingestion,
-    ] {
-        system.stop(component).await;
-    }
     let organization_id = system.organization().await;
     let prefix = system.subjects.prefix().to_owned();
+    let mut services = ServiceProcesses::start(
+        &system,
+        &endpoint,
+        &[
+            ("PALISADE_ACQUIRE_POLL_MS", "200"),
+            // A cancelled attempt's worker hears of it at its next renew, within a second.
+            ("PALISADE_LEASE_TTL_MS", "6000"),
+            ("PALISADE_RENEW_INTERVAL_MS", "1000"),
+            ("PALISADE_DISPATCH_HEARTBEAT_MS", "500"),
+            ("PALISADE_REAPER_INTERVAL_MS", "200"),
+            ("PALISADE_ENRICHMENT_POLL_MS", "200"),
+            ("PALISADE_MAX_ATTEMPTS", "2"),
+            ("PALISADE_RETRY_BASE_MS", "100"),
+            ("PALISADE_RETRY_CAP_MS", "200"),
+        ],
+    )
+    .await;
     let exporting = vec![
         ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), endpoint.clone()),
         ("PALISADE_SUBJECT_PREFIX".to_owned(), prefix.clone()),
         ("RUST_LOG".to_owned(), "warn".to_owned()),
     ];
-    let logs = tempfile::tempdir().expect("a log directory");
-    let mut services = Vec::new();
-    for service in messages::Service::ALL {
-        let mut env = exporting.clone();
-        env.extend(
-            [
-                ("DATABASE_URL", system.settings.common.database.url.clone()),
-                ("PALISADE_DB_MAX_CONNECTIONS", "4".to_owned()),
-                ("PALISADE_ACQUIRE_POLL_MS", "200".to_owned()),
-                // A cancelled attempt's worker hears of it at its next renew, within a second.
-                ("PALISADE_LEASE_TTL_MS", "6000".to_owned()),
-                ("PALISADE_RENEW_INTERVAL_MS", "1000".to_owned()),
-                ("PALISADE_DISPATCH_HEARTBEAT_MS", "500".to_owned()),
-                ("PALISADE_REAPER_INTERVAL_MS", "200".to_owned()),
-                ("PALISADE_ENRICHMENT_POLL_MS", "200".to_owned()),
-                ("PALISADE_MAX_ATTEMPTS", "2".to_owned()),
-                ("PALISADE_RETRY_BASE_MS", "100".to_owned()),
-                ("PALISADE_RETRY_CAP_MS", "200".to_owned()),
-            ]
-            .map(|(key, value)| (key.to_owned(), value)),
-        );
-        env.extend(
-            system
-                .nats
-                .child_env(&messages::Identity::Service(service))
-                .await
-                .into_iter()
-                .map(|(key, value)| (key.to_owned(), value)),
-        );
-        let mut process = Process::new(
-            service.name(),
-            std::path::Path::new(SERVICE),
-            &[service.name()],
-            env,
-            logs.path(),
-        )
-        .with_http_port(tests::servers::free_port());
-        process.start();
-        services.push(process);
-    }
-    for service in &services {
-        let url = format!("http://{}/readyz", service.http_addr.expect("an address"));
-        system
-            .wait_for(&format!("{} ready", service.name), || async {
-                let answer = palisade::probe::probe(&url).await.ok()?;
-                (answer.status == 200).then_some(())
-            })
-            .await;
-    }
 
     // By hand, before any reference worker runs: the acquire sent twice with one request
     // id, a batch with a forged lease token, then the completion.
@@ -258,13 +216,12 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
     );
 
     // Exemplars: dispatch's request latencies name traces the collector has.
-    let dispatch = messages::Service::ALL
-        .iter()
-        .position(|service| *service == messages::Service::Dispatch)
-        .expect("dispatch");
     let metrics = palisade::probe::probe(&format!(
         "http://{}/metrics",
-        services[dispatch].http_addr.expect("an address")
+        services
+            .process(messages::Service::Dispatch)
+            .http_addr
+            .expect("an address")
     ))
     .await
     .expect("dispatch serves /metrics")
@@ -290,13 +247,14 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
     for worker in &workers {
         worker.signal("TERM");
     }
-    services[dispatch].stop(Duration::from_secs(20)).await;
+    services
+        .process(messages::Service::Dispatch)
+        .stop(Duration::from_secs(20))
+        .await;
     for worker in workers {
         worker.terminate(Duration::from_secs(20)).await;
     }
-    for service in &mut services {
-        service.stop(Duration::from_secs(20)).await;
-    }
+    services.stop().await;
     telemetry.flush().await;
     let spans = collector.spans();
     let missing = orphans(&spans, u64::MAX);
