@@ -201,6 +201,17 @@ impl fmt::Display for Fault {
     }
 }
 
+/// One reading of a process's resources.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    /// Since the load started.
+    pub at: Duration,
+    /// Resident memory.
+    pub rss_kib: u64,
+    /// Open file descriptors (sockets included).
+    pub fds: u64,
+}
+
 /// What the suite does.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -308,6 +319,8 @@ pub struct Report {
     pub violations: Vec<String>,
     /// What the suite could not try here, and why.
     pub notes: Vec<String>,
+    /// Each process's memory and open files, read between faults.
+    pub resources: BTreeMap<String, Vec<Usage>>,
     /// The processes' logs, kept when something failed or on request.
     pub logs: Option<PathBuf>,
 }
@@ -358,6 +371,37 @@ impl fmt::Display for Report {
         }
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
+        }
+        if !self.resources.is_empty() {
+            writeln!(
+                f,
+                "{:<12} {:>8} {:>22} {:>16}",
+                "process", "readings", "RSS MiB first/last/max", "fds first/last/max"
+            )?;
+        }
+        for (name, readings) in &self.resources {
+            let (Some(first), Some(last)) = (readings.first(), readings.last()) else {
+                continue;
+            };
+            let rss_max = readings
+                .iter()
+                .map(|usage| usage.rss_kib)
+                .max()
+                .unwrap_or(0);
+            let fds_max = readings.iter().map(|usage| usage.fds).max().unwrap_or(0);
+            let mib = |kib: u64| kib as f64 / 1024.0;
+            writeln!(
+                f,
+                "{name:<12} {:>8} {:>22} {:>16}",
+                readings.len(),
+                format!(
+                    "{:.0}/{:.0}/{:.0}",
+                    mib(first.rss_kib),
+                    mib(last.rss_kib),
+                    mib(rss_max)
+                ),
+                format!("{}/{}/{fds_max}", first.fds, last.fds)
+            )?;
         }
         if self.violations.is_empty() {
             writeln!(f, "checker: every invariant holds")?;
@@ -435,11 +479,13 @@ pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
     let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed);
     let mut schedule = plan.faults.clone();
     let mut records: Vec<FaultRecord> = Vec::new();
+    let mut resources: BTreeMap<String, Vec<Usage>> = BTreeMap::new();
     let mut stuck = None;
     'schedule: loop {
         for fault in &schedule {
             tokio::time::sleep(plan.fault_gap).await;
             world.restart_exited();
+            world.read_usage(started, &mut resources);
             tracing::info!(%fault, "injecting");
             let record = world.inject(*fault, started, &mut rng).await;
             tracing::info!(?record, "fault healed");
@@ -509,6 +555,7 @@ pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
         unexpected_exits: world.unexpected_exits.clone(),
         violations,
         notes,
+        resources,
         logs,
     }
 }
@@ -687,6 +734,19 @@ impl World {
             .flatten()
             .filter_map(|process| Some((process.name.clone(), process.http_addr?)))
             .collect()
+    }
+
+    /// Adds a reading of every running process's memory and open files.
+    fn read_usage(&mut self, started: Instant, resources: &mut BTreeMap<String, Vec<Usage>>) {
+        let at = started.elapsed();
+        for process in self.processes() {
+            if let Some((rss_kib, fds)) = process.usage() {
+                resources
+                    .entry(process.name.clone())
+                    .or_default()
+                    .push(Usage { at, rss_kib, fds });
+            }
+        }
     }
 
     /// Starts again, as an orchestrator would, any process that exited on its own; notes it.
