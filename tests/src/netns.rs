@@ -208,45 +208,30 @@ impl Network {
         let Some(host) = self.hosts.first() else {
             return Err(Unavailable("no host to probe netem on".into()));
         };
-        let output = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &host.namespace,
-                "tc",
-                "qdisc",
-                "add",
-                "dev",
-                "lo",
-            ])
-            .args(["root", "netem", "delay", "1ms"])
-            .output()
+        let added = host
+            .tc(&["qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"])
             .map_err(|error| Unavailable(format!("cannot run `tc` ({error})")))?;
-        if !output.status.success() {
+        if !added.status.success() {
             return Err(Unavailable(format!(
                 "this kernel has no netem queueing discipline (`tc qdisc add … netem`: {}), so \
                  no delay, loss or reordering",
-                String::from_utf8_lossy(&output.stderr).trim()
+                String::from_utf8_lossy(&added.stderr).trim()
             )));
         }
-        let _ = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &host.namespace,
-                "tc",
-                "qdisc",
-                "del",
-                "dev",
-                "lo",
-            ])
-            .arg("root")
-            .output();
+        let _ = host.tc(&["qdisc", "del", "dev", "lo", "root"]);
         Ok(())
     }
 }
 
 impl Host {
+    /// `tc args…` inside this host.
+    fn tc(&self, args: &[&str]) -> std::io::Result<std::process::Output> {
+        Command::new("ip")
+            .args(["netns", "exec", &self.namespace, "tc"])
+            .args(args)
+            .output()
+    }
+
     /// `program` and `args` as run inside this host: `ip netns exec <namespace> program
     /// args…`. `ip` enters the namespace and then executes the program in its own place, so
     /// the child's pid is the program's (signals reach it).

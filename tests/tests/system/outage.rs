@@ -155,6 +155,23 @@ impl Outage {
         pool.close().await;
     }
 
+    /// Waits until every one of `requests` has its scan.
+    async fn wait_admitted(&self, requests: &[v1::ScanRequest]) {
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|request| format!("'{}'", request.idempotency_key))
+            .collect();
+        self.wait_count(
+            "scans of the confirmed requests",
+            &format!(
+                "SELECT count(*) FROM scans WHERE idempotency_key IN ({})",
+                keys.join(",")
+            ),
+            requests.len() as i64,
+        )
+        .await;
+    }
+
     async fn finish(self, consumer: &str) {
         self.wait_count("dead letters", "SELECT count(*) FROM dead_letters", 0)
             .await;
@@ -196,20 +213,7 @@ async fn requests_confirmed_during_an_outage_longer_than_the_redelivery_budget_a
             "admission",
         )
         .await;
-    let keys: Vec<String> = requests
-        .iter()
-        .map(|request| format!("'{}'", request.idempotency_key))
-        .collect();
-    outage
-        .wait_count(
-            "scans of the confirmed requests",
-            &format!(
-                "SELECT count(*) FROM scans WHERE idempotency_key IN ({})",
-                keys.join(",")
-            ),
-            REQUESTS as i64,
-        )
-        .await;
+    outage.wait_admitted(&requests).await;
     outage
         .wait_count(
             "keys with more than one scan",
@@ -330,20 +334,7 @@ async fn a_frozen_postgres_spends_no_delivery() {
     }
     tokio::time::sleep(ACK_WAIT * MAX_DELIVER as u32 * 3).await;
     outage.postgres.thaw();
-    let keys: Vec<String> = requests
-        .iter()
-        .map(|request| format!("'{}'", request.idempotency_key))
-        .collect();
-    outage
-        .wait_count(
-            "scans of the confirmed requests",
-            &format!(
-                "SELECT count(*) FROM scans WHERE idempotency_key IN ({})",
-                keys.join(",")
-            ),
-            REQUESTS as i64,
-        )
-        .await;
+    outage.wait_admitted(&requests).await;
     assert_eq!(
         redeliveries("admission"),
         0.0,
