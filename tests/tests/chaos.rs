@@ -4,7 +4,9 @@
 //!
 //! - `bounded` (CI): every fault once, in an order drawn from `CHAOS_SEED` (a fresh seed when
 //!   unset; the report prints it, so a failure can be replayed with the same order), or the
-//!   faults `CHAOS_FAULTS` names (`postgres-down,nats-restart,kill:admission`).
+//!   faults `CHAOS_FAULTS` names (`postgres-down,nats-restart,kill:admission`,
+//!   `cut-from-nats:dispatch,isolate-worker,postgres-cut-from:ingestion`). The network faults
+//!   join the plan where the machine lets the suite make network namespaces.
 //! - `soak` (on demand): faults every `CHAOS_FAULT_GAP_SECS` (default 3) for
 //!   `CHAOS_SOAK_SECS` (default 3600), then the same checks; prints its report and keeps the
 //!   logs:
