@@ -1,21 +1,23 @@
 //! The admission decision script (SPEC §4.1): a fetched batch of validated scan requests decided
 //! in one transaction with a fixed number of statements, whatever the batch holds.
 //!
-//! 1. one statement takes every advisory lock the batch needs, in key order: one per
+//! 1. `lock`: one statement takes every advisory lock the batch needs, in key order: one per
 //!    (organization, target), the key admission has always taken (I6), and one per
 //!    (organization, client, key), so that two transactions never admit one key (I5);
-//! 2. one statement reads the batch's organizations and locks (`FOR NO KEY UPDATE`, in id
-//!    order) those with a quota, so that quota counts are serialized per organization;
-//! 3. one statement reads, per request, the scan its key names, whether its client is revoked
-//!    (the batch's registered clients read `FOR SHARE`, so a revocation waits for the decision
-//!    and none is admitted after it commits), its target's active scan and its organization's
-//!    admissions of the last hour;
-//! 4. each request is decided in Rust, in the order given, against that snapshot and what the
-//!    requests before it in the batch admitted: the answer it would get decided alone, after
-//!    them (replay, `client_revoked`, `unknown_organization`, `scan_already_active`,
-//!    `quota_exceeded`, in that order);
-//! 5. the admitted requests' targets and scans are written with one statement, their first
-//!    scan jobs and tasks with one ([`progress::create_jobs`]), their events with one.
+//! 2. `organizations`: one statement reads the batch's organizations and locks
+//!    (`FOR NO KEY UPDATE`, in id order) those with a quota, so that quota counts are
+//!    serialized per organization;
+//! 3. `look_up`: one statement reads, per request, the scan its key names, whether its client
+//!    is revoked (the batch's registered clients read `FOR SHARE`, so a revocation waits for
+//!    the decision and none is admitted after it commits), its target's active scan and its
+//!    organization's admissions of the last hour;
+//! 4. `decide_in_order`: each request is decided in Rust, in the order given, against that
+//!    snapshot and what the requests before it in the batch admitted (`AdmittedSoFar`): the
+//!    answer it would get decided alone, after them (replay, `client_revoked`,
+//!    `unknown_organization`, `scan_already_active`, `quota_exceeded`, in that order);
+//! 5. `write`: the admitted requests' targets and scans are written with one statement
+//!    (`write_scans`), their first scan jobs and tasks with one ([`progress::create_jobs`]),
+//!    their events (`admitted_events`) with one.
 //!
 //! A refused or replayed request writes nothing. [`decide_each`] runs the same script one
 //! request at a time, each in a savepoint: the caller's fallback when a set-wise statement fails
@@ -112,81 +114,7 @@ pub async fn decide(
     lock(conn, requests).await?;
     let quotas = organizations(conn, requests).await?;
     let found = look_up(conn, requests, &quotas).await?;
-
-    // Each request against the snapshot and what the requests before it admitted.
-    let mut keys: HashMap<(Uuid, &str, &str), Seen<'_>> = HashMap::new();
-    let mut targets: HashMap<(Uuid, &str), Uuid> = HashMap::new();
-    let mut admitted_per_organization: HashMap<Uuid, i64> = HashMap::new();
-    let mut outcomes: Vec<Option<AdmitOutcome>> = Vec::with_capacity(requests.len());
-    let mut admitted: Vec<(usize, Uuid)> = Vec::new();
-    for (index, (request, found)) in requests.iter().zip(&found).enumerate() {
-        let key = (
-            request.organization_id,
-            request.client_id,
-            request.idempotency_key,
-        );
-        let seen = match (&found.key_scan_id, &found.key_fingerprint, &found.key_state) {
-            (Some(id), Some(fingerprint), Some(state)) => Some(Seen {
-                id: *id,
-                fingerprint: fingerprint.as_str(),
-                state: reported(state, found.key_started)?,
-            }),
-            _ => keys.get(&key).copied(),
-        };
-        if let Some(seen) = seen {
-            outcomes.push(Some(replay_outcome(seen, request)));
-            continue;
-        }
-        // Decided against the registration now, not when the request was queued: a request
-        // PubAcked before `client revoke` is refused after it. A client id without a
-        // registration is not refused (an open server's clients need none).
-        if found.client_revoked {
-            outcomes.push(Some(AdmitOutcome::Refused(client_revoked(request))));
-            continue;
-        }
-        let Some(quota) = quotas.get(&request.organization_id) else {
-            outcomes.push(Some(AdmitOutcome::Refused(unknown_organization(request))));
-            continue;
-        };
-        let active = found.active_scan_id.or_else(|| {
-            targets
-                .get(&(request.organization_id, request.target))
-                .copied()
-        });
-        if let Some(active_scan_id) = active {
-            outcomes.push(Some(AdmitOutcome::Refused(scan_already_active(
-                active_scan_id,
-            ))));
-            continue;
-        }
-        if let Some(quota) = quota {
-            let recent = found.recent
-                + admitted_per_organization
-                    .get(&request.organization_id)
-                    .copied()
-                    .unwrap_or_default();
-            if recent >= i64::from(*quota) {
-                outcomes.push(Some(AdmitOutcome::Refused(quota_exceeded(recent, *quota))));
-                continue;
-            }
-        }
-        let scan_id = Uuid::now_v7();
-        keys.insert(
-            key,
-            Seen {
-                id: scan_id,
-                fingerprint: request.fingerprint,
-                state: ScanState::Pending,
-            },
-        );
-        targets.insert((request.organization_id, request.target), scan_id);
-        *admitted_per_organization
-            .entry(request.organization_id)
-            .or_default() += 1;
-        admitted.push((index, scan_id));
-        // Filled in once the scan and its task are written.
-        outcomes.push(None);
-    }
+    let (mut outcomes, admitted) = decide_in_order(requests, &found, &quotas)?;
 
     for (index, scan_id, task_id) in write(conn, staged, subjects, requests, &admitted).await? {
         outcomes[index] = Some(match task_id {
@@ -246,6 +174,125 @@ struct Seen<'a> {
     id: Uuid,
     fingerprint: &'a str,
     state: ScanState,
+}
+
+/// What the requests decided so far admitted: the part of the batch a later request is decided
+/// against besides the snapshot.
+#[derive(Default)]
+struct AdmittedSoFar<'r> {
+    keys: HashMap<(Uuid, &'r str, &'r str), Seen<'r>>,
+    targets: HashMap<(Uuid, &'r str), Uuid>,
+    per_organization: HashMap<Uuid, i64>,
+    scans: AdmittedScans,
+}
+
+/// Per admitted request, its index in the batch and its new scan's id.
+type AdmittedScans = Vec<(usize, Uuid)>;
+
+/// Decides each request in Rust, in the order given, against the snapshot (`found`, `quotas`)
+/// and what the requests before it admitted. Returns each request's outcome, `None` for an
+/// admitted one (filled in once it is written), and the admitted requests' indices and new
+/// scan ids.
+fn decide_in_order<'r>(
+    requests: &'r [AdmitParams<'_>],
+    found: &'r [Found],
+    quotas: &HashMap<Uuid, Option<i32>>,
+) -> Result<(Vec<Option<AdmitOutcome>>, AdmittedScans), StoreError> {
+    let mut so_far = AdmittedSoFar::default();
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for (index, (request, found)) in requests.iter().zip(found).enumerate() {
+        let outcome = so_far.replay_or_refusal(request, found, quotas)?;
+        if outcome.is_none() {
+            so_far.admit(index, request);
+        }
+        outcomes.push(outcome);
+    }
+    Ok((outcomes, so_far.scans))
+}
+
+impl<'r> AdmittedSoFar<'r> {
+    /// The answer `request` gets when it is not admitted, the first that applies: a replay,
+    /// `client_revoked`, `unknown_organization`, `scan_already_active`, `quota_exceeded`.
+    /// `None` when it is admitted.
+    fn replay_or_refusal(
+        &self,
+        request: &AdmitParams<'r>,
+        found: &Found,
+        quotas: &HashMap<Uuid, Option<i32>>,
+    ) -> Result<Option<AdmitOutcome>, StoreError> {
+        let key = (
+            request.organization_id,
+            request.client_id,
+            request.idempotency_key,
+        );
+        let seen = match (&found.key_scan_id, &found.key_fingerprint, &found.key_state) {
+            (Some(id), Some(fingerprint), Some(state)) => Some(Seen {
+                id: *id,
+                fingerprint: fingerprint.as_str(),
+                state: reported(state, found.key_started)?,
+            }),
+            _ => self.keys.get(&key).copied(),
+        };
+        if let Some(seen) = seen {
+            return Ok(Some(replay_outcome(seen, request)));
+        }
+        // Decided against the registration now, not when the request was queued: a request
+        // PubAcked before `client revoke` is refused after it. A client id without a
+        // registration is not refused (an open server's clients need none).
+        if found.client_revoked {
+            return Ok(Some(AdmitOutcome::Refused(client_revoked(request))));
+        }
+        let Some(quota) = quotas.get(&request.organization_id) else {
+            return Ok(Some(AdmitOutcome::Refused(unknown_organization(request))));
+        };
+        let active = found.active_scan_id.or_else(|| {
+            self.targets
+                .get(&(request.organization_id, request.target))
+                .copied()
+        });
+        if let Some(active_scan_id) = active {
+            return Ok(Some(AdmitOutcome::Refused(scan_already_active(
+                active_scan_id,
+            ))));
+        }
+        if let Some(quota) = quota {
+            let recent = found.recent
+                + self
+                    .per_organization
+                    .get(&request.organization_id)
+                    .copied()
+                    .unwrap_or_default();
+            if recent >= i64::from(*quota) {
+                return Ok(Some(AdmitOutcome::Refused(quota_exceeded(recent, *quota))));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Admits the request at `index`: a new scan that later requests of its key, target and
+    /// organization are decided against.
+    fn admit(&mut self, index: usize, request: &AdmitParams<'r>) {
+        let scan_id = Uuid::now_v7();
+        self.keys.insert(
+            (
+                request.organization_id,
+                request.client_id,
+                request.idempotency_key,
+            ),
+            Seen {
+                id: scan_id,
+                fingerprint: request.fingerprint,
+                state: ScanState::Pending,
+            },
+        );
+        self.targets
+            .insert((request.organization_id, request.target), scan_id);
+        *self
+            .per_organization
+            .entry(request.organization_id)
+            .or_default() += 1;
+        self.scans.push((index, scan_id));
+    }
 }
 
 /// Takes the transaction-scoped advisory locks of every (organization, target) and every
@@ -355,6 +402,43 @@ async fn write(
     let mut ordered: Vec<(usize, Uuid)> = admitted.to_vec();
     ordered.sort_by_key(|(index, _)| (requests[*index].organization_id, requests[*index].target));
     let n = ordered.len();
+    let admitted_at = write_scans(&mut *conn, requests, &ordered).await?;
+    if admitted_at.len() != n {
+        // The key locks exclude every admission that takes them: a replica that does not
+        // (an older version, mid-rollout) committed one of these keys for another target.
+        if requests.len() > 1 {
+            return Err(StoreError::Raced(format!(
+                "{} of {n} scans were not inserted: their keys were committed concurrently",
+                n - admitted_at.len()
+            )));
+        }
+        return Ok(ordered
+            .into_iter()
+            .map(|(index, scan_id)| (index, scan_id, None))
+            .collect());
+    }
+
+    let jobs = first_jobs(requests, &ordered)?;
+    let task_ids = progress::create_jobs(conn, &jobs).await?;
+
+    let events = admitted_events(subjects, requests, &ordered, &jobs, &task_ids, &admitted_at);
+    outbox::stage(conn, staged, events).await?;
+    Ok(ordered
+        .iter()
+        .zip(&task_ids)
+        .map(|((index, scan_id), task_id)| (*index, *scan_id, Some(*task_id)))
+        .collect())
+}
+
+/// Writes the targets and scans of the admitted requests (`ordered`, in target order) in one
+/// statement. Returns each inserted scan's admission time (Unix ms); a scan whose key was
+/// committed concurrently is missing.
+async fn write_scans(
+    conn: &mut PgConnection,
+    requests: &[AdmitParams<'_>],
+    ordered: &[(usize, Uuid)],
+) -> Result<HashMap<Uuid, i64>, StoreError> {
+    let n = ordered.len();
     let mut scan_ids = Vec::with_capacity(n);
     let mut target_ids = Vec::with_capacity(n);
     let mut organizations = Vec::with_capacity(n);
@@ -366,7 +450,7 @@ async fn write(
     let mut priorities = Vec::with_capacity(n);
     let mut deadlines = Vec::with_capacity(n);
     let mut trace_contexts = Vec::with_capacity(n);
-    for (index, scan_id) in &ordered {
+    for (index, scan_id) in ordered {
         let request = &requests[*index];
         scan_ids.push(*scan_id);
         target_ids.push(Uuid::now_v7());
@@ -395,25 +479,17 @@ async fn write(
         pending_scan_state: ScanState::Pending.as_str(),
     }
     .query_as()
-    .fetch_all(&mut *conn)
+    .fetch_all(conn)
     .await?;
-    let admitted_at: HashMap<Uuid, i64> = inserted.into_iter().collect();
-    if admitted_at.len() != n {
-        // The key locks exclude every admission that takes them: a replica that does not
-        // (an older version, mid-rollout) committed one of these keys for another target.
-        if requests.len() > 1 {
-            return Err(StoreError::Raced(format!(
-                "{} of {n} scans were not inserted: their keys were committed concurrently",
-                n - admitted_at.len()
-            )));
-        }
-        return Ok(ordered
-            .into_iter()
-            .map(|(index, scan_id)| (index, scan_id, None))
-            .collect());
-    }
+    Ok(inserted.into_iter().collect())
+}
 
-    let jobs: Vec<NewScanJob<'_>> = ordered
+/// The first scan job of each admitted request (`ordered`): its first plugin at position 0.
+fn first_jobs<'r>(
+    requests: &'r [AdmitParams<'_>],
+    ordered: &[(usize, Uuid)],
+) -> Result<Vec<NewScanJob<'r>>, StoreError> {
+    ordered
         .iter()
         .map(|(index, scan_id)| {
             let request = &requests[*index];
@@ -431,12 +507,21 @@ async fn write(
                 max_attempts: request.max_attempts,
             })
         })
-        .collect::<Result<_, StoreError>>()?;
-    let task_ids = progress::create_jobs(conn, &jobs).await?;
+        .collect()
+}
 
-    let mut events = Vec::with_capacity(2 * n);
-    let mut written = Vec::with_capacity(n);
-    for (((index, scan_id), job), task_id) in ordered.iter().zip(&jobs).zip(&task_ids) {
+/// Per admitted request (`ordered`, with its first job and task), its `ScanAdmitted` and its
+/// task's `TaskReady`.
+fn admitted_events(
+    subjects: &Subjects,
+    requests: &[AdmitParams<'_>],
+    ordered: &[(usize, Uuid)],
+    jobs: &[NewScanJob<'_>],
+    task_ids: &[Uuid],
+    admitted_at: &HashMap<Uuid, i64>,
+) -> Vec<OutboxEvent> {
+    let mut events = Vec::with_capacity(2 * ordered.len());
+    for (((index, scan_id), job), task_id) in ordered.iter().zip(jobs).zip(task_ids) {
         let request = &requests[*index];
         let admitted = v1::ScanAdmitted {
             scan_id: scan_id.to_string(),
@@ -467,10 +552,8 @@ async fn write(
             OutboxEvent::new(subjects, EventKind::TaskReady, ready.encode_to_vec())
                 .in_trace_of(*scan_id),
         );
-        written.push((*index, *scan_id, Some(*task_id)));
     }
-    outbox::stage(conn, staged, events).await?;
-    Ok(written)
+    events
 }
 
 #[derive(sqlx::FromRow)]

@@ -5,16 +5,20 @@
 //! A batch is decided in waves: per attempt, its messages up to and including its first
 //! completion or failure are in the first wave, what follows that in the second, and so on.
 //! The common batch, result batches of many attempts each followed by at most one completion,
-//! is one wave. Each wave is decided set-wise:
-//! 1. one statement locks every named attempt and its task (`FOR UPDATE`, in task order) and
-//!    reads their scan jobs; one reads the batch rows the results could collide with;
-//! 2. the fence, replays, checksum and sequence conflicts are decided in Rust against that
-//!    snapshot, message by message in order, so each message gets the answer it would get alone;
-//! 3. accepted batches, their assets and their findings are written with one statement each;
-//! 4. one statement counts each completing attempt's batches; completions that pass move their
-//!    attempt, task and scan job in one statement, and [`progress`] advances their scans;
-//! 5. one statement ends every failing attempt, and [`progress::fail_tasks`] retries or fails
-//!    their tasks (once per distinct failure).
+//! is one wave. Each wave is decided set-wise (`decide_wave`):
+//! 1. `lock`: one statement locks every named attempt and its task (`FOR UPDATE`, in task
+//!    order) and reads their scan jobs; `colliding_batches`: one reads the batch rows the
+//!    results could collide with;
+//! 2. `Verdicts`: the fence, replays, checksum and sequence conflicts are decided in Rust
+//!    against that snapshot, message by message in order, so each message gets the answer it
+//!    would get alone;
+//! 3. `write::write_batches`: accepted batches, their assets and their findings are written
+//!    with one statement each;
+//! 4. `check_completions`: one statement counts each completing attempt's batches;
+//!    `finish_attempts`: completions that pass move their attempt, task and scan job in one
+//!    statement, and [`progress`] advances their scans (`completed_events`);
+//! 5. `fail_attempts`: one statement ends every failing attempt, and [`progress::fail_tasks`]
+//!    retries or fails their tasks (once per distinct failure, `by_failure`).
 //!
 //! A later wave sees what the earlier ones wrote, so a repeat after an attempt's completion is
 //! answered as a duplicate. When a statement fails for a reason that retrying cannot fix (a row
@@ -296,6 +300,19 @@ fn fenced<'r>(
 /// What one message of a wave came to: decided, or written by the wave once it is.
 type Decided = Vec<(usize, Result<IngestOutcome, StoreError>)>;
 
+/// An accepted result batch, with its attempt's locked row and scan job.
+type Accepted<'w, 'm> = (&'w BatchParams<'m>, &'w LockedRow, Job);
+
+/// A fenced completion, with its slot in the wave's [`Decided`]: decided once the batches are
+/// written and counted.
+type Completing<'w, 'm> = (usize, &'w CompleteParams<'m>, &'w LockedRow, Job);
+
+/// A completion that passed every check: its attempt, task and scan job are finished.
+type Completed<'w, 'm> = (&'w CompleteParams<'m>, &'w LockedRow, Job);
+
+/// A fenced failure, with its attempt's locked row.
+type Failing<'w, 'm> = (&'w FailParams<'m>, &'w LockedRow);
+
 /// Decides one wave: the messages at `indices`, at most one completion or failure per attempt
 /// and nothing of that attempt after it. The scan of each task it locks goes to `scans`.
 async fn decide_wave(
@@ -316,115 +333,194 @@ async fn decide_wave(
     );
     let batch_rows = colliding_batches(conn, messages, indices).await?;
 
-    // The results, in order, against the snapshot and what earlier messages accepted. A key
-    // is its attempt's: another attempt of the task may use it again.
-    let mut keys: HashMap<(Uuid, &str), String> = HashMap::new();
-    let mut sequences: HashSet<(Uuid, i32)> = HashSet::new();
-    for row in &batch_rows {
-        keys.insert(
-            (row.attempt_id, row.idempotency_key.as_str()),
-            row.payload_sha256.clone(),
-        );
-        sequences.insert((row.attempt_id, row.sequence_number));
-    }
-    let mut decided: Decided = Vec::with_capacity(indices.len());
-    let mut accepted: Vec<(&BatchParams<'_>, &LockedRow, Job)> = Vec::new();
-    let mut completing: Vec<(usize, &CompleteParams<'_>, &LockedRow, Job)> = Vec::new();
-    let mut failing: Vec<(&FailParams<'_>, &LockedRow)> = Vec::new();
+    let mut verdicts = Verdicts::new(&batch_rows, indices.len());
     for &index in indices {
-        let claim = messages[index].claim();
-        let outcome = match &messages[index] {
-            Message::Result(params) => {
-                if let Some(checksum) = keys.get(&(claim.attempt_id, params.idempotency_key)) {
-                    // A replay: answered after the fence, to the attempt's own claim only,
-                    // whether or not it still holds the lease (its batch is in).
-                    let outcome = match rows.get(&claim.attempt_id) {
-                        Some(row)
-                            if row.attempt_task_id == claim.task_id
-                                && row.locked.is_presented_by(claim) =>
-                        {
-                            refusals::same_checksum_or_conflict(checksum, params)
-                        }
-                        _ => IngestOutcome::Refused(lease_lost(claim)),
-                    };
-                    decided.push((index, Ok(outcome)));
-                    continue;
-                }
-                let row = match fenced(&rows, claim)? {
-                    Ok(row) => row,
-                    Err(refusal) => {
-                        decided.push((index, Ok(IngestOutcome::Refused(refusal))));
-                        continue;
-                    }
-                };
-                match row.job() {
-                    Err(error) => Err(error),
-                    Ok(_) if !sequences.insert((claim.attempt_id, params.sequence_number)) => {
-                        Ok(IngestOutcome::Refused(refusals::sequence_taken(params)))
-                    }
-                    Ok(job) => {
-                        keys.insert(
-                            (claim.attempt_id, params.idempotency_key),
-                            params.payload_sha256.to_owned(),
-                        );
-                        accepted.push((params, row, job));
-                        Ok(IngestOutcome::Accepted)
-                    }
-                }
-            }
-            Message::Complete(params) => {
-                if let Some(row) = rows.get(&claim.attempt_id)
-                    && row.ended_by(claim, AttemptStatus::Succeeded)?
-                {
-                    decided.push((index, Ok(IngestOutcome::Duplicate)));
-                    continue;
-                }
-                match fenced(&rows, claim)? {
-                    Err(refusal) => Ok(IngestOutcome::Refused(refusal)),
-                    Ok(row) => match row.job() {
-                        Err(error) => Err(error),
-                        Ok(job) => {
-                            // Decided once the batches are written and counted.
-                            completing.push((decided.len(), params, row, job));
-                            Ok(IngestOutcome::Accepted)
-                        }
-                    },
-                }
-            }
-            Message::Fail(params) => {
-                if let Some(row) = rows.get(&claim.attempt_id)
-                    && row.ended_by(claim, AttemptStatus::Failed)?
-                {
-                    decided.push((index, Ok(IngestOutcome::Duplicate)));
-                    continue;
-                }
-                match fenced(&rows, claim)? {
-                    Err(refusal) => Ok(IngestOutcome::Refused(refusal)),
-                    Ok(row) => {
-                        failing.push((params, row));
-                        Ok(IngestOutcome::Accepted)
-                    }
-                }
-            }
-        };
-        decided.push((index, outcome));
+        let outcome = verdicts.decide(&messages[index], &rows)?;
+        verdicts.decided.push((index, outcome));
     }
 
-    write::write_batches(conn, &accepted).await?;
+    write::write_batches(conn, &verdicts.accepted).await?;
+    let completed = check_completions(conn, &mut verdicts.decided, verdicts.completing).await?;
+    let running: Vec<&LockedRow> = verdicts.accepted.iter().map(|(_, row, _)| *row).collect();
+    let published = finish_attempts(conn, &running, &completed).await?;
+    let (mut events, jobs) = completed_events(subjects, &completed, &published)?;
+    events.extend(progress::advance(conn, subjects, &jobs).await?);
+    events.extend(fail_attempts(conn, subjects, &verdicts.failing).await?);
+    outbox::stage(conn, staged, events).await?;
+    Ok(verdicts.decided)
+}
+
+/// Step 2 of a wave: its messages decided in Rust, in order, against the locked rows, the
+/// colliding batch rows and what earlier messages accepted; and what the wave is to write.
+struct Verdicts<'w, 'm> {
+    /// Each message's outcome so far; a completion's is settled by [`check_completions`].
+    decided: Decided,
+    accepted: Vec<Accepted<'w, 'm>>,
+    completing: Vec<Completing<'w, 'm>>,
+    failing: Vec<Failing<'w, 'm>>,
+    /// The checksum of each batch key taken, in the database or earlier in the wave. A key is
+    /// its attempt's: another attempt of the task may use it again.
+    keys: HashMap<(Uuid, &'w str), String>,
+    /// The (attempt, sequence number) pairs taken.
+    sequences: HashSet<(Uuid, i32)>,
+}
+
+/// A message's own outcome, or its own failure.
+type Outcome = Result<IngestOutcome, StoreError>;
+
+impl<'w, 'm> Verdicts<'w, 'm> {
+    fn new(batch_rows: &'w [BatchRow], wave_len: usize) -> Self {
+        let mut keys: HashMap<(Uuid, &str), String> = HashMap::new();
+        let mut sequences: HashSet<(Uuid, i32)> = HashSet::new();
+        for row in batch_rows {
+            keys.insert(
+                (row.attempt_id, row.idempotency_key.as_str()),
+                row.payload_sha256.clone(),
+            );
+            sequences.insert((row.attempt_id, row.sequence_number));
+        }
+        Verdicts {
+            decided: Vec::with_capacity(wave_len),
+            accepted: Vec::new(),
+            completing: Vec::new(),
+            failing: Vec::new(),
+            keys,
+            sequences,
+        }
+    }
+
+    /// The outcome of `message`, the next of the wave; what it writes is noted.
+    fn decide(
+        &mut self,
+        message: &'w Message<'m>,
+        rows: &'w HashMap<Uuid, LockedRow>,
+    ) -> Result<Outcome, StoreError> {
+        match message {
+            Message::Result(params) => self.result(params, rows),
+            Message::Complete(params) => self.complete(params, rows),
+            Message::Fail(params) => self.fail(params, rows),
+        }
+    }
+
+    /// A result batch: a replay, refused by the fence, a taken sequence number, or accepted.
+    fn result(
+        &mut self,
+        params: &'w BatchParams<'m>,
+        rows: &'w HashMap<Uuid, LockedRow>,
+    ) -> Result<Outcome, StoreError> {
+        let claim = params.claim;
+        if let Some(checksum) = self.keys.get(&(claim.attempt_id, params.idempotency_key)) {
+            // A replay: answered after the fence, to the attempt's own claim only,
+            // whether or not it still holds the lease (its batch is in).
+            return Ok(Ok(match rows.get(&claim.attempt_id) {
+                Some(row)
+                    if row.attempt_task_id == claim.task_id
+                        && row.locked.is_presented_by(claim) =>
+                {
+                    refusals::same_checksum_or_conflict(checksum, params)
+                }
+                _ => IngestOutcome::Refused(lease_lost(claim)),
+            }));
+        }
+        let row = match fenced(rows, claim)? {
+            Ok(row) => row,
+            Err(refusal) => return Ok(Ok(IngestOutcome::Refused(refusal))),
+        };
+        Ok(match row.job() {
+            Err(error) => Err(error),
+            Ok(_)
+                if !self
+                    .sequences
+                    .insert((claim.attempt_id, params.sequence_number)) =>
+            {
+                Ok(IngestOutcome::Refused(refusals::sequence_taken(params)))
+            }
+            Ok(job) => {
+                self.keys.insert(
+                    (claim.attempt_id, params.idempotency_key),
+                    params.payload_sha256.to_owned(),
+                );
+                self.accepted.push((params, row, job));
+                Ok(IngestOutcome::Accepted)
+            }
+        })
+    }
+
+    /// A completion: a duplicate, refused by the fence, or accepted for now (its batches are
+    /// checked once written).
+    fn complete(
+        &mut self,
+        params: &'w CompleteParams<'m>,
+        rows: &'w HashMap<Uuid, LockedRow>,
+    ) -> Result<Outcome, StoreError> {
+        let claim = params.claim;
+        if let Some(row) = rows.get(&claim.attempt_id)
+            && row.ended_by(claim, AttemptStatus::Succeeded)?
+        {
+            return Ok(Ok(IngestOutcome::Duplicate));
+        }
+        Ok(match fenced(rows, claim)? {
+            Err(refusal) => Ok(IngestOutcome::Refused(refusal)),
+            Ok(row) => match row.job() {
+                Err(error) => Err(error),
+                Ok(job) => {
+                    self.completing.push((self.decided.len(), params, row, job));
+                    Ok(IngestOutcome::Accepted)
+                }
+            },
+        })
+    }
+
+    /// A failure: a duplicate, refused by the fence, or accepted.
+    fn fail(
+        &mut self,
+        params: &'w FailParams<'m>,
+        rows: &'w HashMap<Uuid, LockedRow>,
+    ) -> Result<Outcome, StoreError> {
+        let claim = params.claim;
+        if let Some(row) = rows.get(&claim.attempt_id)
+            && row.ended_by(claim, AttemptStatus::Failed)?
+        {
+            return Ok(Ok(IngestOutcome::Duplicate));
+        }
+        Ok(match fenced(rows, claim)? {
+            Err(refusal) => Ok(IngestOutcome::Refused(refusal)),
+            Ok(row) => {
+                self.failing.push((params, row));
+                Ok(IngestOutcome::Accepted)
+            }
+        })
+    }
+}
+
+/// Counts the completing attempts' batches (one statement) and refuses, in `decided`, each
+/// completion that fails a check ([`completion_verdict`]). Returns those that pass.
+async fn check_completions<'w, 'm>(
+    conn: &mut PgConnection,
+    decided: &mut Decided,
+    completing: Vec<Completing<'w, 'm>>,
+) -> Result<Vec<Completed<'w, 'm>>, StoreError> {
     let counts = count_batches(conn, &completing).await?;
-    let mut completed: Vec<(&CompleteParams<'_>, &LockedRow, Job)> = Vec::new();
+    let mut completed = Vec::new();
     for (slot, params, row, job) in completing {
         match completion_verdict(conn, params, row, job, &counts).await? {
             Some(refusal) => decided[slot].1 = Ok(IngestOutcome::Refused(refusal)),
             None => completed.push((params, row, job)),
         }
     }
+    Ok(completed)
+}
 
-    let running: Vec<&LockedRow> = accepted.iter().map(|(_, row, _)| *row).collect();
-    let published = finish_attempts(conn, &running, &completed).await?;
+/// Each completed attempt's `TaskCompleted` (with its scan job's published counts), and its
+/// scan job for [`progress::advance`].
+fn completed_events(
+    subjects: &Subjects,
+    completed: &[Completed<'_, '_>],
+    published: &HashMap<Uuid, (i32, i32)>,
+) -> Result<(Vec<OutboxEvent>, Vec<CompletedJob>), StoreError> {
     let mut events = Vec::with_capacity(completed.len() * 2);
     let mut jobs = Vec::with_capacity(completed.len());
-    for (params, row, job) in &completed {
+    for (params, row, job) in completed {
         let (finding_count, asset_count) = published
             .get(&job.scan_job_id)
             .copied()
@@ -452,11 +548,11 @@ async fn decide_wave(
             max_attempts: row.locked.max_attempts,
         });
     }
-    events.extend(progress::advance(conn, subjects, &jobs).await?);
-    events.extend(fail_attempts(conn, subjects, &failing).await?);
-    outbox::stage(conn, staged, events).await?;
-    Ok(decided)
+    Ok((events, jobs))
 }
+
+/// The failures as workers reported them: code, message, retryable, retry policy.
+type Reported<'f> = (&'f str, &'f str, bool, RetryPolicy);
 
 /// Ends the failing attempts (one statement), then retries or fails their tasks: one
 /// [`progress::fail_tasks`] per distinct failure, the failure logic the reaper's sweeps share.
@@ -464,7 +560,7 @@ async fn decide_wave(
 async fn fail_attempts(
     conn: &mut PgConnection,
     subjects: &Subjects,
-    failing: &[(&FailParams<'_>, &LockedRow)],
+    failing: &[Failing<'_, '_>],
 ) -> Result<Vec<OutboxEvent>, StoreError> {
     if failing.is_empty() {
         return Ok(Vec::new());
@@ -491,8 +587,34 @@ async fn fail_attempts(
     .execute(&mut *conn)
     .await?;
 
-    // The failures as workers reported them, each with the tasks that reported it.
-    type Reported<'f> = (&'f str, &'f str, bool, RetryPolicy);
+    let mut events = Vec::new();
+    for ((code, message, retryable, retry), tasks) in by_failure(failing) {
+        let error = v1::Error {
+            code: code.to_owned(),
+            message: message.to_owned(),
+            ..Default::default()
+        };
+        let failed = progress::fail_tasks(
+            conn,
+            subjects,
+            retry,
+            &Failure {
+                error: &error,
+                task_message: &error.message,
+                retryable,
+                scan_reason: &format!("failed: {}", error.message),
+                from: &TaskState::LEASED,
+            },
+            &tasks,
+        )
+        .await?;
+        events.extend(failed.events);
+    }
+    Ok(events)
+}
+
+/// The failing tasks grouped by the failure their workers reported, in order of first report.
+fn by_failure<'f>(failing: &'f [Failing<'_, '_>]) -> Vec<(Reported<'f>, Vec<FailedTask<'f>>)> {
     let mut by_failure: Vec<(Reported<'_>, Vec<FailedTask<'_>>)> = Vec::new();
     for (params, row) in failing {
         let reported = (
@@ -516,30 +638,7 @@ async fn fail_attempts(
             None => by_failure.push((reported, vec![task])),
         }
     }
-    let mut events = Vec::new();
-    for ((code, message, retryable, retry), tasks) in by_failure {
-        let error = v1::Error {
-            code: code.to_owned(),
-            message: message.to_owned(),
-            ..Default::default()
-        };
-        let failed = progress::fail_tasks(
-            conn,
-            subjects,
-            retry,
-            &Failure {
-                error: &error,
-                task_message: &error.message,
-                retryable,
-                scan_reason: &format!("failed: {}", error.message),
-                from: &TaskState::LEASED,
-            },
-            &tasks,
-        )
-        .await?;
-        events.extend(failed.events);
-    }
-    Ok(events)
+    by_failure
 }
 
 /// Locks every named attempt and its task, in task order (the order every writer of tasks

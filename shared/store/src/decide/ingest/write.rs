@@ -141,13 +141,15 @@ async fn write_assets(
     Ok(())
 }
 
-async fn write_findings(
-    conn: &mut PgConnection,
-    accepted: &[Evidence<'_, '_>],
-) -> Result<(), StoreError> {
-    // One row per (scan, key), the last message winning, in key order: one statement never
-    // touches a row twice, and concurrent writers lock in one order.
-    let mut by_key: BTreeMap<(Uuid, String), (&v1::Finding, &Evidence<'_, '_>)> = BTreeMap::new();
+/// One finding of an accepted batch, with the batch it came in.
+type KeyedFinding<'e, 'p, 'r> = (&'e v1::Finding, &'e Evidence<'p, 'r>);
+
+/// The accepted batches' findings by (scan, key), the last message winning, in key order: one
+/// statement never touches a row twice, and concurrent writers lock in one order.
+fn findings_by_key<'e, 'p, 'r>(
+    accepted: &'e [Evidence<'p, 'r>],
+) -> BTreeMap<(Uuid, String), KeyedFinding<'e, 'p, 'r>> {
+    let mut by_key = BTreeMap::new();
     for batch in accepted {
         for finding in batch.params.findings {
             let key = finding_key(
@@ -159,6 +161,15 @@ async fn write_findings(
             by_key.insert((batch.scan_id, key), (finding, batch));
         }
     }
+    by_key
+}
+
+/// Writes the accepted batches' findings ([`findings_by_key`]) in one statement.
+async fn write_findings(
+    conn: &mut PgConnection,
+    accepted: &[Evidence<'_, '_>],
+) -> Result<(), StoreError> {
+    let by_key = findings_by_key(accepted);
     if by_key.is_empty() {
         return Ok(());
     }
