@@ -78,6 +78,9 @@ pub async fn cancel(
     Ok(outcome)
 }
 
+/// Cancels the scan: locks it (`lock_scan`), decides (not found, outside `scope`, already
+/// ended), then ends its live attempts, unfinished tasks, scan jobs and the scan itself
+/// (`end_scan`) and enqueues its `scan.cancelled`.
 async fn cancel_scan(
     conn: &mut PgConnection,
     subjects: &Subjects,
@@ -85,7 +88,56 @@ async fn cancel_scan(
     scan_id: Uuid,
     reason: &str,
 ) -> Result<CancelOutcome, StoreError> {
-    // attempt → task → scan, like ingestion's fence then scan lock.
+    let Some(scan) = lock_scan(conn, scan_id).await? else {
+        return Ok(CancelOutcome::NotFound);
+    };
+    if scope.is_some_and(|scope| scope != scan.organization_id) {
+        // Nothing was written; the transaction rolls back with its locks.
+        return Ok(CancelOutcome::NotFound);
+    }
+    if !ScanState::parse(&scan.state).is_some_and(|state| ScanState::ACTIVE.contains(&state)) {
+        return Ok(CancelOutcome::AlreadyTerminal {
+            scan_id,
+            state: scan.state,
+        });
+    }
+    let cancelled_at_unix_ms = end_scan(conn, scan_id, reason).await?;
+    let event = v1::ScanCancelled {
+        scan_id: scan_id.to_string(),
+        organization_id: scan.organization_id.to_string(),
+        client_id: scan.client_id,
+        idempotency_key: scan.idempotency_key,
+        reason: reason.to_owned(),
+        cancelled_at_unix_ms,
+    };
+    outbox::enqueue(
+        conn,
+        &[OutboxEvent::for_tenant(
+            subjects,
+            &scan.organization_id,
+            EventKind::ScanCancelled,
+            event.encode_to_vec(),
+        )
+        .in_trace_of(scan_id)],
+    )
+    .await?;
+    Ok(CancelOutcome::Cancelled { scan_id })
+}
+
+/// A scan as a cancel locked it.
+struct LockedScan {
+    state: String,
+    organization_id: Uuid,
+    client_id: String,
+    idempotency_key: String,
+}
+
+/// Locks the scan's live attempts, its tasks, then the scan (attempt → task → scan, like
+/// ingestion's fence then scan lock), and reads the scan; `None` when it does not exist.
+async fn lock_scan(
+    conn: &mut PgConnection,
+    scan_id: Uuid,
+) -> Result<Option<LockedScan>, StoreError> {
     sql::worker_task_attempts::LockLiveOfScan {
         scan_id,
         live_statuses: AttemptStatus::LIVE.map(AttemptStatus::as_str),
@@ -101,17 +153,19 @@ async fn cancel_scan(
         .query_as()
         .fetch_optional(&mut *conn)
         .await?;
-    let Some((state, organization_id, client_id, idempotency_key)) = scan else {
-        return Ok(CancelOutcome::NotFound);
-    };
-    if scope.is_some_and(|scope| scope != organization_id) {
-        // Nothing was written; the transaction rolls back with its locks.
-        return Ok(CancelOutcome::NotFound);
-    }
-    if !ScanState::parse(&state).is_some_and(|state| ScanState::ACTIVE.contains(&state)) {
-        return Ok(CancelOutcome::AlreadyTerminal { scan_id, state });
-    }
+    Ok(scan.map(
+        |(state, organization_id, client_id, idempotency_key)| LockedScan {
+            state,
+            organization_id,
+            client_id,
+            idempotency_key,
+        },
+    ))
+}
 
+/// Cancels the scan's live attempts, then its unfinished tasks, its pending and running scan
+/// jobs, and the scan, one statement each. Returns when the scan was cancelled (Unix ms).
+async fn end_scan(conn: &mut PgConnection, scan_id: Uuid, reason: &str) -> Result<i64, StoreError> {
     // Attempts leased after the first lock (by an acquire we then waited for) are live too.
     sql::worker_task_attempts::CancelOfScan {
         scan_id,
@@ -145,33 +199,13 @@ async fn cancel_scan(
     .query()
     .execute(&mut *conn)
     .await?;
-    let cancelled_at_unix_ms: i64 = sql::scans::Cancel {
+    Ok(sql::scans::Cancel {
         scan_id,
         reason,
         cancelled_scan_state: ScanState::Cancelled.as_str(),
         failure_code: CANCELLED,
     }
     .query_scalar()
-    .fetch_one(&mut *conn)
-    .await?;
-    let event = v1::ScanCancelled {
-        scan_id: scan_id.to_string(),
-        organization_id: organization_id.to_string(),
-        client_id,
-        idempotency_key,
-        reason: reason.to_owned(),
-        cancelled_at_unix_ms,
-    };
-    outbox::enqueue(
-        conn,
-        &[OutboxEvent::for_tenant(
-            subjects,
-            &organization_id,
-            EventKind::ScanCancelled,
-            event.encode_to_vec(),
-        )
-        .in_trace_of(scan_id)],
-    )
-    .await?;
-    Ok(CancelOutcome::Cancelled { scan_id })
+    .fetch_one(conn)
+    .await?)
 }

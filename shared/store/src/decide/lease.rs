@@ -192,9 +192,11 @@ pub async fn acquire(
 
 /// Decides acquires of distinct workers in one transaction (issue 24: dispatch decides the
 /// acquires that queued together, as admission decides submissions): one statement locks
-/// every worker in id order, one locks the organizations among theirs that cap their tasks in
-/// flight (only when there are any), one answers every replayed request, one grant per worker
-/// with room (each sees the tasks the grants before it leased), one stages every `task.leased`.
+/// every worker in id order (`lock_workers`), one locks the organizations among theirs that
+/// cap their tasks in flight (only when there are any, `lock_capped_organizations`), each
+/// acquire is checked against its worker in Rust (`check_acquires`), one statement answers
+/// every replayed request (`replayed_leases`), one grant per worker with room (each sees the
+/// tasks the grants before it leased, `grant`), one stages every `task.leased`.
 /// The answers are in the order of `acquires`. The caller keeps two acquires of one worker
 /// out of one call: both would count the same free slots.
 pub async fn acquire_many(
@@ -213,13 +215,50 @@ pub async fn acquire_many(
         "one acquire per worker in a decision"
     );
     let mut tx = pool.begin().await?;
+    let workers = lock_workers(&mut tx, acquires).await?;
+    lock_capped_organizations(&mut tx, &workers).await?;
+    let checked = check_acquires(acquires, workers);
 
-    // FOR NO KEY UPDATE: a revocation (an UPDATE of this row) waits for us, and we wait for
-    // it, so no lease is granted after a revocation commits; two acquires of one worker (the
-    // same request asked again while its first ask is granted) take turns, and the grant below
-    // refuses to grant a request id twice. The assignments are read here to answer
-    // `worker_not_assigned`, and locked by the grant itself.
-    let mut workers: HashMap<Uuid, AcquiringWorker> = sql::workers::ForAcquire {
+    let mut leases: Vec<GrantedLease> = if checked.replays.is_empty() {
+        Vec::new()
+    } else {
+        replayed_leases(
+            &mut tx,
+            checked
+                .replays
+                .iter()
+                .map(|&index| acquires[index].worker_id)
+                .collect(),
+            checked
+                .replays
+                .iter()
+                .map(|&index| acquires[index].request_id)
+                .collect(),
+        )
+        .await?
+    };
+    let granted = grant(&mut tx, acquires, &checked).await?;
+    if !granted.is_empty() {
+        outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
+    }
+    leases.extend(granted);
+    let leases = with_assets(&mut tx, leases).await?;
+    tx.commit().await?;
+    Ok(hand_out(acquires, checked.decided, leases))
+}
+
+/// Locks every acquiring worker, in id order, and reads what deciding its acquire needs.
+///
+/// FOR NO KEY UPDATE: a revocation (an UPDATE of this row) waits for us, and we wait for
+/// it, so no lease is granted after a revocation commits; two acquires of one worker (the
+/// same request asked again while its first ask is granted) take turns, and the grant
+/// refuses to grant a request id twice. The assignments are read here to answer
+/// `worker_not_assigned`, and locked by the grant itself.
+async fn lock_workers(
+    conn: &mut PgConnection,
+    acquires: &[AcquireParams],
+) -> Result<HashMap<Uuid, AcquiringWorker>, StoreError> {
+    Ok(sql::workers::ForAcquire {
         worker_ids: acquires
             .iter()
             .map(|params| params.worker_id)
@@ -231,15 +270,20 @@ pub async fn acquire_many(
         live_statuses: LIVE_ATTEMPT_STATUSES,
     }
     .query_as::<AcquiringWorker>()
-    .fetch_all(&mut *tx)
+    .fetch_all(conn)
     .await?
     .into_iter()
     .map(|worker| (worker.id, worker))
-    .collect();
+    .collect())
+}
 
-    // Organizations that cap their tasks in flight are locked before any grant (in id order,
-    // after the workers, as every acquire does), so each grant counts the leases of the acquire
-    // before it. One more statement, only when such an organization is served.
+/// Locks the organizations that cap their tasks in flight among the workers', before any
+/// grant (in id order, after the workers, as every acquire does), so each grant counts the
+/// leases of the acquire before it. One statement, only when such an organization is served.
+async fn lock_capped_organizations(
+    conn: &mut PgConnection,
+    workers: &HashMap<Uuid, AcquiringWorker>,
+) -> Result<(), StoreError> {
     let capped: Vec<Uuid> = workers
         .values()
         .filter(|worker| worker.serves_capped)
@@ -252,15 +296,37 @@ pub async fn acquire_many(
             organization_ids: &capped,
         }
         .query()
-        .execute(&mut *tx)
+        .execute(conn)
         .await?;
     }
+    Ok(())
+}
 
-    let mut decided: Vec<Acquired> = Vec::with_capacity(acquires.len());
-    let (mut replays, mut grants) = (Vec::new(), Vec::new());
+/// The acquires checked against their workers, before any lease is read or granted.
+struct CheckedAcquires {
+    /// Per acquire, in order: its outcome so far (granted leases are added to it) and what
+    /// its worker may be leased.
+    decided: Vec<Acquired>,
+    /// The acquires whose request was granted before (indices into the acquires).
+    replays: Vec<usize>,
+    /// The acquires to grant, each with its worker's free slots.
+    grants: Vec<(usize, i64)>,
+}
+
+/// Checks each acquire against its locked worker ([`check_acquire`]); an acquire whose worker
+/// is not registered is refused.
+fn check_acquires(
+    acquires: &[AcquireParams],
+    mut workers: HashMap<Uuid, AcquiringWorker>,
+) -> CheckedAcquires {
+    let mut checked = CheckedAcquires {
+        decided: Vec::with_capacity(acquires.len()),
+        replays: Vec::new(),
+        grants: Vec::new(),
+    };
     for (index, params) in acquires.iter().enumerate() {
         let Some(worker) = workers.remove(&params.worker_id) else {
-            decided.push((
+            checked.decided.push((
                 AcquireOutcome::Refused(unknown_worker(params.worker_id)),
                 Eligibility::default(),
             ));
@@ -269,10 +335,10 @@ pub async fn acquire_many(
         let (outcome, step) = check_acquire(params, &worker);
         match step {
             AcquireStep::Answered => {}
-            AcquireStep::Replay => replays.push(index),
-            AcquireStep::Grant { free } => grants.push((index, free)),
+            AcquireStep::Replay => checked.replays.push(index),
+            AcquireStep::Grant { free } => checked.grants.push((index, free)),
         }
-        decided.push((
+        checked.decided.push((
             outcome,
             Eligibility {
                 organization_ids: worker.organization_ids,
@@ -280,29 +346,20 @@ pub async fn acquire_many(
             },
         ));
     }
+    checked
+}
 
-    let mut leases: Vec<GrantedLease> = if replays.is_empty() {
-        Vec::new()
-    } else {
-        replayed_leases(
-            &mut tx,
-            replays
-                .iter()
-                .map(|&index| acquires[index].worker_id)
-                .collect(),
-            replays
-                .iter()
-                .map(|&index| acquires[index].request_id)
-                .collect(),
-        )
-        .await?
-    };
-    // One statement per worker: lock its assignments (FOR SHARE), pick due tasks
-    // (SKIP LOCKED), lease them, create their attempts and mark the worker seen.
+/// Grants each acquire to grant, one statement per worker: lock its assignments (FOR SHARE),
+/// pick due tasks (SKIP LOCKED), lease them, create their attempts and mark the worker seen.
+async fn grant(
+    conn: &mut PgConnection,
+    acquires: &[AcquireParams],
+    checked: &CheckedAcquires,
+) -> Result<Vec<GrantedLease>, StoreError> {
     let mut granted: Vec<GrantedLease> = Vec::new();
-    for (index, free) in grants {
+    for &(index, free) in &checked.grants {
         let params = &acquires[index];
-        let eligibility = &decided[index].1;
+        let eligibility = &checked.decided[index].1;
         granted.extend(
             sql::worker_tasks::Grant {
                 worker_id: params.worker_id,
@@ -317,17 +374,19 @@ pub async fn acquire_many(
                 leased_states: TaskState::LEASED.map(TaskState::as_str),
             }
             .query_as::<GrantedLease>()
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut *conn)
             .await?,
         );
     }
-    if !granted.is_empty() {
-        outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
-    }
-    leases.extend(granted);
-    let leases = with_assets(&mut tx, leases).await?;
-    tx.commit().await?;
+    Ok(granted)
+}
 
+/// Hands each lease (replayed or granted) to its worker's acquire.
+fn hand_out(
+    acquires: &[AcquireParams],
+    mut decided: Vec<Acquired>,
+    leases: Vec<GrantedLease>,
+) -> Vec<Acquired> {
     let positions: HashMap<Uuid, usize> = acquires
         .iter()
         .enumerate()
@@ -341,7 +400,7 @@ pub async fn acquire_many(
             granted.push(lease);
         }
     }
-    Ok(decided)
+    decided
 }
 
 /// The leases granted before to each (worker, request) pair, marked replayed.

@@ -114,21 +114,55 @@ pub async fn advance(
     if completed.is_empty() {
         return Ok(Vec::new());
     }
+    let scans = lock_scans(conn, completed).await?;
+    let steps = next_steps(completed, &scans)?;
+    let task_ids = create_jobs(conn, &steps.next).await?;
+    let mut events = Vec::with_capacity(steps.next.len() + steps.finished.len());
+    events.extend(ready_events(subjects, &steps.next, task_ids));
+    for done in complete_scans(conn, &steps.finished).await? {
+        events.push(completed_event(subjects, &scans[&done.scan_id], &done));
+    }
+    Ok(events)
+}
+
+/// Locks the scans of `completed`, in id order (`FOR NO KEY UPDATE`), and reads what advancing
+/// them needs.
+async fn lock_scans(
+    conn: &mut PgConnection,
+    completed: &[CompletedJob],
+) -> Result<HashMap<Uuid, LockedScan>, StoreError> {
     let mut scan_ids: Vec<Uuid> = completed.iter().map(|job| job.scan_id).collect();
     scan_ids.sort_unstable();
     scan_ids.dedup();
-    let scans: HashMap<Uuid, LockedScan> = sql::scans::LockForAdvance {
+    Ok(sql::scans::LockForAdvance {
         scan_ids: &scan_ids,
     }
     .query_as::<LockedScan>()
-    .fetch_all(&mut *conn)
+    .fetch_all(conn)
     .await?
     .into_iter()
     .map(|scan| (scan.id, scan))
-    .collect();
+    .collect())
+}
 
-    let mut next = Vec::new();
-    let mut finished = Vec::new();
+/// Where the active scans of the completed jobs go next.
+struct NextSteps<'s> {
+    /// Their next plugin's job, due now.
+    next: Vec<NewScanJob<'s>>,
+    /// (scan, organization) of each scan whose last plugin's job completed.
+    finished: Vec<(Uuid, Uuid)>,
+}
+
+/// Decides, per completed job, its scan's next step: its next plugin's job, or its end. Scans
+/// already ended (cancelled, failed) stay as they are.
+fn next_steps<'s>(
+    completed: &[CompletedJob],
+    scans: &'s HashMap<Uuid, LockedScan>,
+) -> Result<NextSteps<'s>, StoreError> {
+    let mut steps = NextSteps {
+        next: Vec::new(),
+        finished: Vec::new(),
+    };
     for job in completed {
         let scan = scans
             .get(&job.scan_id)
@@ -140,7 +174,7 @@ pub async fn advance(
         }
         let next_position = job.position + 1;
         match scan.plugins.get(next_position as usize) {
-            Some(plugin) => next.push(NewScanJob {
+            Some(plugin) => steps.next.push(NewScanJob {
                 scan_id: job.scan_id,
                 organization_id: job.organization_id,
                 position: next_position,
@@ -150,14 +184,21 @@ pub async fn advance(
                 execution_deadline_seconds: scan.execution_deadline_seconds,
                 max_attempts: job.max_attempts,
             }),
-            None => finished.push((job.scan_id, job.organization_id)),
+            None => steps.finished.push((job.scan_id, job.organization_id)),
         }
     }
+    Ok(steps)
+}
 
-    let task_ids = create_jobs(conn, &next).await?;
-    let mut events = Vec::with_capacity(next.len() + finished.len());
-    for (job, task_id) in next.iter().zip(task_ids) {
-        events.push(
+/// `task.ready` of each new job's task, in its scan's trace.
+fn ready_events(
+    subjects: &Subjects,
+    next: &[NewScanJob<'_>],
+    task_ids: Vec<Uuid>,
+) -> Vec<OutboxEvent> {
+    next.iter()
+        .zip(task_ids)
+        .map(|(job, task_id)| {
             OutboxEvent::new(
                 subjects,
                 EventKind::TaskReady,
@@ -170,32 +211,30 @@ pub async fn advance(
                 }
                 .encode_to_vec(),
             )
-            .in_trace_of(job.scan_id),
-        );
-    }
-    for done in complete_scans(conn, &finished).await? {
-        let scan = &scans[&done.scan_id];
-        events.push(
-            OutboxEvent::for_tenant(
-                subjects,
-                &done.organization_id,
-                EventKind::ScanCompleted,
-                v1::ScanCompleted {
-                    scan_id: done.scan_id.to_string(),
-                    organization_id: done.organization_id.to_string(),
-                    client_id: scan.client_id.clone(),
-                    idempotency_key: scan.idempotency_key.clone(),
-                    finding_count: done.finding_count as u32,
-                    admitted_at_unix_ms: scan.admitted_at_unix_ms,
-                    completed_at_unix_ms: done.completed_at_unix_ms,
-                    enrichment_job_id: done.enrichment_job_id.to_string(),
-                }
-                .encode_to_vec(),
-            )
-            .in_trace_of(done.scan_id),
-        );
-    }
-    Ok(events)
+            .in_trace_of(job.scan_id)
+        })
+        .collect()
+}
+
+/// `scan.completed` of a scan just completed, in its trace.
+fn completed_event(subjects: &Subjects, scan: &LockedScan, done: &CompletedScan) -> OutboxEvent {
+    OutboxEvent::for_tenant(
+        subjects,
+        &done.organization_id,
+        EventKind::ScanCompleted,
+        v1::ScanCompleted {
+            scan_id: done.scan_id.to_string(),
+            organization_id: done.organization_id.to_string(),
+            client_id: scan.client_id.clone(),
+            idempotency_key: scan.idempotency_key.clone(),
+            finding_count: done.finding_count as u32,
+            admitted_at_unix_ms: scan.admitted_at_unix_ms,
+            completed_at_unix_ms: done.completed_at_unix_ms,
+            enrichment_job_id: done.enrichment_job_id.to_string(),
+        }
+        .encode_to_vec(),
+    )
+    .in_trace_of(done.scan_id)
 }
 
 #[derive(sqlx::FromRow)]
@@ -304,35 +343,9 @@ pub async fn fail_tasks(
     let task_ids: Vec<Uuid> = tasks.iter().map(|task| task.task_id).collect();
     let job_ids: Vec<Option<Uuid>> = tasks.iter().map(|task| task.scan_job_id).collect();
     let scan_ids: Vec<Option<Uuid>> = tasks.iter().map(|task| task.scan_id).collect();
-    let retries: Vec<bool> = tasks
-        .iter()
-        .map(|task| failure.retryable && task.attempt_count < task.max_attempts)
-        .collect();
-    let delays: Vec<f64> = {
-        let mut rng = rand::rng();
-        tasks
-            .iter()
-            .zip(&retries)
-            .map(|(task, &retries)| {
-                if retries {
-                    crate::seconds(retry.delay(task.attempt_count.max(0) as u32, &mut rng))
-                } else {
-                    0.0
-                }
-            })
-            .collect()
-    };
-    let reasons: Vec<String> = tasks
-        .iter()
-        .zip(&retries)
-        .map(|(task, &retries)| {
-            if retries {
-                String::new()
-            } else {
-                format!("plugin {} {}", task.plugin, failure.scan_reason)
-            }
-        })
-        .collect();
+    let retries = will_retry(failure, tasks);
+    let delays = retry_delays(retry, tasks, &retries);
+    let reasons = scan_reasons(failure, tasks, &retries);
     let rows: Vec<FailedRow> = sql::worker_tasks::FailMany {
         task_ids: &task_ids,
         job_ids: &job_ids,
@@ -361,6 +374,58 @@ pub async fn fail_tasks(
     .fetch_all(conn)
     .await?;
 
+    failed_tasks(subjects, failure, tasks, rows)
+}
+
+/// Per task, whether it waits for a retry: a retryable failure with budget left.
+fn will_retry(failure: &Failure<'_>, tasks: &[FailedTask<'_>]) -> Vec<bool> {
+    tasks
+        .iter()
+        .map(|task| failure.retryable && task.attempt_count < task.max_attempts)
+        .collect()
+}
+
+/// Per task, its backoff in seconds before its next attempt (fully jittered, from `retry`);
+/// 0 for a task that does not retry.
+fn retry_delays(retry: RetryPolicy, tasks: &[FailedTask<'_>], retries: &[bool]) -> Vec<f64> {
+    let mut rng = rand::rng();
+    tasks
+        .iter()
+        .zip(retries)
+        .map(|(task, &retries)| {
+            if retries {
+                crate::seconds(retry.delay(task.attempt_count.max(0) as u32, &mut rng))
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// Per task, the reason its scan fails with; empty for a task that retries.
+fn scan_reasons(failure: &Failure<'_>, tasks: &[FailedTask<'_>], retries: &[bool]) -> Vec<String> {
+    tasks
+        .iter()
+        .zip(retries)
+        .map(|(task, &retries)| {
+            if retries {
+                String::new()
+            } else {
+                format!("plugin {} {}", task.plugin, failure.scan_reason)
+            }
+        })
+        .collect()
+}
+
+/// What the failing statement decided, from its `rows` (one per task it moved, by ordinal):
+/// the tasks retried and failed, each one's `task.failed` and each failed scan's
+/// `scan.failed`.
+fn failed_tasks(
+    subjects: &Subjects,
+    failure: &Failure<'_>,
+    tasks: &[FailedTask<'_>],
+    rows: Vec<FailedRow>,
+) -> Result<FailedTasks, StoreError> {
     let mut outcome = FailedTasks::default();
     for row in rows {
         let task = usize::try_from(row.ord - 1)

@@ -424,59 +424,8 @@ pub async fn request(
 ) -> Result<RequestOutcome, StoreError> {
     // At most three rounds: a row created or requeued by a concurrent request is read again.
     for _ in 0..3 {
-        let found: Option<ForRequest> = sql::enrichment_jobs::ForRequest {
-            scan_id,
-            organization_id,
-        }
-        .query_as()
-        .fetch_optional(pool)
-        .await?;
-        let Some(found) = found else {
-            return Ok(RequestOutcome::NotFound);
-        };
-        if found.scan_state != crate::states::ScanState::Completed.as_str() {
-            return Ok(RequestOutcome::NotCompleted {
-                scan_state: found.scan_state,
-            });
-        }
-        let (Some(job_id), Some(job_state)) = (found.job_id, found.job_state) else {
-            let job_id = Uuid::now_v7();
-            let created: Option<String> = sql::enrichment_jobs::CreateForRequest {
-                job_id,
-                scan_id,
-                pending_state: EnrichmentJobState::Pending.as_str(),
-                completed_state: EnrichmentJobState::Completed.as_str(),
-            }
-            .query_scalar()
-            .fetch_optional(pool)
-            .await?;
-            match created.as_deref().map(EnrichmentJobState::parse) {
-                Some(Some(EnrichmentJobState::Pending)) => {
-                    return Ok(RequestOutcome::Created { job_id });
-                }
-                Some(_) => return Ok(RequestOutcome::Completed { job_id }),
-                None => continue,
-            }
-        };
-        let state = job_state_of(&job_state)?;
-        match state {
-            EnrichmentJobState::Completed => return Ok(RequestOutcome::Completed { job_id }),
-            EnrichmentJobState::Pending | EnrichmentJobState::Running => {
-                return Ok(RequestOutcome::Active { job_id, state });
-            }
-            EnrichmentJobState::Failed => {
-                let requeued: Option<Uuid> = sql::enrichment_jobs::Requeue {
-                    job_id,
-                    pending_state: EnrichmentJobState::Pending.as_str(),
-                    failed_state: EnrichmentJobState::Failed.as_str(),
-                }
-                .query_scalar()
-                .fetch_optional(pool)
-                .await?;
-                if requeued.is_some() {
-                    return Ok(RequestOutcome::Requeued { job_id });
-                }
-            }
+        if let Some(outcome) = request_round(pool, organization_id, scan_id).await? {
+            return Ok(outcome);
         }
     }
     // Three rounds each overtaken by another request: the job is being requested right now.
@@ -495,6 +444,75 @@ pub async fn request(
         },
         None => Ok(RequestOutcome::NotFound),
     }
+}
+
+/// One round of [`request`]: reads the scan and its job, then creates the job when there is
+/// none or requeues it when it failed. `None` when a concurrent request overtook the write:
+/// the caller reads again.
+async fn request_round(
+    pool: &PgPool,
+    organization_id: Option<Uuid>,
+    scan_id: Uuid,
+) -> Result<Option<RequestOutcome>, StoreError> {
+    let found: Option<ForRequest> = sql::enrichment_jobs::ForRequest {
+        scan_id,
+        organization_id,
+    }
+    .query_as()
+    .fetch_optional(pool)
+    .await?;
+    let Some(found) = found else {
+        return Ok(Some(RequestOutcome::NotFound));
+    };
+    if found.scan_state != crate::states::ScanState::Completed.as_str() {
+        return Ok(Some(RequestOutcome::NotCompleted {
+            scan_state: found.scan_state,
+        }));
+    }
+    let (Some(job_id), Some(job_state)) = (found.job_id, found.job_state) else {
+        return create_for_request(pool, scan_id).await;
+    };
+    let state = job_state_of(&job_state)?;
+    Ok(match state {
+        EnrichmentJobState::Completed => Some(RequestOutcome::Completed { job_id }),
+        EnrichmentJobState::Pending | EnrichmentJobState::Running => {
+            Some(RequestOutcome::Active { job_id, state })
+        }
+        EnrichmentJobState::Failed => {
+            let requeued: Option<Uuid> = sql::enrichment_jobs::Requeue {
+                job_id,
+                pending_state: EnrichmentJobState::Pending.as_str(),
+                failed_state: EnrichmentJobState::Failed.as_str(),
+            }
+            .query_scalar()
+            .fetch_optional(pool)
+            .await?;
+            requeued.map(|_| RequestOutcome::Requeued { job_id })
+        }
+    })
+}
+
+/// Creates the completed scan's missing job: `Created`, or `Completed` when the scan has
+/// nothing to enrich; `None` when a concurrent request created it first.
+async fn create_for_request(
+    pool: &PgPool,
+    scan_id: Uuid,
+) -> Result<Option<RequestOutcome>, StoreError> {
+    let job_id = Uuid::now_v7();
+    let created: Option<String> = sql::enrichment_jobs::CreateForRequest {
+        job_id,
+        scan_id,
+        pending_state: EnrichmentJobState::Pending.as_str(),
+        completed_state: EnrichmentJobState::Completed.as_str(),
+    }
+    .query_scalar()
+    .fetch_optional(pool)
+    .await?;
+    Ok(match created.as_deref().map(EnrichmentJobState::parse) {
+        Some(Some(EnrichmentJobState::Pending)) => Some(RequestOutcome::Created { job_id }),
+        Some(_) => Some(RequestOutcome::Completed { job_id }),
+        None => None,
+    })
 }
 
 fn job_state_of(text: &str) -> Result<EnrichmentJobState, StoreError> {
