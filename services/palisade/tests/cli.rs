@@ -4,6 +4,11 @@
 //! standard error at `warn` unless `-v`, exit statuses are those `palisade::exit` documents,
 //! and `scan submit --wait` follows a scan to its end.
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test reads as one scenario; the 70-line limit is for production functions"
+)]
+
 use palisade::exit::Status;
 use tests::TestSystem;
 use tests::empty_database::EmptyDatabase;

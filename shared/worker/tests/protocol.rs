@@ -2,6 +2,11 @@
 //! `NATS_URL`, default `nats://127.0.0.1:4222`, JetStream on): every test gets its own subject
 //! prefix and streams, and checks what went over the wire. `TEST_LOG=1` shows the worker's logs.
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test reads as one scenario; the 70-line limit is for production functions"
+)]
+
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
