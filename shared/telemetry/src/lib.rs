@@ -3,8 +3,8 @@
 //! when the standard `OTEL_EXPORTER_OTLP_*` variables ask for it.
 
 pub mod cost;
-pub mod metrics;
 mod logs;
+pub mod metrics;
 
 pub use logs::{CHAIN_LINKS_MAX, ErrorChain, chain};
 
