@@ -100,7 +100,9 @@ impl Network {
         Ok(network)
     }
 
-    fn bridge(&self) -> String {
+    /// The bridge's interface name (`pal<tag>`): every packet between two of this network's
+    /// hosts, or a host and a server address, crosses it.
+    pub fn bridge(&self) -> String {
         format!("pal{}", self.tag)
     }
 

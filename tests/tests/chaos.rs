@@ -11,15 +11,23 @@
 //!   `CHAOS_SOAK_SECS` (default 3600), then the same checks; prints its report and keeps the
 //!   logs:
 //!   `cargo nextest run --workspace --test chaos --run-ignored only --no-capture`
+//!   (with `CHAOS_SERVICE_BIN` and `CHAOS_WORKER_BIN` naming copies of the two binaries when
+//!   the target directory may be rebuilt meanwhile)
 
 use std::time::Duration;
 
 use tests::chaos::{self, Binaries, Plan};
 
+/// The child binaries cargo built, or copies `CHAOS_SERVICE_BIN` and `CHAOS_WORKER_BIN` name:
+/// an hour's soak restarts its processes from these paths, so a build in the same target
+/// directory meanwhile must not swap the code under it.
 fn binaries() -> Binaries {
+    let path = |variable: &str, built: &str| {
+        std::env::var_os(variable).map_or_else(|| built.into(), Into::into)
+    };
     Binaries {
-        service: env!("CARGO_BIN_EXE_test-service").into(),
-        worker: env!("CARGO_BIN_EXE_test-worker").into(),
+        service: path("CHAOS_SERVICE_BIN", env!("CARGO_BIN_EXE_test-service")),
+        worker: path("CHAOS_WORKER_BIN", env!("CARGO_BIN_EXE_test-worker")),
     }
 }
 
