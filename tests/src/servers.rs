@@ -129,6 +129,9 @@ pub struct NatsServer {
     /// A configuration file passed with `-c` (a cluster node's); the command line's listen
     /// address, port and store directory take precedence over it.
     config: Option<PathBuf>,
+    /// The network namespace it runs in (a cluster node on the suite's network), reached at
+    /// the host's address.
+    host: Option<crate::netns::Host>,
     child: Option<Child>,
 }
 
@@ -193,8 +196,21 @@ impl NatsServer {
             address: std::net::Ipv4Addr::LOCALHOST,
             dir: tempfile::tempdir().expect("temporary directory"),
             config: None,
+            host: None,
             child: None,
         }
+    }
+
+    /// Runs in `host`, reached at its address, listening on every address there.
+    fn in_host(mut self, host: crate::netns::Host) -> Self {
+        self.address = host.address;
+        self.host = Some(host);
+        self
+    }
+
+    /// Its process id while it runs (for `/proc` readings).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref()?.id()
     }
 
     pub fn url(&self) -> String {
@@ -207,23 +223,33 @@ impl NatsServer {
 
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "nats-server already running");
-        let mut command = Command::new(&self.binary);
         let listen = if self.address.is_loopback() {
             "127.0.0.1"
         } else {
             "0.0.0.0"
         };
-        command
-            .args(["-js", "-a", listen, "-p", &self.port.to_string(), "-sd"])
-            .arg(self.dir.path());
+        let mut args: Vec<String> = ["-js", "-a", listen, "-p", &self.port.to_string(), "-sd"]
+            .map(str::to_owned)
+            .into();
+        args.push(self.dir.path().display().to_string());
         if let Some(config) = &self.config {
-            command
-                .arg("-c")
-                .arg(config)
-                .arg("-l")
-                .arg(self.dir.path().join("nats-server.log"));
+            args.extend([
+                "-c".to_owned(),
+                config.display().to_string(),
+                "-l".to_owned(),
+                self.dir
+                    .path()
+                    .join("nats-server.log")
+                    .display()
+                    .to_string(),
+            ]);
         }
-        let child = command
+        let (program, args) = match &self.host {
+            Some(host) => host.wrap(&self.binary, &args),
+            None => (self.binary.display().to_string(), args),
+        };
+        let child = Command::new(program)
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -235,8 +261,11 @@ impl NatsServer {
                 )
             });
         self.child = Some(child);
-        let port = self.port;
-        wait_until("nats-server to listen", || port_answers(port)).await;
+        let addr = std::net::SocketAddr::from((self.address, self.port));
+        wait_until("nats-server to listen", || async move {
+            tokio::net::TcpStream::connect(addr).await.is_ok()
+        })
+        .await;
     }
 
     /// SIGKILL: the connection drops without a goodbye.
@@ -299,28 +328,63 @@ impl NatsCluster {
 
     /// Three nodes without authentication.
     pub async fn start() -> Self {
-        Self::start_with(None).await
+        Self::start_with(None, None).await
     }
 
     /// Three nodes that authenticate every connection against `authority`, as
     /// [`NatsServer::start_secured`] does; each node has a full account resolver of its own,
     /// and accounts pushed to one reach the others.
     pub async fn start_secured(authority: &identity::Authority, subjects: &Subjects) -> Self {
-        Self::start_with(Some((authority, subjects))).await
+        Self::start_with(Some((authority, subjects)), None).await
     }
 
-    async fn start_with(auth: Option<(&identity::Authority, &Subjects)>) -> Self {
+    /// [`NatsCluster::start_secured`] with each node in a host of the suite's network
+    /// (`hosts`, one per node) when given, so that a node can be cut from its peers while its
+    /// clients stay connected ([`crate::netns::Network::cut`] between node addresses).
+    pub async fn start_secured_in(
+        authority: &identity::Authority,
+        subjects: &Subjects,
+        hosts: Option<Vec<crate::netns::Host>>,
+    ) -> Self {
+        Self::start_with(Some((authority, subjects)), hosts).await
+    }
+
+    async fn start_with(
+        auth: Option<(&identity::Authority, &Subjects)>,
+        hosts: Option<Vec<crate::netns::Host>>,
+    ) -> Self {
         let binary = nats_server_binary();
-        let cluster_ports: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
+        let mut servers: Vec<NatsServer> = match hosts {
+            Some(hosts) => {
+                assert_eq!(hosts.len(), Self::SIZE, "one host per node");
+                hosts
+                    .into_iter()
+                    .map(|host| NatsServer::new(binary.clone()).in_host(host))
+                    .collect()
+            }
+            None => (0..Self::SIZE)
+                .map(|_| NatsServer::new(binary.clone()))
+                .collect(),
+        };
+        let cluster_ports: Vec<(std::net::Ipv4Addr, u16)> = servers
+            .iter()
+            .map(|server| (server.address, free_port()))
+            .collect();
         let mut nodes = Vec::with_capacity(Self::SIZE);
-        for (index, cluster_port) in cluster_ports.iter().enumerate() {
+        for (index, (address, cluster_port)) in cluster_ports.iter().enumerate() {
             let name = format!("n{index}");
-            let mut server = NatsServer::new(binary.clone());
+            let mut server = servers.remove(0);
+            // Inside a host of its own the node listens on every address there.
+            let listen = if address.is_loopback() {
+                "127.0.0.1"
+            } else {
+                "0.0.0.0"
+            };
             let monitor_port = free_port();
             let routes: Vec<String> = cluster_ports
                 .iter()
-                .filter(|port| *port != cluster_port)
-                .map(|port| format!("\"nats-route://127.0.0.1:{port}\""))
+                .filter(|(_, port)| port != cluster_port)
+                .map(|(address, port)| format!("\"nats-route://{address}:{port}\""))
                 .collect();
             let auth = auth.map_or_else(String::new, |(authority, subjects)| {
                 let resolver = server.dir.path().join("jwt");
@@ -329,11 +393,11 @@ impl NatsCluster {
             });
             let config = format!(
                 "{auth}server_name: \"{name}\"\n\
-                 http: \"127.0.0.1:{monitor_port}\"\n\
+                 http: \"{listen}:{monitor_port}\"\n\
                  ping_interval: \"{ping_interval}\"\n\
                  ping_max: {ping_max}\n\
                  jetstream {{\n  sync_interval: always\n}}\n\
-                 cluster {{\n  name: \"{cluster}\"\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [{routes}]\n}}\n",
+                 cluster {{\n  name: \"{cluster}\"\n  listen: \"{listen}:{cluster_port}\"\n  routes: [{routes}]\n}}\n",
                 cluster = Self::NAME,
                 routes = routes.join(", "),
                 ping_interval = Self::PING_INTERVAL,
@@ -375,6 +439,31 @@ impl NatsCluster {
     /// The node's `server_name`, as stream and consumer info name their leaders.
     pub fn name(&self, node: usize) -> &str {
         &self.nodes[node].name
+    }
+
+    /// The node's host on the suite's network, when it runs in one.
+    pub fn host(&self, node: usize) -> Option<&crate::netns::Host> {
+        self.nodes[node].server.host.as_ref()
+    }
+
+    /// The node's process id while it runs.
+    pub fn pid(&self, node: usize) -> Option<u32> {
+        self.nodes[node].server.pid()
+    }
+
+    /// Every node SIGKILLed at once, then started again on their stores: the whole cluster
+    /// down and back (each node waits for a quorum of its peers to become healthy).
+    pub async fn kill_all_and_restart(&mut self, down: Duration) {
+        for node in &mut self.nodes {
+            node.server.kill().await;
+        }
+        tokio::time::sleep(down).await;
+        for node in &mut self.nodes {
+            node.server.restart().await;
+        }
+        for node in 0..Self::SIZE {
+            self.wait_healthy(node).await;
+        }
     }
 
     /// The node whose `server_name` is `name`.
@@ -422,19 +511,22 @@ impl NatsCluster {
     /// Waits until the node's `/healthz` answers 200: it is part of the cluster, knows the
     /// JetStream meta leader, and its streams and consumers are current.
     pub async fn wait_healthy(&self, node: usize) {
-        let port = self.nodes[node].monitor_port;
+        let addr = std::net::SocketAddr::from((
+            self.nodes[node].server.address,
+            self.nodes[node].monitor_port,
+        ));
         let what = format!("cluster node {} to be healthy", self.nodes[node].name);
-        wait_until(&what, || http_ok(port, "/healthz")).await;
+        wait_until(&what, || http_ok(addr, "/healthz")).await;
     }
 }
 
-/// `GET path` on loopback answers 200 (HTTP/1.0: one request, the server closes).
-async fn http_ok(port: u16, path: &str) -> bool {
+/// `GET path` at `addr` answers 200 (HTTP/1.0: one request, the server closes).
+async fn http_ok(addr: std::net::SocketAddr, path: &str) -> bool {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return false;
     };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", addr.ip());
     if stream.write_all(request.as_bytes()).await.is_err() {
         return false;
     }

@@ -1,5 +1,6 @@
 //! The chaos suite: palisade's five services and its reference workers as separate processes,
-//! on a PostgreSQL and a NATS server of the suite's own, under a steady load with a ledger of
+//! on a PostgreSQL and a three-node NATS cluster (palisade's streams with three replicas) of
+//! the suite's own, under a steady load with a ledger of
 //! every request, while faults are injected on a schedule and the bus duplicates, delays and
 //! reorders messages; then a checker ([`check`]) proves nothing was lost, duplicated or left
 //! behind, and a [`Report`] says what each fault looked like (`/readyz`, the logs) and how long
@@ -35,7 +36,7 @@ pub use injector::Injection;
 pub use processes::Service;
 
 use crate::netns::Network;
-use crate::servers::{NatsServer, PostgresServer, free_port};
+use crate::servers::{NatsCluster, PostgresServer, free_port};
 use ledger::{Ledger, SharedLedger};
 use processes::{Process, Sweeps};
 
@@ -63,6 +64,11 @@ const PROGRESS_MAX: Duration = Duration::from_secs(30);
 /// How long a network cut lasts: past a lease TTL and an ack wait.
 const CUT: Duration = Duration::from_secs(5);
 
+/// How long a NATS node stays frozen or cut from its peers: past the window in which its
+/// peers give up on a silent route ([`NatsCluster::PING_INTERVAL`] × [`NatsCluster::PING_MAX`],
+/// 10 s), so they drop it and elect leaders without it.
+const NODE_FAULT: Duration = Duration::from_secs(12);
+
 /// How long [`Fault::PostgresDown`] lasts.
 fn postgres_down() -> Duration {
     redelivery_budget() + Duration::from_secs(4)
@@ -89,8 +95,17 @@ pub enum Fault {
     /// past the pools' acquire timeout, so decisions wait on it and the rest find no
     /// connection.
     PoolExhausted,
-    /// The NATS server SIGKILLed and started again on its JetStream store.
+    /// Every NATS node SIGKILLed at once and started again on its JetStream store.
     NatsRestart,
+    /// One NATS node SIGKILLed and started again after [`RESTART_AFTER`].
+    NatsNodeKill,
+    /// One NATS node frozen (SIGSTOP) for [`NODE_FAULT`]: its clients and peers hear
+    /// nothing, their connections stay open.
+    NatsNodeFreeze,
+    /// One NATS node cut from its two peers for [`NODE_FAULT`] while every client stays
+    /// connected to it and they to theirs: the node alone is the minority side, its peers the
+    /// majority. Which node: the requests stream's leader, or a node that does not lead it.
+    NatsNodePartition(Side),
     /// One replica of the service cut from NATS for [`CUT`] (its packets to the server
     /// dropped; the process alive, its connection open), then healed.
     CutFromNats(Service),
@@ -99,6 +114,24 @@ pub enum Fault {
     /// PostgreSQL unreachable from the service's replicas, and only from them, for as long as
     /// [`Fault::PostgresDown`] lasts.
     PostgresCutFrom(Service),
+}
+
+/// Where the requests stream's leader is when a NATS node is partitioned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The cut node leads it: the leader is on the minority side and must be replaced.
+    Leader,
+    /// The cut node does not lead it: the leader stays with the majority.
+    Follower,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Leader => "leader",
+            Side::Follower => "follower",
+        }
+    }
 }
 
 impl Fault {
@@ -119,6 +152,8 @@ impl Fault {
             Fault::TerminateBackends,
             Fault::PoolExhausted,
             Fault::NatsRestart,
+            Fault::NatsNodeKill,
+            Fault::NatsNodeFreeze,
         ]);
         faults
     }
@@ -132,6 +167,8 @@ impl Fault {
         faults.extend([
             Fault::IsolateWorker,
             Fault::PostgresCutFrom(Service::Ingestion),
+            Fault::NatsNodePartition(Side::Leader),
+            Fault::NatsNodePartition(Side::Follower),
         ]);
         faults
     }
@@ -139,7 +176,10 @@ impl Fault {
     fn is_network(self) -> bool {
         matches!(
             self,
-            Fault::CutFromNats(_) | Fault::IsolateWorker | Fault::PostgresCutFrom(_)
+            Fault::CutFromNats(_)
+                | Fault::IsolateWorker
+                | Fault::PostgresCutFrom(_)
+                | Fault::NatsNodePartition(_)
         )
     }
 }
@@ -149,6 +189,7 @@ impl std::str::FromStr for Fault {
 
     /// `kill:<service>`, `pause:<service>`, `kill-worker`, `pause-worker`, `postgres-restart`,
     /// `postgres-down`, `terminate-backends`, `pool-exhausted`, `nats-restart`,
+    /// `nats-node-kill`, `nats-node-freeze`, `nats-node-partition:leader|follower`,
     /// `cut-from-nats:<service>`, `isolate-worker`, `postgres-cut-from:<service>`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let service = |name: &str| {
@@ -162,6 +203,8 @@ impl std::str::FromStr for Fault {
             Some(("pause", name)) => Fault::Pause(service(name)?),
             Some(("cut-from-nats", name)) => Fault::CutFromNats(service(name)?),
             Some(("postgres-cut-from", name)) => Fault::PostgresCutFrom(service(name)?),
+            Some(("nats-node-partition", "leader")) => Fault::NatsNodePartition(Side::Leader),
+            Some(("nats-node-partition", "follower")) => Fault::NatsNodePartition(Side::Follower),
             _ => match text {
                 "kill-worker" => Fault::KillWorker,
                 "pause-worker" => Fault::PauseWorker,
@@ -170,6 +213,8 @@ impl std::str::FromStr for Fault {
                 "terminate-backends" => Fault::TerminateBackends,
                 "pool-exhausted" => Fault::PoolExhausted,
                 "nats-restart" => Fault::NatsRestart,
+                "nats-node-kill" => Fault::NatsNodeKill,
+                "nats-node-freeze" => Fault::NatsNodeFreeze,
                 "isolate-worker" => Fault::IsolateWorker,
                 other => return Err(format!("no fault {other:?}")),
             },
@@ -188,7 +233,12 @@ impl fmt::Display for Fault {
             Fault::PostgresDown => write!(f, "PostgreSQL down {:?}", postgres_down()),
             Fault::TerminateBackends => write!(f, "backends terminated"),
             Fault::PoolExhausted => write!(f, "pools exhausted {:?}", DB_ACQUIRE_TIMEOUT * 2),
-            Fault::NatsRestart => write!(f, "NATS killed and restarted"),
+            Fault::NatsRestart => write!(f, "NATS cluster killed, restarted"),
+            Fault::NatsNodeKill => write!(f, "NATS node killed"),
+            Fault::NatsNodeFreeze => write!(f, "NATS node frozen {NODE_FAULT:?}"),
+            Fault::NatsNodePartition(side) => {
+                write!(f, "NATS {} partitioned {NODE_FAULT:?}", side.name())
+            }
             Fault::CutFromNats(service) => write!(f, "{} cut from NATS {CUT:?}", service.name()),
             Fault::IsolateWorker => write!(f, "worker isolated {CUT:?}"),
             Fault::PostgresCutFrom(service) => write!(
@@ -420,9 +470,10 @@ impl fmt::Display for Report {
 /// The running world: servers, processes, and the suite's own connections.
 struct World {
     postgres: PostgresServer,
-    nats: NatsServer,
-    /// The suite's own network, when the plan cuts links; every process runs in a host of
-    /// it, and the servers listen on addresses of their own on it.
+    /// Three nodes; palisade's streams have three replicas.
+    nats: NatsCluster,
+    /// The suite's own network, when the plan cuts links; every process (each NATS node
+    /// too) runs in a host of it, and PostgreSQL listens on an address of its own on it.
     network: Option<Wiring>,
     pool: PgPool,
     bus: Bus,
@@ -433,10 +484,9 @@ struct World {
     unexpected_exits: Vec<String>,
 }
 
-/// The suite's network and the servers' addresses on it.
+/// The suite's network and PostgreSQL's address on it.
 struct Wiring {
     network: Network,
-    nats: Ipv4Addr,
     postgres: Ipv4Addr,
 }
 
@@ -566,7 +616,6 @@ impl World {
             let mut network = Network::create()
                 .unwrap_or_else(|why| panic!("the plan cuts network links, but {why}"));
             Wiring {
-                nats: network.server_address(),
                 postgres: network.server_address(),
                 network,
             }
@@ -576,19 +625,20 @@ impl World {
         // NATS authenticates, as in production: each process on its own credentials.
         let authority = identity::Authority::generate();
         let subjects = Subjects::new("chaos").expect("valid prefix");
-        let nats = NatsServer::start_secured_at(
-            &authority,
-            &subjects,
-            network.as_ref().map(|wiring| wiring.nats),
-        )
-        .await;
+        let node_hosts = network.as_mut().map(|wiring| {
+            (0..NatsCluster::SIZE)
+                .map(|node| wiring.network.host(&format!("nats-n{node}")))
+                .collect()
+        });
+        let nats = NatsCluster::start_secured_in(&authority, &subjects, node_hosts).await;
         let mut common = CommonSettings::from_env().expect("valid environment");
         common.database = store::DatabaseSettings::new(postgres.url("palisade"));
         common.database.max_connections = 4;
         // The suite's own pool waits longer than the services' (`service_env`): its
         // connections must outlast the faults it injects.
         common.database.acquire_timeout = Duration::from_secs(10);
-        common.nats_url = nats.url();
+        common.nats_url = nats.urls();
+        common.streams.replicas = NatsCluster::SIZE;
         common.subjects = subjects;
         common.nats_credentials = crate::unrestricted_credentials(&authority);
         palisade::system::prepare_database(&common)
@@ -739,10 +789,21 @@ impl World {
     /// Adds a reading of every running process's memory and open files.
     fn read_usage(&mut self, started: Instant, resources: &mut BTreeMap<String, Vec<Usage>>) {
         let at = started.elapsed();
-        for process in self.processes() {
-            if let Some((rss_kib, fds)) = process.usage() {
+        let nodes: Vec<(String, Option<u32>)> = (0..NatsCluster::SIZE)
+            .map(|node| {
+                (
+                    format!("nats-{}", self.nats.name(node)),
+                    self.nats.pid(node),
+                )
+            })
+            .collect();
+        let processes = self
+            .processes()
+            .map(|process| (process.name.clone(), process.pid()));
+        for (name, pid) in processes.chain(nodes) {
+            if let Some((rss_kib, fds)) = pid.and_then(processes::usage) {
                 resources
-                    .entry(process.name.clone())
+                    .entry(name)
                     .or_default()
                     .push(Usage { at, rss_kib, fds });
             }
@@ -837,12 +898,23 @@ impl World {
                     tracing::warn!(%error, "could not hold the lock");
                 }
             }
-            Fault::NatsRestart => {
-                self.nats.kill().await;
+            Fault::NatsRestart => self.nats.kill_all_and_restart(RESTART_AFTER).await,
+            Fault::NatsNodeKill => {
+                let node = rng.random_range(0..NatsCluster::SIZE);
+                self.nats.kill(node).await;
                 tokio::time::sleep(RESTART_AFTER).await;
-                self.nats.restart().await;
+                self.nats.restart(node).await;
             }
-            Fault::CutFromNats(_) | Fault::IsolateWorker | Fault::PostgresCutFrom(_) => {
+            Fault::NatsNodeFreeze => {
+                let node = rng.random_range(0..NatsCluster::SIZE);
+                self.nats.pause(node);
+                tokio::time::sleep(NODE_FAULT).await;
+                self.nats.resume(node).await;
+            }
+            Fault::CutFromNats(_)
+            | Fault::IsolateWorker
+            | Fault::PostgresCutFrom(_)
+            | Fault::NatsNodePartition(_) => {
                 self.cut(fault, rng).await;
             }
         }
@@ -876,9 +948,26 @@ impl World {
         match fault {
             Fault::CutFromNats(service) => {
                 let host = host_of(&self.services[&service][0]);
-                wiring.network.cut(&host, wiring.nats);
+                let nodes = self.node_addresses();
+                for node in &nodes {
+                    wiring.network.cut(&host, *node);
+                }
                 tokio::time::sleep(CUT).await;
-                wiring.network.heal(&host, wiring.nats);
+                for node in &nodes {
+                    wiring.network.heal(&host, *node);
+                }
+            }
+            Fault::NatsNodePartition(side) => {
+                let cut = self.node_on(side, rng).await;
+                let links = self.links_between(cut);
+                for (host, peer) in &links {
+                    wiring.network.cut(host, *peer);
+                }
+                tokio::time::sleep(NODE_FAULT).await;
+                for (host, peer) in &links {
+                    wiring.network.heal(host, *peer);
+                }
+                self.nats.wait_healthy(cut).await;
             }
             Fault::IsolateWorker => {
                 let host = host_of(&self.workers[rng.random_range(0..self.workers.len())]);
@@ -897,6 +986,57 @@ impl World {
                 }
             }
             other => unreachable!("{other} cuts no link"),
+        }
+    }
+
+    /// Each NATS node's address on the suite's network.
+    fn node_addresses(&self) -> Vec<Ipv4Addr> {
+        (0..NatsCluster::SIZE)
+            .map(|node| self.node_host(node).address)
+            .collect()
+    }
+
+    fn node_host(&self, node: usize) -> crate::netns::Host {
+        self.nats
+            .host(node)
+            .cloned()
+            .expect("on the suite's network every node runs in a host")
+    }
+
+    /// Both directions of every link between node `cut` and its peers, as (host, the address
+    /// it must no longer reach).
+    fn links_between(&self, cut: usize) -> Vec<(crate::netns::Host, Ipv4Addr)> {
+        let cut_host = self.node_host(cut);
+        (0..NatsCluster::SIZE)
+            .filter(|peer| *peer != cut)
+            .flat_map(|peer| {
+                let peer_host = self.node_host(peer);
+                [
+                    (cut_host.clone(), peer_host.address),
+                    (peer_host, cut_host.address),
+                ]
+            })
+            .collect()
+    }
+
+    /// The node leading the requests stream ([`Side::Leader`]) or one of the others.
+    async fn node_on(&self, side: Side, rng: &mut rand::rngs::StdRng) -> usize {
+        let stream = self.bus.subjects().requests_stream();
+        let leader = async {
+            let stream = self.bus.jetstream().get_stream(&stream).await.ok()?;
+            stream.cached_info().cluster.clone()?.leader
+        };
+        let leader = tokio::time::timeout(Duration::from_secs(5), leader)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|name| self.nats.node_named(&name));
+        let random = rng.random_range(0..NatsCluster::SIZE);
+        match (side, leader) {
+            (Side::Leader, Some(leader)) => leader,
+            (Side::Follower, Some(leader)) => (leader + 1 + random % 2) % NatsCluster::SIZE,
+            // No leader known (an election under way): any node.
+            (_, None) => random,
         }
     }
 
@@ -993,6 +1133,10 @@ fn service_env(common: &CommonSettings) -> Vec<(String, String)> {
         (
             "PALISADE_SUBJECT_PREFIX",
             common.subjects.prefix().to_owned(),
+        ),
+        (
+            "PALISADE_STREAM_REPLICAS",
+            common.streams.replicas.to_string(),
         ),
         ("PALISADE_DB_MAX_CONNECTIONS", "4".to_owned()),
         ("PALISADE_DB_ACQUIRE_TIMEOUT_MS", millis(DB_ACQUIRE_TIMEOUT)),

@@ -104,20 +104,9 @@ impl Process {
         self
     }
 
-    /// Its memory (resident, KiB) and open file descriptors now, from `/proc`; `None` while
-    /// it is not running.
-    pub fn usage(&self) -> Option<(u64, u64)> {
-        let pid = self.child.as_ref()?.id()?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let rss_kib = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()?;
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-        Some((rss_kib, fds))
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref()?.id()
     }
 
     pub fn log_path(&self) -> &Path {
@@ -273,6 +262,21 @@ pub fn overlapping_sweeps(sweeps: &[Sweep], now_ms: u128) -> Vec<(Sweep, Sweep)>
         }
     }
     overlaps
+}
+
+/// A process's memory (resident, KiB) and open file descriptors now, from `/proc`; `None`
+/// once it has exited.
+pub fn usage(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    Some((rss_kib, fds))
 }
 
 #[cfg(test)]
