@@ -33,6 +33,7 @@ pub use store::testing::TABLES;
 
 pub mod chaos;
 pub mod empty_database;
+pub mod impair;
 pub mod netns;
 pub mod nvd;
 pub mod servers;
