@@ -7,9 +7,8 @@
 //! heal either.
 //!
 //! Creating namespaces needs `CAP_NET_ADMIN` and iproute2's `ip`; [`Network::create`] says why
-//! it cannot, and the suite then runs its process faults only. Delay, loss and reordering need
-//! the kernel's `netem` queueing discipline, which [`Network::netem`] probes for: some kernels
-//! (this machine's among them) are built without it.
+//! it cannot, and the suite then runs its process faults only. Delay and loss on its links:
+//! [`crate::impair`].
 //!
 //! Everything is named after a random tag, so suites in parallel do not meet, and removed on
 //! drop (a namespace's veth goes with it).
@@ -204,36 +203,9 @@ impl Network {
     pub fn rejoin(&self, host: &Host) {
         must(ip(&["link", "set", &host.outer, "up"]));
     }
-
-    /// Whether the kernel has `netem` (delay, loss, reordering); why not when it has not.
-    pub fn netem(&self) -> Result<(), Unavailable> {
-        let Some(host) = self.hosts.first() else {
-            return Err(Unavailable("no host to probe netem on".into()));
-        };
-        let added = host
-            .tc(&["qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"])
-            .map_err(|error| Unavailable(format!("cannot run `tc` ({error})")))?;
-        if !added.status.success() {
-            return Err(Unavailable(format!(
-                "this kernel has no netem queueing discipline (`tc qdisc add … netem`: {}), so \
-                 no delay, loss or reordering",
-                String::from_utf8_lossy(&added.stderr).trim()
-            )));
-        }
-        let _ = host.tc(&["qdisc", "del", "dev", "lo", "root"]);
-        Ok(())
-    }
 }
 
 impl Host {
-    /// `tc args…` inside this host.
-    fn tc(&self, args: &[&str]) -> std::io::Result<std::process::Output> {
-        Command::new("ip")
-            .args(["netns", "exec", &self.namespace, "tc"])
-            .args(args)
-            .output()
-    }
-
     /// `program` and `args` as run inside this host: `ip netns exec <namespace> program
     /// args…`. `ip` enters the namespace and then executes the program in its own place, so
     /// the child's pid is the program's (signals reach it).

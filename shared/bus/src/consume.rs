@@ -4,8 +4,10 @@
 //! - [`Decision::Ack`]: the handler's transaction committed (or nothing needed writing);
 //!   acknowledged only now, after the commit (SPEC I3).
 //! - [`Decision::Retry`]: something transient failed; `Nak` with a backoff that grows with
-//!   the delivery count. On the last allowed delivery the message is recorded as dead (the
-//!   handler's [`BatchHandler::dead_letter`]) and terminated instead of being lost silently.
+//!   the delivery count. On the last allowed delivery (or any after it) the message is
+//!   recorded as dead (the handler's [`BatchHandler::dead_letter`]) and terminated instead of
+//!   being lost silently. The server does not count deliveries (`max_deliver` is unlimited on
+//!   the consumer): only a decision ends a message, never deliveries that lapsed undecided.
 //! - [`Decision::Reject`]: bad input; the handler already told the sender. `Term`.
 //! - [`Decision::Hold`]: something outside the message is unavailable (PostgreSQL down, the
 //!   pool exhausted): the message is kept with in-progress acknowledgements, spends no
@@ -43,7 +45,10 @@ pub struct ConsumerSpec {
     pub filter_subject: String,
     /// Redelivery after this long without an acknowledgement.
     pub ack_wait: Duration,
-    /// Deliveries before a message is recorded dead.
+    /// Deliveries after which a message that fails for reasons of its own is recorded dead:
+    /// one failing on this delivery or a later one. Counted here, never by the server, so a
+    /// message leaves its stream only by a decision ([`Decision`]): deliveries that lapse
+    /// undecided count towards it but never end a message.
     pub max_deliver: i64,
     /// Unacknowledged messages in flight across all replicas.
     pub max_ack_pending: i64,
@@ -304,7 +309,12 @@ async fn create(
         filter_subject: spec.filter_subject.clone(),
         ack_policy: AckPolicy::Explicit,
         ack_wait: spec.ack_wait,
-        max_deliver: spec.max_deliver,
+        // Unlimited: palisade counts deliveries itself (`ConsumerSpec::max_deliver`). A server
+        // that counted them would stop delivering a message whose deliveries all lapsed
+        // undecided (a consumer crashed, frozen or cut off past the ack wait, a delivery lost
+        // with a dropped pull) and leave it in the stream with no consumer ever seeing a last
+        // delivery to record dead: a confirmed message lost silently.
+        max_deliver: -1,
         max_ack_pending: spec.max_ack_pending,
         ..Default::default()
     };

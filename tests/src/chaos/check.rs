@@ -92,6 +92,9 @@ pub async fn check(
             Some(_) => {}
         }
     }
+    if ledger.confirmed.iter().any(|key| !scans.contains_key(key)) {
+        violations.extend(consumers_of(bus, &bus.subjects().requests_stream()).await?);
+    }
     for key in scans.keys() {
         if !ledger.attempted.contains(key) {
             violations.push(format!("scan for {key}, which the load never requested"));
@@ -208,6 +211,42 @@ pub async fn check(
         ));
     }
     Ok(violations)
+}
+
+/// Where a stream's messages stand with each of its durable consumers, one line each: said
+/// when confirmed requests have no scan, to tell a message never delivered from one whose
+/// deliveries were spent without a decision.
+async fn consumers_of(bus: &Bus, stream: &str) -> Result<Vec<String>, anyhow::Error> {
+    let mut stream = bus.jetstream().get_stream(stream).await?;
+    let state = stream.info().await?.state.clone();
+    let mut lines = vec![format!(
+        "stream {stream_name}: {} messages, sequences {}..={}",
+        state.messages,
+        state.first_sequence,
+        state.last_sequence,
+        stream_name = stream.cached_info().config.name
+    )];
+    let mut names = stream.consumer_names();
+    while let Some(name) = names.next().await {
+        let name = name?;
+        let info = stream
+            .get_consumer::<bus::async_nats::jetstream::consumer::pull::Config>(&name)
+            .await
+            .map_err(|error| anyhow::anyhow!("consumer {name}: {error}"))?
+            .cached_info()
+            .clone();
+        lines.push(format!(
+            "consumer {name}: {} pending, {} awaiting acknowledgement, {} redelivered, \
+             delivered to {}, acknowledged to {}, max_deliver {}",
+            info.num_pending,
+            info.num_ack_pending,
+            info.num_redelivered,
+            info.delivered.stream_sequence,
+            info.ack_floor.stream_sequence,
+            info.config.max_deliver
+        ));
+    }
+    Ok(lines)
 }
 
 /// The count `sql` returns for the state names bound as `$1`.

@@ -64,6 +64,13 @@ const PROGRESS_MAX: Duration = Duration::from_secs(30);
 /// How long a network cut lasts: past a lease TTL and an ack wait.
 const CUT: Duration = Duration::from_secs(5);
 
+/// [`Fault::SlowLinks`]: every packet on the suite's network held this long, each way…
+const LINK_DELAY: Duration = Duration::from_millis(200);
+/// …and dropped with this probability…
+const LINK_LOSS: f64 = 0.05;
+/// …for this long.
+const SLOW_LINKS: Duration = Duration::from_secs(60);
+
 /// How long a NATS node stays frozen or cut from its peers: past the window in which its
 /// peers give up on a silent route ([`NatsCluster::PING_INTERVAL`] × [`NatsCluster::PING_MAX`],
 /// 10 s), so they drop it and elect leaders without it.
@@ -106,6 +113,10 @@ pub enum Fault {
     /// connected to it and they to theirs: the node alone is the minority side, its peers the
     /// majority. Which node: the requests stream's leader, or a node that does not lead it.
     NatsNodePartition(Side),
+    /// Every link of the suite's network slow and lossy ([`LINK_DELAY`] each way,
+    /// [`LINK_LOSS`]) for [`SLOW_LINKS`]: between services, workers, NATS nodes and
+    /// PostgreSQL alike ([`crate::impair`]).
+    SlowLinks,
     /// One replica of the service cut from NATS for [`CUT`] (its packets to the server
     /// dropped; the process alive, its connection open), then healed.
     CutFromNats(Service),
@@ -169,6 +180,7 @@ impl Fault {
             Fault::PostgresCutFrom(Service::Ingestion),
             Fault::NatsNodePartition(Side::Leader),
             Fault::NatsNodePartition(Side::Follower),
+            Fault::SlowLinks,
         ]);
         faults
     }
@@ -180,6 +192,7 @@ impl Fault {
                 | Fault::IsolateWorker
                 | Fault::PostgresCutFrom(_)
                 | Fault::NatsNodePartition(_)
+                | Fault::SlowLinks
         )
     }
 }
@@ -189,7 +202,7 @@ impl std::str::FromStr for Fault {
 
     /// `kill:<service>`, `pause:<service>`, `kill-worker`, `pause-worker`, `postgres-restart`,
     /// `postgres-down`, `terminate-backends`, `pool-exhausted`, `nats-restart`,
-    /// `nats-node-kill`, `nats-node-freeze`, `nats-node-partition:leader|follower`,
+    /// `nats-node-kill`, `nats-node-freeze`, `nats-node-partition:leader|follower`, `slow-links`,
     /// `cut-from-nats:<service>`, `isolate-worker`, `postgres-cut-from:<service>`.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let service = |name: &str| {
@@ -216,6 +229,7 @@ impl std::str::FromStr for Fault {
                 "nats-node-kill" => Fault::NatsNodeKill,
                 "nats-node-freeze" => Fault::NatsNodeFreeze,
                 "isolate-worker" => Fault::IsolateWorker,
+                "slow-links" => Fault::SlowLinks,
                 other => return Err(format!("no fault {other:?}")),
             },
         })
@@ -239,6 +253,11 @@ impl fmt::Display for Fault {
             Fault::NatsNodePartition(side) => {
                 write!(f, "NATS {} partitioned {NODE_FAULT:?}", side.name())
             }
+            Fault::SlowLinks => write!(
+                f,
+                "links +{LINK_DELAY:?} {:.0}% loss {SLOW_LINKS:?}",
+                LINK_LOSS * 100.0
+            ),
             Fault::CutFromNats(service) => write!(f, "{} cut from NATS {CUT:?}", service.name()),
             Fault::IsolateWorker => write!(f, "worker isolated {CUT:?}"),
             Fault::PostgresCutFrom(service) => write!(
@@ -281,8 +300,8 @@ pub struct Plan {
     pub seed: u64,
     /// After the load stops, how long everything may take to finish.
     pub settle_max: Duration,
-    /// Why the network faults are not in `faults`, when they are not.
-    pub network_unavailable: Option<String>,
+    /// Faults left out of `faults` because this machine cannot run them, and why.
+    pub left_out: Vec<String>,
 }
 
 impl Plan {
@@ -291,13 +310,17 @@ impl Plan {
     /// ([`crate::netns`]); the report says when it cannot.
     pub fn bounded(seed: u64) -> Self {
         let mut faults = Fault::all();
-        let network_unavailable = match crate::netns::available() {
-            Ok(()) => {
-                faults.extend(Fault::network());
-                None
-            }
-            Err(why) => Some(why.to_string()),
-        };
+        let mut left_out = Vec::new();
+        match crate::netns::available() {
+            Ok(()) => faults.extend(Fault::network()),
+            Err(why) => left_out.push(format!("network faults not run: {why}")),
+        }
+        if faults.contains(&Fault::SlowLinks)
+            && let Err(why) = crate::impair::Impairment::available()
+        {
+            faults.retain(|fault| *fault != Fault::SlowLinks);
+            left_out.push(format!("slow and lossy links not run: {why}"));
+        }
         faults.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
         Self {
             faults,
@@ -312,7 +335,7 @@ impl Plan {
             },
             seed,
             settle_max: Duration::from_secs(120),
-            network_unavailable,
+            left_out,
         }
     }
 
@@ -493,14 +516,7 @@ struct Wiring {
 /// Runs the plan and checks the result. Panics only when the suite itself cannot run.
 pub async fn run(plan: &Plan, binaries: &Binaries, keep_logs: bool) -> Report {
     let mut world = World::start(plan, binaries).await;
-    let mut notes: Vec<String> = plan
-        .network_unavailable
-        .iter()
-        .map(|why| format!("network faults not run: {why}"))
-        .collect();
-    if let Some(Err(why)) = world.network.as_ref().map(|wiring| wiring.network.netem()) {
-        notes.push(format!("delay and loss not run: {why}"));
-    }
+    let notes = plan.left_out.clone();
     let organization_id = world.organization_id().await;
     for worker in &mut world.workers {
         worker.start();
@@ -914,7 +930,8 @@ impl World {
             Fault::CutFromNats(_)
             | Fault::IsolateWorker
             | Fault::PostgresCutFrom(_)
-            | Fault::NatsNodePartition(_) => {
+            | Fault::NatsNodePartition(_)
+            | Fault::SlowLinks => {
                 self.cut(fault, rng).await;
             }
         }
@@ -968,6 +985,15 @@ impl World {
                     wiring.network.heal(host, *peer);
                 }
                 self.nats.wait_healthy(cut).await;
+            }
+            Fault::SlowLinks => {
+                let impairment =
+                    crate::impair::Impairment::start(&wiring.network, LINK_DELAY, LINK_LOSS)
+                        .unwrap_or_else(|why| panic!("the plan slows links, but {why}"));
+                tokio::time::sleep(SLOW_LINKS).await;
+                let (seen, dropped) = impairment.counts();
+                drop(impairment);
+                tracing::info!(seen, dropped, "links healed");
             }
             Fault::IsolateWorker => {
                 let host = host_of(&self.workers[rng.random_range(0..self.workers.len())]);

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
+use futures::StreamExt as _;
 use messages::WorkerVerb;
 use prost::Message as _;
 use tests::{Component, TestSystem, findings_payload};
@@ -221,6 +222,76 @@ async fn a_decision_slower_than_the_ack_wait_is_not_redelivered() {
         })
         .expect("admission's redeliveries are counted");
     assert_eq!(redeliveries, 0.0, "the slow decision was never redelivered");
+    system.finish().await;
+}
+
+/// Deliveries that lapse without a decision do not end a message: a consumer crashed, frozen
+/// or cut off past the ack wait, or a delivery lost with a pull the client dropped, spends one
+/// each, and however many lapse the message is delivered again until a decision ends it (with
+/// the server counting `max_deliver` it would never be delivered again, and no consumer would
+/// see a last delivery to record dead). Here the test takes every delivery from admission's
+/// durable consumer while admission is stopped and lets each lapse, one more than
+/// `max_deliver`; admission, started again, admits the request once.
+#[tokio::test]
+async fn a_message_whose_deliveries_all_lapsed_undecided_is_still_decided() {
+    const MAX_DELIVER: i64 = 2;
+    const ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+    let system = TestSystem::spawn_with(|settings| {
+        settings.admission.consumer.max_deliver = MAX_DELIVER;
+        settings.admission.consumer.ack_wait = ACK_WAIT;
+    })
+    .await;
+    let org = system.organization().await;
+    system.stop(Component::Admission).await;
+    let request = system.request(org, "http://lapsed.test", &["alpha"]);
+    system
+        .publish_request_bytes(org, request.encode_to_vec())
+        .await;
+
+    let consumer: bus::async_nats::jetstream::consumer::PullConsumer = system
+        .bus
+        .jetstream()
+        .get_stream(system.subjects.requests_stream())
+        .await
+        .expect("the requests stream")
+        .get_consumer(admission::CONSUMER_NAME)
+        .await
+        .expect("admission's consumer");
+    for delivery in 1..=MAX_DELIVER + 1 {
+        let mut fetched = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(ACK_WAIT * 3)
+            .messages()
+            .await
+            .expect("a fetch");
+        let message = fetched
+            .next()
+            .await
+            .unwrap_or_else(|| panic!("delivery {delivery} never came"))
+            .expect("a delivery");
+        let info = message.info().expect("a JetStream message");
+        assert_eq!(info.delivered, delivery);
+        // Never acknowledged: it lapses after the ack wait.
+    }
+
+    system.start(Component::Admission);
+    system
+        .wait_for("the request admitted", || async {
+            (system.table_counts().await["scans"] == 1).then_some(())
+        })
+        .await;
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.requests_stream(),
+        admission::CONSUMER_NAME,
+    )
+    .await;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters")
+        .fetch_one(&system.pool)
+        .await
+        .expect("count");
+    assert_eq!(dead, 0, "decided, not recorded dead");
     system.finish().await;
 }
 
