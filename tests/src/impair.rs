@@ -2,8 +2,9 @@
 //! `netem`, which some kernels (this machine's among them) are built without: iptables rules
 //! hand every IPv4 packet that crosses a network's bridge to a netfilter queue (NFQUEUE), and a
 //! thread of this process holds each one in userspace for the delay, then gives the kernel its
-//! verdict: accepted, or dropped with the loss's probability. A userspace netem, for delay and
-//! loss only (the delay is constant, so packets leave in the order they came).
+//! verdict: accepted, or dropped with the loss's probability. A userspace netem, for delay,
+//! jitter and loss: each packet is held the delay and a random part of the jitter, so packets
+//! closer together than the jitter may leave out of the order they came (reordering).
 //!
 //! The packets: a host's to a server address (iptables `INPUT -i <bridge>`), a server
 //! address's to a host (`OUTPUT -o <bridge>`), and a host's to another host, which the bridge
@@ -27,7 +28,8 @@
 //! packets on rather than drop them when the listener falls behind (the queue fails open).
 //! Dropping an [`Impairment`] removes its rules, also while a panicking test unwinds.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,8 +69,54 @@ struct Counts {
     dropped: AtomicU64,
 }
 
-/// A packet held, and when it is due.
-type Held = VecDeque<(Instant, nfq::Message)>;
+/// The packets held, the soonest due first.
+type Held = BinaryHeap<Reverse<HeldPacket>>;
+
+/// A packet held: when it is due, and its place in the order packets came (which breaks ties,
+/// so packets due at once leave as they came).
+struct HeldPacket {
+    due: Instant,
+    arrival: u64,
+    message: nfq::Message,
+}
+
+impl PartialEq for HeldPacket {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.arrival) == (other.due, other.arrival)
+    }
+}
+
+impl Eq for HeldPacket {}
+
+impl PartialOrd for HeldPacket {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for HeldPacket {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.due, self.arrival).cmp(&(other.due, other.arrival))
+    }
+}
+
+/// What an impairment does to each packet.
+#[derive(Debug, Clone, Copy)]
+pub struct Link {
+    /// Held at least this long…
+    pub delay: Duration,
+    /// …and a random part of this besides (reordering packets closer than it)…
+    pub jitter: Duration,
+    /// …then dropped with this probability (0 to 1).
+    pub loss: f64,
+}
+
+impl Link {
+    /// How long one packet is held.
+    fn hold(&self, rng: &mut impl rand::Rng) -> Duration {
+        self.delay + self.jitter.mul_f64(rng.random::<f64>())
+    }
+}
 
 impl Impairment {
     /// Why this machine cannot impair links, if it cannot: it opens a queue and adds (and
@@ -101,13 +149,14 @@ impl Impairment {
     }
 
     /// Every packet that crosses `network`'s bridge (a host's to or from a server address,
-    /// and between two hosts) held `delay` (and a millisecond or two: the listener looks for
-    /// due packets every millisecond), and dropped with probability `loss` (0 to 1). One
-    /// impairment per network at a time.
-    pub fn start(network: &Network, delay: Duration, loss: f64) -> Result<Self, Unavailable> {
+    /// and between two hosts) impaired as `link` says (held a millisecond or two more: the
+    /// listener looks for due packets every millisecond). One impairment per network at a
+    /// time.
+    pub fn start(network: &Network, link: Link) -> Result<Self, Unavailable> {
         assert!(
-            (0.0..=1.0).contains(&loss),
-            "loss is a probability, from 0 to 1, not {loss}"
+            (0.0..=1.0).contains(&link.loss),
+            "loss is a probability, from 0 to 1, not {}",
+            link.loss
         );
         let bridge = network.bridge();
         if bridge_netfilter_setting()?.trim() != "1" {
@@ -125,7 +174,7 @@ impl Impairment {
             .name(format!("impair-{bridge}"))
             .spawn({
                 let (counts, stop) = (counts.clone(), stop.clone());
-                move || listen(queue, delay, loss, &stop, &counts)
+                move || listen(queue, link, &stop, &counts)
             })
             .map_err(|error| Unavailable(format!("cannot start the listener: {error}")))?;
         let mut impairment = Self {
@@ -228,20 +277,20 @@ fn open_queue() -> Result<(nfq::Queue, u16), Unavailable> {
     Ok((queue, number))
 }
 
-/// Holds each packet of `queue` for `delay`, then accepts it or drops it (with probability
-/// `loss`), until `stop`; then accepts those still held.
-fn listen(mut queue: nfq::Queue, delay: Duration, loss: f64, stop: &AtomicBool, counts: &Counts) {
+/// Holds each packet of `queue` as `link` says, then accepts it or drops it (with the link's
+/// loss), until `stop`; then accepts those still held.
+fn listen(mut queue: nfq::Queue, link: Link, stop: &AtomicBool, counts: &Counts) {
     let mut held = Held::new();
     let mut rng = rand::rng();
     let mut failed = None;
     while !stop.load(Ordering::Relaxed) && failed.is_none() {
-        let received = receive(&mut queue, &mut held, delay, counts);
+        let received = receive(&mut queue, &mut held, || link.hold(&mut rng), counts);
         let now = Instant::now();
         let released = release(
             &mut queue,
             &mut held,
             now,
-            |_| rng.random_bool(loss),
+            |_| rng.random_bool(link.loss),
             counts,
         );
         match (received, released) {
@@ -250,8 +299,12 @@ fn listen(mut queue: nfq::Queue, delay: Duration, loss: f64, stop: &AtomicBool, 
             (Err(error), _) | (_, Err(error)) => failed = Some(error),
         }
     }
-    let last = receive(&mut queue, &mut held, Duration::ZERO, counts);
-    let due = held.back().map_or_else(Instant::now, |(due, _)| *due);
+    let last = receive(&mut queue, &mut held, || Duration::ZERO, counts);
+    let due = held
+        .iter()
+        .map(|Reverse(packet)| packet.due)
+        .max()
+        .unwrap_or_else(Instant::now);
     let flushed = release(&mut queue, &mut held, due, |_| false, counts);
     if let Some(error) = failed.or(last.err()).or(flushed.err()) {
         eprintln!(
@@ -261,18 +314,23 @@ fn listen(mut queue: nfq::Queue, delay: Duration, loss: f64, stop: &AtomicBool, 
     }
 }
 
-/// Reads the packets waiting (a batch at most) into `held`, due `delay` from now; how many.
+/// Reads the packets waiting (a batch at most) into `held`, each due as long from now as
+/// `hold` says; how many.
 fn receive(
     queue: &mut nfq::Queue,
     held: &mut Held,
-    delay: Duration,
+    mut hold: impl FnMut() -> Duration,
     counts: &Counts,
 ) -> std::io::Result<usize> {
     for received in 0..BATCH {
         match queue.recv() {
             Ok(message) => {
-                held.push_back((Instant::now() + delay, message));
-                counts.seen.fetch_add(1, Ordering::Relaxed);
+                let arrival = counts.seen.fetch_add(1, Ordering::Relaxed);
+                held.push(Reverse(HeldPacket {
+                    due: Instant::now() + hold(),
+                    arrival,
+                    message,
+                }));
             }
             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return Ok(received),
             Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
@@ -282,7 +340,7 @@ fn receive(
     Ok(BATCH)
 }
 
-/// Gives the packets due by `now` their verdict, in arrival order: dropped when `drop` says
+/// Gives the packets due by `now` their verdict, soonest due first: dropped when `drop` says
 /// so, else accepted; how many.
 fn release(
     queue: &mut nfq::Queue,
@@ -292,8 +350,8 @@ fn release(
     counts: &Counts,
 ) -> std::io::Result<usize> {
     let mut released = 0;
-    while held.front().is_some_and(|(due, _)| *due <= now) {
-        let Some((_, mut message)) = held.pop_front() else {
+    while held.peek().is_some_and(|Reverse(packet)| packet.due <= now) {
+        let Some(Reverse(HeldPacket { mut message, .. })) = held.pop() else {
             break;
         };
         let verdict = if drop(&message) {
@@ -386,7 +444,7 @@ impl Drop for Rules {
 #[cfg(test)]
 mod tests {
     use std::io::{BufRead as _, BufReader, Write as _};
-    use std::net::{Ipv4Addr, TcpListener};
+    use std::net::{Ipv4Addr, TcpListener, UdpSocket};
     use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
     use super::*;
@@ -395,7 +453,8 @@ mod tests {
     /// `serve`: echoes every connection on a port of its own, which it prints, until its input
     /// ends. `client ADDRESS PORT`: connects, says so, then for each number read makes that
     /// many one-byte round trips and prints their times in seconds; closes the connection, and
-    /// waits for the server to close its side, once its input ends.
+    /// waits for the server to close its side, once its input ends. `datagrams ADDRESS PORT
+    /// COUNT`: sends COUNT UDP datagrams numbered from 0, a millisecond apart, and says so.
     const ECHO: &str = r#"
 import socket, sys, threading, time
 
@@ -433,8 +492,17 @@ def client(address, port):
     connection.shutdown(socket.SHUT_WR)
     connection.recv(1)
 
+def datagrams(address, port, count):
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for number in range(int(count)):
+        sender.sendto(str(number).encode(), (address, int(port)))
+        time.sleep(0.001)
+    print("sent", flush=True)
+
 if sys.argv[1] == "serve":
     serve()
+elif sys.argv[1] == "datagrams":
+    datagrams(*sys.argv[2:])
 else:
     client(*sys.argv[2:])
 "#;
@@ -567,6 +635,7 @@ else:
     /// while impaired, and as little as before once the impairment is dropped; loopback's
     /// are never delayed. With a fifth of the packets lost, TCP still delivers (with half, its
     /// retransmissions back off so far that a round trip took 35 s, and one over a minute).
+    /// With jitter, datagrams sent closer together than it arrive out of order, all of them.
     #[test]
     fn delays_and_drops_on_its_bridge_only() {
         if let Err(why) = netns::available().and_then(|()| Impairment::available()) {
@@ -601,8 +670,13 @@ else:
         assert!(before.iter().all(|median| *median < fast), "fast before");
 
         let delay = Duration::from_millis(200);
-        let impairment = Impairment::start(&network, delay, 0.0).expect("impairs");
-        let twice = Impairment::start(&network, delay, 0.0)
+        let steady = Link {
+            delay,
+            jitter: Duration::ZERO,
+            loss: 0.0,
+        };
+        let impairment = Impairment::start(&network, steady).expect("impairs");
+        let twice = Impairment::start(&network, steady)
             .err()
             .expect("one at a time");
         eprintln!("a second impairment: {twice}");
@@ -624,7 +698,15 @@ else:
         let after = medians(&mut clients, "after");
         assert!(after.iter().all(|median| *median < fast), "fast again");
 
-        let lossy = Impairment::start(&network, Duration::from_millis(10), 0.2).expect("impairs");
+        let lossy = Impairment::start(
+            &network,
+            Link {
+                delay: Duration::from_millis(10),
+                jitter: Duration::ZERO,
+                loss: 0.2,
+            },
+        )
+        .expect("impairs");
         let started = Instant::now();
         for (name, client) in &mut clients[..2] {
             let times = client.round_trips(10);
@@ -643,5 +725,49 @@ else:
         assert!(!chain_left(&network), "its rules removed");
         let healed = medians(&mut clients, "healed");
         assert!(healed.iter().all(|median| *median < fast), "fast again");
+
+        // Datagrams a millisecond apart, held 10 to 40 ms each: they arrive, out of order.
+        let jittery = Impairment::start(
+            &network,
+            Link {
+                delay: Duration::from_millis(10),
+                jitter: Duration::from_millis(30),
+                loss: 0.0,
+            },
+        )
+        .expect("impairs");
+        let receiver = UdpSocket::bind((server, 0)).expect("binds on the bridge");
+        receiver
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("a timeout");
+        let port = receiver.local_addr().expect("an address").port();
+        let count = 100;
+        let mut sender = Script::start(
+            Some(&host),
+            &[
+                "datagrams",
+                &server.to_string(),
+                &port.to_string(),
+                &count.to_string(),
+            ],
+        );
+        assert_eq!(sender.line(), "sent");
+        let mut order = Vec::new();
+        let mut buffer = [0u8; 16];
+        while order.len() < count {
+            let Ok(length) = receiver.recv(&mut buffer) else {
+                break;
+            };
+            let number: usize = std::str::from_utf8(&buffer[..length])
+                .expect("text")
+                .parse()
+                .expect("a number");
+            order.push(number);
+        }
+        drop(jittery);
+        let out_of_order = order.windows(2).filter(|pair| pair[1] < pair[0]).count();
+        eprintln!("10 ms delay, 30 ms jitter: {out_of_order} of {count} datagrams overtaken");
+        assert_eq!(order.len(), count, "every datagram arrived");
+        assert!(out_of_order > 0, "reordered");
     }
 }

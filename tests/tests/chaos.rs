@@ -4,9 +4,11 @@
 //!
 //! - `bounded` (CI): every fault once, in an order drawn from `CHAOS_SEED` (a fresh seed when
 //!   unset; the report prints it, so a failure can be replayed with the same order), or the
-//!   faults `CHAOS_FAULTS` names (`postgres-down,nats-restart,kill:admission`,
-//!   `cut-from-nats:dispatch,isolate-worker,postgres-cut-from:ingestion`). The network faults
-//!   join the plan where the machine lets the suite make network namespaces.
+//!   faults `CHAOS_FAULTS` names (`postgres-down,nats-restart,nats-node-kill,kill:admission`,
+//!   `cut-from-nats:dispatch,isolate-worker,postgres-cut-from:ingestion`,
+//!   `nats-node-partition:leader,slow-links`: see `chaos::Fault`). The network faults join the
+//!   plan where the machine lets the suite make network namespaces, slow links where it can
+//!   queue packets (`tests::impair`).
 //! - `soak` (on demand): faults every `CHAOS_FAULT_GAP_SECS` (default 3) for
 //!   `CHAOS_SOAK_SECS` (default 3600), then the same checks; prints its report and keeps the
 //!   logs:

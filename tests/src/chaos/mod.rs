@@ -64,10 +64,13 @@ const PROGRESS_MAX: Duration = Duration::from_secs(30);
 /// How long a network cut lasts: past a lease TTL and an ack wait.
 const CUT: Duration = Duration::from_secs(5);
 
-/// [`Fault::SlowLinks`]: every packet on the suite's network held this long, each way…
-const LINK_DELAY: Duration = Duration::from_millis(200);
-/// …and dropped with this probability…
-const LINK_LOSS: f64 = 0.05;
+/// [`Fault::SlowLinks`]: every packet on the suite's network held 200 ms to 250 ms each way
+/// (so some overtake others) and dropped with a probability of 5 %…
+const SLOW_LINK: crate::impair::Link = crate::impair::Link {
+    delay: Duration::from_millis(200),
+    jitter: Duration::from_millis(50),
+    loss: 0.05,
+};
 /// …for this long.
 const SLOW_LINKS: Duration = Duration::from_secs(60);
 
@@ -113,9 +116,9 @@ pub enum Fault {
     /// connected to it and they to theirs: the node alone is the minority side, its peers the
     /// majority. Which node: the requests stream's leader, or a node that does not lead it.
     NatsNodePartition(Side),
-    /// Every link of the suite's network slow and lossy ([`LINK_DELAY`] each way,
-    /// [`LINK_LOSS`]) for [`SLOW_LINKS`]: between services, workers, NATS nodes and
-    /// PostgreSQL alike ([`crate::impair`]).
+    /// Every link of the suite's network slow, reordering and lossy ([`SLOW_LINK`]) for
+    /// [`SLOW_LINKS`]: between services, workers, NATS nodes and PostgreSQL alike
+    /// ([`crate::impair`]).
     SlowLinks,
     /// One replica of the service cut from NATS for [`CUT`] (its packets to the server
     /// dropped; the process alive, its connection open), then healed.
@@ -255,8 +258,10 @@ impl fmt::Display for Fault {
             }
             Fault::SlowLinks => write!(
                 f,
-                "links +{LINK_DELAY:?} {:.0}% loss {SLOW_LINKS:?}",
-                LINK_LOSS * 100.0
+                "links +{:?}~{:?} {:.0}% loss {SLOW_LINKS:?}",
+                SLOW_LINK.delay,
+                SLOW_LINK.jitter,
+                SLOW_LINK.loss * 100.0
             ),
             Fault::CutFromNats(service) => write!(f, "{} cut from NATS {CUT:?}", service.name()),
             Fault::IsolateWorker => write!(f, "worker isolated {CUT:?}"),
@@ -987,9 +992,8 @@ impl World {
                 self.nats.wait_healthy(cut).await;
             }
             Fault::SlowLinks => {
-                let impairment =
-                    crate::impair::Impairment::start(&wiring.network, LINK_DELAY, LINK_LOSS)
-                        .unwrap_or_else(|why| panic!("the plan slows links, but {why}"));
+                let impairment = crate::impair::Impairment::start(&wiring.network, SLOW_LINK)
+                    .unwrap_or_else(|why| panic!("the plan slows links, but {why}"));
                 tokio::time::sleep(SLOW_LINKS).await;
                 let (seen, dropped) = impairment.counts();
                 drop(impairment);
