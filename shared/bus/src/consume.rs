@@ -8,6 +8,8 @@
 //!   recorded as dead (the handler's [`BatchHandler::dead_letter`]) and terminated instead of
 //!   being lost silently. The server does not count deliveries (`max_deliver` is unlimited on
 //!   the consumer): only a decision ends a message, never deliveries that lapsed undecided.
+//!   A handler that panics decides the same for the message it panicked on (the batch is
+//!   decided again one message at a time to find it).
 //! - [`Decision::Reject`]: bad input; the handler already told the sender. `Term`.
 //! - [`Decision::Hold`]: something outside the message is unavailable (PostgreSQL down, the
 //!   pool exhausted): the message is kept with in-progress acknowledgements, spends no
@@ -23,6 +25,7 @@
 //! pool's acquire timeout may be longer than the ack wait. A deadlock or a statement timeout is
 //! a [`Decision::Retry`].
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -635,7 +638,7 @@ async fn decide_and_acknowledge<H: BatchHandler>(
     let mut held_count = 0;
     loop {
         let handle_started = std::time::Instant::now();
-        let decisions = deciding(spec, &batch, handler.handle(&batch)).await;
+        let decisions = deciding(spec, &batch, handle_guarded(handler, &batch)).await;
         crate::metrics::observe_handler_seconds(
             &spec.durable_name,
             handle_started.elapsed().as_secs_f64(),
@@ -684,6 +687,60 @@ async fn decide_and_acknowledge<H: BatchHandler>(
             holding.release(held_count);
             return Ok(());
         }
+    }
+}
+
+/// The handler's decisions for `batch`, a panic included: the batch is decided again one
+/// delivery at a time, and a delivery whose handling panics alone is a [`Decision::Retry`]
+/// (recorded dead on its last delivery, like any message failing for reasons of its own). So a
+/// message that crashes its handler neither takes the batch's other messages with it nor
+/// crashes the service on every delivery: with no delivery limit on the server (see
+/// [`create`]), that would go on for ever.
+async fn handle_guarded<H: BatchHandler>(handler: &H, batch: &[Delivery]) -> Vec<Decision> {
+    let panic = match caught(handler, batch).await {
+        Ok(decisions) => return decisions,
+        Err(panic) => panic,
+    };
+    if let [delivery] = batch {
+        return vec![panicked(delivery, panic.as_ref())];
+    }
+    let mut decisions = Vec::with_capacity(batch.len());
+    for delivery in batch {
+        let alone = std::slice::from_ref(delivery);
+        decisions.push(match caught(handler, alone).await {
+            Ok(mut decided) => decided.pop().expect("a handler returns one decision"),
+            Err(panic) => panicked(delivery, panic.as_ref()),
+        });
+    }
+    decisions
+}
+
+/// The handler's decisions for `batch`, or its panic (while making the future or polling it).
+async fn caught<H: BatchHandler>(
+    handler: &H,
+    batch: &[Delivery],
+) -> std::thread::Result<Vec<Decision>> {
+    AssertUnwindSafe(async { handler.handle(batch).await })
+        .catch_unwind()
+        .await
+}
+
+/// A handler's panic on `delivery`, as the decision to try it again.
+fn panicked(delivery: &Delivery, panic: &(dyn std::any::Any + Send)) -> Decision {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|message| (*message).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned());
+    tracing::error!(
+        subject = delivery.subject(),
+        stream_sequence = delivery.stream_sequence,
+        delivered = delivery.delivered,
+        panic = message,
+        "the handler panicked on this message"
+    );
+    Decision::Retry {
+        reason: format!("the handler panicked: {message}"),
     }
 }
 

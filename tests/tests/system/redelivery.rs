@@ -362,3 +362,129 @@ async fn a_message_refused_on_every_delivery_is_recorded_dead_and_not_redelivere
     assert_eq!(batches, 0, "nothing of it was written");
     system.finish().await;
 }
+
+/// A message its handler panics on is a message failing for reasons of its own: retried,
+/// then recorded dead on its last delivery, while the messages fetched in the same batch are
+/// decided and the consumer keeps running. (With no delivery limit on the server, a panic
+/// that ended the consumer would crash its service on every delivery for ever.)
+#[tokio::test]
+async fn a_message_its_handler_panics_on_is_recorded_dead_and_the_rest_decided() {
+    use std::sync::{Arc, Mutex};
+
+    use bus::consume::{BatchHandler, ConsumerSpec, Decision, Delivery};
+
+    /// Acknowledges every message but `poison`, on which it panics; remembers both.
+    #[derive(Default)]
+    struct Panicky {
+        decided: Mutex<Vec<String>>,
+        dead: Mutex<Vec<(String, i64, String)>>,
+    }
+
+    impl BatchHandler for Panicky {
+        fn handle(
+            &self,
+            batch: &[Delivery],
+        ) -> impl std::future::Future<Output = Vec<Decision>> + Send {
+            let payloads: Vec<String> = batch
+                .iter()
+                .map(|delivery| String::from_utf8_lossy(delivery.payload()).into_owned())
+                .collect();
+            async move {
+                assert!(
+                    !payloads.iter().any(|payload| payload == "poison"),
+                    "a handler's bug, on one message"
+                );
+                let decisions = vec![Decision::Ack; payloads.len()];
+                self.decided.lock().unwrap().extend(payloads);
+                decisions
+            }
+        }
+
+        fn dead_letter(
+            &self,
+            delivery: &Delivery,
+            reason: &str,
+        ) -> impl std::future::Future<Output = Result<(), String>> + Send {
+            self.dead.lock().unwrap().push((
+                String::from_utf8_lossy(delivery.payload()).into_owned(),
+                delivery.delivered,
+                reason.to_owned(),
+            ));
+            async { Ok(()) }
+        }
+    }
+
+    const MAX_DELIVER: i64 = 2;
+    let server = tests::servers::NatsServer::start().await;
+    let subjects = messages::Subjects::new("panicky").expect("valid prefix");
+    let bus = bus::Bus::connect(
+        &server.url(),
+        &bus::NatsCredentials::default(),
+        &bus::NatsTls::default(),
+        subjects,
+        &messages::Identity::Operator,
+    )
+    .await
+    .expect("connected");
+    let jetstream = bus.jetstream();
+    jetstream
+        .create_stream(bus::async_nats::jetstream::stream::Config {
+            name: "PANICKY".into(),
+            subjects: vec!["panicky.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("a stream");
+    for payload in ["first", "poison", "last"] {
+        jetstream
+            .publish("panicky.message", payload.into())
+            .await
+            .expect("published")
+            .await
+            .expect("confirmed");
+    }
+
+    let mut spec = ConsumerSpec::new("PANICKY".into(), "panicky", "panicky.>".into());
+    spec.max_deliver = MAX_DELIVER;
+    spec.ack_wait = std::time::Duration::from_secs(1);
+    spec.retry_delay_base = std::time::Duration::from_millis(50);
+    let handler = Arc::new(Panicky::default());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let consumer = tokio::spawn({
+        let (bus, handler, shutdown) = (bus.clone(), handler.clone(), shutdown.clone());
+        async move { bus::consume::run(&bus, spec, handler, shutdown).await }
+    });
+
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while handler.dead.lock().unwrap().is_empty() {
+        assert!(
+            !consumer.is_finished(),
+            "the consumer ended: {:?}",
+            consumer.await
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no dead letter within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let dead = handler.dead.lock().unwrap().clone();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let (payload, delivered, reason) = &dead[0];
+    assert_eq!(
+        (payload.as_str(), *delivered),
+        ("poison", MAX_DELIVER),
+        "recorded dead on its last delivery"
+    );
+    assert!(reason.contains("panicked"), "{reason}");
+    let mut decided = handler.decided.lock().unwrap().clone();
+    decided.sort();
+    decided.dedup();
+    assert_eq!(decided, ["first", "last"], "the rest of its batch decided");
+    assert!(!consumer.is_finished(), "the consumer keeps running");
+    shutdown.cancel();
+    consumer
+        .await
+        .expect("no panic escaped")
+        .expect("stopped cleanly");
+}
