@@ -16,12 +16,14 @@
 //!   delivery, and is decided again after a backoff; while any is held the consumer's pull is
 //!   closed and nothing new is fetched.
 //!
-//! Pull mechanics: a pull expires after half the ack wait and is reopened after two missed
-//! heartbeats or a reconnection. Every message delivered is in a batch being decided, held, or
-//! waiting its turn (at most one batch waits), and all three get in-progress acknowledgements
-//! every third of the ack wait, so only a crashed consumer's messages are redelivered: waiting
-//! for a connection, for a hung statement or for a batch slot never spends a delivery. A full
-//! batch still waiting after a third of the ack wait closes the pull (see `Pulling`), so the
+//! Pull mechanics: one pull request at a time, for at most the room left in the waiting batch,
+//! expiring after half the ack wait, and always read to its end (see `Pulling`): a request
+//! given up while the server could still deliver into it would leave what it delivered unread
+//! until the ack wait redelivers it. Every message delivered is in a batch being decided,
+//! held, or waiting its turn (at most one batch waits), and all three get in-progress
+//! acknowledgements every third of the ack wait, so only a crashed consumer's messages are
+//! redelivered: waiting for a connection, for a hung statement or for a batch slot never spends
+//! a delivery. No new request is made while a batch is full or messages are held, so the
 //! pool's acquire timeout may be longer than the ack wait. A deadlock or a statement timeout is
 //! a [`Decision::Retry`].
 
@@ -30,7 +32,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures::{FutureExt as _, StreamExt as _};
@@ -202,9 +203,10 @@ fn pull_expires(spec: &ConsumerSpec) -> Duration {
     (spec.ack_wait / 2).clamp(Duration::from_millis(500), Duration::from_secs(10))
 }
 
-/// How often the server says a pull request of ours is still open while it has nothing to
-/// deliver; two missed in a row and the pull is opened again.
-fn pull_heartbeat(spec: &ConsumerSpec) -> Duration {
+/// How long past its expiry a pull request may go unended (the server's timeout status not
+/// come) before the consumer takes it as lost, as when its server restarted or the consumer's
+/// leader moved, and asks again.
+fn pull_grace(spec: &ConsumerSpec) -> Duration {
     (pull_expires(spec) / 2).min(Duration::from_secs(1))
 }
 
@@ -218,13 +220,14 @@ const RECONNECT_CHECK: Duration = Duration::from_millis(250);
 /// How soon a switch to interest retention that failed at start is tried again.
 const RETENTION_RETRY: Duration = Duration::from_secs(2);
 
-/// A consumer's open pull, read in chunks of up to its batch size.
-type Pull = futures::stream::ReadyChunks<pull::Stream>;
+/// A consumer's open pull request, read in chunks of up to its batch size; it ends once it
+/// has delivered what it asked for or the server says it expired.
+type Pull = futures::stream::ReadyChunks<pull::Batch>;
 
-/// The next chunk of an open pull; never, when the pull is closed.
+/// The next chunk of the open pull request (none once it ended); never, when none is open.
 async fn next_chunk(
     pull: &mut Option<Pull>,
-) -> Option<Vec<Result<jetstream::Message, pull::MessagesError>>> {
+) -> Option<Vec<Result<jetstream::Message, async_nats::Error>>> {
     match pull {
         Some(pull) => pull.next().await,
         None => std::future::pending().await,
@@ -281,10 +284,9 @@ pub async fn run<H: BatchHandler>(
         spec: &spec,
         consumer,
         pull: None,
+        pull_lost_at: tokio::time::Instant::now(),
         waiting: Vec::new(),
-        stalled_since: None,
     };
-    pulling.pull = Some(pulling.open().await?);
     crate::metrics::register_consumer(&spec.durable_name);
     let holding = Holding::new(&spec.durable_name);
     pulling
@@ -336,32 +338,33 @@ impl ConsumerSpec {
     }
 }
 
-/// One consumer's fetching: its open pull, and the deliveries no batch has taken yet.
+/// One consumer's fetching: its open pull request, and the deliveries no batch has taken yet.
 ///
 /// Every message the server delivered is either in a batch being decided, held, or waiting
 /// here, and each of those is kept with in-progress acknowledgements: a delivery is spent
-/// only by a decision (or a crash), never by waiting its turn. A full batch waits at most;
-/// past that the pull is not read. If a full batch is still waiting after a third of the ack
-/// wait (every batch in flight stuck, as when PostgreSQL hangs), the pull is closed, and what
-/// it had already received is taken into the waiting batch first, so nothing delivered sits
-/// unread in the client until the server redelivers it. So the consumer stops fetching
-/// within a third of the ack wait of its batches stalling, whatever the pool's acquire timeout.
+/// only by a decision (or a crash), never by waiting its turn. A pull request asks for at most
+/// the room left in the waiting batch and is read to its end (what it asked for delivered, or
+/// the server's word that it expired, within half the ack wait), so nothing the server
+/// delivers sits unread in the client until it is redelivered. A new one is made only while
+/// the waiting batch has room and nothing is held: with every batch in flight stuck (as when
+/// PostgreSQL hangs), the consumer stops fetching once one batch waits, whatever the pool's
+/// acquire timeout.
 struct Pulling<'a> {
     bus: &'a Bus,
     spec: &'a ConsumerSpec,
     consumer: jetstream::consumer::PullConsumer,
     pull: Option<Pull>,
+    /// When the open pull request is taken as lost if it has not ended.
+    pull_lost_at: tokio::time::Instant,
     waiting: Vec<Delivery>,
-    /// Since when a full batch has waited with no room to decide it.
-    stalled_since: Option<tokio::time::Instant>,
 }
 
 impl Pulling<'_> {
+    /// A pull request for the room left in the waiting batch.
     async fn open(&self) -> Result<Pull, BusError> {
         self.consumer
-            .stream()
-            .max_messages_per_batch(self.spec.batch_size)
-            .heartbeat(pull_heartbeat(self.spec))
+            .batch()
+            .max_messages(self.spec.batch_size - self.waiting.len())
             .expires(pull_expires(self.spec))
             .messages()
             .await
@@ -413,7 +416,7 @@ impl Pulling<'_> {
                     decide_and_acknowledge(spec, handler.as_ref(), batch, holding, shutdown).await
                 }));
             }
-            self.close_or_open(holding).await?;
+            self.open_if_due(holding).await?;
             let chunk = tokio::select! {
                 () = shutdown.cancelled() => {
                     // Batches being decided finish and are acknowledged; nothing new is
@@ -433,9 +436,7 @@ impl Pulling<'_> {
                     continue;
                 }
                 _ = retention_check.tick(), if spec.removes_decided => {
-                    if let Err(error) = keep_only_undecided(self.bus, &spec.stream).await {
-                        tracing::warn!(consumer = %spec.durable_name, %error, "checking the stream's retention failed; trying again later");
-                    }
+                    self.check_retention().await;
                     continue;
                 }
                 _ = reconnect_check.tick() => {
@@ -447,76 +448,54 @@ impl Pulling<'_> {
                     }
                     continue;
                 }
-                chunk = next_chunk(&mut self.pull), if !self.waiting_full() => chunk,
+                () = tokio::time::sleep_until(self.pull_lost_at), if self.pull.is_some() => {
+                    self.pull_lost();
+                    continue;
+                }
+                chunk = next_chunk(&mut self.pull) => chunk,
             };
-            let Some(chunk) = chunk else {
-                return Err(spec.error("message stream ended".into()));
-            };
-            if self.receive(chunk) {
-                self.pull = Some(self.open().await?);
+            match chunk {
+                Some(chunk) => self.receive(chunk),
+                None => self.pull = None,
             }
         }
     }
 
-    /// Closes the pull while messages are held (what the server delivered but nobody decides
-    /// would spend its deliveries) or while a full batch has waited a third of the ack wait
-    /// for room; opens it again when neither holds.
-    async fn close_or_open(&mut self, holding: &Holding) -> Result<(), BusError> {
-        self.stalled_since = match (self.waiting_full(), self.stalled_since) {
-            (true, Some(since)) => Some(since),
-            (true, None) => Some(tokio::time::Instant::now()),
-            (false, _) => None,
-        };
-        let stalled = self
-            .stalled_since
-            .is_some_and(|since| since.elapsed() >= in_progress_interval(self.spec));
-        if holding.any() || stalled {
-            if let Some(mut pull) = self.pull.take() {
-                let buffered = self.take_buffered(&mut pull);
-                tracing::info!(
-                    consumer = %self.spec.durable_name,
-                    buffered,
-                    reason = if stalled { "no batch in flight finishes" } else { "messages are held" },
-                    "pull closed"
-                );
-                in_progress(&self.waiting).await;
-            }
-        } else if self.pull.is_none() && !self.waiting_full() {
+    /// Opens a pull request when none is open, the waiting batch has room and nothing is held
+    /// (what the server delivered but nobody decides would spend its deliveries).
+    async fn open_if_due(&mut self, holding: &Holding) -> Result<(), BusError> {
+        if self.pull.is_none() && !self.waiting_full() && !holding.any() {
             self.pull = Some(self.open().await?);
+            self.pull_lost_at =
+                tokio::time::Instant::now() + pull_expires(self.spec) + pull_grace(self.spec);
         }
         Ok(())
     }
 
-    /// Moves every message the closing `pull` has already received into the waiting ones.
-    fn take_buffered(&mut self, pull: &mut Pull) -> usize {
-        let before = self.waiting.len();
-        while let Some(Some(chunk)) = pull.next().now_or_never() {
-            self.receive(chunk);
+    async fn check_retention(&self) {
+        if let Err(error) = keep_only_undecided(self.bus, &self.spec.stream).await {
+            tracing::warn!(consumer = %self.spec.durable_name, %error, "checking the stream's retention failed; trying again later");
         }
-        self.waiting.len() - before
     }
 
-    /// Adds a chunk's messages to the waiting ones; true when the pull must be opened again
-    /// (the server's heartbeats stopped).
-    fn receive(&mut self, chunk: Vec<Result<jetstream::Message, pull::MessagesError>>) -> bool {
-        let mut missed_heartbeat = false;
+    /// Gives up the open pull request, its expiry long past with no word from the server.
+    fn pull_lost(&mut self) {
+        tracing::warn!(consumer = %self.spec.durable_name, "pull request not ended past its expiry; pulling again");
+        self.pull = None;
+    }
+
+    /// Adds a chunk's messages to the waiting ones.
+    fn receive(&mut self, chunk: Vec<Result<jetstream::Message, async_nats::Error>>) {
         for message in chunk {
             match message {
                 Ok(message) => self.waiting.push(delivery(self.bus, self.spec, message)),
-                Err(error) if error.kind() == MessagesErrorKind::MissingHeartbeat => {
-                    // The server holds no pull request of ours any more, yet the client still
-                    // counts one as open and would not ask again before it expired (seen as
-                    // admission pausing for the whole expiry in the middle of a burn-down).
-                    // Nothing is buffered when no heartbeat arrived: pull afresh.
-                    tracing::warn!(consumer = %self.spec.durable_name, "pull consumer missed the server's heartbeats; pulling again");
-                    missed_heartbeat = true;
-                }
+                // The request ends with it (the consumer's leader moved, the consumer was
+                // changed): the next one is made at once.
                 Err(error) => {
-                    tracing::warn!(consumer = %self.spec.durable_name, error = %telemetry::chain(&error), "pull consumer hiccup, continuing");
+                    tracing::warn!(consumer = %self.spec.durable_name, error = %error, "pull request ended with an error; pulling again");
                 }
             }
         }
-        missed_heartbeat
     }
 }
 
