@@ -196,9 +196,9 @@ pub trait BatchHandler: Send + Sync + 'static {
     }
 }
 
-/// How long one pull request lasts on the server before the client sends another: less than
-/// the ack wait, so that once a consumer closes its pull (while it holds messages it cannot
-/// decide) no request of its outlives an ack wait, and JetStream cannot redeliver into it.
+/// How long one pull request lasts on the server: less than the ack wait, so that a consumer
+/// that stops asking (while it holds messages it cannot decide) has read its last request to
+/// its end, and taken in what it delivered, well before anything it holds could lapse.
 fn pull_expires(spec: &ConsumerSpec) -> Duration {
     (spec.ack_wait / 2).clamp(Duration::from_millis(500), Duration::from_secs(10))
 }
@@ -210,11 +210,10 @@ fn pull_grace(spec: &ConsumerSpec) -> Duration {
     (pull_expires(spec) / 2).min(Duration::from_secs(1))
 }
 
-/// How often a consumer looks whether its connection was re-established. After a reconnection
-/// async-nats' pull asks the server for the consumer's info before it pulls again, retrying
-/// for half a minute while the answer does not come (as after losing a server whose Raft
-/// groups are still moving): the consumer then receives nothing, and misses no heartbeat
-/// either, since no pull is open. So every reconnection opens a fresh pull at once.
+/// How often a consumer looks whether its connection was re-established. A pull request made
+/// on the lost connection may have been lost with it (its server gone, its subscription to be
+/// made again), and nothing would arrive until it is taken as lost: so every reconnection
+/// makes a fresh request at once.
 const RECONNECT_CHECK: Duration = Duration::from_millis(250);
 
 /// How soon a switch to interest retention that failed at start is tried again.
