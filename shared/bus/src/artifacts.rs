@@ -374,9 +374,17 @@ impl Bus {
                     ..Default::default()
                 })
                 .await
-                .map_err(|error| BusError::Provision {
-                    stream: subjects.artifacts_stream(),
-                    message: error.to_string(),
+                .map_err(|error| {
+                    let stream = subjects.artifacts_stream();
+                    let message = error.to_string();
+                    // A bucket whose stream JetStream did not answer for (see `provision`).
+                    if error.kind()
+                        == async_nats::jetstream::context::CreateKeyValueErrorKind::TimedOut
+                    {
+                        BusError::ProvisionUnanswered { stream, message }
+                    } else {
+                        BusError::Provision { stream, message }
+                    }
                 })?;
         }
         Ok(())

@@ -84,6 +84,10 @@ pub enum BusError {
     JetStreamDisabled,
     #[error("cannot provision stream {stream}: {message}")]
     Provision { stream: String, message: String },
+    #[error(
+        "JetStream did not answer while provisioning stream {stream} ({message}) for {PROVISION_PATIENCE:?}; check that the NATS servers run and that a majority of the cluster reaches each other"
+    )]
+    ProvisionUnanswered { stream: String, message: String },
     #[error("publish to {subject} failed: {message}")]
     Publish { subject: String, message: String },
     #[error(
@@ -244,6 +248,24 @@ fn publish_error(subject: String, message: String) -> BusError {
     }
 }
 
+/// How long start-up waits for JetStream to answer while provisioning the streams.
+pub const PROVISION_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How soon provisioning is tried again while JetStream does not answer.
+const PROVISION_RETRY: messages::retry::RetryPolicy =
+    messages::retry::RetryPolicy::new(Duration::from_millis(250), Duration::from_secs(5));
+
+/// Whether JetStream did not answer a stream's creation or update (no responders, a timeout,
+/// or its "temporarily unavailable" while a leader is elected), rather than refuse it.
+fn unanswered(error: &jetstream::context::CreateStreamError) -> bool {
+    use jetstream::context::CreateStreamErrorKind as Kind;
+    match error.kind() {
+        Kind::TimedOut | Kind::JetStreamUnavailable => true,
+        Kind::JetStream(error) => error.code() == 503,
+        _ => false,
+    }
+}
+
 /// A provisioning error, with what to do when the server cannot reserve the streams' bytes.
 fn provision_message(message: String) -> String {
     if message.contains("insufficient resources") || message.contains("storage resources") {
@@ -374,8 +396,28 @@ impl Bus {
 
     /// Creates palisade's streams (requests, events, results, uploads) and its artifacts bucket,
     /// or updates the streams to this build's configuration.
-    /// Idempotent; every service calls it at start-up.
+    /// Idempotent; every service calls it at start-up. While JetStream does not answer (a
+    /// cluster electing its streams' leaders after a restart, a lost server or a healed
+    /// partition answers within seconds) it tries again, for up to [`PROVISION_PATIENCE`].
     pub async fn provision(&self, settings: &StreamSettings) -> Result<(), BusError> {
+        let started = std::time::Instant::now();
+        let mut failures = 0;
+        loop {
+            match self.provision_once(settings).await {
+                Err(BusError::ProvisionUnanswered { stream, message })
+                    if started.elapsed() < PROVISION_PATIENCE =>
+                {
+                    failures += 1;
+                    let delay = PROVISION_RETRY.jittered(failures);
+                    tracing::warn!(stream, error = message, retry_in = ?delay, "JetStream did not answer while provisioning the streams; trying again");
+                    tokio::time::sleep(delay).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn provision_once(&self, settings: &StreamSettings) -> Result<(), BusError> {
         for (name, stream_subjects, limits) in self.streams(&settings.quotas) {
             self.provision_stream(settings, name, stream_subjects, limits)
                 .await?;
@@ -462,9 +504,20 @@ impl Bus {
             allow_direct: name == self.subjects.events_stream(),
             ..Default::default()
         };
-        let provision_error = |message: String| BusError::Provision {
-            stream: name.clone(),
-            message: provision_message(message),
+        let provision_error = |error: jetstream::context::CreateStreamError| {
+            if unanswered(&error) {
+                BusError::ProvisionUnanswered {
+                    stream: name.clone(),
+                    message: error.to_string(),
+                }
+            } else if error.to_string().contains("not enabled") {
+                BusError::JetStreamDisabled
+            } else {
+                BusError::Provision {
+                    stream: name.clone(),
+                    message: provision_message(error.to_string()),
+                }
+            }
         };
         match self.jetstream.get_stream(&name).await {
             Ok(existing) => {
@@ -473,19 +526,20 @@ impl Bus {
                 self.jetstream
                     .update_stream(&config)
                     .await
-                    .map_err(|error| provision_error(error.to_string()))?;
+                    .map_err(provision_error)?;
+            }
+            // Not an answer: creating it could not be answered either.
+            Err(error) if error.kind() == jetstream::context::GetStreamErrorKind::Request => {
+                return Err(BusError::ProvisionUnanswered {
+                    stream: name.clone(),
+                    message: error.to_string(),
+                });
             }
             Err(_) => {
                 self.jetstream
                     .get_or_create_stream(config)
                     .await
-                    .map_err(|error| {
-                        if error.to_string().contains("not enabled") {
-                            BusError::JetStreamDisabled
-                        } else {
-                            provision_error(error.to_string())
-                        }
-                    })?;
+                    .map_err(provision_error)?;
             }
         }
         Ok(())

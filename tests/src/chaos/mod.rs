@@ -1070,11 +1070,13 @@ impl World {
         }
     }
 
-    /// How long until one more scan of the load reaches a terminal state.
-    async fn progress_after(&self) -> Option<Duration> {
+    /// How long until one more scan of the load reaches a terminal state. A process that exits
+    /// meanwhile is started again at once, as an orchestrator would.
+    async fn progress_after(&mut self) -> Option<Duration> {
         let healed = Instant::now();
         let mut before = None;
         while healed.elapsed() < PROGRESS_MAX {
+            self.restart_exited();
             if let Ok((terminal,)) =
                 sqlx::query_as::<_, (i64,)>("SELECT count(*) FROM scans WHERE NOT state = ANY($1)")
                     .bind(

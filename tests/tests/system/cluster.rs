@@ -1190,3 +1190,48 @@ async fn probe_client(urls: &[String]) -> async_nats::Client {
         .await
         .expect("probe client connected")
 }
+
+/// A service starting while the cluster cannot answer for its streams (two of three nodes
+/// frozen: no quorum, as right after a restart or a healed partition while leaders are
+/// elected) waits for JetStream at start-up instead of exiting: its provisioning is tried
+/// again until the cluster answers. Found by the chaos soak: dispatch, restarted just after a
+/// partition healed, exited on `jetstream request timed out` and stayed down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_waits_for_a_cluster_that_does_not_answer_yet() {
+    const UNANSWERED: Duration = Duration::from_secs(20);
+    let cluster = NatsCluster::start().await;
+    let subjects = Subjects::new(&format!("w{}", &Uuid::new_v4().simple().to_string()[..12]))
+        .expect("a valid prefix");
+    let bus = Bus::connect(
+        &cluster.url(0),
+        &bus::NatsCredentials::none(),
+        &bus::NatsTls::default(),
+        subjects,
+        &messages::Identity::Operator,
+    )
+    .await
+    .expect("connected to one node");
+    let settings = bus::StreamSettings {
+        replicas: NatsCluster::SIZE,
+        ..Default::default()
+    };
+    bus.provision(&settings).await.expect("streams created");
+
+    cluster.pause(1);
+    cluster.pause(2);
+    let started = Instant::now();
+    let provisioning = tokio::spawn(async move { bus.provision(&settings).await });
+    tokio::time::sleep(UNANSWERED).await;
+    assert!(
+        !provisioning.is_finished(),
+        "provisioning ended while the cluster could not answer: {:?}",
+        provisioning.await
+    );
+    cluster.resume(1).await;
+    cluster.resume(2).await;
+    provisioning
+        .await
+        .expect("provisioning ran")
+        .expect("provisioned once the cluster answered");
+    assert!(started.elapsed() >= UNANSWERED);
+}
