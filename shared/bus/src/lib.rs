@@ -404,6 +404,12 @@ impl Bus {
         let mut failures = 0;
         loop {
             match self.provision_once(settings).await {
+                // A server without JetStream answers nothing either; waiting would not help.
+                Err(BusError::ProvisionUnanswered { .. })
+                    if !self.client.server_info().jetstream =>
+                {
+                    return Err(BusError::JetStreamDisabled);
+                }
                 Err(BusError::ProvisionUnanswered { stream, message })
                     if started.elapsed() < PROVISION_PATIENCE =>
                 {
@@ -505,13 +511,14 @@ impl Bus {
             ..Default::default()
         };
         let provision_error = |error: jetstream::context::CreateStreamError| {
-            if unanswered(&error) {
+            // "not enabled for account" comes as a 503 too.
+            if error.to_string().contains("not enabled") {
+                BusError::JetStreamDisabled
+            } else if unanswered(&error) {
                 BusError::ProvisionUnanswered {
                     stream: name.clone(),
                     message: error.to_string(),
                 }
-            } else if error.to_string().contains("not enabled") {
-                BusError::JetStreamDisabled
             } else {
                 BusError::Provision {
                     stream: name.clone(),
