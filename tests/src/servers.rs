@@ -941,3 +941,16 @@ impl S3Server {
         })
     }
 }
+
+/// An operator's connection (no credentials, no TLS) to the server at `url`, under `subjects`.
+pub async fn operator_bus(url: &str, subjects: Subjects) -> bus::Bus {
+    bus::Bus::connect(
+        url,
+        &bus::NatsCredentials::default(),
+        &bus::NatsTls::default(),
+        subjects,
+        &messages::Identity::Operator,
+    )
+    .await
+    .expect("connected")
+}

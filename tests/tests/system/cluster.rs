@@ -1202,15 +1202,7 @@ async fn provisioning_waits_for_a_cluster_that_does_not_answer_yet() {
     let cluster = NatsCluster::start().await;
     let subjects = Subjects::new(&format!("w{}", &Uuid::new_v4().simple().to_string()[..12]))
         .expect("a valid prefix");
-    let bus = Bus::connect(
-        &cluster.url(0),
-        &bus::NatsCredentials::none(),
-        &bus::NatsTls::default(),
-        subjects,
-        &messages::Identity::Operator,
-    )
-    .await
-    .expect("connected to one node");
+    let bus = tests::servers::operator_bus(&cluster.url(0), subjects).await;
     let settings = bus::StreamSettings {
         replicas: NatsCluster::SIZE,
         ..Default::default()

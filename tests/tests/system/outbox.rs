@@ -237,15 +237,7 @@ async fn a_round_whose_acknowledgements_are_lost_fails_after_one_timeout() {
     const ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
     let server = tests::servers::NatsServer::start().await;
     let subjects = messages::Subjects::new("frozen").expect("valid prefix");
-    let bus = bus::Bus::connect(
-        &server.url(),
-        &bus::NatsCredentials::default(),
-        &bus::NatsTls::default(),
-        subjects,
-        &messages::Identity::Operator,
-    )
-    .await
-    .expect("connected");
+    let bus = tests::servers::operator_bus(&server.url(), subjects).await;
     bus::async_nats::jetstream::new(bus.client().clone())
         .create_stream(bus::async_nats::jetstream::stream::Config {
             name: "FROZEN".into(),

@@ -417,15 +417,7 @@ async fn a_message_its_handler_panics_on_is_recorded_dead_and_the_rest_decided()
     const MAX_DELIVER: i64 = 2;
     let server = tests::servers::NatsServer::start().await;
     let subjects = messages::Subjects::new("panicky").expect("valid prefix");
-    let bus = bus::Bus::connect(
-        &server.url(),
-        &bus::NatsCredentials::default(),
-        &bus::NatsTls::default(),
-        subjects,
-        &messages::Identity::Operator,
-    )
-    .await
-    .expect("connected");
+    let bus = tests::servers::operator_bus(&server.url(), subjects).await;
     let jetstream = bus.jetstream();
     jetstream
         .create_stream(bus::async_nats::jetstream::stream::Config {
