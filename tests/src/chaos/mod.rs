@@ -453,7 +453,7 @@ impl fmt::Display for Report {
         if !self.resources.is_empty() {
             writeln!(
                 f,
-                "{:<12} {:>8} {:>22} {:>16}",
+                "{:<12} {:>8} {:>22} {:>16}  RSS MiB at each quarter of the run",
                 "process", "readings", "RSS MiB first/last/max", "fds first/last/max"
             )?;
         }
@@ -468,9 +468,17 @@ impl fmt::Display for Report {
                 .unwrap_or(0);
             let fds_max = readings.iter().map(|usage| usage.fds).max().unwrap_or(0);
             let mib = |kib: u64| kib as f64 / 1024.0;
+            // Growth shows between first and last; a creep that levels off, or not, only here.
+            let quarters = (0..=4)
+                .map(|quarter| {
+                    let usage = &readings[(readings.len() - 1) * quarter / 4];
+                    format!("{:.0}", mib(usage.rss_kib))
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
             writeln!(
                 f,
-                "{name:<12} {:>8} {:>22} {:>16}",
+                "{name:<12} {:>8} {:>22} {:>16}  {quarters}",
                 readings.len(),
                 format!(
                     "{:.0}/{:.0}/{:.0}",
