@@ -110,6 +110,11 @@ impl TestSystem {
         settings.enrichment.cve.source = enrichment::cve::CveSource::Local;
         // Tests run in parallel: no health server unless a test asks for one on a free port.
         settings.http_addr = None;
+        // Dispatch signs enrolled workers' credentials with the authority's enrollment key.
+        settings.dispatch.enroller = authority
+            .as_ref()
+            .and_then(|authority| authority.enroller())
+            .map(Arc::new);
         let secured_url = settings.common.nats_url.clone();
         configure(&mut settings);
         // A test that chose its own NATS in `configure` runs it open (`spawn_on` secures one).

@@ -955,7 +955,9 @@ async fn a_request_queued_before_its_client_was_revoked_is_rejected_naming_why()
         store::bus_identities::enable_client(
             &system.pool,
             client_id,
-            &store::audit::Change::new("test", "")
+            &store::audit::Change::new("test", ""),
+            // No push follows: its credentials stay as they are.
+            chrono::DateTime::UNIX_EPOCH,
         )
         .await
         .unwrap()
@@ -1226,5 +1228,507 @@ async fn an_upload_session_stores_no_more_chunks_than_its_quota() {
             );
         }
     }
+    system.finish().await;
+}
+
+// --- Enrollment (issue 44): a worker joins with a one-time token, never the authority ---
+
+/// An operator's one-time token for a new worker of `organizations` allowed `capabilities`,
+/// issued as `palisade worker token create` does (its account pushed, its user signed).
+async fn enrollment_token(
+    system: &TestSystem,
+    organizations: &[Uuid],
+    capabilities: &[&str],
+    expires: Duration,
+) -> identity::enrollment::EnrollmentToken {
+    let authority = system.nats.authority.clone().expect("secured");
+    let request = palisade::worker::TokenRequest {
+        orgs: organizations.to_vec(),
+        capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+        expires,
+        name: None,
+        capacity: 4,
+    };
+    palisade::worker::issue_token(
+        &system.settings.common,
+        &system.pool,
+        &authority,
+        &request,
+        Uuid::new_v4(),
+        &store::audit::Change::new("test-operator", "issue 44"),
+    )
+    .await
+    .expect("token issued")
+}
+
+/// Where and how the test system's NATS is reached, for enrolling.
+fn address(system: &TestSystem) -> (String, bus::NatsTls) {
+    (system.nats.url().to_owned(), bus::NatsTls::default())
+}
+
+async fn enroll(
+    system: &TestSystem,
+    token: &identity::enrollment::EnrollmentToken,
+    dir: &std::path::Path,
+) -> Result<worker::enrollment::Enrolled, worker::WorkerError> {
+    let (url, tls) = address(system);
+    let address = worker::enrollment::BusAddress {
+        url: &url,
+        tls: &tls,
+        subjects: &system.subjects,
+    };
+    worker::enrollment::enroll(&address, token, dir).await
+}
+
+/// The token's own NATS user, connected: what a thief of the token holds.
+async fn token_bus(
+    system: &TestSystem,
+    token: &identity::enrollment::EnrollmentToken,
+) -> Result<Bus, bus::BusError> {
+    Bus::connect(
+        system.nats.url(),
+        &NatsCredentials::from_creds(token.creds.as_str()),
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &Identity::Worker {
+            worker_id: token.worker_id,
+        },
+    )
+    .await
+}
+
+/// An enrollment request for `token` with `public_key`, asking for `organizations` and
+/// `capabilities` (empty: the token's), sent on `worker_id`'s subject; dispatch's answer.
+async fn send_enroll(
+    bus: &Bus,
+    worker_id: Uuid,
+    token: &identity::enrollment::EnrollmentToken,
+    public_key: &str,
+    organizations: &[Uuid],
+    capabilities: &[&str],
+) -> Option<v1::EnrollReply> {
+    let request = v1::EnrollRequest {
+        schema_version: messages::SCHEMA_VERSION,
+        worker_id: token.worker_id.to_string(),
+        token_id: token.token_id.to_string(),
+        secret: token.secret.clone(),
+        public_key: public_key.to_owned(),
+        organization_ids: organizations.iter().map(Uuid::to_string).collect(),
+        capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+    };
+    let subject = bus
+        .subjects()
+        .worker(&worker_id.to_string(), WorkerVerb::Enroll);
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        bus.client()
+            .request(subject, request.encode_to_vec().into()),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    Some(v1::EnrollReply::decode(answer.payload.as_ref()).expect("an EnrollReply"))
+}
+
+fn refusal(reply: &v1::EnrollReply) -> String {
+    let error = reply.error.as_ref().expect("refused");
+    assert_eq!(
+        error.error_code(),
+        Some(ErrorCode::EnrollmentRefused),
+        "{error:?}"
+    );
+    error.message.clone()
+}
+
+#[tokio::test]
+async fn a_worker_joins_with_a_one_time_token_and_every_misuse_of_the_token_fails() {
+    let system = TestSystem::spawn().await;
+    let authority = system.nats.authority.clone().expect("secured");
+    let org = system.organization().await;
+    let other_org = system.organization().await;
+    let state = tempfile::tempdir().unwrap();
+
+    // The worker enrolls: its own key pair, dispatch's JWT, kept in its state directory.
+    let token = enrollment_token(&system, &[org], &["alpha"], Duration::from_secs(3600)).await;
+    let enrolled = enroll(&system, &token, state.path())
+        .await
+        .expect("enrolled");
+    assert_eq!(enrolled.state.worker_id, token.worker_id);
+
+    // Its state holds its own seed and nothing of the authority's.
+    let seeds_dir = tempfile::tempdir().unwrap();
+    authority.write(seeds_dir.path()).unwrap();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(state.path()).unwrap() {
+        let path = entry.unwrap().path();
+        files.push(path.file_name().unwrap().to_string_lossy().into_owned());
+        let text = std::fs::read_to_string(&path).unwrap();
+        for seed in std::fs::read_dir(seeds_dir.path()).unwrap() {
+            let seed = std::fs::read_to_string(seed.unwrap().path()).unwrap();
+            assert!(
+                !text.contains(seed.trim()),
+                "{path:?} holds an authority seed"
+            );
+        }
+    }
+    files.sort();
+    assert_eq!(files, ["worker.creds", "worker.json"]);
+
+    // It serves its token's organization with its token's capabilities, and no more.
+    let bus = Bus::connect(
+        system.nats.url(),
+        &enrolled.credentials,
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &Identity::Worker {
+            worker_id: token.worker_id,
+        },
+    )
+    .await
+    .expect("the enrolled worker connects");
+    let worker = tests::ManualWorker::connect(bus, token.worker_id).await;
+    let beyond = worker.hello(&["alpha", "beta"]).await;
+    assert_eq!(
+        beyond.error.expect("refused").error_code(),
+        Some(ErrorCode::InvalidField)
+    );
+    let hello = worker.hello(&["alpha"]).await;
+    assert!(hello.error.is_none(), "{hello:?}");
+    assert_eq!(hello.organization_ids, [org.to_string()]);
+    system
+        .submit(&system.request(org, "http://enrolled.test", &["alpha"]))
+        .await;
+    let lease = worker.acquire_one().await;
+    assert!(worker.complete(&lease, 0).await.error.is_none());
+
+    // The enrollment is audited, naming the token and who issued it.
+    let changes = store::audit::recent(&system.pool, Some(token.worker_id), None, &[], 20)
+        .await
+        .unwrap();
+    assert!(
+        changes.iter().any(|change| change.action == "enroll_worker"
+            && change.actor.contains(&token.token_id.to_string())
+            && change.actor.contains("test-operator")),
+        "{changes:?}"
+    );
+
+    // A stolen used token: its user still connects until it expires, but enrolling a new key
+    // with it is refused, and so is a replay of the whole request under another key.
+    let thief = token_bus(&system, &token)
+        .await
+        .expect("the token's user connects");
+    let thief_key = nkeys::KeyPair::new_user().public_key();
+    let reply = send_enroll(&thief, token.worker_id, &token, &thief_key, &[], &[])
+        .await
+        .expect("answered");
+    assert!(refusal(&reply).contains("used already"), "{reply:?}");
+    assert!(
+        enroll(&system, &token, tempfile::tempdir().unwrap().path())
+            .await
+            .is_err(),
+        "a used token enrolled again"
+    );
+    // The worker's own enrollment sent again (its answer lost) is answered again, for its key.
+    let again = send_enroll(
+        &thief,
+        token.worker_id,
+        &token,
+        &enrolled.state.public_key,
+        &[],
+        &[],
+    )
+    .await
+    .expect("answered");
+    assert!(again.error.is_none() && !again.jwt.is_empty(), "{again:?}");
+
+    // The token's user may send `enroll` on its own worker's subject only: another worker's is
+    // refused by the server (no answer), another worker id in the body by dispatch.
+    let victim = Uuid::new_v4();
+    assert!(
+        send_enroll(&thief, victim, &token, &thief_key, &[], &[])
+            .await
+            .is_none(),
+        "the token's user reached another worker's enroll subject"
+    );
+    let fresh = enrollment_token(&system, &[org], &["alpha"], Duration::from_secs(3600)).await;
+    let fresh_bus = token_bus(&system, &fresh).await.unwrap();
+    let mut other_id = fresh.clone();
+    other_id.worker_id = victim;
+    let reply = send_enroll(&fresh_bus, fresh.worker_id, &other_id, &thief_key, &[], &[])
+        .await
+        .expect("answered");
+    assert_eq!(
+        reply.error.expect("refused").error_code(),
+        Some(ErrorCode::InvalidField)
+    );
+    // Asking for more organizations or capabilities than the token carries is refused, and
+    // writes nothing: the token still enrolls afterwards.
+    for (organizations, capabilities) in [(vec![other_org], vec![]), (vec![], vec!["beta"])] {
+        let reply = send_enroll(
+            &fresh_bus,
+            fresh.worker_id,
+            &fresh,
+            &thief_key,
+            &organizations,
+            &capabilities,
+        )
+        .await
+        .expect("answered");
+        assert!(
+            refusal(&reply).contains("not among the token's"),
+            "{reply:?}"
+        );
+    }
+    // A wrong secret is "no such token", whatever the token's state.
+    let mut guessed = fresh.clone();
+    guessed.secret = identity::enrollment::EnrollmentToken::new_secret();
+    let reply = send_enroll(&fresh_bus, fresh.worker_id, &guessed, &thief_key, &[], &[])
+        .await
+        .expect("answered");
+    assert_eq!(refusal(&reply), "no such token");
+    enroll(&system, &fresh, tempfile::tempdir().unwrap().path())
+        .await
+        .expect("the token refused above still enrolls");
+
+    // A revoked token is refused.
+    let revoked = enrollment_token(&system, &[org], &["alpha"], Duration::from_secs(3600)).await;
+    assert!(
+        store::enrollment::revoke_token(
+            &system.pool,
+            revoked.token_id,
+            &store::audit::Change::new("test-operator", "")
+        )
+        .await
+        .unwrap()
+    );
+    let error = enroll(&system, &revoked, tempfile::tempdir().unwrap().path())
+        .await
+        .expect_err("a revoked token enrolled")
+        .to_string();
+    assert!(error.contains("revoked"), "{error}");
+
+    // An expired token is refused: its user's JWT expired with it, and dispatch would refuse
+    // it too.
+    let expired = enrollment_token(&system, &[org], &["alpha"], Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert!(
+        enroll(&system, &expired, tempfile::tempdir().unwrap().path())
+            .await
+            .is_err(),
+        "an expired token enrolled"
+    );
+    let expired_row: bool = store::enrollment::list_tokens(&system.pool, true, 100)
+        .await
+        .unwrap()
+        .iter()
+        .any(|listed| listed.id == expired.token_id && listed.used_at.is_none());
+    assert!(expired_row, "the expired token was not used");
+    system.finish().await;
+}
+
+/// `holder`'s account as PostgreSQL records it, pushed as the revocation commands do.
+async fn push(system: &TestSystem, holder: store::bus_identities::Holder) {
+    palisade::accounts::push(
+        system.nats.authority.as_ref().expect("secured"),
+        &system.subjects,
+        system.nats.url(),
+        &bus::NatsTls::default(),
+        &system.pool,
+        Some(&holder),
+    )
+    .await
+    .expect("pushed");
+}
+
+/// Revoking a worker or a client ends its account: a user minted afterwards with the
+/// account's key (or the enrollment key) is refused by the server itself. Re-enabling refuses
+/// every credential issued before it; fresh ones connect.
+#[tokio::test]
+async fn a_revoked_account_refuses_even_users_minted_later_with_its_key() {
+    let system = TestSystem::spawn().await;
+    let authority = system.nats.authority.clone().expect("secured");
+    let org = system.organization().await;
+    let token = enrollment_token(&system, &[org], &["alpha"], Duration::from_secs(3600)).await;
+    let state = tempfile::tempdir().unwrap();
+    let enrolled = enroll(&system, &token, state.path())
+        .await
+        .expect("enrolled");
+    let worker_id = token.worker_id;
+    let identity = Identity::Worker { worker_id };
+    let connect = |credentials: NatsCredentials| {
+        let identity = identity.clone();
+        let subjects = system.subjects.clone();
+        let url = system.nats.url().to_owned();
+        async move {
+            Bus::connect(
+                &url,
+                &credentials,
+                &bus::NatsTls::default(),
+                subjects,
+                &identity,
+            )
+            .await
+        }
+    };
+    let minted_with_account_key = |authority: &identity::Authority| {
+        NatsCredentials::from_creds(authority.issue(&system.subjects, &identity).file)
+    };
+    let minted_with_enrollment_key = || {
+        let key = nkeys::KeyPair::new_user();
+        let jwt = authority
+            .enroller()
+            .unwrap()
+            .sign_user(
+                &authority.account_of(&identity),
+                &key.public_key(),
+                "minted",
+                4_102_444_000,
+            )
+            .unwrap();
+        NatsCredentials::from_creds(identity::creds_file(&jwt, &key.seed().unwrap()))
+    };
+    assert!(connect(enrolled.credentials.clone()).await.is_ok());
+    assert!(
+        connect(minted_with_enrollment_key()).await.is_ok(),
+        "the enrollment key signs this worker's users"
+    );
+
+    store::revoke::revoke_worker(
+        &system.pool,
+        &system.subjects,
+        worker_id,
+        &store::audit::Change::new("test", "stolen"),
+        store::revoke::ActiveLeases::Cancel,
+    )
+    .await
+    .expect("revoked");
+    push(&system, store::bus_identities::Holder::Worker(worker_id)).await;
+    assert!(connect(enrolled.credentials.clone()).await.is_err());
+    assert!(
+        connect(minted_with_account_key(&authority)).await.is_err(),
+        "a user minted after the revocation with the worker's account key connected"
+    );
+    assert!(
+        connect(minted_with_enrollment_key()).await.is_err(),
+        "a user minted after the revocation with the enrollment key connected"
+    );
+
+    // Re-enabled: what was issued before stays refused; fresh credentials connect.
+    let cutoff = palisade::nats::credentials_cutoff();
+    assert!(
+        store::revoke::enable_worker(
+            &system.pool,
+            worker_id,
+            &store::audit::Change::new("test", ""),
+            cutoff
+        )
+        .await
+        .unwrap()
+    );
+    push(&system, store::bus_identities::Holder::Worker(worker_id)).await;
+    assert!(connect(enrolled.credentials.clone()).await.is_err());
+    palisade::nats::past(cutoff).await;
+    assert!(
+        connect(minted_with_account_key(&authority)).await.is_ok(),
+        "fresh credentials after the re-enable"
+    );
+
+    // A client alike.
+    let client_id = "revoked-client";
+    let client = Identity::Client {
+        client_id: client_id.to_owned(),
+        organizations: vec![org],
+    };
+    store::bus_identities::register_client(
+        &system.pool,
+        client_id,
+        "",
+        &[org],
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap();
+    let issued = authority.issue(&system.subjects, &client);
+    store::bus_identities::record_credential(
+        &system.pool,
+        &store::bus_identities::Holder::Client(client_id.to_owned()),
+        &issued.public_key,
+    )
+    .await
+    .unwrap();
+    store::bus_identities::revoke_client(
+        &system.pool,
+        client_id,
+        &store::audit::Change::new("test", ""),
+    )
+    .await
+    .unwrap();
+    push(
+        &system,
+        store::bus_identities::Holder::Client(client_id.to_owned()),
+    )
+    .await;
+    let minted = authority.issue(&system.subjects, &client);
+    let refused = Bus::connect(
+        system.nats.url(),
+        &NatsCredentials::from_creds(minted.file),
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &client,
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "a client user minted after the revocation connected"
+    );
+    system.finish().await;
+}
+
+/// An enrolled worker renews its credentials before they expire, and keeps working past the
+/// first JWT's expiry (credentials of 6 s here; at least ten minutes in production).
+#[tokio::test]
+async fn an_enrolled_worker_renews_its_credentials_before_they_expire() {
+    let system = TestSystem::spawn_with(|settings| {
+        settings.dispatch.credentials_ttl = Duration::from_secs(6);
+    })
+    .await;
+    let org = system.organization().await;
+    let token = enrollment_token(&system, &[org], &["alpha"], Duration::from_secs(3600)).await;
+    let state = tempfile::tempdir().unwrap();
+    let enrolled = enroll(&system, &token, state.path())
+        .await
+        .expect("enrolled");
+    let first_expiry = enrolled.state.expires_at_unix_ms;
+    let bus = Bus::connect(
+        system.nats.url(),
+        &enrolled.credentials,
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &Identity::Worker {
+            worker_id: token.worker_id,
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("connected: {error}\n{}", system.nats.server_log()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let renewing = tokio::spawn(worker::enrollment::keep_renewed(
+        bus.clone(),
+        enrolled,
+        stop.clone(),
+    ));
+    let worker = tests::ManualWorker::connect(bus, token.worker_id).await;
+    // Past the first JWT's expiry, by the server's clock too.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let hello = worker.hello(&["alpha"]).await;
+    assert!(hello.error.is_none(), "{hello:?}");
+    let kept = worker::enrollment::Enrolled::load(state.path())
+        .unwrap()
+        .expect("state kept");
+    assert!(
+        kept.state.expires_at_unix_ms > first_expiry,
+        "the state directory holds the renewed credentials"
+    );
+    stop.cancel();
+    renewing.await.unwrap();
     system.finish().await;
 }

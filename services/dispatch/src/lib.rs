@@ -51,14 +51,18 @@ enum Served {
     Acquire,
     Renew,
     Release,
+    Enroll,
+    Credentials,
 }
 
 impl Served {
-    const ALL: [Served; 4] = [
+    const ALL: [Served; 6] = [
         Served::Hello,
         Served::Acquire,
         Served::Renew,
         Served::Release,
+        Served::Enroll,
+        Served::Credentials,
     ];
 
     fn verb(self) -> WorkerVerb {
@@ -67,6 +71,8 @@ impl Served {
             Served::Acquire => WorkerVerb::Acquire,
             Served::Renew => WorkerVerb::Renew,
             Served::Release => WorkerVerb::Release,
+            Served::Enroll => WorkerVerb::Enroll,
+            Served::Credentials => WorkerVerb::Credentials,
         }
     }
 
@@ -77,6 +83,8 @@ impl Served {
             Served::Acquire => "dispatch.acquire",
             Served::Renew => "dispatch.renew",
             Served::Release => "dispatch.release",
+            Served::Enroll => "dispatch.enroll",
+            Served::Credentials => "dispatch.credentials",
         }
     }
 }
@@ -97,6 +105,32 @@ pub struct Settings {
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// The enrollment key workers' credentials are signed with (`PALISADE_NATS_ENROLLMENT_KEY`:
+    /// the `enrollment.nk` seed file `palisade nats init` writes); without it, enrollments and
+    /// renewals are refused, saying so.
+    pub enroller: Option<Arc<identity::enrollment::Enroller>>,
+    /// How long the credentials dispatch signs are valid
+    /// (`PALISADE_WORKER_CREDENTIALS_TTL_SECS`, default 86400, 600..=2592000); workers renew
+    /// them before.
+    pub credentials_ttl: Duration,
+}
+
+/// The range `PALISADE_WORKER_CREDENTIALS_TTL_SECS` accepts: ten minutes to thirty days.
+const CREDENTIALS_TTL_SECS: std::ops::RangeInclusive<u64> = 600..=2_592_000;
+
+/// Reads `PALISADE_NATS_ENROLLMENT_KEY`'s seed file, when set.
+fn enroller_from_env() -> Result<Option<Arc<identity::enrollment::Enroller>>, SettingsError> {
+    const VAR: &str = "PALISADE_NATS_ENROLLMENT_KEY";
+    let Some(path) = env::optional_string(VAR) else {
+        return Ok(None);
+    };
+    identity::enrollment::Enroller::read(std::path::Path::new(&path))
+        .map(|enroller| Some(Arc::new(enroller)))
+        .map_err(|error| SettingsError::Invalid {
+            name: VAR,
+            value: path,
+            reason: error.to_string(),
+        })
 }
 
 impl Settings {
@@ -116,6 +150,12 @@ impl Settings {
                 HEARTBEAT_MS,
             )?),
             http_addr: runtime::health::http_addr_from_env()?,
+            enroller: enroller_from_env()?,
+            credentials_ttl: Duration::from_secs(env::parse_in(
+                "PALISADE_WORKER_CREDENTIALS_TTL_SECS",
+                86_400_u64,
+                CREDENTIALS_TTL_SECS,
+            )?),
         })
     }
 }
@@ -525,8 +565,148 @@ impl Dispatch {
                 runtime::record_refusal(reply.error.as_ref());
                 reply.encode_to_vec()
             }
+            Served::Enroll | Served::Credentials => {
+                self.answer_enrollment(served, subject_worker, payload)
+                    .await
+            }
         };
         reply.into()
+    }
+
+    /// Answers `enroll` and `credentials`.
+    async fn answer_enrollment(
+        &self,
+        served: Served,
+        subject_worker: Option<&str>,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        match served {
+            Served::Enroll => {
+                let reply = self
+                    .enroll(subject_worker, payload)
+                    .await
+                    .unwrap_or_else(|error| v1::EnrollReply {
+                        error: Some(error),
+                        ..Default::default()
+                    });
+                runtime::record_refusal(reply.error.as_ref());
+                reply.encode_to_vec()
+            }
+            Served::Credentials => {
+                let reply = self
+                    .credentials(subject_worker, payload)
+                    .await
+                    .unwrap_or_else(|error| v1::CredentialsReply {
+                        error: Some(error),
+                        ..Default::default()
+                    });
+                runtime::record_refusal(reply.error.as_ref());
+                reply.encode_to_vec()
+            }
+            _ => unreachable!("only enroll and credentials are answered here"),
+        }
+    }
+
+    /// The enrollment key, or the refusal a worker gets when this dispatch has none.
+    fn enroller(&self) -> Result<&identity::enrollment::Enroller, v1::Error> {
+        self.settings.enroller.as_deref().ok_or_else(|| {
+            v1::Error::new(
+                ErrorCode::EnrollmentRefused,
+                "this installation enrolls no workers: dispatch has no enrollment key (PALISADE_NATS_ENROLLMENT_KEY); ask its operator",
+            )
+        })
+    }
+
+    /// Signs a user JWT for `public_key` in `account`, valid for the credentials' lifetime.
+    fn sign_credentials(
+        &self,
+        enroller: &identity::enrollment::Enroller,
+        account: &str,
+        worker_id: Uuid,
+        public_key: &str,
+    ) -> Result<(String, i64), v1::Error> {
+        let expires = std::time::SystemTime::now() + self.settings.credentials_ttl;
+        let expires_secs = expires
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs() as i64);
+        let identity = messages::Identity::Worker { worker_id };
+        enroller
+            .sign_user(account, public_key, &identity.token(), expires_secs)
+            .map(|jwt| (jwt, expires_secs * 1_000))
+            .map_err(|error| v1::Error::new(ErrorCode::InvalidField, error.to_string()))
+    }
+
+    /// Reference 6.18: a worker's first credentials, for a one-time token.
+    async fn enroll(
+        &self,
+        subject_worker: Option<&str>,
+        payload: &[u8],
+    ) -> Result<v1::EnrollReply, v1::Error> {
+        let request = parse::enroll(subject_worker, payload)?;
+        let enroller = self.enroller()?;
+        let claim = store::enrollment::EnrollClaim {
+            worker_id: request.worker_id,
+            token_id: request.token_id,
+            secret_sha256: &request.secret_sha256,
+            public_key: &request.public_key,
+            organization_ids: &request.organization_ids,
+            capabilities: &request.capabilities,
+        };
+        match store::enrollment::enroll(&self.pool, &claim).await {
+            Ok(store::enrollment::EnrollOutcome::Enrolled {
+                account_public_key,
+                organization_ids,
+                capabilities,
+            }) => {
+                let (jwt, expires_at_unix_ms) = self.sign_credentials(
+                    enroller,
+                    &account_public_key,
+                    request.worker_id,
+                    &request.public_key,
+                )?;
+                tracing::info!(worker_id = %request.worker_id, token_id = %request.token_id, "worker enrolled");
+                Ok(v1::EnrollReply {
+                    error: None,
+                    jwt,
+                    expires_at_unix_ms,
+                    organization_ids: organization_ids.iter().map(Uuid::to_string).collect(),
+                    capabilities,
+                })
+            }
+            Ok(store::enrollment::EnrollOutcome::Refused(reason)) => {
+                Err(v1::Error::new(ErrorCode::EnrollmentRefused, reason))
+            }
+            Err(error) => Err(internal(&error)),
+        }
+    }
+
+    /// Reference 6.19: an enrolled worker's credentials again, before they expire.
+    async fn credentials(
+        &self,
+        subject_worker: Option<&str>,
+        payload: &[u8],
+    ) -> Result<v1::CredentialsReply, v1::Error> {
+        let request = parse::credentials(subject_worker, payload)?;
+        let enroller = self.enroller()?;
+        match store::enrollment::renewal(&self.pool, request.worker_id, &request.public_key).await {
+            Ok(store::enrollment::RenewalOutcome::Renew { account_public_key }) => {
+                let (jwt, expires_at_unix_ms) = self.sign_credentials(
+                    enroller,
+                    &account_public_key,
+                    request.worker_id,
+                    &request.public_key,
+                )?;
+                Ok(v1::CredentialsReply {
+                    error: None,
+                    jwt,
+                    expires_at_unix_ms,
+                })
+            }
+            Ok(store::enrollment::RenewalOutcome::Refused(reason)) => {
+                Err(v1::Error::new(ErrorCode::EnrollmentRefused, reason))
+            }
+            Err(error) => Err(internal(&error)),
+        }
     }
 
     async fn hello(

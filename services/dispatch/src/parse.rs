@@ -5,8 +5,9 @@
 
 use messages::bounded::decode_counted;
 use messages::limits::{
-    ACQUIRE_TASKS_MAX, ACQUIRE_WAIT_MS_MAX, IDENTIFIER_BYTES_MAX, RENEW_LEASES_MAX,
-    WORKER_CAPABILITIES_MAX, WORKER_CAPACITY_MAX,
+    ACQUIRE_TASKS_MAX, ACQUIRE_WAIT_MS_MAX, ENROLLMENT_ORGANIZATIONS_MAX,
+    ENROLLMENT_SECRET_BYTES_MAX, IDENTIFIER_BYTES_MAX, RENEW_LEASES_MAX, WORKER_CAPABILITIES_MAX,
+    WORKER_CAPACITY_MAX,
 };
 use messages::validate::{invalid, malformed, schema_version as schema, worker_id};
 use messages::{ErrorCode, Subjects, v1};
@@ -24,6 +25,8 @@ pub const REASON_MAX: usize = 512;
 const HELLO_CAPABILITIES_TAG: u32 = 5;
 /// `RenewRequest.more_leases`' field number: counted before the leases are held.
 const RENEW_MORE_LEASES_TAG: u32 = 4;
+/// `EnrollRequest.capabilities`' field number: counted before the strings are held.
+const ENROLL_CAPABILITIES_TAG: u32 = 7;
 
 /// A hello that passed checks 1–7 of reference 6.3.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +83,98 @@ pub struct Cancel {
     pub target: CancelTarget,
     /// The sender's reason, or `cancelled on request`.
     pub reason: String,
+}
+
+/// An enrollment that passed the checks of reference 6.18 before its transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Enroll {
+    pub worker_id: Uuid,
+    pub token_id: Uuid,
+    /// SHA-256 of the secret sent.
+    pub secret_sha256: Vec<u8>,
+    /// A NATS user public key (`U…`, checksum checked).
+    pub public_key: String,
+    pub organization_ids: Vec<Uuid>,
+    pub capabilities: Vec<String>,
+}
+
+/// A renewal of credentials that passed the checks of reference 6.19.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Renewal {
+    pub worker_id: Uuid,
+    pub public_key: String,
+}
+
+/// Reference 6.18, checks 1–6.
+pub fn enroll(subject_worker: Option<&str>, payload: &[u8]) -> Result<Enroll, v1::Error> {
+    let counted = decode_counted::<v1::EnrollRequest>(
+        payload,
+        ENROLL_CAPABILITIES_TAG,
+        WORKER_CAPABILITIES_MAX,
+    )
+    .map_err(|error| malformed("EnrollRequest", error))?;
+    let request = counted.message;
+    schema(request.schema_version)?;
+    let worker_id = worker_id(subject_worker, &request.worker_id)?;
+    let token_id =
+        Uuid::parse_str(&request.token_id).map_err(|_| invalid("token_id must be a UUID"))?;
+    if request.secret.is_empty() || request.secret.len() > ENROLLMENT_SECRET_BYTES_MAX {
+        return Err(invalid(format!(
+            "secret must be 1..={ENROLLMENT_SECRET_BYTES_MAX} bytes: the token's"
+        )));
+    }
+    let public_key = user_public_key(request.public_key)?;
+    if request.organization_ids.len() > ENROLLMENT_ORGANIZATIONS_MAX {
+        return Err(invalid(format!(
+            "organization_ids: at most {ENROLLMENT_ORGANIZATIONS_MAX}"
+        )));
+    }
+    let organization_ids = request
+        .organization_ids
+        .iter()
+        .map(|id| Uuid::parse_str(id))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| invalid("organization_ids must be UUIDs"))?;
+    if counted.count > WORKER_CAPABILITIES_MAX
+        || request
+            .capabilities
+            .iter()
+            .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX || c.contains('\0'))
+    {
+        return Err(invalid(format!(
+            "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
+        )));
+    }
+    Ok(Enroll {
+        worker_id,
+        token_id,
+        secret_sha256: identity::enrollment::secret_digest(&request.secret),
+        public_key,
+        organization_ids,
+        capabilities: request.capabilities,
+    })
+}
+
+/// Reference 6.19, checks 1–4.
+pub fn credentials(subject_worker: Option<&str>, payload: &[u8]) -> Result<Renewal, v1::Error> {
+    let request = v1::CredentialsRequest::decode(payload)
+        .map_err(|error| malformed("CredentialsRequest", error))?;
+    schema(request.schema_version)?;
+    let worker_id = worker_id(subject_worker, &request.worker_id)?;
+    Ok(Renewal {
+        worker_id,
+        public_key: user_public_key(request.public_key)?,
+    })
+}
+
+fn user_public_key(key: String) -> Result<String, v1::Error> {
+    if identity::enrollment::is_user_public_key(&key) {
+        Ok(key)
+    } else {
+        Err(invalid(
+            "public_key must be a NATS user public key (U…, 56 characters) the worker generated",
+        ))
+    }
 }
 
 /// Reference 6.3, checks 1–7.

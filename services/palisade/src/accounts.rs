@@ -58,6 +58,12 @@ fn sign(authority: &Authority, subjects: &Subjects, recorded: BusAccount) -> Opt
             organizations: recorded.organization_ids,
         },
     };
-    let revoked: Vec<Revoked> = recorded.refused.into_iter().map(Revoked::key).collect();
+    let mut revoked: Vec<Revoked> = recorded.refused.into_iter().map(Revoked::key).collect();
+    // Revoking ends the account: every user, also one minted later with its key.
+    if recorded.revoked {
+        revoked.push(Revoked::every_user());
+    } else if let Some(after) = recorded.credentials_issued_after {
+        revoked.push(Revoked::every_user_issued_by(after.timestamp()));
+    }
     authority.identity_account(subjects, &identity, &revoked)
 }

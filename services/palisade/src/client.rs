@@ -6,7 +6,9 @@ use uuid::Uuid;
 
 use crate::cli_support::Why;
 use crate::exit;
-use crate::nats::{CredentialsArgs, issue_credentials, push_accounts};
+use crate::nats::{
+    CredentialsArgs, credentials_cutoff, issue_credentials, push_accounts, reissue_after_enable,
+};
 
 /// `palisade client …`.
 #[derive(Debug, clap::Subcommand)]
@@ -38,10 +40,13 @@ pub enum ClientCommand {
         #[arg(long)]
         by: Option<String>,
     },
-    /// Re-enable a revoked client.
+    /// Re-enable a revoked client. Every credential issued to it before is refused from now
+    /// on: give --creds or --public-key for fresh ones (or run `client add` again).
     Enable {
         #[arg(long)]
         id: String,
+        #[command(flatten)]
+        credentials: CredentialsArgs,
         #[command(flatten)]
         why: Why,
     },
@@ -74,24 +79,51 @@ pub async fn run(common: &CommonSettings, command: ClientCommand) -> anyhow::Res
             )
             .await
         }
-        ClientCommand::Enable { id, why } => {
-            let pool = store::connect(&common.database).await?;
-            let by = crate::commands::actor(why.by);
-            let change = store::audit::Change::new(&by, why.reason.trim());
-            if !store::bus_identities::enable_client(&pool, &id, &change).await? {
-                return Err(exit::not_found(format!(
-                    "no client {id}: see `palisade client add`"
-                )));
-            }
-            println!("client {id} enabled");
-            push_accounts(
-                common,
-                &pool,
-                Some(&store::bus_identities::Holder::Client(id)),
-            )
-            .await
-        }
+        ClientCommand::Enable {
+            id,
+            credentials,
+            why,
+        } => enable(common, id, &credentials, why).await,
     }
+}
+
+/// `palisade client enable`.
+async fn enable(
+    common: &CommonSettings,
+    id: String,
+    credentials: &CredentialsArgs,
+    why: Why,
+) -> anyhow::Result<()> {
+    let pool = store::connect(&common.database).await?;
+    let by = crate::commands::actor(why.by);
+    let change = store::audit::Change::new(&by, why.reason.trim());
+    let cutoff = credentials_cutoff();
+    if !store::bus_identities::enable_client(&pool, &id, &change, cutoff).await? {
+        return Err(exit::not_found(format!(
+            "no client {id}: see `palisade client add`"
+        )));
+    }
+    println!("client {id} enabled");
+    let holder = store::bus_identities::Holder::Client(id.clone());
+    let organizations = store::bus_identities::bus_accounts(&pool, Some(&holder))
+        .await?
+        .into_iter()
+        .next()
+        .map(|account| account.organization_ids)
+        .unwrap_or_default();
+    reissue_after_enable(
+        common,
+        &pool,
+        &messages::Identity::Client {
+            client_id: id.clone(),
+            organizations,
+        },
+        holder,
+        credentials,
+        cutoff,
+        &format!("`palisade client enable --id {id} --creds …`"),
+    )
+    .await
 }
 
 /// `palisade client add`.

@@ -22,6 +22,10 @@ pub enum NatsCommand {
     /// recorded in PostgreSQL, to NATS again (after a push that failed, to a server that was
     /// away, or after an upgrade that changed what palisade's account exports).
     Push,
+    /// Add the enrollment key (enrollment.nk) to an authority written before enrollment
+    /// existed, then push every account so workers' accounts list it; give the file to
+    /// dispatch as PALISADE_NATS_ENROLLMENT_KEY.
+    EnrollmentKey,
 }
 
 /// Where a new identity's NATS credentials go.
@@ -37,6 +41,52 @@ pub struct CredentialsArgs {
     public_key: Option<String>,
 }
 
+impl CredentialsArgs {
+    /// Whether a credential was asked for.
+    pub fn given(&self) -> bool {
+        self.creds.is_some() || self.public_key.is_some()
+    }
+}
+
+/// When a re-enabled identity's credentials start to count: this second, by this command's
+/// clock. Every credential of its account issued at or before it is refused from then on.
+pub fn credentials_cutoff() -> chrono::DateTime<chrono::Utc> {
+    let now = chrono::Utc::now();
+    chrono::DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now)
+}
+
+/// Waits until a credential signed now is issued after `cutoff` (JWTs count whole seconds).
+pub async fn past(cutoff: chrono::DateTime<chrono::Utc>) {
+    let after = cutoff + chrono::Duration::seconds(1);
+    if let Ok(wait) = (after - chrono::Utc::now()).to_std() {
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// After re-enabling `holder` (its earlier credentials refused from `cutoff`): issues fresh
+/// ones when `credentials` asks for them, else pushes its account and says how to.
+pub async fn reissue_after_enable(
+    common: &CommonSettings,
+    pool: &store::PgPool,
+    identity: &messages::Identity,
+    holder: store::bus_identities::Holder,
+    credentials: &CredentialsArgs,
+    cutoff: chrono::DateTime<chrono::Utc>,
+    how: &str,
+) -> anyhow::Result<()> {
+    if credentials.given() {
+        past(cutoff).await;
+        return issue_credentials(common, pool, identity, holder, credentials).await;
+    }
+    push_accounts(common, pool, Some(&holder)).await?;
+    if runtime::env::optional_string(AUTHORITY_VAR).is_some() {
+        eprintln!(
+            "every credential issued to it before now is refused: give it fresh ones ({how})"
+        );
+    }
+    Ok(())
+}
+
 /// Runs one `palisade nats` command.
 pub async fn run(common: &CommonSettings, command: NatsCommand) -> anyhow::Result<()> {
     match command {
@@ -50,7 +100,40 @@ pub async fn run(common: &CommonSettings, command: NatsCommand) -> anyhow::Resul
             }
             push_accounts(common, &pool, None).await
         }
+        NatsCommand::EnrollmentKey => {
+            let (dir, mut authority) = authority_dir()?;
+            if authority.add_enrollment_key(&dir)? {
+                eprintln!(
+                    "enrollment key written to {}",
+                    dir.join(identity::ENROLLMENT_SEED).display()
+                );
+            } else {
+                eprintln!(
+                    "{} already holds an enrollment key",
+                    dir.join(identity::ENROLLMENT_SEED).display()
+                );
+            }
+            let pool = store::connect(&common.database).await?;
+            push_accounts(common, &pool, None).await?;
+            eprintln!(
+                "give {} to dispatch as PALISADE_NATS_ENROLLMENT_KEY",
+                dir.join(identity::ENROLLMENT_SEED).display()
+            );
+            Ok(())
+        }
     }
+}
+
+/// The authority and its directory; an error saying how to set it when unset.
+pub fn authority_dir() -> anyhow::Result<(std::path::PathBuf, identity::Authority)> {
+    let dir = runtime::env::optional_string(AUTHORITY_VAR).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{AUTHORITY_VAR} is not set: name the directory `palisade nats init` wrote (the authority signs the worker's account)"
+        )
+    })?;
+    let dir = std::path::PathBuf::from(dir);
+    let authority = identity::Authority::read(&dir)?;
+    Ok((dir, authority))
 }
 
 /// The environment variable naming the authority's directory.
@@ -182,6 +265,11 @@ fn init(
         dir.display(),
         dir.display(),
         dir.display()
+    );
+    println!(
+        "dispatch: PALISADE_NATS_ENROLLMENT_KEY={}/{} (it signs workers' credentials when they enroll with a token; nothing else needs it)",
+        dir.display(),
+        identity::ENROLLMENT_SEED
     );
     Ok(())
 }

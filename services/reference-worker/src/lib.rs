@@ -110,15 +110,24 @@ impl PluginSettings {
 pub struct Settings {
     /// `NATS_URL`, default [`Settings::NATS_URL_DEFAULT`].
     pub nats_url: String,
-    /// `NATS_CREDS`: the `.creds` file `palisade worker add` wrote for this worker; unset only
-    /// against a server without authentication.
+    /// `NATS_CREDS`: the `.creds` file `palisade worker add` wrote for this worker; unset when
+    /// it enrolls with a token, or against a server without authentication.
     pub nats_credentials: Option<std::path::PathBuf>,
+    /// `PALISADE_ENROLLMENT_TOKEN`, or the contents of the file `PALISADE_ENROLLMENT_TOKEN_FILE`
+    /// names: the one-time token `palisade worker token create` printed. Used once; the
+    /// credentials it gives are kept in `state_dir`.
+    pub enrollment_token: Option<String>,
+    /// `PALISADE_WORKER_STATE_DIR`: where an enrolled worker keeps its key, its credentials and
+    /// its id (default `$XDG_STATE_HOME/palisade-worker`, else `~/.local/state/palisade-worker`,
+    /// else `./palisade-worker`).
+    pub state_dir: PathBuf,
     /// `NATS_TLS_CA`, `NATS_TLS_CERT`, `NATS_TLS_KEY`, `NATS_TLS_REQUIRED` ([`bus::NatsTls`]).
     pub nats_tls: bus::NatsTls,
     /// `PALISADE_SUBJECT_PREFIX`, default `palisade`.
     pub subjects: Subjects,
-    /// `PALISADE_WORKER_ID`, required: the id `palisade worker add` printed.
-    pub worker_id: Uuid,
+    /// `PALISADE_WORKER_ID`: the id `palisade worker add` printed; an enrolled worker's id
+    /// comes from its token.
+    pub worker_id: Option<Uuid>,
     /// `PALISADE_WORKER_CAPACITY`, default [`Settings::CAPACITY_DEFAULT`].
     pub capacity: u32,
     /// `PALISADE_WORKER_LEASE_NEXT`, default `true`: [`worker::WorkerConfig::lease_next`].
@@ -131,9 +140,12 @@ pub struct Settings {
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
     #[error(
-        "PALISADE_WORKER_ID is not set: register the worker with `palisade worker add` and set the id it prints"
+        "PALISADE_WORKER_ID is not set: enroll the worker with a token (`palisade worker token create`, then PALISADE_ENROLLMENT_TOKEN), or register it with `palisade worker add` and set the id it prints"
     )]
     MissingWorkerId,
+    #[error("PALISADE_ENROLLMENT_TOKEN_FILE {path:?} cannot be read: {reason}")]
+    TokenFile { path: String, reason: String },
+
     #[error("PALISADE_WORKER_ID {value:?} is not a UUID")]
     InvalidWorkerId { value: String },
     #[error("PALISADE_WORKER_CAPACITY {value:?} is not a number in 1..={max}")]
@@ -168,11 +180,21 @@ impl Settings {
         let nats_url = set("NATS_URL").unwrap_or_else(|| Self::NATS_URL_DEFAULT.to_owned());
         let prefix = set("PALISADE_SUBJECT_PREFIX");
         let subjects = Subjects::new(prefix.as_deref().unwrap_or(Subjects::DEFAULT_PREFIX))?;
-        let worker_id = set("PALISADE_WORKER_ID").ok_or(SettingsError::MissingWorkerId)?;
-        let worker_id = Uuid::parse_str(worker_id.trim())
-            .ok()
-            .filter(|id| !id.is_nil())
-            .ok_or(SettingsError::InvalidWorkerId { value: worker_id })?;
+        let worker_id = match set("PALISADE_WORKER_ID") {
+            None => None,
+            Some(value) => Some(
+                Uuid::parse_str(value.trim())
+                    .ok()
+                    .filter(|id| !id.is_nil())
+                    .ok_or(SettingsError::InvalidWorkerId { value })?,
+            ),
+        };
+        let enrollment_token = enrollment_token(&set)?;
+        let state_dir = state_dir(&set);
+        let state_present = state_dir.join("worker.json").exists();
+        if worker_id.is_none() && enrollment_token.is_none() && !state_present {
+            return Err(SettingsError::MissingWorkerId);
+        }
         let capacity = match set("PALISADE_WORKER_CAPACITY") {
             None => Self::CAPACITY_DEFAULT,
             Some(value) => value
@@ -197,6 +219,8 @@ impl Settings {
         Ok(Self {
             nats_url,
             nats_credentials: set("NATS_CREDS").map(std::path::PathBuf::from),
+            enrollment_token,
+            state_dir,
             nats_tls: bus::NatsTls::from_vars(&lookup)?,
             subjects,
             worker_id,
@@ -207,35 +231,146 @@ impl Settings {
     }
 }
 
+/// `PALISADE_ENROLLMENT_TOKEN`, else the contents of `PALISADE_ENROLLMENT_TOKEN_FILE`.
+fn enrollment_token(
+    set: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<String>, SettingsError> {
+    Ok(
+        match (
+            set("PALISADE_ENROLLMENT_TOKEN"),
+            set("PALISADE_ENROLLMENT_TOKEN_FILE"),
+        ) {
+            (Some(token), _) => Some(token.trim().to_owned()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path.trim())
+                    .map_err(|error| SettingsError::TokenFile {
+                        path,
+                        reason: error.to_string(),
+                    })?
+                    .trim()
+                    .to_owned(),
+            ),
+            (None, None) => None,
+        },
+    )
+}
+
+/// `PALISADE_WORKER_STATE_DIR`, else `$XDG_STATE_HOME/palisade-worker`, else
+/// `~/.local/state/palisade-worker`, else `./palisade-worker`.
+fn state_dir(set: &impl Fn(&str) -> Option<String>) -> PathBuf {
+    match set("PALISADE_WORKER_STATE_DIR") {
+        Some(dir) => PathBuf::from(dir.trim()),
+        None => set("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".local/state")))
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join("palisade-worker"),
+    }
+}
+
 /// Connects to NATS and runs the worker with every plugin until `shutdown`, then releases
 /// the leases still running.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let credentials = match &settings.nats_credentials {
-        Some(path) => bus::NatsCredentials::from_file(path)?,
-        None => {
-            tracing::warn!(
-                "NATS_CREDS is not set: connecting without credentials, which only a server without authentication accepts"
-            );
-            bus::NatsCredentials::none()
-        }
-    };
+    let (worker_id, credentials, enrolled) = credentials(&settings).await?;
     let bus = bus::Bus::connect(
         &settings.nats_url,
         &credentials,
         &settings.nats_tls,
         settings.subjects.clone(),
-        &messages::Identity::Worker {
-            worker_id: settings.worker_id,
-        },
+        &messages::Identity::Worker { worker_id },
     )
     .await
     .context("failed to connect to NATS")?;
-    let mut config = worker::WorkerConfig::new(settings.worker_id, settings.capacity);
+    let renewing = enrolled.map(|enrolled| {
+        tokio::spawn(worker::enrollment::keep_renewed(
+            bus.clone(),
+            enrolled,
+            shutdown.child_token(),
+        ))
+    });
+    let mut config = worker::WorkerConfig::new(worker_id, settings.capacity);
     config.software_version = format!("palisade-worker/{}", env!("CARGO_PKG_VERSION"));
     config.lease_next = settings.lease_next;
     let worker = worker::Worker::new(bus, config, configured_plugins(&settings.plugins))
         .context("failed to set up the worker")?;
-    worker.run(shutdown).await.context("worker stopped")
+    let result = worker.run(shutdown.clone()).await.context("worker stopped");
+    shutdown.cancel();
+    if let Some(renewing) = renewing {
+        let _ = renewing.await;
+    }
+    result
+}
+
+/// The worker's id and credentials: those it enrolled with earlier (its state directory),
+/// else a new enrollment with its token, else `NATS_CREDS` and `PALISADE_WORKER_ID`. With the
+/// enrollment, to keep renewed.
+async fn credentials(
+    settings: &Settings,
+) -> anyhow::Result<(
+    Uuid,
+    bus::NatsCredentials,
+    Option<worker::enrollment::Enrolled>,
+)> {
+    let token = settings
+        .enrollment_token
+        .as_deref()
+        .map(identity::enrollment::EnrollmentToken::decode)
+        .transpose()
+        .context("PALISADE_ENROLLMENT_TOKEN")?;
+    let stored = worker::enrollment::Enrolled::load(&settings.state_dir)?;
+    // Enrolled before with this token (or with no token given now): what it kept.
+    let reuse = stored.as_ref().is_some_and(|stored| {
+        token
+            .as_ref()
+            .is_none_or(|token| token.token_id == stored.state.token_id)
+    });
+    let enrolled = match (stored, token) {
+        (Some(stored), _) if reuse => {
+            anyhow::ensure!(
+                !stored.expired(),
+                "the credentials in {} expired (at unix ms {}): enroll again with a new token (`palisade worker token create --worker {}`)",
+                settings.state_dir.display(),
+                stored.state.expires_at_unix_ms,
+                stored.state.worker_id
+            );
+            stored
+        }
+        (_, Some(token)) => {
+            if let Some(id) = settings.worker_id {
+                anyhow::ensure!(
+                    id == token.worker_id,
+                    "PALISADE_WORKER_ID {id} is not the token's worker {}: unset it",
+                    token.worker_id
+                );
+            }
+            let address = worker::enrollment::BusAddress {
+                url: &settings.nats_url,
+                tls: &settings.nats_tls,
+                subjects: &settings.subjects,
+            };
+            worker::enrollment::enroll(&address, &token, &settings.state_dir)
+                .await
+                .context("failed to enroll")?
+        }
+        (_, None) => {
+            let worker_id = settings.worker_id.ok_or(SettingsError::MissingWorkerId)?;
+            let credentials = match &settings.nats_credentials {
+                Some(path) => bus::NatsCredentials::from_file(path)?,
+                None => {
+                    tracing::warn!(
+                        "NATS_CREDS is not set: connecting without credentials, which only a server without authentication accepts"
+                    );
+                    bus::NatsCredentials::none()
+                }
+            };
+            return Ok((worker_id, credentials, None));
+        }
+    };
+    Ok((
+        enrolled.state.worker_id,
+        enrolled.credentials.clone(),
+        Some(enrolled),
+    ))
 }
 
 /// Cancels `shutdown` on SIGINT or SIGTERM.
@@ -271,10 +406,14 @@ mod tests {
 
     #[test]
     fn defaults_everything_but_the_worker_id() {
-        let settings = settings(&[("PALISADE_WORKER_ID", ID)]).unwrap();
+        let settings = settings(&[("PALISADE_WORKER_ID", ID), ("HOME", "/home/w")]).unwrap();
         assert_eq!(settings.nats_url, Settings::NATS_URL_DEFAULT);
         assert_eq!(settings.subjects.prefix(), "palisade");
-        assert_eq!(settings.worker_id.to_string(), ID);
+        assert_eq!(settings.worker_id.unwrap().to_string(), ID);
+        assert_eq!(
+            settings.state_dir,
+            PathBuf::from("/home/w/.local/state/palisade-worker")
+        );
         assert_eq!(settings.capacity, 4);
         assert_eq!(settings.plugins, PluginSettings::default());
     }
@@ -304,8 +443,11 @@ mod tests {
 
     #[test]
     fn refuses_bad_settings_with_advice() {
-        let missing = settings(&[]).unwrap_err().to_string();
-        assert!(missing.contains("palisade worker add"), "{missing}");
+        let missing = settings(&[("HOME", "/nowhere")]).unwrap_err().to_string();
+        assert!(
+            missing.contains("palisade worker token create"),
+            "{missing}"
+        );
         assert!(settings(&[("PALISADE_WORKER_ID", "w1")]).is_err());
         let nil = "00000000-0000-0000-0000-000000000000";
         assert!(settings(&[("PALISADE_WORKER_ID", nil)]).is_err());

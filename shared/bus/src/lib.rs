@@ -107,10 +107,12 @@ pub enum BusError {
 }
 
 /// The NATS credentials a process connects with (`NATS_CREDS`: a `.creds` file holding the
-/// user JWT and its seed, issued by `palisade nats init`, `worker add` or `client add`), or
-/// none for a server without authentication. `Debug` never shows the seed.
+/// user JWT and its seed, issued by `palisade nats init`, `worker add` or `client add`, or
+/// an enrolled worker's), or none for a server without authentication. Clones share them:
+/// [`NatsCredentials::replace`] (renewed credentials) changes what every later connection
+/// and reconnection of each clone presents. `Debug` never shows the seed.
 #[derive(Clone, Default)]
-pub struct NatsCredentials(Option<std::sync::Arc<str>>);
+pub struct NatsCredentials(Option<std::sync::Arc<std::sync::RwLock<std::sync::Arc<str>>>>);
 
 impl std::fmt::Debug for NatsCredentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -130,7 +132,28 @@ impl NatsCredentials {
 
     /// The text of a `.creds` file.
     pub fn from_creds(creds: impl Into<std::sync::Arc<str>>) -> Self {
-        Self(Some(creds.into()))
+        Self(Some(std::sync::Arc::new(std::sync::RwLock::new(
+            creds.into(),
+        ))))
+    }
+
+    /// Presents `creds` from the next connection or reconnection on (renewed credentials: a
+    /// new JWT before the old one expires). No effect on credentials that were none.
+    pub fn replace(&self, creds: impl Into<std::sync::Arc<str>>) {
+        if let Some(cell) = &self.0 {
+            *cell
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = creds.into();
+        }
+    }
+
+    /// The `.creds` text presented now (it holds the seed: never log it).
+    pub fn creds_text(&self) -> Option<std::sync::Arc<str>> {
+        self.0.as_ref().map(|cell| {
+            cell.read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        })
     }
 
     /// Reads a `.creds` file.
@@ -146,6 +169,29 @@ impl NatsCredentials {
     pub fn is_some(&self) -> bool {
         self.0.is_some()
     }
+}
+
+/// The user JWT and the seed of a `.creds` file's text.
+fn parse_creds(creds: &str) -> Result<(String, nkeys::KeyPair), String> {
+    let after = |marker: &str| {
+        let mut lines = creds.lines().skip_while(|line| !line.contains(marker));
+        lines.next()?;
+        lines.map(str::trim).find(|line| !line.is_empty())
+    };
+    let jwt = after("BEGIN NATS USER JWT").ok_or("no user JWT in the credentials")?;
+    let seed = after("BEGIN USER NKEY SEED").ok_or("no user seed in the credentials")?;
+    let key = nkeys::KeyPair::from_seed(seed).map_err(|error| format!("the seed: {error}"))?;
+    Ok((jwt.to_owned(), key))
+}
+
+/// What a connection presents: the JWT and the server's nonce signed with the seed.
+fn sign_nonce(creds: &str, nonce: &[u8]) -> Result<async_nats::Auth, async_nats::AuthError> {
+    let (jwt, key) = parse_creds(creds).map_err(async_nats::AuthError::new)?;
+    let signature = key.sign(nonce).map_err(async_nats::AuthError::new)?;
+    let mut auth = async_nats::Auth::new();
+    auth.jwt = Some(jwt);
+    auth.signature = Some(signature);
+    Ok(auth)
 }
 
 /// Largest message on the requests stream: a scan request is at most
@@ -329,14 +375,20 @@ impl Bus {
         identity: &messages::Identity,
     ) -> Result<Self, BusError> {
         let servers = server_addrs(url)?;
-        let options = match &credentials.0 {
+        let options = match credentials.creds_text() {
             Some(creds) => {
-                async_nats::ConnectOptions::with_credentials(creds).map_err(|error| {
-                    BusError::Credentials {
-                        path: "NATS_CREDS".into(),
-                        reason: error.to_string(),
-                    }
-                })?
+                // Checked now, so unreadable credentials fail the start, not a reconnection.
+                parse_creds(&creds).map_err(|reason| BusError::Credentials {
+                    path: "NATS_CREDS".into(),
+                    reason,
+                })?;
+                let credentials = credentials.clone();
+                // Each (re)connection signs the server's nonce with the credentials current
+                // then, so renewed credentials take effect at the next reconnection.
+                async_nats::ConnectOptions::with_auth_callback(move |nonce| {
+                    let creds = credentials.creds_text().unwrap_or_default();
+                    async move { sign_nonce(&creds, &nonce) }
+                })
             }
             None => async_nats::ConnectOptions::new(),
         };

@@ -19,18 +19,28 @@
 //! the identity's account again with its revoked keys from PostgreSQL and pushes it to the
 //! servers through the system account, and the servers close those users' connections at once
 //! and refuse new ones. The list is rebuilt from PostgreSQL on every push, so a push is
-//! idempotent and a re-enabled identity leaves the list.
+//! idempotent and a re-enabled identity leaves the list. Revoking a worker or a client ends
+//! its whole account: the list refuses every user (`*`), whoever signed it and whenever, so a
+//! leaked account key mints nothing the servers accept; re-enabling refuses every user issued
+//! before it, and fresh credentials are issued.
+//!
+//! **Enrollment** ([`enrollment`]): a worker joins with a one-time token instead of the
+//! authority. Each worker's account lists the installation's **enrollment key** as a signing
+//! key scoped to that worker's permissions, so dispatch, which holds only that key, can sign
+//! users of enrolled workers' accounts and nothing else: no account, no client, no service.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod enrollment;
+
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use messages::{Crossing, Identity, Permissions, Subjects};
 use nats_io_jwt::{
     Account, Claims, Export, ExportType, Exports, Import, Imports, Operator, OperatorLimits,
-    Permission, ResponsePermission, ResponseType, RevocationList, RevocationListKey, SigningKeys,
-    Token, User,
+    Permission, ResponsePermission, ResponseType, RevocationList, RevocationListKey, ScopeType,
+    SigningKeys, SigningKeysItem, Token, User, UserPermissionLimits, UserScope,
 };
 use nkeys::{KeyPair, KeyPairType};
 use thiserror::Error;
@@ -46,6 +56,14 @@ pub enum IdentityError {
     #[error("{0:?} is not a NATS user public key (it starts with U and is 56 characters)")]
     NotAUserKey(String),
     #[error(
+        "the NATS authority in {dir} has no enrollment key ({file}): add one with `palisade nats enrollment-key`, then `palisade nats push`"
+    )]
+    NoEnrollmentKey { dir: PathBuf, file: &'static str },
+    #[error(
+        "not an enrollment token: {0}; give the whole token `palisade worker token create` printed"
+    )]
+    NotAToken(String),
+    #[error(
         "cannot push the account {account} to NATS at {url}: {reason}; what PostgreSQL recorded stands, run `palisade nats push` once NATS answers"
     )]
     Push {
@@ -59,6 +77,9 @@ pub enum IdentityError {
 const OPERATOR_SEED: &str = "operator.nk";
 const SYSTEM_SEED: &str = "system-account.nk";
 const ACCOUNT_SEED: &str = "account.nk";
+/// The enrollment key's seed: what dispatch signs enrolled workers' users with
+/// (`PALISADE_NATS_ENROLLMENT_KEY`). Authorities written before enrollment have none.
+pub const ENROLLMENT_SEED: &str = "enrollment.nk";
 
 /// The palisade account's name in its JWT.
 const ACCOUNT_NAME: &str = "palisade";
@@ -97,11 +118,13 @@ pub struct SignedAccount {
     pub jwt: String,
 }
 
-/// The operator, system account and palisade account keys.
+/// The operator, system account and palisade account keys, and the enrollment key.
 pub struct Authority {
     operator: KeyPair,
     system: KeyPair,
     account: KeyPair,
+    /// Listed in every worker's account as a signing key scoped to that worker's permissions.
+    enrollment: Option<KeyPair>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -121,14 +144,32 @@ pub struct Revoked {
     pub at_unix_secs: i64,
 }
 
+/// 2100-01-01: later than any JWT palisade issues.
+const FOREVER_UNIX_SECS: i64 = 4_102_444_800;
+
 impl Revoked {
     /// Every JWT of `public_key`, whenever issued: palisade never issues a key twice, so a
     /// revoked key stays revoked until it leaves the list.
     pub fn key(public_key: impl Into<String>) -> Self {
         Self {
             public_key: public_key.into(),
-            // 2100-01-01: later than any JWT of the key.
-            at_unix_secs: 4_102_444_800,
+            at_unix_secs: FOREVER_UNIX_SECS,
+        }
+    }
+
+    /// Every user of the account, whoever signed it and whenever: a revoked identity's
+    /// account refuses even a user minted later with its key.
+    pub fn every_user() -> Self {
+        Self::every_user_issued_by(FOREVER_UNIX_SECS)
+    }
+
+    /// Every user of the account issued at or before `at_unix_secs` (a re-enabled identity:
+    /// only credentials issued after it are accepted).
+    pub fn every_user_issued_by(at_unix_secs: i64) -> Self {
+        Self {
+            // The server's wildcard entry of an account's revocation list.
+            public_key: "*".to_owned(),
+            at_unix_secs,
         }
     }
 }
@@ -140,6 +181,7 @@ impl Authority {
             operator: KeyPair::new_operator(),
             system: KeyPair::new_account(),
             account: KeyPair::new_account(),
+            enrollment: Some(KeyPair::new_account()),
         }
     }
 
@@ -156,25 +198,53 @@ impl Authority {
                 reason: format!("{}: {error}", path.display()),
             })
         };
+        let enrollment = if dir.join(ENROLLMENT_SEED).exists() {
+            Some(seed(ENROLLMENT_SEED)?)
+        } else {
+            None
+        };
         Ok(Self {
             operator: seed(OPERATOR_SEED)?,
             system: seed(SYSTEM_SEED)?,
             account: seed(ACCOUNT_SEED)?,
+            enrollment,
         })
     }
 
-    /// Writes the three seeds (mode 0600) into `dir`, which is created.
+    /// Adds an enrollment key to an authority written before enrollment existed, and writes
+    /// it into `dir`; false when it had one.
+    pub fn add_enrollment_key(&mut self, dir: &Path) -> Result<bool, IdentityError> {
+        if self.enrollment.is_some() {
+            return Ok(false);
+        }
+        let key = KeyPair::new_account();
+        write_secret(&dir.join(ENROLLMENT_SEED), &seed_of(&key))?;
+        self.enrollment = Some(key);
+        Ok(true)
+    }
+
+    /// What dispatch signs enrolled workers' users with, when this authority has it.
+    pub fn enroller(&self) -> Option<enrollment::Enroller> {
+        self.enrollment
+            .as_ref()
+            .map(|key| enrollment::Enroller::from_seed(&seed_of(key)).expect("a key's own seed"))
+    }
+
+    /// Writes the seeds (mode 0600) into `dir`, which is created.
     pub fn write(&self, dir: &Path) -> Result<(), IdentityError> {
         std::fs::create_dir_all(dir).map_err(|error| IdentityError::Write {
             path: dir.to_owned(),
             reason: error.to_string(),
         })?;
         for (name, key) in [
-            (OPERATOR_SEED, &self.operator),
-            (SYSTEM_SEED, &self.system),
-            (ACCOUNT_SEED, &self.account),
+            (OPERATOR_SEED, Some(&self.operator)),
+            (SYSTEM_SEED, Some(&self.system)),
+            (ACCOUNT_SEED, Some(&self.account)),
+            (ENROLLMENT_SEED, self.enrollment.as_ref()),
         ] {
-            write_secret(&dir.join(name), &seed_of(key))?;
+            if let Some(key) = key {
+                write_secret(&dir.join(name), &seed_of(key))?;
+            }
         }
         Ok(())
     }
@@ -302,6 +372,21 @@ impl Authority {
                     .map(|subject| import(subject, ExportType::Stream)),
             )
             .collect();
+        // A worker's account lets the enrollment key sign its users, only with its permissions.
+        let signing_keys = match (identity, &self.enrollment) {
+            (Identity::Worker { .. }, Some(enrollment)) => {
+                Some(SigningKeys::from(vec![SigningKeysItem::UserScope(
+                    UserScope {
+                        description: Some("palisade enrollment: this worker's users".into()),
+                        key: Some(enrollment.public_key()),
+                        kind: ScopeType::UserScope,
+                        role: Some("worker".into()),
+                        template: Some(scope_template(&subjects.permissions(identity))),
+                    },
+                )]))
+            }
+            _ => None,
+        };
         let account = Account {
             limits: Some(no_jetstream(OperatorLimits {
                 disallow_bearer: true,
@@ -309,6 +394,7 @@ impl Authority {
             })),
             imports: Some(Imports::from(imports)),
             revocations: revocation_list(revoked),
+            signing_keys,
             ..Account::default()
         };
         let key = self.account_key(identity);
@@ -375,6 +461,30 @@ impl Authority {
         ))
     }
 
+    /// The credentials of a worker's enrollment token: a user of the worker's own account that
+    /// may only send `enroll` (and read its answer), expiring with the token. The worker's
+    /// account must be pushed before it connects.
+    pub fn enrollment_user(
+        &self,
+        subjects: &Subjects,
+        worker_id: uuid::Uuid,
+        expires_at_unix_secs: i64,
+    ) -> Credentials {
+        let user = KeyPair::new_user();
+        let identity = Identity::Worker { worker_id };
+        let jwt = self.user_jwt_expiring(
+            &self.account_key(&identity),
+            &user.public_key(),
+            &format!("{}-enrollment", identity.token()),
+            &subjects.enrollment_permissions(worker_id),
+            Some(expires_at_unix_secs),
+        );
+        Credentials {
+            public_key: user.public_key(),
+            file: creds_file(&jwt, &seed_of(&user)),
+        }
+    }
+
     /// New credentials in the palisade account with explicit permissions (the system tests'
     /// own unrestricted user).
     pub fn issue_with(&self, name: &str, permissions: &Permissions) -> Credentials {
@@ -393,24 +503,33 @@ impl Authority {
         name: &str,
         permissions: &Permissions,
     ) -> String {
-        let list = |subjects: &[String]| Permission {
-            allow: Some(subjects.to_vec().into()),
-            deny: None,
-        };
+        self.user_jwt_expiring(account, public_key, name, permissions, None)
+    }
+
+    fn user_jwt_expiring(
+        &self,
+        account: &KeyPair,
+        public_key: &str,
+        name: &str,
+        permissions: &Permissions,
+        expires_at_unix_secs: Option<i64>,
+    ) -> String {
+        let limits = scope_template(permissions);
         let user = User {
             bearer_token: false,
-            pub_: Some(list(&permissions.publish)),
-            sub: Some(list(&permissions.subscribe)),
-            resp: permissions.responses.then(|| ResponsePermission {
-                max: Some(1),
-                ttl: Some(RESPONSE_TTL.as_nanos() as i64),
-            }),
+            pub_: limits.pub_,
+            sub: limits.sub,
+            resp: limits.resp,
             ..User::default()
         };
-        Token::new(public_key.to_owned())
+        let token = Token::new(public_key.to_owned())
             .name(name)
-            .claims(Claims::User(user))
-            .sign(account)
+            .claims(Claims::User(user));
+        match expires_at_unix_secs {
+            Some(at) => token.expires(at),
+            None => token,
+        }
+        .sign(account)
     }
 
     /// Credentials of a system-account user, to push accounts with.
@@ -475,6 +594,24 @@ impl Authority {
             }
         }
         Ok(())
+    }
+}
+
+/// A user's permissions as a JWT states them (and as a scoped signing key's template).
+fn scope_template(permissions: &Permissions) -> UserPermissionLimits {
+    let list = |subjects: &[String]| Permission {
+        allow: Some(subjects.to_vec().into()),
+        deny: None,
+    };
+    UserPermissionLimits {
+        bearer_token: false,
+        pub_: Some(list(&permissions.publish)),
+        sub: Some(list(&permissions.subscribe)),
+        resp: permissions.responses.then(|| ResponsePermission {
+            max: Some(1),
+            ttl: Some(RESPONSE_TTL.as_nanos() as i64),
+        }),
+        ..UserPermissionLimits::default()
     }
 }
 

@@ -170,6 +170,18 @@ impl Subjects {
         }
     }
 
+    /// What the user of a worker's enrollment token may do: send `enroll` on the worker's own
+    /// subject and read the answer at its inbox, nothing else. It connects in the worker's own
+    /// account, so its answers cross back there whatever reply subject it names.
+    pub fn enrollment_permissions(&self, worker_id: Uuid) -> Permissions {
+        let identity = Identity::Worker { worker_id };
+        Permissions {
+            publish: vec![self.worker(&worker_id.to_string(), WorkerVerb::Enroll)],
+            subscribe: vec![format!("{}.>", self.inbox_prefix(&identity))],
+            responses: false,
+        }
+    }
+
     /// Whether a service may answer a request received on `subject` at `reply`: only where
     /// the answer reaches the requester and nobody else. That is a server-made response
     /// subject (`_R_.…`: the request crossed an account boundary, and the answer can only go
@@ -284,6 +296,8 @@ impl Subjects {
                         WorkerVerb::Acquire,
                         WorkerVerb::Renew,
                         WorkerVerb::Release,
+                        WorkerVerb::Enroll,
+                        WorkerVerb::Credentials,
                     ]
                     .map(|verb| self.worker_wildcard(verb)),
                 );

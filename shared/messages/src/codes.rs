@@ -52,13 +52,18 @@ pub enum ErrorCode {
     /// A finding changed since the revision (or its scan's findings since the collection
     /// revision) the change named: nothing was changed.
     RevisionConflict,
+    /// An enrollment (or a renewal of credentials) was refused: the token is unknown, used,
+    /// expired or revoked, its secret does not match, it asks for more than the token carries,
+    /// the worker is revoked, or this installation enrolls no workers. The message says which,
+    /// never anything about another token.
+    EnrollmentRefused,
     /// Something failed inside palisade; the sender may retry.
     Internal,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::MalformedMessage,
         ErrorCode::UnsupportedSchemaVersion,
         ErrorCode::InvalidField,
@@ -82,6 +87,7 @@ impl ErrorCode {
         ErrorCode::NotFound,
         ErrorCode::ScanNotCompleted,
         ErrorCode::RevisionConflict,
+        ErrorCode::EnrollmentRefused,
         ErrorCode::Internal,
     ];
 
@@ -111,6 +117,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::ScanNotCompleted => "scan_not_completed",
             ErrorCode::RevisionConflict => "revision_conflict",
+            ErrorCode::EnrollmentRefused => "enrollment_refused",
             ErrorCode::Internal => "internal",
         }
     }

@@ -51,3 +51,9 @@ pub const EVENTS_REPLY_BYTES_MAX: usize = 512 * 1024;
 /// Longest `events` long-poll, in milliseconds (a longer `wait_ms` is shortened to it); below
 /// the NATS request timeouts clients use with it, like [`ACQUIRE_WAIT_MS_MAX`].
 pub const EVENTS_WAIT_MS_MAX: u32 = 30_000;
+
+/// Organizations an enrollment token may carry (and an enrollment ask for).
+pub const ENROLLMENT_ORGANIZATIONS_MAX: usize = 256;
+
+/// Longest enrollment token secret accepted, in bytes (palisade's are 43).
+pub const ENROLLMENT_SECRET_BYTES_MAX: usize = 128;

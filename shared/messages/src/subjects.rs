@@ -140,11 +140,17 @@ pub enum WorkerVerb {
     Ack,
     /// Request/reply to ingestion: prepare and commit an artifact upload session.
     Artifact,
+    /// Request/reply to dispatch: a new worker presents its enrollment token and public key
+    /// and receives its credentials; the only verb an enrollment token's user may send.
+    Enroll,
+    /// Request/reply to dispatch: an enrolled worker renews its credentials before they
+    /// expire.
+    Credentials,
 }
 
 impl WorkerVerb {
     /// Every verb.
-    pub const ALL: [WorkerVerb; 9] = [
+    pub const ALL: [WorkerVerb; 11] = [
         WorkerVerb::Hello,
         WorkerVerb::Acquire,
         WorkerVerb::Renew,
@@ -154,6 +160,8 @@ impl WorkerVerb {
         WorkerVerb::Fail,
         WorkerVerb::Ack,
         WorkerVerb::Artifact,
+        WorkerVerb::Enroll,
+        WorkerVerb::Credentials,
     ];
 
     /// What a worker publishes durably: the results stream captures these, and ingestion's
@@ -162,7 +170,7 @@ impl WorkerVerb {
         [WorkerVerb::Result, WorkerVerb::Complete, WorkerVerb::Fail];
 
     /// What a worker sends (every verb but `ack`, which it receives).
-    pub const SENT: [WorkerVerb; 8] = [
+    pub const SENT: [WorkerVerb; 10] = [
         WorkerVerb::Hello,
         WorkerVerb::Acquire,
         WorkerVerb::Renew,
@@ -171,6 +179,8 @@ impl WorkerVerb {
         WorkerVerb::Complete,
         WorkerVerb::Fail,
         WorkerVerb::Artifact,
+        WorkerVerb::Enroll,
+        WorkerVerb::Credentials,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -184,6 +194,8 @@ impl WorkerVerb {
             WorkerVerb::Fail => "fail",
             WorkerVerb::Ack => "ack",
             WorkerVerb::Artifact => "artifact",
+            WorkerVerb::Enroll => "enroll",
+            WorkerVerb::Credentials => "credentials",
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod bus_identities;
 pub mod cves;
 pub mod dead_letters;
 pub mod enrichment;
+pub mod enrollment;
 pub mod evidence;
 pub mod findings;
 pub mod history;

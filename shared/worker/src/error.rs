@@ -18,6 +18,9 @@ pub enum WorkerError {
         /// What the operator can do, with a leading separator; empty when there is nothing.
         hint: &'static str,
     },
+    /// Enrolling or renewing credentials failed (`enrollment`).
+    #[error("enrollment: {reason}")]
+    Enrollment { reason: String },
     #[error("dispatch's hello reply is unusable: {reason}")]
     InvalidHelloReply { reason: String },
     #[error(

@@ -25,6 +25,7 @@ mod batch;
 mod config;
 mod context;
 mod dispatchers;
+pub mod enrollment;
 mod error;
 mod lease;
 mod plugin;

@@ -1,11 +1,14 @@
--- Enables a revoked client again, and records the change. No row: no such client.
+-- Enables a revoked client again, and records the change. Every credential of its account
+-- issued at or before `$6` is refused from now on: it gets fresh ones. No row: no such client.
 -- $1 client_id: text
 -- $2 change_id: uuid — the change's id (Uuid::now_v7())
 -- $3 who: text
 -- $4 why: text
 -- $5 client_enabled_action: text — AdminAction::ClientEnabled
+-- $6 credentials_issued_after: timestamptz — the command's clock, whole seconds
 WITH enabled AS (
-    UPDATE clients SET revoked_at = NULL, revocation_reason = '', updated_at = now()
+    UPDATE clients SET revoked_at = NULL, revocation_reason = '', credentials_issued_after = $6,
+           updated_at = now()
     WHERE id = $1 RETURNING id
 ), recorded AS (
     INSERT INTO admin_changes (id, actor, reason, action, client_id)

@@ -388,6 +388,12 @@ string_enum! {
         ClientEnabled => "enable_client",
         /// An organization's hourly quota or cap on tasks in flight (the detail says which).
         OrganizationLimitsSet => "set_organization_limits",
+        /// An enrollment token issued (`palisade worker token create`).
+        EnrollmentTokenCreated => "create_enrollment_token",
+        /// An enrollment token revoked before it was used.
+        EnrollmentTokenRevoked => "revoke_enrollment_token",
+        /// A worker enrolled with a token; the actor names the token and who issued it.
+        WorkerEnrolled => "enroll_worker",
     }
 }
 

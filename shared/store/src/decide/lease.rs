@@ -40,20 +40,27 @@ pub enum HelloOutcome {
 /// workers. Registration itself is an administrative act (`palisade worker add`).
 pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let accepted: Option<bool> = sql::workers::Hello {
+    let accepted: Option<(bool, bool)> = sql::workers::Hello {
         worker_id: params.worker_id,
         capabilities: params.capabilities,
         capacity: params.capacity,
         software_version: params.software_version,
         protocol_version: params.protocol_version,
     }
-    .query_scalar()
+    .query_as()
     .fetch_optional(&mut *tx)
     .await?;
     let outcome = match accepted {
         None => HelloOutcome::Refused(unknown_worker(params.worker_id)),
-        Some(false) => HelloOutcome::Refused(worker_disabled(params.worker_id)),
-        Some(true) => HelloOutcome::Accepted {
+        Some((false, false)) => HelloOutcome::Refused(v1::Error::new(
+            ErrorCode::InvalidField,
+            format!(
+                "capabilities: worker {} declares capabilities its enrollment token did not carry; declare only those (`palisade worker show`), or enroll it again with a token that carries them",
+                params.worker_id
+            ),
+        )),
+        Some((false, true)) => HelloOutcome::Refused(worker_disabled(params.worker_id)),
+        Some((true, _)) => HelloOutcome::Accepted {
             organization_ids: assigned_organizations(&mut tx, params.worker_id, false).await?,
         },
     };

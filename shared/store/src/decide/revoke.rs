@@ -95,11 +95,13 @@ pub async fn revoke_assignment(
 }
 
 /// Re-enables a revoked worker (its assignments are managed separately); false when there is
-/// none.
+/// none. Every credential of its account issued at or before `credentials_issued_after` is
+/// refused from then on (once its account is pushed): it needs fresh ones.
 pub async fn enable_worker(
     pool: &PgPool,
     worker_id: Uuid,
     change: &Change<'_>,
+    credentials_issued_after: chrono::DateTime<chrono::Utc>,
 ) -> Result<bool, StoreError> {
     let enabled: Option<Uuid> = sql::workers::Enable {
         worker_id,
@@ -107,6 +109,7 @@ pub async fn enable_worker(
         who: change.by,
         why: change.reason,
         worker_enabled_action: AdminAction::WorkerEnabled.as_str(),
+        credentials_issued_after,
     }
     .query_scalar()
     .fetch_optional(pool)

@@ -33,14 +33,25 @@ pub async fn record_credential(
     holder: &Holder,
     public_key: &str,
 ) -> Result<(), StoreError> {
-    let (worker_id, client_id) = holder.ids();
     let mut tx = pool.begin().await?;
+    record_credential_in(&mut tx, holder, public_key).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// [`record_credential`] in the caller's transaction.
+pub(crate) async fn record_credential_in(
+    conn: &mut sqlx::PgConnection,
+    holder: &Holder,
+    public_key: &str,
+) -> Result<(), StoreError> {
+    let (worker_id, client_id) = holder.ids();
     sql::nats_users::RetireOthers {
         worker_id,
         client_id,
     }
     .query()
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
     sql::nats_users::Record {
         public_key,
@@ -48,9 +59,8 @@ pub async fn record_credential(
         client_id,
     }
     .query()
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
-    tx.commit().await?;
     Ok(())
 }
 
@@ -61,6 +71,10 @@ pub struct BusAccount {
     pub holder: Holder,
     pub organization_ids: Vec<Uuid>,
     pub refused: Vec<String>,
+    /// Revoked: the account refuses every user, whoever signs it.
+    pub revoked: bool,
+    /// Re-enabled at this time: every user issued at or before it is refused.
+    pub credentials_issued_after: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The NATS accounts of every worker and client holding a credential, or of `holder` alone
@@ -70,8 +84,15 @@ pub async fn bus_accounts(
     holder: Option<&Holder>,
 ) -> Result<Vec<BusAccount>, StoreError> {
     let (worker_id, client_id) = holder.map_or((None, None), Holder::ids);
-    /// worker_id, client_id, organization_ids, refused.
-    type Row = (Option<Uuid>, Option<String>, Vec<Uuid>, Vec<String>);
+    /// worker_id, client_id, organization_ids, refused, revoked, credentials_issued_after.
+    type Row = (
+        Option<Uuid>,
+        Option<String>,
+        Vec<Uuid>,
+        Vec<String>,
+        bool,
+        Option<chrono::DateTime<chrono::Utc>>,
+    );
     let rows: Vec<Row> = sql::nats_users::Accounts {
         worker_id,
         client_id,
@@ -81,18 +102,22 @@ pub async fn bus_accounts(
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(worker_id, client_id, organization_ids, refused)| {
-            let holder = match (worker_id, client_id) {
-                (Some(worker_id), _) => Holder::Worker(worker_id),
-                (None, Some(client_id)) => Holder::Client(client_id),
-                (None, None) => return None,
-            };
-            Some(BusAccount {
-                holder,
-                organization_ids,
-                refused,
-            })
-        })
+        .filter_map(
+            |(worker_id, client_id, organization_ids, refused, revoked, issued_after)| {
+                let holder = match (worker_id, client_id) {
+                    (Some(worker_id), _) => Holder::Worker(worker_id),
+                    (None, Some(client_id)) => Holder::Client(client_id),
+                    (None, None) => return None,
+                };
+                Some(BusAccount {
+                    holder,
+                    organization_ids,
+                    refused,
+                    revoked,
+                    credentials_issued_after: issued_after,
+                })
+            },
+        )
         .collect())
 }
 
@@ -146,11 +171,14 @@ pub async fn revoke_client(
     Ok(revoked.is_some())
 }
 
-/// Enables a revoked client again; false when there is none.
+/// Enables a revoked client again; false when there is none. Every credential of its account
+/// issued at or before `credentials_issued_after` is refused from then on (once its account is
+/// pushed): it needs fresh ones.
 pub async fn enable_client(
     pool: &PgPool,
     id: &str,
     change: &Change<'_>,
+    credentials_issued_after: chrono::DateTime<chrono::Utc>,
 ) -> Result<bool, StoreError> {
     let enabled: Option<String> = sql::clients::Enable {
         client_id: id,
@@ -158,6 +186,7 @@ pub async fn enable_client(
         who: change.by,
         why: change.reason,
         client_enabled_action: AdminAction::ClientEnabled.as_str(),
+        credentials_issued_after,
     }
     .query_scalar()
     .fetch_optional(pool)
