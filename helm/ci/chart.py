@@ -281,6 +281,41 @@ def check_secure_defaults(minimal: dict, insecure: dict) -> None:
         raise CheckFailed("the insecure opt-outs still set NATS_CREDS, NATS_TLS_CA or NATS_TLS_REQUIRED")
 
 
+def check_worker_holds_no_seed(all_on: dict, insecure: dict) -> None:
+    """The reference worker's pods hold only their enrollment token (issue 44): no container of any
+    rendered pod mounts the authority's seeds, and the worker's none of the credentials Secret,
+    DATABASE_URL or the operator's credentials; without the token Secret the chart refuses."""
+    rendered = render(all_on)
+    seeds = ("operator.nk", "system-account.nk", "account.nk")
+    for manifest in documents(rendered):
+        document = manifest["document"]
+        text = json.dumps(document)
+        if any(seed in text for seed in seeds) or "PALISADE_NATS_AUTHORITY" in text:
+            raise CheckFailed(f"{document['kind']} {document['metadata']['name']} names the authority's seeds")
+        if document["kind"] != "StatefulSet":
+            continue
+        pod = document["spec"]["template"]["spec"]
+        secrets = {volume["secret"]["secretName"] for volume in pod.get("volumes", []) if "secret" in volume}
+        env = {entry["name"] for container in pod.get("initContainers", []) + pod["containers"]
+               for entry in container.get("env", [])}
+        credentials = all_on["nats"]["credentials"]["existingSecret"]
+        if pod.get("initContainers") or credentials in secrets or {"DATABASE_URL", "NATS_CREDS"} & env:
+            raise CheckFailed(f"the worker pod holds more than its token: secrets {sorted(secrets)}, env {sorted(env)}")
+        if all_on["worker"]["enrollment"]["existingSecret"] not in secrets:
+            raise CheckFailed("the worker pod does not mount its enrollment token")
+    without_token = merge(all_on, {"worker": {"enrollment": {"existingSecret": ""}}})
+    try:
+        render(without_token)
+    except CheckFailed as refusal:
+        if "worker.enrollment.existingSecret" not in str(refusal):
+            raise CheckFailed(f"the chart refused a worker without tokens without naming the setting: {refusal}") from None
+    else:
+        raise CheckFailed("the chart rendered a worker without enrollment tokens while NATS authenticates")
+    # Without NATS credentials (INSECURE), the pods register themselves.
+    open_worker = merge(insecure, {"worker": {"enabled": True, "organizations": ["00000000-0000-7000-8000-000000000001"]}})
+    validate_manifests(render(open_worker), "insecure opt-outs with the worker")
+
+
 def check_dashboard() -> None:
     try:
         dashboard = json.loads(DASHBOARD.read_text())
@@ -375,6 +410,8 @@ def check() -> int:
         ("secure by default: the defaults refuse to render without NATS credentials and TLS, "
          "naming the INSECURE opt-outs", lambda: check_secure_defaults(minimal, insecure)),
         ("the schema refuses wrong types, unknown keys and inline secrets", check_schema_refusals),
+        ("the reference worker's pods hold only an enrollment token, never a seed",
+         lambda: check_worker_holds_no_seed(all_on, insecure)),
         ("the dashboard is valid JSON", check_dashboard),
         ("the chart README's values table matches values.yaml", lambda: readme(write=False)),
         ("docker compose config -q compose.yaml", check_compose),

@@ -1732,3 +1732,73 @@ async fn an_enrolled_worker_renews_its_credentials_before_they_expire() {
     renewing.await.unwrap();
     system.finish().await;
 }
+
+/// `palisade-worker` on a machine outside the cluster joins with one command and the token:
+/// no worker id, no `.creds`, no authority; it runs a scan, and restarted it uses what it kept
+/// (the token is spent).
+#[tokio::test]
+async fn the_reference_worker_joins_with_only_a_token_and_keeps_its_identity_across_restarts() {
+    let system = TestSystem::spawn().await;
+    let org = system.organization().await;
+    let token =
+        enrollment_token(&system, &[org], &["tcp_connect"], Duration::from_secs(3600)).await;
+    let state = tempfile::tempdir().unwrap();
+    let start = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_test-worker"))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("NATS_URL", system.nats.url())
+            .env("PALISADE_SUBJECT_PREFIX", system.subjects.prefix())
+            .env("PALISADE_ENROLLMENT_TOKEN", token.encode())
+            .env("PALISADE_WORKER_STATE_DIR", state.path())
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the worker starts")
+    };
+    for run in ["enrolled", "restarted"] {
+        let mut worker = start();
+        let reply = system
+            .submit(&system.request(org, "tcp://127.0.0.1:9", &["tcp_connect"]))
+            .await;
+        assert!(reply.error.is_none(), "{run}: {reply:?}");
+        let scan_id = reply.scan_id.clone();
+        system
+            .wait_for(&format!("a scan run by the {run} worker"), || async {
+                let state = system.scan_state(&scan_id).await;
+                (state == "completed" || state == "failed").then_some(())
+            })
+            .await;
+        let leased_by: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT DISTINCT a.worker_id FROM worker_task_attempts a JOIN worker_tasks t ON t.id = a.task_id WHERE t.scan_id = $1",
+        )
+        .bind(Uuid::parse_str(&scan_id).unwrap())
+        .fetch_all(&system.pool)
+        .await
+        .unwrap();
+        assert_eq!(leased_by, [token.worker_id], "{run}");
+        // Stopped as an orchestrator stops it: its waiting acquire is given up, so the next
+        // scan is not leased to a process that is gone.
+        let pid = worker.id().expect("running").to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        tokio::time::timeout(Duration::from_secs(30), worker.wait())
+            .await
+            .expect("the worker stops on SIGTERM")
+            .unwrap();
+    }
+    let tokens = store::enrollment::list_tokens(&system.pool, true, 10)
+        .await
+        .unwrap();
+    assert!(
+        tokens
+            .iter()
+            .any(|listed| listed.id == token.token_id && listed.used_at.is_some())
+    );
+    system.finish().await;
+}

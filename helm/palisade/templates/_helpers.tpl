@@ -65,7 +65,7 @@ Fails the render naming every problem at once: what to provide, and how to opt o
 {{- $nats := .Values.nats -}}
 {{- $problems := list -}}
 {{- if and (not $nats.credentials.existingSecret) (not $nats.insecureNoCredentials) -}}
-{{- $problems = append $problems (printf "nats.credentials.existingSecret is empty: palisade connects to NATS with credentials. Run `palisade nats init --dir palisade-authority --resolver-dir /data/jwt`, include the nats-server-auth.conf it writes in every NATS server's configuration (docs/deploy.md, section 3), then `kubectl -n %s create secret generic palisade-nats-credentials --from-file=palisade-authority/admission.creds --from-file=palisade-authority/dispatch.creds --from-file=palisade-authority/ingestion.creds --from-file=palisade-authority/enrichment.creds --from-file=palisade-authority/reaper.creds` and set nats.credentials.existingSecret=palisade-nats-credentials. To run against a server that authenticates nobody (INSECURE: any process may act as any service, worker or tenant), set nats.insecureNoCredentials=true instead." .Release.Namespace) -}}
+{{- $problems = append $problems (printf "nats.credentials.existingSecret is empty: palisade connects to NATS with credentials. Run `palisade nats init --dir palisade-authority --resolver-dir /data/jwt`, include the nats-server-auth.conf it writes in every NATS server's configuration (docs/deploy.md, section 3), then `kubectl -n %s create secret generic palisade-nats-credentials --from-file=palisade-authority/admission.creds --from-file=palisade-authority/dispatch.creds --from-file=palisade-authority/ingestion.creds --from-file=palisade-authority/enrichment.creds --from-file=palisade-authority/reaper.creds --from-file=palisade-authority/enrollment.nk` and set nats.credentials.existingSecret=palisade-nats-credentials. To run against a server that authenticates nobody (INSECURE: any process may act as any service, worker or tenant), set nats.insecureNoCredentials=true instead." .Release.Namespace) -}}
 {{- end -}}
 {{- if and $nats.credentials.existingSecret $nats.insecureNoCredentials -}}
 {{- $problems = append $problems "nats.insecureNoCredentials is true and nats.credentials.existingSecret is set: remove nats.insecureNoCredentials (the credentials are used) or empty the Secret's name." -}}
@@ -164,6 +164,10 @@ authenticates) and the NATS TLS files.
 {{- if and .creds $values.nats.credentials.existingSecret }}
 - name: NATS_CREDS
   value: /etc/palisade/nats/{{ .creds }}
+{{- if and (eq .component "dispatch") $values.nats.credentials.enrollmentKey }}
+- name: PALISADE_NATS_ENROLLMENT_KEY
+  value: /etc/palisade/nats/enrollment.nk
+{{- end }}
 {{- end }}
 {{- if $values.nats.tls.existingSecret }}
 - name: NATS_TLS_CA
@@ -215,6 +219,10 @@ authenticates) and the NATS TLS files.
     items:
       - key: {{ .creds }}
         path: {{ .creds }}
+      {{- if and (eq .component "dispatch") $values.nats.credentials.enrollmentKey }}
+      - key: enrollment.nk
+        path: enrollment.nk
+      {{- end }}
 {{- end }}
 {{- if $values.nats.tls.existingSecret }}
 - name: nats-tls

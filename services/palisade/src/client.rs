@@ -120,7 +120,6 @@ async fn enable(
         },
         holder,
         credentials,
-        cutoff,
         &format!("`palisade client enable --id {id} --creds …`"),
     )
     .await

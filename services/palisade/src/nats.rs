@@ -49,7 +49,8 @@ impl CredentialsArgs {
 }
 
 /// When a re-enabled identity's credentials start to count: this second, by this command's
-/// clock. Every credential of its account issued at or before it is refused from then on.
+/// clock. Every credential of its account issued at or before it is refused from then on, so
+/// fresh ones are signed only once it has passed ([`past`]).
 pub fn credentials_cutoff() -> chrono::DateTime<chrono::Utc> {
     let now = chrono::Utc::now();
     chrono::DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now)
@@ -63,7 +64,7 @@ pub async fn past(cutoff: chrono::DateTime<chrono::Utc>) {
     }
 }
 
-/// After re-enabling `holder` (its earlier credentials refused from `cutoff`): issues fresh
+/// After re-enabling `holder` (its earlier credentials refused): issues fresh
 /// ones when `credentials` asks for them, else pushes its account and says how to.
 pub async fn reissue_after_enable(
     common: &CommonSettings,
@@ -71,11 +72,10 @@ pub async fn reissue_after_enable(
     identity: &messages::Identity,
     holder: store::bus_identities::Holder,
     credentials: &CredentialsArgs,
-    cutoff: chrono::DateTime<chrono::Utc>,
     how: &str,
 ) -> anyhow::Result<()> {
     if credentials.given() {
-        past(cutoff).await;
+        past(credentials_cutoff()).await;
         return issue_credentials(common, pool, identity, holder, credentials).await;
     }
     push_accounts(common, pool, Some(&holder)).await?;

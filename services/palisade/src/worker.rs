@@ -245,7 +245,6 @@ async fn enable(
         &messages::Identity::Worker { worker_id: worker },
         store::bus_identities::Holder::Worker(worker),
         credentials,
-        cutoff,
         &format!(
             "`palisade worker token create --worker {worker} --org … --capabilities …`, or --creds / --public-key here"
         ),
@@ -336,6 +335,10 @@ async fn create_tokens(
     let pool = store::connect(&common.database).await?;
     let by = crate::commands::actor(why.by);
     let change = store::audit::Change::new(&by, why.reason.trim());
+    if worker.is_some() {
+        // A worker re-enabled this second refuses credentials issued in it.
+        crate::nats::past(credentials_cutoff()).await;
+    }
     for _ in 0..count {
         let worker_id = worker.unwrap_or_else(Uuid::new_v4);
         let token = issue_token(common, &pool, &authority, request, worker_id, &change).await?;

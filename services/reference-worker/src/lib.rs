@@ -281,6 +281,12 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     )
     .await
     .context("failed to connect to NATS")?;
+    let plugins = allowed_plugins(
+        configured_plugins(&settings.plugins),
+        enrolled
+            .as_ref()
+            .map(|enrolled| &enrolled.state.capabilities[..]),
+    )?;
     let renewing = enrolled.map(|enrolled| {
         tokio::spawn(worker::enrollment::keep_renewed(
             bus.clone(),
@@ -291,14 +297,44 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
     let mut config = worker::WorkerConfig::new(worker_id, settings.capacity);
     config.software_version = format!("palisade-worker/{}", env!("CARGO_PKG_VERSION"));
     config.lease_next = settings.lease_next;
-    let worker = worker::Worker::new(bus, config, configured_plugins(&settings.plugins))
-        .context("failed to set up the worker")?;
+    let worker =
+        worker::Worker::new(bus, config, plugins).context("failed to set up the worker")?;
     let result = worker.run(shutdown.clone()).await.context("worker stopped");
     shutdown.cancel();
     if let Some(renewing) = renewing {
         let _ = renewing.await;
     }
     result
+}
+
+/// The plugins an enrolled worker runs: those among the capabilities its token granted (its
+/// hellos may declare no others). Every plugin for a worker registered otherwise.
+fn allowed_plugins(
+    plugins: Vec<Arc<dyn worker::Plugin>>,
+    granted: Option<&[String]>,
+) -> anyhow::Result<Vec<Arc<dyn worker::Plugin>>> {
+    let Some(granted) = granted else {
+        return Ok(plugins);
+    };
+    let (kept, left): (Vec<_>, Vec<_>) = plugins
+        .into_iter()
+        .partition(|plugin| granted.iter().any(|name| name == plugin.name()));
+    anyhow::ensure!(
+        !kept.is_empty(),
+        "the enrollment granted none of this worker's plugins (it granted {}): issue a token with --capabilities naming some of {}",
+        granted.join(","),
+        left.iter()
+            .map(|plugin| plugin.name())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    if !left.is_empty() {
+        tracing::info!(
+            not_granted = %left.iter().map(|plugin| plugin.name()).collect::<Vec<_>>().join(","),
+            "plugins this worker will not run: its enrollment token did not grant them"
+        );
+    }
+    Ok(kept)
 }
 
 /// The worker's id and credentials: those it enrolled with earlier (its state directory),

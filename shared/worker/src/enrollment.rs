@@ -38,6 +38,12 @@ pub struct EnrolledState {
     pub token_id: Uuid,
     pub public_key: String,
     pub expires_at_unix_ms: i64,
+    /// What it was enrolled for: the capabilities its hellos may declare (a worker runs only
+    /// the plugins among them).
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub organization_ids: Vec<String>,
 }
 
 /// An enrolled worker: its state and the credentials it connects with.
@@ -158,6 +164,8 @@ pub async fn enroll(
             token_id: token.token_id,
             public_key: key.public_key(),
             expires_at_unix_ms: reply.expires_at_unix_ms,
+            capabilities: reply.capabilities.clone(),
+            organization_ids: reply.organization_ids.clone(),
         },
         credentials: NatsCredentials::from_creds(creds.as_str()),
         dir: dir.to_owned(),

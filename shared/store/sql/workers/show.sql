@@ -3,6 +3,7 @@
 -- $1 worker_id: uuid
 -- $2 live_statuses: text[] — LIVE_ATTEMPT_STATUSES
 SELECT w.id, w.name, w.enabled, w.revoked_at, w.revocation_reason, w.capabilities,
+       w.allowed_capabilities, w.nats_account IS NOT NULL AS enrolled,
        w.max_concurrent_tasks AS capacity, w.software_version, w.last_seen_at, w.created_at,
        (SELECT count(*) FROM worker_task_attempts a
         WHERE a.worker_id = w.id AND a.status = ANY($2) AND a.lease_expires_at > now()) AS live_leases,

@@ -72,6 +72,10 @@ pub struct WorkerView {
     pub revoked_at: Option<DateTime<Utc>>,
     pub revocation_reason: String,
     pub capabilities: Vec<String>,
+    /// An enrolled worker's: what its hellos may declare (its token's); `None`: anything.
+    pub allowed_capabilities: Option<Vec<String>>,
+    /// It joined with an enrollment token (and renews its credentials with dispatch).
+    pub enrolled: bool,
     pub capacity: i32,
     pub software_version: String,
     pub last_seen_at: Option<DateTime<Utc>>,
