@@ -1787,7 +1787,8 @@ async fn the_reference_worker_joins_with_only_a_token_and_keeps_its_identity_acr
                 .unwrap()
                 .success()
         );
-        tokio::time::timeout(Duration::from_secs(30), worker.wait())
+        // It answers SIGTERM once its acquire long-poll returns (10 s, again after a resend).
+        tokio::time::timeout(Duration::from_secs(90), worker.wait())
             .await
             .expect("the worker stops on SIGTERM")
             .unwrap();
@@ -1800,5 +1801,79 @@ async fn the_reference_worker_joins_with_only_a_token_and_keeps_its_identity_acr
             .iter()
             .any(|listed| listed.id == token.token_id && listed.used_at.is_some())
     );
+    system.finish().await;
+}
+
+/// One client flooding the requests stream with the largest messages it may send, while
+/// admission is down, is stopped at its own bound, far under the stream's bytes; another
+/// tenant's requests are still taken (issue 44, item 3, for the requests stream; the defaults).
+#[tokio::test]
+async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_and_another_tenant_submits()
+ {
+    let system = TestSystem::spawn().await;
+    let quotas = bus::StreamQuotas::default();
+    let bound = quotas.requests_waiting_per_client * i64::from(bus::REQUEST_MESSAGE_BYTES_MAX);
+    assert!(
+        bound * 8 <= quotas.stream_bytes_max,
+        "one client's waiting requests of one organization may hold {bound} bytes, over an eighth of the stream's {}",
+        quotas.stream_bytes_max
+    );
+    let (a, b) = (system.organization().await, system.organization().await);
+    let s = &system.subjects;
+    system.stop(Component::Admission).await;
+    let hostile = client_bus(&system, "flooder", vec![a]).await;
+    let subject = s.client(&a, "flooder", ClientVerb::Request).unwrap();
+    // As large as the stream takes with the message id and trace headers.
+    let payload = bytes::Bytes::from(vec![7_u8; bus::REQUEST_MESSAGE_BYTES_MAX as usize - 1_024]);
+    let mut stored = 0_i64;
+    let mut refused = 0;
+    'flood: for round in 0.. {
+        let messages: Vec<_> = (0..500)
+            .map(|n| bus::OutgoingMessage {
+                subject: subject.clone(),
+                msg_id: format!("flood-{round}-{n}"),
+                headers: Default::default(),
+                payload: payload.clone(),
+            })
+            .collect();
+        for sent in hostile.publish_durable_all(messages).await {
+            match sent {
+                Ok(_) => stored += 1,
+                Err(bus::BusError::Quota { .. }) => refused += 1,
+                Err(error) => panic!("{error}"),
+            }
+        }
+        if refused > 0 {
+            break 'flood;
+        }
+    }
+    assert_eq!(
+        stored, quotas.requests_waiting_per_client,
+        "stopped at its count"
+    );
+    let held = stream_info(&system, &s.requests_stream()).await.state.bytes;
+    assert!(
+        held as i64 <= bound,
+        "{held} bytes held, over the bound {bound}"
+    );
+
+    // Another tenant is not crowded out.
+    let other = client::Client::new(client_bus(&system, "other", vec![b]).await, "other");
+    other
+        .publish(&other.request(&b.to_string(), "http://other.test", &["alpha"], "b-1"))
+        .await
+        .expect("another tenant's request is confirmed beside the flood");
+    system.start(Component::Admission);
+    system
+        .wait_for("the other tenant's request admitted", || async {
+            let scans: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM scans WHERE organization_id = $1")
+                    .bind(b)
+                    .fetch_one(&system.pool)
+                    .await
+                    .unwrap();
+            (scans == 1).then_some(())
+        })
+        .await;
     system.finish().await;
 }

@@ -565,46 +565,36 @@ impl Dispatch {
                 runtime::record_refusal(reply.error.as_ref());
                 reply.encode_to_vec()
             }
-            Served::Enroll | Served::Credentials => {
-                self.answer_enrollment(served, subject_worker, payload)
-                    .await
-            }
+            Served::Enroll => self.answer_enroll(subject_worker, payload).await,
+            Served::Credentials => self.answer_credentials(subject_worker, payload).await,
         };
         reply.into()
     }
 
-    /// Answers `enroll` and `credentials`.
-    async fn answer_enrollment(
-        &self,
-        served: Served,
-        subject_worker: Option<&str>,
-        payload: &[u8],
-    ) -> Vec<u8> {
-        match served {
-            Served::Enroll => {
-                let reply = self
-                    .enroll(subject_worker, payload)
-                    .await
-                    .unwrap_or_else(|error| v1::EnrollReply {
-                        error: Some(error),
-                        ..Default::default()
-                    });
-                runtime::record_refusal(reply.error.as_ref());
-                reply.encode_to_vec()
-            }
-            Served::Credentials => {
-                let reply = self
-                    .credentials(subject_worker, payload)
-                    .await
-                    .unwrap_or_else(|error| v1::CredentialsReply {
-                        error: Some(error),
-                        ..Default::default()
-                    });
-                runtime::record_refusal(reply.error.as_ref());
-                reply.encode_to_vec()
-            }
-            _ => unreachable!("only enroll and credentials are answered here"),
-        }
+    /// Answers `enroll`.
+    async fn answer_enroll(&self, subject_worker: Option<&str>, payload: &[u8]) -> Vec<u8> {
+        let reply = self
+            .enroll(subject_worker, payload)
+            .await
+            .unwrap_or_else(|error| v1::EnrollReply {
+                error: Some(error),
+                ..Default::default()
+            });
+        runtime::record_refusal(reply.error.as_ref());
+        reply.encode_to_vec()
+    }
+
+    /// Answers `credentials`.
+    async fn answer_credentials(&self, subject_worker: Option<&str>, payload: &[u8]) -> Vec<u8> {
+        let reply = self
+            .credentials(subject_worker, payload)
+            .await
+            .unwrap_or_else(|error| v1::CredentialsReply {
+                error: Some(error),
+                ..Default::default()
+            });
+        runtime::record_refusal(reply.error.as_ref());
+        reply.encode_to_vec()
     }
 
     /// The enrollment key, or the refusal a worker gets when this dispatch has none.

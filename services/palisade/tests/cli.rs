@@ -615,3 +615,102 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
         .assert_status(Status::NotFound);
     system.finish().await;
 }
+
+/// `palisade worker token create|list|revoke` (issue 44): each token alone on its own line of
+/// standard output, the rest on standard error; without the authority, an error naming it.
+#[tokio::test]
+async fn worker_token_commands_print_one_token_per_line_and_name_what_is_missing() {
+    let system = TestSystem::spawn().await;
+    let authority = system
+        .nats
+        .authority
+        .as_ref()
+        .expect("the test system's NATS authenticates");
+    let dir = tempfile::tempdir().unwrap();
+    authority.write(dir.path()).unwrap();
+    let org = system.organization().await.to_string();
+    let with_authority = [("PALISADE_NATS_AUTHORITY", dir.path().as_os_str())];
+    let create = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "worker",
+            "token",
+            "create",
+            "--org",
+            org.as_str(),
+            "--capabilities",
+            "tcp_connect,http_headers",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+
+    let run = palisade_with(
+        &system,
+        system.database_url(),
+        &with_authority,
+        &create(&["--count", "2"]),
+    )
+    .await;
+    run.assert_status(Status::Ok);
+    let tokens: Vec<identity::enrollment::EnrollmentToken> = run
+        .stdout
+        .lines()
+        .map(|line| identity::enrollment::EnrollmentToken::decode(line).expect("a token"))
+        .collect();
+    assert_eq!(tokens.len(), 2, "{run:?}");
+    assert_ne!(tokens[0].worker_id, tokens[1].worker_id);
+    assert_eq!(tokens[0].capabilities, ["tcp_connect", "http_headers"]);
+    assert!(run.stderr.contains("usable once until"), "{run:?}");
+
+    let listed = palisade(&system, &["worker", "token", "list"]).await;
+    listed.assert_status(Status::Ok);
+    assert_eq!(listed.json().as_array().unwrap().len(), 2, "{listed:?}");
+    assert!(
+        !listed.stdout.contains(&tokens[0].secret),
+        "a listed token shows its secret"
+    );
+    let token_id = tokens[0].token_id.to_string();
+    palisade(
+        &system,
+        &["worker", "token", "revoke", "--token", &token_id],
+    )
+    .await
+    .assert_status(Status::Ok);
+    palisade(
+        &system,
+        &["worker", "token", "revoke", "--token", &token_id],
+    )
+    .await
+    .assert_status(Status::NotFound);
+    let listed = palisade(&system, &["worker", "token", "list"]).await;
+    assert_eq!(listed.json().as_array().unwrap().len(), 1, "{listed:?}");
+
+    // No authority: nothing issued, and the error says what to set.
+    let without = palisade(&system, &create(&[])).await;
+    without.assert_status(Status::Error);
+    assert!(without.stdout.is_empty(), "{without:?}");
+    assert!(
+        without.stderr.contains("PALISADE_NATS_AUTHORITY"),
+        "{without:?}"
+    );
+    // An organization that does not exist: nothing issued.
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let run = palisade_with(
+        &system,
+        system.database_url(),
+        &with_authority,
+        &[
+            "worker",
+            "token",
+            "create",
+            "--org",
+            &unknown,
+            "--capabilities",
+            "tcp_connect",
+        ],
+    )
+    .await;
+    run.assert_status(Status::NotFound);
+    assert!(run.stderr.contains(&unknown), "{run:?}");
+    system.finish().await;
+}

@@ -194,12 +194,14 @@ fn sign_nonce(creds: &str, nonce: &[u8]) -> Result<async_nats::Auth, async_nats:
     Ok(auth)
 }
 
-/// Largest message on the requests stream: a scan request is at most
-/// [`messages::limits::SCAN_REQUEST_BYTES_MAX`]; this leaves room for headers and lets
-/// admission answer a request somewhat over that limit with `too_large`. Anything larger is
-/// refused by JetStream at publish, so a client's quota of waiting requests also bounds the
-/// bytes it can store.
-pub const REQUEST_MESSAGE_BYTES_MAX: i32 = 64 * 1024;
+/// Largest message on the requests stream, headers included: a scan request is at most
+/// [`messages::limits::SCAN_REQUEST_BYTES_MAX`] (4 KiB); this leaves room for its headers
+/// (message id, trace context) and lets admission answer a request somewhat over that limit
+/// with `too_large`. Anything larger is refused by JetStream at publish, so a client's quota of
+/// waiting requests bounds the bytes it can store: at most
+/// `PALISADE_QUOTA_REQUESTS_WAITING` × 8 KiB per organization (80 MiB by default, under a
+/// tenth of the stream's bytes).
+pub const REQUEST_MESSAGE_BYTES_MAX: i32 = 8 * 1024;
 
 /// Stream settings operators tune: replicas for clusters, and the quotas that bound what
 /// palisade's streams hold and what one client or worker can store in them.
@@ -247,7 +249,7 @@ pub struct StreamQuotas {
 }
 
 impl StreamQuotas {
-    pub const REQUESTS_WAITING_PER_CLIENT_DEFAULT: i64 = 100_000;
+    pub const REQUESTS_WAITING_PER_CLIENT_DEFAULT: i64 = 10_000;
     pub const RESULTS_WAITING_PER_WORKER_DEFAULT: i64 = 10_000;
     pub const STREAM_BYTES_MAX_DEFAULT: i64 = 1024 * 1024 * 1024;
 

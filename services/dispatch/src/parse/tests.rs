@@ -19,6 +19,27 @@ fn code(result: Result<impl std::fmt::Debug, v1::Error>) -> Option<ErrorCode> {
     })
 }
 
+fn enroll_request() -> impl Strategy<Value = v1::EnrollRequest> {
+    (
+        uuid_text(),
+        uuid_text(),
+        "[A-Za-z0-9_-]{1,128}",
+        vec(uuid_text(), 0..4),
+        vec("[a-z0-9_-]{1,128}", 0..8),
+    )
+        .prop_map(
+            |(worker_id, token_id, secret, organization_ids, capabilities)| v1::EnrollRequest {
+                schema_version: messages::SCHEMA_VERSION,
+                worker_id,
+                token_id,
+                secret,
+                public_key: nkeys::KeyPair::new_user().public_key(),
+                organization_ids,
+                capabilities,
+            },
+        )
+}
+
 fn hello_request() -> impl Strategy<Value = v1::HelloRequest> {
     (
         uuid_text(),
@@ -119,6 +140,62 @@ proptest! {
         prop_assert!(code(renew(subject_worker, &bytes)).is_none_or(|c| request.contains(&c) || c == TooLarge));
         let subject = format!("p.v1.org.{worker}.client.ci.cancel");
         prop_assert!(code(cancel(&subjects(), &subject, &bytes)).is_none_or(|c| request.contains(&c)));
+        prop_assert!(code(enroll(subject_worker, &bytes)).is_none_or(|c| request.contains(&c)));
+        prop_assert!(code(credentials(subject_worker, &bytes)).is_none_or(|c| request.contains(&c)));
+    }
+
+    #[test]
+    fn hostile_valid_enroll_is_accepted_as_sent(request in enroll_request()) {
+        let enroll = enroll(Some(&request.worker_id), &request.encode_to_vec()).unwrap();
+        prop_assert_eq!(enroll.worker_id.to_string(), request.worker_id);
+        prop_assert_eq!(enroll.token_id.to_string(), request.token_id);
+        prop_assert_eq!(enroll.secret_sha256, identity::enrollment::secret_digest(&request.secret));
+        prop_assert_eq!(enroll.public_key, request.public_key);
+        prop_assert_eq!(enroll.capabilities, request.capabilities);
+        let organizations: Vec<String> =
+            enroll.organization_ids.iter().map(Uuid::to_string).collect();
+        prop_assert_eq!(organizations, request.organization_ids);
+    }
+
+    #[test]
+    fn hostile_enroll_fault_gets_its_code(
+        mut request in enroll_request(),
+        fault in 0..6_usize,
+        junk in hostile_text(),
+    ) {
+        let subject_worker = request.worker_id.clone();
+        let expected = match fault {
+            0 => { request.schema_version = 2; ErrorCode::UnsupportedSchemaVersion }
+            1 => { request.token_id = format!("{junk}!"); ErrorCode::InvalidField }
+            2 => { request.secret = String::new(); ErrorCode::InvalidField }
+            3 => { request.public_key = format!("U{junk}"); ErrorCode::InvalidField }
+            4 => { request.organization_ids.push(format!("{junk}?")); ErrorCode::InvalidField }
+            _ => { request.capabilities.push(String::new()); ErrorCode::InvalidField }
+        };
+        prop_assert_eq!(
+            code(enroll(Some(&subject_worker), &request.encode_to_vec())),
+            Some(expected)
+        );
+    }
+
+    #[test]
+    fn hostile_credentials_need_a_user_key_of_the_subjects_worker(
+        worker in uuid_text(),
+        other in uuid_text(),
+        junk in hostile_text(),
+    ) {
+        let key = nkeys::KeyPair::new_user().public_key();
+        let request = |worker_id: &str, public_key: &str| v1::CredentialsRequest {
+            schema_version: messages::SCHEMA_VERSION,
+            worker_id: worker_id.to_owned(),
+            public_key: public_key.to_owned(),
+        }
+        .encode_to_vec();
+        prop_assert!(credentials(Some(&worker), &request(&worker, &key)).is_ok());
+        prop_assert_eq!(code(credentials(Some(&worker), &request(&worker, &junk))), Some(ErrorCode::InvalidField));
+        if other != worker {
+            prop_assert_eq!(code(credentials(Some(&other), &request(&worker, &key))), Some(ErrorCode::InvalidField));
+        }
     }
 
     #[test]
