@@ -242,6 +242,11 @@ pub struct StreamQuotas {
     /// Bytes each of the requests, results, uploads and events streams may hold
     /// (`PALISADE_STREAM_BYTES_MAX`). The server reserves them when it creates the stream.
     pub stream_bytes_max: i64,
+    /// `PALISADE_STREAM_BYTES_MAX` was left to its default: a stream the server cannot reserve
+    /// it for is created with the largest of a half, a quarter, … of it, down to
+    /// [`StreamQuotas::STREAM_BYTES_FIT_MIN`], that the server can reserve (and says so); an
+    /// existing stream keeps what it has. Set explicitly, it is that or a refusal naming it.
+    pub fit_stream_bytes: bool,
     /// Chunks the uploads stream keeps of one upload session: twice the chunks of the largest
     /// file (`PALISADE_ARTIFACT_BYTES_MAX`), room for every chunk and a resend of each after
     /// JetStream's duplicate window ([`StreamQuotas::chunks_stored_per_upload_for`]).
@@ -252,6 +257,8 @@ impl StreamQuotas {
     pub const REQUESTS_WAITING_PER_CLIENT_DEFAULT: i64 = 10_000;
     pub const RESULTS_WAITING_PER_WORKER_DEFAULT: i64 = 10_000;
     pub const STREAM_BYTES_MAX_DEFAULT: i64 = 1024 * 1024 * 1024;
+    /// The least a stream is shrunk to, to fit the server, when its bytes are not set.
+    pub const STREAM_BYTES_FIT_MIN: i64 = 64 * 1024 * 1024;
 
     /// [`StreamQuotas::chunks_stored_per_upload`] for files of at most `artifact_bytes_max`.
     pub fn chunks_stored_per_upload_for(artifact_bytes_max: u64) -> i64 {
@@ -265,6 +272,7 @@ impl Default for StreamQuotas {
             requests_waiting_per_client: Self::REQUESTS_WAITING_PER_CLIENT_DEFAULT,
             results_waiting_per_worker: Self::RESULTS_WAITING_PER_WORKER_DEFAULT,
             stream_bytes_max: Self::STREAM_BYTES_MAX_DEFAULT,
+            fit_stream_bytes: true,
             chunks_stored_per_upload: Self::chunks_stored_per_upload_for(
                 artifacts::ARTIFACT_BYTES_MAX_DEFAULT,
             ),
@@ -323,6 +331,45 @@ fn provision_message(message: String) -> String {
     } else {
         message
     }
+}
+
+/// Whether the server refused a stream because it cannot reserve its bytes (JetStream's
+/// `insufficient storage resources available`, 10047).
+fn storage_refused(error: &jetstream::context::CreateStreamError) -> bool {
+    let message = error.to_string();
+    message.contains("insufficient storage resources") || message.contains("insufficient resources")
+}
+
+/// What a server that cannot reserve a stream's bytes is told to do, with the numbers.
+fn storage_shortfall(
+    error: &jetstream::context::CreateStreamError,
+    asked: i64,
+    settings: &StreamSettings,
+) -> String {
+    let per_stream = asked.saturating_mul(settings.replicas as i64);
+    format!(
+        "{error}: the server could not reserve {asked} bytes ({} MiB) for this stream on each of its {} replica(s); palisade's four streams reserve {} MiB in all{}: give JetStream more storage (max_file_store) or set PALISADE_STREAM_BYTES_MAX lower, the same on every service",
+        asked / (1024 * 1024),
+        settings.replicas,
+        per_stream.saturating_mul(4) / (1024 * 1024),
+        if settings.quotas.fit_stream_bytes {
+            format!(
+                ", and not even {} MiB fits",
+                StreamQuotas::STREAM_BYTES_FIT_MIN / (1024 * 1024)
+            )
+        } else {
+            " (PALISADE_STREAM_BYTES_MAX is set)".to_owned()
+        }
+    )
+}
+
+/// The bytes each stream is provisioned with, fitted to the server once when it cannot
+/// reserve the setting.
+struct StreamBudget {
+    bytes: i64,
+    fitted: bool,
+    /// Streams created by this provisioning, still empty, which fitting may shrink.
+    created: Vec<stream::Config>,
 }
 
 /// How one of palisade's streams is bounded.
@@ -478,8 +525,16 @@ impl Bus {
     }
 
     async fn provision_once(&self, settings: &StreamSettings) -> Result<(), BusError> {
-        for (name, stream_subjects, limits) in self.streams(&settings.quotas) {
-            self.provision_stream(settings, name, stream_subjects, limits)
+        let streams = self.streams(&settings.quotas);
+        let mut budget = StreamBudget {
+            bytes: settings.quotas.stream_bytes_max,
+            fitted: false,
+            created: Vec::new(),
+        };
+        let count = streams.len();
+        for (index, (name, stream_subjects, limits)) in streams.into_iter().enumerate() {
+            let shares = (count - index) as i64;
+            self.provision_stream(settings, name, stream_subjects, limits, &mut budget, shares)
                 .await?;
         }
         self.provision_artifacts(settings).await
@@ -538,13 +593,18 @@ impl Bus {
         ]
     }
 
-    /// Creates one stream, or updates it to this build's configuration.
+    /// Creates one stream, or updates it to this build's configuration. A stream created
+    /// while the server cannot reserve `budget.bytes` (and the bytes were not set) is fitted:
+    /// created with the largest half, quarter, … the server reserves, then shrunk, still empty,
+    /// to its share (`shares`: it and the streams after it), which the streams after it get.
     async fn provision_stream(
         &self,
         settings: &StreamSettings,
         name: String,
         stream_subjects: Vec<String>,
         limits: StreamLimits,
+        budget: &mut StreamBudget,
+        shares: i64,
     ) -> Result<(), BusError> {
         let mut config = stream::Config {
             name: name.clone(),
@@ -555,7 +615,7 @@ impl Bus {
             max_age: limits.max_age,
             max_message_size: limits.max_message_size,
             max_messages_per_subject: limits.per_subject,
-            max_bytes: settings.quotas.stream_bytes_max,
+            max_bytes: budget.bytes,
             discard: limits.discard,
             discard_new_per_subject: limits.per_subject > 0,
             duplicate_window: DUPLICATE_WINDOW,
@@ -584,10 +644,30 @@ impl Bus {
             Ok(existing) => {
                 // Interest retention, once the stream's consumer switched it on, stays.
                 config.retention = existing.cached_info().config.retention;
-                self.jetstream
-                    .update_stream(&config)
-                    .await
-                    .map_err(provision_error)?;
+                let kept = existing.cached_info().config.max_bytes;
+                // Fitted bytes never shrink a stream that exists (it may hold messages).
+                if settings.quotas.fit_stream_bytes && kept > config.max_bytes {
+                    config.max_bytes = kept;
+                }
+                match self.jetstream.update_stream(&config).await {
+                    // More than the server can reserve: it keeps what it has (never less,
+                    // which could drop stored messages).
+                    Err(error)
+                        if storage_refused(&error)
+                            && settings.quotas.fit_stream_bytes
+                            && kept > 0
+                            && kept < config.max_bytes =>
+                    {
+                        config.max_bytes = kept;
+                        self.jetstream
+                            .update_stream(&config)
+                            .await
+                            .map_err(provision_error)?;
+                    }
+                    result => {
+                        result.map_err(provision_error)?;
+                    }
+                }
             }
             // Not an answer: creating it could not be answered either.
             Err(error) if error.kind() == jetstream::context::GetStreamErrorKind::Request => {
@@ -596,14 +676,105 @@ impl Bus {
                     message: error.to_string(),
                 });
             }
-            Err(_) => {
-                self.jetstream
-                    .get_or_create_stream(config)
-                    .await
-                    .map_err(provision_error)?;
-            }
+            Err(_) => self.create_fitted(settings, config, budget, shares).await?,
         }
         Ok(())
+    }
+
+    /// Creates a stream (see [`Bus::provision_stream`]), fitting its bytes to the server when
+    /// it cannot reserve them and they were not set: what the server can still reserve for it
+    /// (the largest half, quarter, … down to [`StreamQuotas::STREAM_BYTES_FIT_MIN`]) and what the
+    /// streams created before it in this provisioning hold (still empty) are shared equally by
+    /// those, it, the streams after it and the artifact bucket (left unreserved).
+    async fn create_fitted(
+        &self,
+        settings: &StreamSettings,
+        mut config: stream::Config,
+        budget: &mut StreamBudget,
+        shares: i64,
+    ) -> Result<(), BusError> {
+        let name = config.name.clone();
+        let provision = |error: jetstream::context::CreateStreamError| BusError::Provision {
+            stream: name.clone(),
+            message: provision_message(error.to_string()),
+        };
+        let refusal = match self.jetstream.get_or_create_stream(config.clone()).await {
+            Ok(_) => {
+                budget.created.push(config);
+                return Ok(());
+            }
+            Err(error) if storage_refused(&error) => error,
+            Err(error) => return Err(provision(error)),
+        };
+        if !settings.quotas.fit_stream_bytes || budget.fitted {
+            return Err(BusError::Provision {
+                stream: name.clone(),
+                message: storage_shortfall(&refusal, config.max_bytes, settings),
+            });
+        }
+        let reservable = self
+            .create_reservable(&mut config)
+            .await
+            .map_err(provision)?;
+        let held: i64 = budget.created.iter().map(|created| created.max_bytes).sum();
+        // One share more stays unreserved: the artifact bucket reserves nothing, but the
+        // server creates no stream once everything is reserved, and its files need the room.
+        let streams = budget.created.len() as i64 + shares.max(1) + 1;
+        let share = (reservable + held) / streams;
+        let share = share - share % (1024 * 1024);
+        if share < StreamQuotas::STREAM_BYTES_FIT_MIN {
+            return Err(BusError::Provision {
+                stream: name.clone(),
+                message: storage_shortfall(&refusal, StreamQuotas::STREAM_BYTES_FIT_MIN, settings),
+            });
+        }
+        for created in &mut budget.created {
+            created.max_bytes = share;
+            self.jetstream
+                .update_stream(&*created)
+                .await
+                .map_err(provision)?;
+        }
+        config.max_bytes = share;
+        if reservable > 0 {
+            self.jetstream
+                .update_stream(&config)
+                .await
+                .map_err(provision)?;
+        } else {
+            self.jetstream
+                .get_or_create_stream(config.clone())
+                .await
+                .map_err(provision)?;
+        }
+        tracing::warn!(
+            stream = name,
+            asked = budget.bytes,
+            each = share,
+            "the NATS server cannot reserve PALISADE_STREAM_BYTES_MAX for each of palisade's streams; they share what it can reserve (set PALISADE_STREAM_BYTES_MAX to choose, or give JetStream more storage)"
+        );
+        budget.bytes = share;
+        budget.fitted = true;
+        Ok(())
+    }
+
+    /// Creates the stream with the largest half, quarter, … of `config.max_bytes` the server
+    /// can still reserve, down to [`StreamQuotas::STREAM_BYTES_FIT_MIN`]; what it reserved, or 0
+    /// (nothing created) when not even that fits.
+    async fn create_reservable(
+        &self,
+        config: &mut stream::Config,
+    ) -> Result<i64, jetstream::context::CreateStreamError> {
+        let mut trying = config.max_bytes / 2;
+        while trying >= StreamQuotas::STREAM_BYTES_FIT_MIN {
+            config.max_bytes = trying;
+            match self.jetstream.get_or_create_stream(config.clone()).await {
+                Ok(_) => return Ok(trying),
+                Err(error) if storage_refused(&error) => trying /= 2,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(0)
     }
 
     /// Reads what each of the requests, events, results and uploads streams holds and may

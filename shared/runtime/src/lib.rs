@@ -136,6 +136,7 @@ fn stream_quotas_from_env() -> Result<bus::StreamQuotas, SettingsError> {
         chunks_stored_per_upload: Q::chunks_stored_per_upload_for(
             ArtifactLimits::from_env()?.bytes_max,
         ),
+        fit_stream_bytes: env::optional_string("PALISADE_STREAM_BYTES_MAX").is_none(),
     })
 }
 

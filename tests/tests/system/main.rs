@@ -42,6 +42,7 @@ mod schedules;
 mod schema;
 mod scripts;
 mod security;
+mod storage;
 mod tls;
 mod traces;
 mod tracing;
