@@ -1856,6 +1856,19 @@ async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_an
         held as i64 <= bound,
         "{held} bytes held, over the bound {bound}"
     );
+    // The operator sees who is at the bound: the gauge, and the subject in the log.
+    system
+        .bus
+        .record_stream_usage()
+        .await
+        .expect("the streams' usage read");
+    let at_quota = bus::metrics::bus_metrics()
+        .stream_identities_at_quota
+        .get_or_create(&bus::metrics::StreamLabels {
+            stream: s.requests_stream(),
+        })
+        .get();
+    assert_eq!(at_quota, 1, "one identity at its quota");
 
     // Another tenant is not crowded out.
     let other = client::Client::new(client_bus(&system, "other", vec![b]).await, "other");

@@ -777,6 +777,50 @@ impl Bus {
         Ok(0)
     }
 
+    /// Counts the subjects of `stream` at its per-subject quota (an identity that is refused
+    /// until palisade decides what waits) into `palisade_stream_identities_at_quota`, and logs
+    /// them. Lists subjects only while the stream holds at least one quota's worth.
+    async fn record_identities_at_quota(&self, stream: &stream::Stream) -> Result<(), BusError> {
+        let info = stream.cached_info();
+        let quota = info.config.max_messages_per_subject;
+        let name = &info.config.name;
+        if quota <= 0 || name == &self.subjects.uploads_stream() {
+            return Ok(());
+        }
+        let mut at_quota = Vec::new();
+        if info.state.messages >= quota as u64 {
+            let mut subjects =
+                stream
+                    .info_with_subjects(">")
+                    .await
+                    .map_err(|error| BusError::Read {
+                        stream: name.clone(),
+                        message: error.to_string(),
+                    })?;
+            while let Some(subject) = futures::StreamExt::next(&mut subjects).await {
+                let (subject, count) = subject.map_err(|error| BusError::Read {
+                    stream: name.clone(),
+                    message: error.to_string(),
+                })?;
+                if count as i64 >= quota {
+                    at_quota.push(subject);
+                }
+            }
+        }
+        if !at_quota.is_empty() {
+            at_quota.sort();
+            tracing::warn!(
+                stream = name,
+                quota,
+                identities = at_quota.len(),
+                subjects = %at_quota.iter().take(10).cloned().collect::<Vec<_>>().join(","),
+                "identities at their quota of waiting messages: each is refused until palisade decides what waits (the first 10 subjects)"
+            );
+        }
+        metrics::record_identities_at_quota(name, at_quota.len());
+        Ok(())
+    }
+
     /// Reads what each of the requests, events, results and uploads streams holds and may
     /// hold into the `palisade_stream_*` gauges. A stream that does not answer keeps its
     /// previous values; the first error is returned.
@@ -798,6 +842,9 @@ impl Bus {
                         info.state.messages,
                         info.config.max_bytes,
                     );
+                    if let Err(error) = self.record_identities_at_quota(&stream).await {
+                        first_error.get_or_insert(error);
+                    }
                 }
                 Err(error) => {
                     first_error.get_or_insert(BusError::Read {

@@ -125,6 +125,7 @@ pub struct BusMetrics {
     pub stream_bytes: Family<StreamLabels, Gauge>,
     pub stream_bytes_max: Family<StreamLabels, Gauge>,
     pub stream_messages: Family<StreamLabels, Gauge>,
+    pub stream_identities_at_quota: Family<StreamLabels, Gauge>,
 }
 
 /// Registered in `telemetry::metrics` on first use ([`bus_metrics`]); `runtime` uses them
@@ -144,6 +145,7 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
         stream_bytes: Family::default(),
         stream_bytes_max: Family::default(),
         stream_messages: Family::default(),
+        stream_identities_at_quota: Family::default(),
     };
     for event in connection_events::ALL {
         let _ = bus
@@ -172,6 +174,13 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
         "Messages one of palisade's streams holds: on the requests and results streams, what \
          waits to be decided",
         bus.stream_messages.clone(),
+    );
+    registry.register(
+        "stream_identities_at_quota",
+        "Identities at their quota of waiting messages on one of palisade's streams (a client's \
+         requests of one organization; a worker's results, completions or failures): each is \
+         refused until palisade decides what waits; their subjects are logged",
+        bus.stream_identities_at_quota.clone(),
     );
     registry.register(
         "consumer_held_messages",
@@ -374,6 +383,16 @@ pub fn record_stream(stream: &str, bytes: u64, messages: u64, bytes_max: i64) {
         .stream_bytes_max
         .get_or_create(&labels)
         .set(bytes_max);
+}
+
+/// Records how many identities are at their quota of waiting messages on a stream.
+pub fn record_identities_at_quota(stream: &str, identities: usize) {
+    bus_metrics()
+        .stream_identities_at_quota
+        .get_or_create(&StreamLabels {
+            stream: stream.to_owned(),
+        })
+        .set(i64::try_from(identities).unwrap_or(i64::MAX));
 }
 
 pub fn set_leader(lease: &'static str, is_leader: bool) {
