@@ -180,6 +180,21 @@ async fn released_again(
     again.encode_to_vec()
 }
 
+/// Waits until `organization` has one scan: its request was admitted.
+async fn wait_admitted(system: &TestSystem, organization: Uuid, what: &str) {
+    system
+        .wait_for(what, || async {
+            let scans: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM scans WHERE organization_id = $1")
+                    .bind(organization)
+                    .fetch_one(&system.pool)
+                    .await
+                    .unwrap();
+            (scans == 1).then_some(())
+        })
+        .await;
+}
+
 /// Sends `payload` on `subject` asking for the answer at `reply`, a subject the sender does
 /// not own. Refusals by the server (permissions) are expected and ignored.
 async fn aim(bus: &Bus, subject: String, reply: &str, payload: Vec<u8>) {
@@ -733,17 +748,7 @@ async fn filling_the_streams_is_refused_at_each_identitys_quota_and_loses_nothin
         .await
         .expect("B's request is confirmed beside A's full quota");
     system.start(Component::Admission);
-    system
-        .wait_for("B's request admitted", || async {
-            let scans: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM scans WHERE organization_id = $1")
-                    .bind(b)
-                    .fetch_one(&system.pool)
-                    .await
-                    .unwrap();
-            (scans == 1).then_some(())
-        })
-        .await;
+    wait_admitted(&system, b, "B's request admitted").await;
     // Decided requests leave the stream: A's quota is free again.
     system
         .wait_for("the requests stream emptied by admission", || async {
@@ -1510,7 +1515,18 @@ async fn a_worker_joins_with_a_one_time_token_and_every_misuse_of_the_token_fail
     // An expired token is refused: its user's JWT expired with it, and dispatch would refuse
     // it too.
     let expired = enrollment_token(&system, &[org], &["alpha"], Duration::from_secs(1)).await;
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    system
+        .wait_for("the token to expire by the database's clock", || async {
+            let expired: bool = sqlx::query_scalar(
+                "SELECT expires_at <= now() FROM enrollment_tokens WHERE id = $1",
+            )
+            .bind(expired.token_id)
+            .fetch_one(&system.pool)
+            .await
+            .unwrap();
+            expired.then_some(())
+        })
+        .await;
     assert!(
         enroll(&system, &expired, tempfile::tempdir().unwrap().path())
             .await
@@ -1717,17 +1733,27 @@ async fn an_enrolled_worker_renews_its_credentials_before_they_expire() {
         stop.clone(),
     ));
     let worker = tests::ManualWorker::connect(bus, token.worker_id).await;
-    // Past the first JWT's expiry, by the server's clock too.
-    tokio::time::sleep(Duration::from_secs(9)).await;
+    // Renewed: the state directory holds the new credentials.
+    system
+        .wait_for("the credentials renewed", || async {
+            let kept = worker::enrollment::Enrolled::load(state.path())
+                .unwrap()
+                .expect("state kept");
+            (kept.state.expires_at_unix_ms > first_expiry).then_some(())
+        })
+        .await;
+    // Past the first JWT's expiry (a second more, for the server's whole-second clock).
+    system
+        .wait_for("the first credentials to have expired", || async {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            (now_ms > first_expiry + 1_000).then_some(())
+        })
+        .await;
     let hello = worker.hello(&["alpha"]).await;
     assert!(hello.error.is_none(), "{hello:?}");
-    let kept = worker::enrollment::Enrolled::load(state.path())
-        .unwrap()
-        .expect("state kept");
-    assert!(
-        kept.state.expires_at_unix_ms > first_expiry,
-        "the state directory holds the renewed credentials"
-    );
     stop.cancel();
     renewing.await.unwrap();
     system.finish().await;
@@ -1877,16 +1903,6 @@ async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_an
         .await
         .expect("another tenant's request is confirmed beside the flood");
     system.start(Component::Admission);
-    system
-        .wait_for("the other tenant's request admitted", || async {
-            let scans: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM scans WHERE organization_id = $1")
-                    .bind(b)
-                    .fetch_one(&system.pool)
-                    .await
-                    .unwrap();
-            (scans == 1).then_some(())
-        })
-        .await;
+    wait_admitted(&system, b, "the other tenant's request admitted").await;
     system.finish().await;
 }

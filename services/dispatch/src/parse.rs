@@ -135,16 +135,7 @@ pub fn enroll(subject_worker: Option<&str>, payload: &[u8]) -> Result<Enroll, v1
         .map(|id| Uuid::parse_str(id))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| invalid("organization_ids must be UUIDs"))?;
-    if counted.count > WORKER_CAPABILITIES_MAX
-        || request
-            .capabilities
-            .iter()
-            .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX || c.contains('\0'))
-    {
-        return Err(invalid(format!(
-            "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
-        )));
-    }
+    capabilities(counted.count, &request.capabilities)?;
     Ok(Enroll {
         worker_id,
         token_id,
@@ -165,6 +156,21 @@ pub fn credentials(subject_worker: Option<&str>, payload: &[u8]) -> Result<Renew
         worker_id,
         public_key: user_public_key(request.public_key)?,
     })
+}
+
+/// Capabilities as hello and enroll take them: at most [`WORKER_CAPABILITIES_MAX`] (`count`,
+/// counted before they were held), each 1..=[`IDENTIFIER_BYTES_MAX`] bytes without NUL.
+fn capabilities(count: usize, capabilities: &[String]) -> Result<(), v1::Error> {
+    if count > WORKER_CAPABILITIES_MAX
+        || capabilities
+            .iter()
+            .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX || c.contains('\0'))
+    {
+        return Err(invalid(format!(
+            "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
+        )));
+    }
+    Ok(())
 }
 
 fn user_public_key(key: String) -> Result<String, v1::Error> {
@@ -210,16 +216,7 @@ pub fn hello(subject_worker: Option<&str>, payload: &[u8]) -> Result<Hello, v1::
             "capacity must be 1..={WORKER_CAPACITY_MAX}"
         )));
     }
-    if counted.count > WORKER_CAPABILITIES_MAX
-        || request
-            .capabilities
-            .iter()
-            .any(|c| c.is_empty() || c.len() > IDENTIFIER_BYTES_MAX || c.contains('\0'))
-    {
-        return Err(invalid(format!(
-            "capabilities: at most {WORKER_CAPABILITIES_MAX}, each 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
-        )));
-    }
+    capabilities(counted.count, &request.capabilities)?;
     Ok(Hello {
         worker_id,
         software_version: request.software_version,

@@ -147,8 +147,15 @@ impl NatsCredentials {
         }
     }
 
+    /// The user seed of the credentials presented now (never log it).
+    pub fn seed(&self) -> Option<String> {
+        let creds = self.creds_text()?;
+        let (_, key) = parse_creds(&creds).ok()?;
+        key.seed().ok()
+    }
+
     /// The `.creds` text presented now (it holds the seed: never log it).
-    pub fn creds_text(&self) -> Option<std::sync::Arc<str>> {
+    fn creds_text(&self) -> Option<std::sync::Arc<str>> {
         self.0.as_ref().map(|cell| {
             cell.read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -259,7 +259,10 @@ async fn renew(bus: &Bus, enrolled: &mut Enrolled) -> Result<(), WorkerError> {
             error.code, error.message
         )));
     }
-    let seed = current_seed(&enrolled.credentials)?;
+    let seed = enrolled
+        .credentials
+        .seed()
+        .ok_or_else(|| enrollment_error("the worker's credentials hold no seed"))?;
     let creds = identity::creds_file(&reply.jwt, &seed);
     enrolled.state.expires_at_unix_ms = reply.expires_at_unix_ms;
     enrolled.save(&creds)?;
@@ -270,15 +273,4 @@ async fn renew(bus: &Bus, enrolled: &mut Enrolled) -> Result<(), WorkerError> {
         "worker credentials renewed"
     );
     Ok(())
-}
-
-/// The seed of the credentials in use.
-fn current_seed(credentials: &NatsCredentials) -> Result<String, WorkerError> {
-    let creds = credentials.creds_text().unwrap_or_default();
-    creds
-        .lines()
-        .map(str::trim)
-        .find(|line| line.starts_with("SU"))
-        .map(str::to_owned)
-        .ok_or_else(|| enrollment_error("the worker's credentials hold no seed"))
 }

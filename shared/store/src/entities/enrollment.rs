@@ -304,34 +304,12 @@ fn check(token: &LockedToken, claim: &EnrollClaim<'_>) -> Result<Checked, String
     if token.expired && !again {
         return Err("the token expired: ask for a new one".into());
     }
-    let organization_ids = if claim.organization_ids.is_empty() {
-        token.organization_ids.clone()
-    } else {
-        if let Some(extra) = claim
-            .organization_ids
-            .iter()
-            .find(|id| !token.organization_ids.contains(id))
-        {
-            return Err(format!(
-                "organization {extra} is not among the token's; ask only for its organizations"
-            ));
-        }
-        dedup(claim.organization_ids)
-    };
-    let capabilities = if claim.capabilities.is_empty() {
-        token.capabilities.clone()
-    } else {
-        if let Some(extra) = claim
-            .capabilities
-            .iter()
-            .find(|capability| !token.capabilities.contains(capability))
-        {
-            return Err(format!(
-                "capability {extra:?} is not among the token's; ask only for its capabilities"
-            ));
-        }
-        dedup(claim.capabilities)
-    };
+    let organization_ids = within(claim.organization_ids, &token.organization_ids, |extra| {
+        format!("organization {extra} is not among the token's; ask only for its organizations")
+    })?;
+    let capabilities = within(claim.capabilities, &token.capabilities, |extra| {
+        format!("capability {extra:?} is not among the token's; ask only for its capabilities")
+    })?;
     let granted = (organization_ids, capabilities);
     Ok(if again {
         Checked::Again(granted)
@@ -340,11 +318,23 @@ fn check(token: &LockedToken, claim: &EnrollClaim<'_>) -> Result<Checked, String
     })
 }
 
-fn dedup<T: Ord + Clone>(items: &[T]) -> Vec<T> {
-    let mut items = items.to_vec();
-    items.sort();
-    items.dedup();
-    items
+/// What a claim is granted of a list its token carries: all of it when it asks for nothing,
+/// else what it asks (each once), refused naming the first item the token does not carry.
+fn within<T: Ord + Clone>(
+    asked: &[T],
+    carried: &[T],
+    refusal: impl Fn(&T) -> String,
+) -> Result<Vec<T>, String> {
+    if asked.is_empty() {
+        return Ok(carried.to_vec());
+    }
+    if let Some(extra) = asked.iter().find(|item| !carried.contains(item)) {
+        return Err(refusal(extra));
+    }
+    let mut granted = asked.to_vec();
+    granted.sort();
+    granted.dedup();
+    Ok(granted)
 }
 
 fn constant_time_eq(left: &[u8], right: &[u8]) -> bool {
