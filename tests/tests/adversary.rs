@@ -684,8 +684,8 @@ async fn a_credential_signed_in_palisades_account_before_the_accounts_is_refused
 async fn filling_the_streams_is_refused_at_each_identitys_quota_and_loses_nothing() {
     const QUOTA: i64 = 3;
     let system = TestSystem::spawn_with(|settings| {
-        settings.common.streams.quotas.requests_waiting_per_client = QUOTA;
-        settings.common.streams.quotas.results_waiting_per_worker = QUOTA;
+        settings.common.streams.quotas.requests_waiting_per_client = bus::WaitingQuota::Set(QUOTA);
+        settings.common.streams.quotas.results_waiting_per_worker = bus::WaitingQuota::Set(QUOTA);
     })
     .await;
     system.nats.assert_secured();
@@ -1830,51 +1830,70 @@ async fn the_reference_worker_joins_with_only_a_token_and_keeps_its_identity_acr
     system.finish().await;
 }
 
+/// Publishes `message_bytes`-byte messages (less room for the message id and trace headers)
+/// on `subject` until one is refused for its quota; how many were stored.
+async fn flood(bus: &Bus, subject: &str, message_bytes: i32) -> i64 {
+    let payload = bytes::Bytes::from(vec![7_u8; message_bytes as usize - 1_024]);
+    let mut stored = 0_i64;
+    for round in 0.. {
+        let messages: Vec<_> = (0..100)
+            .map(|n| bus::OutgoingMessage {
+                subject: subject.to_owned(),
+                msg_id: format!("flood-{subject}-{round}-{n}"),
+                headers: Default::default(),
+                payload: payload.clone(),
+            })
+            .collect();
+        let mut refused = false;
+        for sent in bus.publish_durable_all(messages).await {
+            match sent {
+                Ok(_) => stored += 1,
+                Err(bus::BusError::Quota { .. }) => refused = true,
+                Err(error) => panic!("{error}"),
+            }
+        }
+        if refused {
+            break;
+        }
+    }
+    stored
+}
+
+/// How many identities `stream` counts at their quota (`palisade_stream_identities_at_quota`).
+async fn identities_at_quota(system: &TestSystem, stream: String) -> i64 {
+    system
+        .bus
+        .record_stream_usage()
+        .await
+        .expect("the streams' usage read");
+    bus::metrics::bus_metrics()
+        .stream_identities_at_quota
+        .get_or_create(&bus::metrics::StreamLabels { stream })
+        .get()
+}
+
 /// One client flooding the requests stream with the largest messages it may send, while
-/// admission is down, is stopped at its own bound, far under the stream's bytes; another
+/// admission is down, is stopped at its own bound, a sixteenth of the stream's bytes; another
 /// tenant's requests are still taken (issue 44, item 3, for the requests stream; the defaults).
 #[tokio::test]
 async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_and_another_tenant_submits()
  {
     let system = TestSystem::spawn().await;
-    let quotas = bus::StreamQuotas::default();
-    let bound = quotas.requests_waiting_per_client * i64::from(bus::REQUEST_MESSAGE_BYTES_MAX);
-    assert!(
-        bound * 8 <= quotas.stream_bytes_max,
-        "one client's waiting requests of one organization may hold {bound} bytes, over an eighth of the stream's {}",
-        quotas.stream_bytes_max
-    );
     let (a, b) = (system.organization().await, system.organization().await);
     let s = &system.subjects;
+    let config = stream_info(&system, &s.requests_stream()).await.config;
+    let bound = config.max_messages_per_subject * i64::from(bus::REQUEST_MESSAGE_BYTES_MAX);
+    assert!(
+        bound * bus::WaitingQuota::IDENTITY_SHARE <= config.max_bytes,
+        "one client's waiting requests of one organization may hold {bound} bytes, over a sixteenth of the stream's {}",
+        config.max_bytes
+    );
     system.stop(Component::Admission).await;
     let hostile = client_bus(&system, "flooder", vec![a]).await;
     let subject = s.client(&a, "flooder", ClientVerb::Request).unwrap();
-    // As large as the stream takes with the message id and trace headers.
-    let payload = bytes::Bytes::from(vec![7_u8; bus::REQUEST_MESSAGE_BYTES_MAX as usize - 1_024]);
-    let mut stored = 0_i64;
-    let mut refused = 0;
-    'flood: for round in 0.. {
-        let messages: Vec<_> = (0..500)
-            .map(|n| bus::OutgoingMessage {
-                subject: subject.clone(),
-                msg_id: format!("flood-{round}-{n}"),
-                headers: Default::default(),
-                payload: payload.clone(),
-            })
-            .collect();
-        for sent in hostile.publish_durable_all(messages).await {
-            match sent {
-                Ok(_) => stored += 1,
-                Err(bus::BusError::Quota { .. }) => refused += 1,
-                Err(error) => panic!("{error}"),
-            }
-        }
-        if refused > 0 {
-            break 'flood;
-        }
-    }
+    let stored = flood(&hostile, &subject, bus::REQUEST_MESSAGE_BYTES_MAX).await;
     assert_eq!(
-        stored, quotas.requests_waiting_per_client,
+        stored, config.max_messages_per_subject,
         "stopped at its count"
     );
     let held = stream_info(&system, &s.requests_stream()).await.state.bytes;
@@ -1883,18 +1902,11 @@ async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_an
         "{held} bytes held, over the bound {bound}"
     );
     // The operator sees who is at the bound: the gauge, and the subject in the log.
-    system
-        .bus
-        .record_stream_usage()
-        .await
-        .expect("the streams' usage read");
-    let at_quota = bus::metrics::bus_metrics()
-        .stream_identities_at_quota
-        .get_or_create(&bus::metrics::StreamLabels {
-            stream: s.requests_stream(),
-        })
-        .get();
-    assert_eq!(at_quota, 1, "one identity at its quota");
+    assert_eq!(
+        identities_at_quota(&system, s.requests_stream()).await,
+        1,
+        "one identity at its quota"
+    );
 
     // Another tenant is not crowded out.
     let other = client::Client::new(client_bus(&system, "other", vec![b]).await, "other");
@@ -1904,5 +1916,72 @@ async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_an
         .expect("another tenant's request is confirmed beside the flood");
     system.start(Component::Admission);
     wait_admitted(&system, b, "the other tenant's request admitted").await;
+    system.finish().await;
+}
+
+/// One worker flooding the results stream on each of its durable verbs with the largest
+/// messages the stream takes, while ingestion is down, is stopped at its own bound, a
+/// sixteenth of the stream's bytes; another worker's results are still taken and decided
+/// once ingestion is back (issue 44, item 3, for the results stream; the defaults).
+#[tokio::test]
+async fn a_worker_flooding_the_results_stream_is_stopped_far_below_its_bytes_and_another_worker_publishes()
+ {
+    let system = TestSystem::spawn().await;
+    let (a, b) = (system.organization().await, system.organization().await);
+    let s = &system.subjects;
+    let config = stream_info(&system, &s.results_stream()).await.config;
+    assert_eq!(config.max_message_size, bus::RESULT_MESSAGE_BYTES_MAX);
+    // The largest message a worker can send: the stream's, or the server's max_payload (1 MiB
+    // by default) when smaller.
+    let largest = bus::RESULT_MESSAGE_BYTES_MAX
+        .min(i32::try_from(system.bus.client().server_info().max_payload).unwrap_or(i32::MAX));
+    let verbs = WorkerVerb::DURABLE.len() as i64;
+    let bound = verbs * config.max_messages_per_subject * i64::from(bus::RESULT_MESSAGE_BYTES_MAX);
+    assert!(
+        bound * bus::WaitingQuota::IDENTITY_SHARE <= config.max_bytes,
+        "one worker's waiting results may hold {bound} bytes, over a sixteenth of the stream's {}",
+        config.max_bytes
+    );
+    system.stop(Component::Ingestion).await;
+    let hostile_id = system.registered_worker(a, 4).await;
+    let hostile = system.worker_bus(hostile_id).await;
+    for verb in WorkerVerb::DURABLE {
+        let subject = s.worker(&hostile_id.to_string(), verb);
+        let stored = flood(&hostile, &subject, largest).await;
+        assert_eq!(
+            stored, config.max_messages_per_subject,
+            "{verb:?} stopped at its count"
+        );
+    }
+    let held = stream_info(&system, &s.results_stream()).await.state.bytes;
+    assert!(
+        held as i64 <= bound,
+        "{held} bytes held, over the bound {bound}"
+    );
+    assert_eq!(
+        identities_at_quota(&system, s.results_stream()).await,
+        verbs,
+        "each of the worker's verbs at its quota"
+    );
+    // Another worker is not crowded out: its largest messages are confirmed.
+    let other_id = system.registered_worker(b, 4).await;
+    let other = system.worker_bus(other_id).await;
+    for verb in WorkerVerb::DURABLE {
+        other
+            .publish_durable(
+                s.worker(&other_id.to_string(), verb),
+                &format!("other-{verb:?}"),
+                Default::default(),
+                vec![7_u8; largest as usize - 1_024].into(),
+            )
+            .await
+            .expect("another worker's message is confirmed beside the flood");
+    }
+    system.start(Component::Ingestion);
+    system
+        .wait_for("the results stream emptied by ingestion", || async {
+            (stream_messages(&system, &s.results_stream()).await == 0).then_some(())
+        })
+        .await;
     system.finish().await;
 }

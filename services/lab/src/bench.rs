@@ -192,8 +192,9 @@ impl TryFrom<BenchArgs> for BenchOptions {
 
 /// `palisade bench`: runs the scenarios, prints the table and the JSON document, and fails
 /// unless every check held.
-pub async fn command(common: CommonSettings, args: BenchArgs) -> anyhow::Result<()> {
+pub async fn command(mut common: CommonSettings, args: BenchArgs) -> anyhow::Result<()> {
     let options = BenchOptions::try_from(args)?;
+    let _nats = crate::private_nats::ensure(&mut common).await?;
     let report = run(common, &options).await?;
     let held = print_report(&report);
     emit_json(&report, options.json.as_deref())?;

@@ -75,7 +75,8 @@ impl From<DemoArgs> for DemoOptions {
 }
 
 /// `palisade demo`: runs the demo, prints its table, and fails unless every check held.
-pub async fn command(common: CommonSettings, args: DemoArgs) -> anyhow::Result<()> {
+pub async fn command(mut common: CommonSettings, args: DemoArgs) -> anyhow::Result<()> {
+    let _nats = crate::private_nats::ensure(&mut common).await?;
     let report = run(common, args.into()).await?;
     if print_report(&report) {
         Ok(())

@@ -181,9 +181,11 @@ async fn migrate(common: &CommonSettings, check: bool, output: Output) -> anyhow
     let answer = if check {
         migrate::check(&common.database, &requirements).await?
     } else {
-        migrate::apply(&common.database, &requirements)
+        let mut answer = migrate::apply(&common.database, &requirements)
             .await
-            .context("failed to migrate the database")?
+            .context("failed to migrate the database")?;
+        answer.streams = Some(migrate::provision_streams(common).await?);
+        answer
     };
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
@@ -192,9 +194,20 @@ async fn migrate(common: &CommonSettings, check: bool, output: Output) -> anyhow
     answer.status()
 }
 
-async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::Result<()> {
+async fn dev(mut common: CommonSettings, workers: usize, capacity: u32) -> anyhow::Result<()> {
+    let private_nats = lab::private_nats::ensure(&mut common).await?;
+    // The suggested command must reach the same NATS: a private one is not on the default URL.
+    let nats_url = if private_nats.is_some() {
+        format!("NATS_URL={} ", common.nats_url)
+    } else {
+        String::new()
+    };
     let bus_notice = system::bus_notice(&common);
-    let settings = SystemSettings::from_common(common).context("invalid settings")?;
+    let mut settings = SystemSettings::from_common(common).context("invalid settings")?;
+    // A development runtime answers this machine only, unless told otherwise.
+    if std::env::var_os(runtime::health::HTTP_ADDR_VAR).is_none() {
+        settings.http_addr = Some(DEV_HTTP_ADDR);
+    }
     let mut system = System::start(settings).await?;
     let organization_id = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0001);
     store::admin::create_organization(&system.connections.pool, organization_id, "dev", None)
@@ -202,11 +215,25 @@ async fn dev(common: CommonSettings, workers: usize, capacity: u32) -> anyhow::R
     system
         .spawn_workers(organization_id, workers, capacity)
         .await?;
+    // Something to scan, as the demo has: a local web application, served until dev stops.
+    let (target, target_stop) = lab::harness::start_local_web_app().await?;
     println!("palisade dev: five services and {workers} workers running; Ctrl-C stops them");
     println!("{bus_notice}");
+    if let Some(health) = system.health_addr() {
+        println!("health: http://{health}/readyz, metrics: http://{health}/metrics");
+    }
     println!("organization `dev`: {organization_id}");
+    println!("a local web application to scan: http://{target}/");
     println!(
-        "try: palisade scan submit --org {organization_id} --target http://127.0.0.1:8080 --plugins tcp_connect,http_headers"
+        "try: {nats_url}palisade scan submit --org {organization_id} --target http://{target}/ --plugins tcp_connect,http_headers --wait"
     );
-    system.run_until(runtime::shutdown_on_signal()).await
+    let ended = system.run_until(runtime::shutdown_on_signal()).await;
+    target_stop.cancel();
+    drop(private_nats);
+    ended
 }
+
+/// Where `palisade dev` serves `/healthz`, `/readyz` and `/metrics` unless
+/// `PALISADE_HTTP_ADDR` says otherwise: loopback, not every interface.
+const DEV_HTTP_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9090);

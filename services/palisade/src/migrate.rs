@@ -18,6 +18,20 @@ pub struct Answer {
     pub build_version: i64,
     /// Pending (`--check`) or applied now (`migrate`), oldest first.
     pub migrations: Vec<Migration>,
+    /// Whether palisade's NATS streams were provisioned (`migrate` with `NATS_URL` set);
+    /// none for `--check`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub streams: Option<Streams>,
+}
+
+/// What `migrate` did with palisade's NATS streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Streams {
+    /// `NATS_URL` not set: the services provision them when they start.
+    NotChecked,
+    /// Created, or updated to this build's configuration, and they fit the server.
+    Provisioned,
 }
 
 /// What the command found, or did.
@@ -52,6 +66,7 @@ impl Answer {
                     description: pending.description.clone(),
                 })
                 .collect(),
+            streams: None,
         }
     }
 
@@ -81,6 +96,13 @@ impl Answer {
                 migration.version, migration.description
             ));
         }
+        text.push_str(match self.streams {
+            None => "",
+            Some(Streams::Provisioned) => "\nNATS streams: provisioned, and they fit the server",
+            Some(Streams::NotChecked) => {
+                "\nNATS streams: not checked (NATS_URL is not set; the services provision them when they start)"
+            }
+        });
         text
     }
 
@@ -120,6 +142,7 @@ pub async fn check(
                     description: migration.description.to_string(),
                 })
                 .collect(),
+            streams: None,
         });
     }
     let pool = store::connect(settings).await?;
@@ -150,4 +173,26 @@ pub async fn apply(
         State::Migrated
     };
     Ok(Answer::from_plan(status, &plan))
+}
+
+/// `palisade migrate` with `NATS_URL` set: creates palisade's streams, or updates them to this
+/// build's configuration, as the operator (`NATS_CREDS`), so that a server that cannot hold
+/// them is named now (exit 4, with the numbers and the setting), not by services that do not
+/// start.
+pub async fn provision_streams(common: &runtime::CommonSettings) -> anyhow::Result<Streams> {
+    use anyhow::Context as _;
+    if std::env::var_os("NATS_URL").is_none() {
+        return Ok(Streams::NotChecked);
+    }
+    let bus = crate::commands::operator_bus(common)
+        .await
+        .context("NATS_URL is set, so `palisade migrate` provisions palisade's streams, as the operator (NATS_CREDS): connecting failed")?;
+    match bus.provision(&common.streams).await {
+        Ok(()) => Ok(Streams::Provisioned),
+        Err(error @ bus::BusError::Provision { .. }) => Err(exit::refused(format!(
+            "the database is migrated, but palisade's NATS streams are not: {error}"
+        ))),
+        Err(error) => Err(anyhow::Error::new(error)
+            .context("the database is migrated, but palisade's NATS streams are not")),
+    }
 }

@@ -300,6 +300,50 @@ async fn scan_submit_wait_follows_the_scan_to_its_end_and_exits_by_its_outcome()
     system.finish().await;
 }
 
+/// `palisade migrate` with `NATS_URL` set provisions the streams too, so a server that cannot
+/// hold them is named at the migration (exit 4, the numbers and the setting), not by services
+/// that do not start (issue 44, item 4).
+#[tokio::test]
+async fn migrate_names_a_nats_server_that_cannot_hold_the_streams() {
+    let system = TestSystem::spawn().await;
+    // A JetStream store of 1 GiB in all, under the four streams' set 1 GiB each.
+    let small = tests::servers::NatsServer::start_with_config(
+        "jetstream {\n  max_file_store: 1073741824\n}\n",
+    )
+    .await;
+    let url = small.url();
+    let empty = EmptyDatabase::create().await;
+    let set = [
+        ("NATS_URL", std::ffi::OsStr::new(&url)),
+        (
+            "PALISADE_STREAM_BYTES_MAX",
+            std::ffi::OsStr::new("1073741824"),
+        ),
+    ];
+    // Left to its default, the setting is fitted to the server.
+    let fitted = palisade_with(&system, &empty.url, &set[..1], &["migrate"]).await;
+    fitted.assert_status(Status::Ok);
+    assert!(
+        fitted.stdout.contains("NATS streams: provisioned"),
+        "{fitted:?}"
+    );
+    // Set, it is that or a refusal naming it (another installation's streams, on the same
+    // server, beside the first's).
+    let mut set = set.to_vec();
+    set.push(("PALISADE_SUBJECT_PREFIX", std::ffi::OsStr::new("another")));
+    let refused = palisade_with(&system, &empty.url, &set, &["migrate"]).await;
+    refused.assert_status(Status::Refused);
+    for named in [
+        "PALISADE_STREAM_BYTES_MAX",
+        "max_file_store",
+        "the database is migrated",
+    ] {
+        assert!(refused.stderr.contains(named), "{named}: {refused:?}");
+    }
+    empty.drop().await;
+    system.finish().await;
+}
+
 #[tokio::test]
 async fn migrate_check_says_whether_migrations_are_pending_and_changes_nothing() {
     let system = TestSystem::spawn().await;
@@ -340,6 +384,7 @@ async fn migrate_check_says_whether_migrations_are_pending_and_changes_nothing()
     let migrated = palisade_on(&system, &empty.url, &["migrate", "--output", "json"]).await;
     migrated.assert_status(Status::Ok);
     assert_eq!(migrated.json()["status"], "migrated");
+    assert_eq!(migrated.json()["streams"], "provisioned", "NATS_URL is set");
     assert_eq!(
         migrated.json()["migrations"].as_array().map(Vec::len),
         Some(all)
@@ -713,4 +758,81 @@ async fn worker_token_commands_print_one_token_per_line_and_name_what_is_missing
     run.assert_status(Status::NotFound);
     assert!(run.stderr.contains(&unknown), "{run:?}");
     system.finish().await;
+}
+
+/// `palisade dev` as a newcomer runs it (issue 45, item 2): it serves a local web application
+/// and prints a command that completes a scan against it; its health endpoint is on loopback;
+/// its logs, written to a file, carry no colour codes.
+#[tokio::test]
+async fn palisade_devs_suggested_command_completes_a_scan() {
+    let nats = tests::servers::NatsServer::start().await;
+    let database = EmptyDatabase::create().await;
+    let prefix = format!("dev{}", &Uuid::now_v7().simple().to_string()[20..]);
+    // Its standard output and error both to a file, as a user's `palisade dev > dev.log 2>&1`.
+    let logs = tempfile::NamedTempFile::new().unwrap();
+    let env = [
+        ("NATS_URL", nats.url()),
+        ("DATABASE_URL", database.url.clone()),
+        ("PALISADE_SUBJECT_PREFIX", prefix),
+    ];
+    let mut dev = tokio::process::Command::new(PALISADE)
+        .args(["dev", "--workers", "1"])
+        .envs(env.iter().cloned())
+        .env_remove("PALISADE_HTTP_ADDR")
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .stdout(logs.reopen().unwrap())
+        .stderr(logs.reopen().unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("palisade dev runs");
+    let written = || std::fs::read_to_string(logs.path()).unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + tests::WAIT_MAX;
+    let suggested = loop {
+        let text = written();
+        if let Some(line) = text.lines().find(|line| line.starts_with("try: palisade ")) {
+            break line["try: palisade ".len()..].to_owned();
+        }
+        assert!(
+            dev.try_wait().unwrap().is_none() && tokio::time::Instant::now() < deadline,
+            "palisade dev ended or printed no suggestion: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(
+        written()
+            .lines()
+            .any(|line| line.starts_with("health: http://127.0.0.1:9090/")),
+        "health on loopback: {}",
+        written()
+    );
+
+    let run = tokio::process::Command::new(PALISADE)
+        .args(suggested.split_whitespace())
+        .envs(env.iter().cloned())
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .expect("the suggested command runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{suggested}: {stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("completed"), "{stdout}");
+
+    tests::servers::signal(&dev, "TERM");
+    let ended = tokio::time::timeout(tests::WAIT_MAX, dev.wait())
+        .await
+        .expect("palisade dev stops on SIGTERM")
+        .unwrap();
+    assert!(ended.success(), "{ended}");
+    let written = written();
+    assert!(written.contains(" INFO "), "palisade dev logs: {written}");
+    assert!(
+        !written.contains('\u{1b}'),
+        "colour codes in a log file: {written}"
+    );
+    database.drop().await;
 }

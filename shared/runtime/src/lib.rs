@@ -118,15 +118,13 @@ impl CommonSettings {
 fn stream_quotas_from_env() -> Result<bus::StreamQuotas, SettingsError> {
     use bus::StreamQuotas as Q;
     Ok(Q {
-        requests_waiting_per_client: env::parse_in(
+        requests_waiting_per_client: waiting_quota_from_env(
             "PALISADE_QUOTA_REQUESTS_WAITING",
             Q::REQUESTS_WAITING_PER_CLIENT_DEFAULT,
-            1..=100_000_000,
         )?,
-        results_waiting_per_worker: env::parse_in(
+        results_waiting_per_worker: waiting_quota_from_env(
             "PALISADE_QUOTA_RESULTS_WAITING",
             Q::RESULTS_WAITING_PER_WORKER_DEFAULT,
-            1..=100_000_000,
         )?,
         stream_bytes_max: env::parse_in(
             "PALISADE_STREAM_BYTES_MAX",
@@ -137,6 +135,18 @@ fn stream_quotas_from_env() -> Result<bus::StreamQuotas, SettingsError> {
             ArtifactLimits::from_env()?.bytes_max,
         ),
         fit_stream_bytes: env::optional_string("PALISADE_STREAM_BYTES_MAX").is_none(),
+    })
+}
+
+/// A quota of waiting messages: as set, or fitted to the stream's bytes (at most `max`) when
+/// the variable is not set.
+fn waiting_quota_from_env(
+    name: &'static str,
+    max: i64,
+) -> Result<bus::WaitingQuota, SettingsError> {
+    Ok(match env::optional_string(name) {
+        Some(_) => bus::WaitingQuota::Set(env::parse_in(name, max, 1..=100_000_000)?),
+        None => bus::WaitingQuota::Fitted { max },
     })
 }
 
@@ -361,7 +371,7 @@ impl BatchLimits {
         let bytes_max = env::parse_in(
             "PALISADE_BATCH_BYTES_MAX",
             Self::BYTES_MAX_DEFAULT,
-            1_024..=bus::MESSAGE_BYTES_MAX as usize / 2,
+            1_024..=messages::limits::BATCH_BYTES_LIMIT,
         )?;
         Ok(Self {
             findings_max,

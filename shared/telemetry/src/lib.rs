@@ -287,9 +287,14 @@ where
     let provider = tracer_provider(service_name, settings.otlp.as_ref())?;
     let log_format = LogFormat {
         json: settings.json,
-        // Standard error is a command's (`to_stderr`): coloured only on a terminal, so a
-        // script or CI log that captures it gets plain lines.
-        ansi: ansi_default() && (!settings.to_stderr || std::io::stderr().is_terminal()),
+        // Coloured only on a terminal (standard error for a command, `to_stderr`, else
+        // standard output), so a file, a pipe, a script or a CI log gets plain lines.
+        ansi: ansi_default()
+            && if settings.to_stderr {
+                std::io::stderr().is_terminal()
+            } else {
+                std::io::stdout().is_terminal()
+            },
     };
     let layers = layers(&provider, log_format, filter, make_writer);
     let installed = tracing_subscriber::registry().with(layers).try_init();
