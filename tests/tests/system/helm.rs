@@ -28,7 +28,11 @@ const SECRET_VARIABLES: [&str; 2] = ["DATABASE_URL", "PALISADE_NVD_API_KEY"];
 /// The Kubernetes kinds of pods' templates the chart renders.
 const WORKLOADS: [&str; 3] = ["Deployment", "StatefulSet", "Job"];
 /// Variables the binaries read that no pod of the chart sets, and why.
-const NOT_IN_THE_CLUSTER: [(&str, &str); 3] = [
+const NOT_IN_THE_CLUSTER: [(&str, &str); 4] = [
+    (
+        "NATS_SERVER_BIN",
+        "the private NATS server of `palisade demo`, `dev` and `bench`, never a deployment's",
+    ),
     (
         "PALISADE_NATS_AUTHORITY",
         "the authority's seeds are kept by administrators, never in the cluster (issue 44)",

@@ -23,6 +23,7 @@ mod flat;
 mod handoff;
 mod health;
 mod helm;
+mod image;
 mod ingestion;
 mod leader;
 mod metrics;
