@@ -43,7 +43,7 @@ for dir in lib lib64 bin sbin; do
   fi
 done
 
-# distroless writes these itself; no package of Debian's does.
+# distroless writes these itself (passwd, group, nsswitch.conf); no package of Debian's does.
 mkdir -p "$root/etc" "$root/home/nonroot" "$root/tmp"
 chmod 1777 "$root/tmp"
 cat > "$root/etc/passwd" <<'PASSWD'
@@ -57,6 +57,19 @@ nobody:x:65534:
 nonroot:x:65532:
 GROUP
 chown 65532:65532 "$root/home/nonroot"
+# As distroless writes it: names resolve from /etc/hosts first, then DNS.
+cat > "$root/etc/nsswitch.conf" <<'NSSWITCH'
+passwd:         files
+group:          files
+shadow:         files
+gshadow:        files
+hosts:          files dns
+networks:       files
+protocols:      db files
+services:       db files
+ethers:         db files
+rpc:            db files
+NSSWITCH
 # The CA bundle update-ca-certificates would write (distroless ships it built).
 mkdir -p "$root/etc/ssl/certs"
 cat "$root"/usr/share/ca-certificates/mozilla/*.crt > "$root/etc/ssl/certs/ca-certificates.crt"

@@ -200,7 +200,16 @@ impl NatsServer {
     /// A server run with the configuration `config` (TLS, say); the command line's listen
     /// address, port and store directory take precedence over it.
     pub async fn start_with_config(config: &str) -> Self {
+        Self::start_with_config_at(config, None).await
+    }
+
+    /// [`NatsServer::start_with_config`], reached at `address` (one of the suite's network's)
+    /// when given.
+    pub async fn start_with_config_at(config: &str, address: Option<std::net::Ipv4Addr>) -> Self {
         let mut server = Self::new(nats_server_binary());
+        if let Some(address) = address {
+            server.address = address;
+        }
         let path = server.dir.path().join("server.conf");
         std::fs::write(&path, config).expect("server config");
         server.config = Some(path);

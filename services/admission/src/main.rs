@@ -4,6 +4,10 @@ use anyhow::Context as _;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    telemetry::arguments::answer(
+        "palisade-admission",
+        "admits scan requests from the requests stream exactly once",
+    );
     let telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     let _telemetry = telemetry::init("palisade-admission", &telemetry_settings)?;

@@ -4,6 +4,10 @@ use anyhow::Context as _;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    telemetry::arguments::answer(
+        "palisade-dispatch",
+        "leases plugin tasks to eligible workers (hello, acquire, renew, release, enroll)",
+    );
     let telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     let _telemetry = telemetry::init("palisade-dispatch", &telemetry_settings)?;

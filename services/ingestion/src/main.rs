@@ -4,6 +4,10 @@ use anyhow::Context as _;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    telemetry::arguments::answer(
+        "palisade-ingestion",
+        "accepts workers' result batches and completions exactly once",
+    );
     let telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     let _telemetry = telemetry::init("palisade-ingestion", &telemetry_settings)?;

@@ -20,6 +20,39 @@ pub async fn operator_bus(common: &runtime::CommonSettings) -> anyhow::Result<bu
     .await?)
 }
 
+/// The bus for submitting and following a scan as client `client_id` of `organization`: with a
+/// client's credentials (`NATS_CREDS` issued by `palisade client add`), as that client, whose
+/// id `client_id` must then be; else as the operator, who may submit for any client.
+pub async fn client_bus(
+    common: &runtime::CommonSettings,
+    client_id: &str,
+    organization: Uuid,
+) -> anyhow::Result<bus::Bus> {
+    let Some(issued_to) = common
+        .nats_credentials
+        .user_name()
+        .and_then(|name| name.strip_prefix("client-").map(str::to_owned))
+    else {
+        return operator_bus(common).await;
+    };
+    if issued_to != client_id {
+        return Err(crate::exit::refused(format!(
+            "NATS_CREDS are client {issued_to:?}'s: pass --client {issued_to}"
+        )));
+    }
+    Ok(bus::Bus::connect(
+        &common.nats_url,
+        &common.nats_credentials,
+        &common.nats_tls,
+        common.subjects.clone(),
+        &messages::Identity::Client {
+            client_id: issued_to,
+            organizations: vec![organization],
+        },
+    )
+    .await?)
+}
+
 /// Who an operator's change is recorded as: `--by`, else `$USER`, else `operator`.
 pub fn actor(by: Option<String>) -> String {
     by.or_else(|| std::env::var("USER").ok())

@@ -58,6 +58,8 @@ pub struct SubmitArgs {
     /// Comma-separated plugins, run in order.
     #[arg(long, value_delimiter = ',')]
     pub plugins: Vec<String>,
+    /// The client the request is from. With a client's credentials (NATS_CREDS from `palisade
+    /// client add`), that client's id; with the operator's, any.
     #[arg(long, default_value = "cli")]
     pub client: String,
     /// Idempotency key; a fresh one when omitted.
@@ -148,7 +150,7 @@ async fn submit(common: &CommonSettings, args: SubmitArgs) -> anyhow::Result<()>
     } else {
         None
     };
-    let bus = crate::commands::operator_bus(common).await?;
+    let bus = crate::commands::client_bus(common, &client, org).await?;
     let client = ::client::Client::new(bus, client);
     let key = key.unwrap_or_else(|| Uuid::new_v4().to_string());
     let plugin_names: Vec<&str> = plugins.iter().map(String::as_str).collect();

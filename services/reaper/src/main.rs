@@ -4,6 +4,10 @@ use anyhow::Context as _;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    telemetry::arguments::answer(
+        "palisade-reaper",
+        "recovers expired leases, retries, schedules and the outbox",
+    );
     let telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     let _telemetry = telemetry::init("palisade-reaper", &telemetry_settings)?;

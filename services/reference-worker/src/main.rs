@@ -6,6 +6,10 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    telemetry::arguments::answer(
+        "palisade-worker",
+        "the reference worker: runs palisade's plugins on leased tasks",
+    );
     let telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
     let _telemetry = telemetry::init("palisade-worker", &telemetry_settings)?;

@@ -169,6 +169,18 @@ impl NatsCredentials {
         key.seed().ok()
     }
 
+    /// The name in the credentials' user JWT: the identity they were issued to, as
+    /// [`messages::Identity::token`] spells it (`operator`, `client-<id>`, `service-<name>`).
+    pub fn user_name(&self) -> Option<String> {
+        let creds = self.creds_text()?;
+        let (jwt, _) = parse_creds(&creds).ok()?;
+        let claims = data_encoding::BASE64URL_NOPAD
+            .decode(jwt.split('.').nth(1)?.as_bytes())
+            .ok()?;
+        let claims: serde_json::Value = serde_json::from_slice(&claims).ok()?;
+        claims["name"].as_str().map(str::to_owned)
+    }
+
     /// The `.creds` text presented now (it holds the seed: never log it).
     fn creds_text(&self) -> Option<std::sync::Arc<str>> {
         self.0.as_ref().map(|cell| {

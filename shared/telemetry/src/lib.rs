@@ -2,6 +2,7 @@
 //! carry the OpenTelemetry ids of their span, always; OTLP span export (gRPC or HTTP/protobuf)
 //! when the standard `OTEL_EXPORTER_OTLP_*` variables ask for it.
 
+pub mod arguments;
 pub mod cost;
 mod logs;
 pub mod metrics;

@@ -29,6 +29,10 @@ const STATE_FILE: &str = "worker.json";
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between failed renewals.
 const RENEW_RETRY: Duration = Duration::from_secs(30);
+/// How long an unanswered enrollment is asked again (with the same key: dispatch answers a
+/// repeat again) before the worker gives up: dispatch starting, restarting or unreachable for
+/// a while is waited out, as `hello` is.
+const ENROLL_PATIENCE: Duration = Duration::from_secs(300);
 
 /// An enrolled worker as its state directory records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +153,7 @@ pub async fn enroll(
         organization_ids: Vec::new(),
         capabilities: Vec::new(),
     };
-    let reply: v1::EnrollReply = ask(&bus, token.worker_id, WorkerVerb::Enroll, &request).await?;
+    let reply: v1::EnrollReply = ask_patiently(&bus, token.worker_id, &request).await?;
     if let Some(error) = reply.error {
         return Err(enrollment_error(format!(
             "dispatch refused the enrollment: {}: {}",
@@ -182,6 +186,28 @@ pub async fn enroll(
 }
 
 /// Sends `request` on the worker's `verb` subject and decodes the answer.
+/// `enroll`, asked again with backoff while dispatch does not answer (no responders, a
+/// timeout), for up to [`ENROLL_PATIENCE`]; an answer, refusal or not, ends it.
+async fn ask_patiently(
+    bus: &Bus,
+    worker_id: Uuid,
+    request: &v1::EnrollRequest,
+) -> Result<v1::EnrollReply, WorkerError> {
+    let started = std::time::Instant::now();
+    let mut failures = 0;
+    loop {
+        match ask(bus, worker_id, WorkerVerb::Enroll, request).await {
+            Err(WorkerError::Enrollment { reason }) if started.elapsed() < ENROLL_PATIENCE => {
+                failures += 1;
+                let delay = crate::retry::REQUESTS.jittered(failures);
+                tracing::warn!(reason, retry_in = ?delay, "enrollment unanswered, is dispatch running? asking again with the same key");
+                tokio::time::sleep(delay).await;
+            }
+            answered => return answered,
+        }
+    }
+}
+
 async fn ask<Reply: prost::Message + Default>(
     bus: &Bus,
     worker_id: Uuid,

@@ -405,7 +405,10 @@ async fn helm_chart_probes_and_metrics_match_a_running_system() {
 
 /// Renders the chart (`helm/ci/chart.py render`) with a values file and values as JSON over
 /// it: its manifests, or Helm's refusal.
-fn render(values: Option<&str>, values_json: Option<&str>) -> Result<Vec<Value>, String> {
+pub(crate) fn render(
+    values: Option<&str>,
+    values_json: Option<&str>,
+) -> Result<Vec<Value>, String> {
     let mut command = Command::new("python3");
     command
         .current_dir(repository())

@@ -2,7 +2,7 @@
 //! final contents, assembled from this machine's Debian packages of the names its base holds
 //! (`scripts/image-rootfs.sh`), with the binaries of this build, and every binary run in it
 //! under chroot as the image's user (65532): each one's shared libraries are found there and
-//! nowhere else, there is no shell, `palisade --version` and `palisade migrate` run, each
+//! nowhere else, there is no shell, each binary answers `--version`, `palisade migrate` runs, each
 //! service becomes ready by its own `/readyz`, and a scan submitted from inside completes on a
 //! `palisade-worker` running there. What only a real image shows (the registry's base as
 //! published, the build stage itself): docs/deploy.md, "What the tests prove".
@@ -15,7 +15,7 @@ use tests::servers::{NatsServer, free_port};
 use uuid::Uuid;
 
 /// The binaries the Dockerfile copies into the image.
-const BINARIES: [&str; 7] = [
+pub(crate) const BINARIES: [&str; 7] = [
     "palisade",
     "palisade-admission",
     "palisade-dispatch",
@@ -35,7 +35,7 @@ const SERVICES: [&str; 5] = [
 const USER: &str = "65532:65532";
 
 /// Where cargo put this build's binaries: beside this test's own directory (`target/<profile>`).
-fn binaries_dir() -> PathBuf {
+pub(crate) fn binaries_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test's path");
     let dir = exe
         .parent()
@@ -101,7 +101,7 @@ async fn run_in_image(root: &Path, env: &[(&str, String)], args: &[&str]) -> Str
 }
 
 /// Assembles the image's root filesystem with this build's binaries.
-async fn assemble(root: &Path) {
+pub(crate) async fn assemble(root: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/image-rootfs.sh");
     let output = tokio::process::Command::new("bash")
         .arg(script)
@@ -177,8 +177,20 @@ async fn the_images_binaries_run_on_its_base_as_its_user_and_complete_a_scan() {
     let root = tempfile::tempdir().expect("a scratch root");
     assemble(root.path()).await;
     check_contents(root.path());
-    let version = run_in_image(root.path(), &[], &["--version"]).await;
-    assert!(version.starts_with("palisade "), "{version}");
+    for binary in BINARIES {
+        let output = in_image(root.path(), binary, &[])
+            .arg("--version")
+            .output()
+            .await
+            .expect("chroot runs");
+        let version = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && version.starts_with(&format!("{binary} ")),
+            "{binary} --version in the image: {} {version}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 
     let nats = NatsServer::start().await;
     let database = EmptyDatabase::create().await;

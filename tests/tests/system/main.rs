@@ -5,6 +5,7 @@ mod admission;
 mod admit;
 mod artifacts;
 mod bad_input;
+mod chart_run;
 mod client_guide;
 mod cluster;
 mod control;
