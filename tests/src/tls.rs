@@ -23,6 +23,12 @@ pub struct TestCertificates {
 impl TestCertificates {
     /// Generates a fresh authority and its certificates into `dir`. Keys are written 0600.
     pub fn generate(dir: &Path) -> Self {
+        Self::generate_for(dir, &[])
+    }
+
+    /// [`TestCertificates::generate`], the server's certificate naming `addresses` too (a
+    /// server on the suite's network).
+    pub fn generate_for(dir: &Path, addresses: &[std::net::Ipv4Addr]) -> Self {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("no names");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params
@@ -47,11 +53,10 @@ impl TestCertificates {
             let cert = params.signed_by(&key, &issuer).expect("signed");
             (cert.pem(), key.serialize_pem())
         };
-        let (server_cert, server_key) = leaf(
-            vec!["127.0.0.1".into(), "localhost".into()],
-            ExtendedKeyUsagePurpose::ServerAuth,
-            "localhost",
-        );
+        let mut names: Vec<String> = vec!["127.0.0.1".into(), "localhost".into()];
+        names.extend(addresses.iter().map(ToString::to_string));
+        let (server_cert, server_key) =
+            leaf(names, ExtendedKeyUsagePurpose::ServerAuth, "localhost");
         let (client_cert, client_key) = leaf(
             vec!["palisade-test-client".into()],
             ExtendedKeyUsagePurpose::ClientAuth,

@@ -153,7 +153,7 @@ pub async fn enroll(
         organization_ids: Vec::new(),
         capabilities: Vec::new(),
     };
-    let reply: v1::EnrollReply = ask_patiently(&bus, token.worker_id, &request).await?;
+    let reply = ask_patiently(&bus, token, &request).await?;
     if let Some(error) = reply.error {
         return Err(enrollment_error(format!(
             "dispatch refused the enrollment: {}: {}",
@@ -187,24 +187,55 @@ pub async fn enroll(
 
 /// Sends `request` on the worker's `verb` subject and decodes the answer.
 /// `enroll`, asked again with backoff while dispatch does not answer (no responders, a
-/// timeout), for up to [`ENROLL_PATIENCE`]; an answer, refusal or not, ends it.
+/// timeout) on a connection that is up, until [`ENROLL_PATIENCE`] has passed or the token has
+/// expired; an answer, refusal or not, and any other error end it at once.
 async fn ask_patiently(
     bus: &Bus,
-    worker_id: Uuid,
+    token: &EnrollmentToken,
     request: &v1::EnrollRequest,
 ) -> Result<v1::EnrollReply, WorkerError> {
+    use bus::async_nats::client::RequestErrorKind;
+    use prost::Message as _;
+    let subject = bus
+        .subjects()
+        .worker(&token.worker_id.to_string(), WorkerVerb::Enroll);
+    let payload: bytes::Bytes = request.encode_to_vec().into();
     let started = std::time::Instant::now();
     let mut failures = 0;
     loop {
-        match ask(bus, worker_id, WorkerVerb::Enroll, request).await {
-            Err(WorkerError::Enrollment { reason }) if started.elapsed() < ENROLL_PATIENCE => {
-                failures += 1;
-                let delay = crate::retry::REQUESTS.jittered(failures);
-                tracing::warn!(reason, retry_in = ?delay, "enrollment unanswered, is dispatch running? asking again with the same key");
-                tokio::time::sleep(delay).await;
+        let asked = bus.client().request(subject.clone(), payload.clone());
+        let unanswered = match tokio::time::timeout(ANSWER_TIMEOUT, asked).await {
+            Ok(Ok(answer)) => {
+                return v1::EnrollReply::decode(answer.payload.as_ref()).map_err(|source| {
+                    WorkerError::Decode {
+                        what: WorkerVerb::Enroll.name(),
+                        source,
+                    }
+                });
             }
-            answered => return answered,
+            Ok(Err(error))
+                if matches!(
+                    error.kind(),
+                    RequestErrorKind::NoResponders | RequestErrorKind::TimedOut
+                ) =>
+            {
+                error.to_string()
+            }
+            Ok(Err(error)) => return Err(enrollment_error(format!("enroll: {error}"))),
+            Err(_) => "dispatch did not answer enroll within 10 s".to_owned(),
+        };
+        let connected =
+            bus.client().connection_state() == bus::async_nats::connection::State::Connected;
+        if !connected
+            || started.elapsed() >= ENROLL_PATIENCE
+            || unix_ms_now() >= token.expires_at_unix_ms
+        {
+            return Err(enrollment_error(format!("enroll: {unanswered}")));
         }
+        failures += 1;
+        let delay = crate::retry::REQUESTS.jittered(failures);
+        tracing::warn!(reason = unanswered, retry_in = ?delay, "enrollment unanswered, is dispatch running? asking again with the same key");
+        tokio::time::sleep(delay).await;
     }
 }
 

@@ -1,6 +1,6 @@
 //! The chart, run (issue 45, item 4): rendered with production-like values (per-service NATS
 //! credentials from the Secret `palisade nats init` fills, the reference worker enrolling with a
-//! token, two admission replicas), and every rendered workload run the way the kubelet would,
+//! token, TLS to NATS, the default replicas), and every rendered workload run the way the kubelet would,
 //! as local processes: each pod in a network namespace of its own on a private bridge (so every
 //! pod listens on the port it renders), its containers under chroot in a copy of the image's root
 //! filesystem (`image.rs`) as the pod's user, the Secrets and ConfigMaps it mounts written at
@@ -12,8 +12,8 @@
 //! rendered upgrade (a setting changed, a replica more) replaces the pods one at a time while
 //! scans keep completing, none lost. The kubelet here refuses what a cluster would only show
 //! late: an env var no binary reads, a probe path that does not answer, a Secret key a mount
-//! lacks (each shown broken on purpose). TLS to NATS is the one production setting left out
-//! (`nats.insecureNoTls`): the test certificates name loopback, not the bridge.
+//! lacks (each shown broken on purpose). NATS requires TLS, with a test authority whose
+//! certificate the chart's TLS Secret carries, as production's does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -551,7 +551,7 @@ fn render(nats_url: &str, more: &Value) -> Vec<Value> {
     let mut values = json!({
         "nats": {
             "credentials": {"existingSecret": "palisade-nats-credentials"},
-            "insecureNoTls": true
+            "tls": {"existingSecret": "palisade-nats-tls"}
         },
         "config": {"NATS_URL": nats_url},
         "worker": {"enabled": true, "enrollment": {"existingSecret": "palisade-worker-enrollment"}}
@@ -752,18 +752,29 @@ async fn the_chart_runs_as_rendered_and_rolls_an_upgrade_without_losing_a_scan()
         ],
     )
     .await;
-    // Its configuration as the servers include it (inline: `include` takes relative paths).
+    // Its configuration as the servers include it (inline: `include` takes relative paths),
+    // and TLS required of every client, with a certificate naming the server's address.
+    let certificates = tests::tls::TestCertificates::generate_for(scratch.path(), &[nats_address]);
     let nats = NatsServer::start_with_config_at(
-        &std::fs::read_to_string(authority.join("nats-server-auth.conf")).unwrap(),
+        &format!(
+            "{}\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+            std::fs::read_to_string(authority.join("nats-server-auth.conf")).unwrap(),
+            certificates.server_cert.display(),
+            certificates.server_key.display()
+        ),
         Some(nats_address),
     )
     .await;
+    let nats_url = nats.url().replace("nats://", "tls://");
+    let ca = certificates.ca.display().to_string();
     let database_url = postgres.url("palisade");
     let admin: Vec<(&'static str, String)> = vec![
         ("DATABASE_URL", database_url.clone()),
-        ("NATS_URL", nats.url()),
+        ("NATS_URL", nats_url.clone()),
         ("NATS_CREDS", format!("{dir}/operator.creds")),
         ("PALISADE_NATS_AUTHORITY", dir.clone()),
+        ("NATS_TLS_CA", ca.clone()),
+        ("NATS_TLS_REQUIRED", "true".to_owned()),
     ];
 
     let image = scratch.path().join("image");
@@ -796,12 +807,19 @@ async fn the_chart_runs_as_rendered_and_rolls_an_upgrade_without_losing_a_scan()
                 Data::from([("DATABASE_URL".to_owned(), database_url.clone().into_bytes())]),
             ),
             ("palisade-nats-credentials".to_owned(), credentials),
+            (
+                "palisade-nats-tls".to_owned(),
+                Data::from([(
+                    "ca.crt".to_owned(),
+                    std::fs::read(&certificates.ca).unwrap(),
+                )]),
+            ),
         ]),
         config_maps: BTreeMap::new(),
         services: BTreeMap::new(),
         binary_bytes,
     };
-    let manifests = render(&nats.url(), &json!({}));
+    let manifests = render(&nats_url, &json!({}));
     for manifest in manifests
         .iter()
         .filter(|manifest| kind(manifest) == "ConfigMap")
@@ -878,8 +896,10 @@ async fn the_chart_runs_as_rendered_and_rolls_an_upgrade_without_losing_a_scan()
     .await;
     let client: Vec<(&'static str, String)> = vec![
         ("DATABASE_URL", database_url.clone()),
-        ("NATS_URL", nats.url()),
+        ("NATS_URL", nats_url.clone()),
         ("NATS_CREDS", client_creds),
+        ("NATS_TLS_CA", ca.clone()),
+        ("NATS_TLS_REQUIRED", "true".to_owned()),
     ];
 
     let mut pods = kubelet.install(&manifests).await;
@@ -915,7 +935,7 @@ async fn the_chart_runs_as_rendered_and_rolls_an_upgrade_without_losing_a_scan()
 
     // helm upgrade: a setting changed and a replica more, rolled out while scans go on.
     let upgraded = render(
-        &nats.url(),
+        &nats_url,
         &json!({"config": {"RUST_LOG": "info,palisade=debug"}, "services": {"enrichment": {"replicas": 2}}}),
     );
     let stop = tokio_util::sync::CancellationToken::new();
