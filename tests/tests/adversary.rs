@@ -1873,7 +1873,7 @@ async fn identities_at_quota(system: &TestSystem, stream: String) -> i64 {
 }
 
 /// One client flooding the requests stream with the largest messages it may send, while
-/// admission is down, is stopped at its own bound, a sixteenth of the stream's bytes; another
+/// admission is down, is stopped at its own bound, an eighth of the stream's bytes; another
 /// tenant's requests are still taken (issue 44, item 3, for the requests stream; the defaults).
 #[tokio::test]
 async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_and_another_tenant_submits()
@@ -1885,7 +1885,7 @@ async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_an
     let bound = config.max_messages_per_subject * i64::from(bus::REQUEST_MESSAGE_BYTES_MAX);
     assert!(
         bound * bus::WaitingQuota::IDENTITY_SHARE <= config.max_bytes,
-        "one client's waiting requests of one organization may hold {bound} bytes, over a sixteenth of the stream's {}",
+        "one client's waiting requests of one organization may hold {bound} bytes, over an eighth of the stream's {}",
         config.max_bytes
     );
     system.stop(Component::Admission).await;
@@ -1921,7 +1921,7 @@ async fn a_client_flooding_the_requests_stream_is_stopped_far_below_its_bytes_an
 
 /// One worker flooding the results stream on each of its durable verbs with the largest
 /// messages the stream takes, while ingestion is down, is stopped at its own bound, a
-/// sixteenth of the stream's bytes; another worker's results are still taken and decided
+/// eighth of the stream's bytes; another worker's results are still taken and decided
 /// once ingestion is back (issue 44, item 3, for the results stream; the defaults).
 #[tokio::test]
 async fn a_worker_flooding_the_results_stream_is_stopped_far_below_its_bytes_and_another_worker_publishes()
@@ -1939,7 +1939,7 @@ async fn a_worker_flooding_the_results_stream_is_stopped_far_below_its_bytes_and
     let bound = verbs * config.max_messages_per_subject * i64::from(bus::RESULT_MESSAGE_BYTES_MAX);
     assert!(
         bound * bus::WaitingQuota::IDENTITY_SHARE <= config.max_bytes,
-        "one worker's waiting results may hold {bound} bytes, over a sixteenth of the stream's {}",
+        "one worker's waiting results may hold {bound} bytes, over an eighth of the stream's {}",
         config.max_bytes
     );
     system.stop(Component::Ingestion).await;

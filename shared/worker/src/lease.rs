@@ -49,6 +49,24 @@ pub(crate) const SENDS_MAX: u32 = 20;
 /// stream drops the repeat. Such repeats neither count against [`SENDS_MAX`] nor grow the
 /// resend backoff.
 pub(crate) const REPUBLISH_DELAY: Duration = Duration::from_millis(500);
+/// Whether the warning that results are at their quota is due: at most once per
+/// [`QUOTA_WARNING_EVERY`] in a process.
+fn quota_warning_due() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    now >= last + QUOTA_WARNING_EVERY.as_secs()
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+/// How often a worker says its results are at their quota.
+const QUOTA_WARNING_EVERY: Duration = Duration::from_secs(30);
+
 /// Completions answered with `batch_missing` before the attempt fails: each answer should
 /// have been the last, so repeated ones mean a bug, not bad luck.
 pub(crate) const COMPLETE_ROUNDS_MAX: u32 = 5;
@@ -718,8 +736,19 @@ impl LeaseTask {
                 outbound.message.clone(),
             )
             .await;
-        if let Err(error) = &published {
-            tracing::warn!(error = %telemetry::chain(error), %msg_id, "publish failed, will resend");
+        match &published {
+            Ok(_) => {}
+            // Backpressure, not a fault: ingestion is behind and this worker's waiting messages
+            // are at their quota. Said once in a while, not for every message refused.
+            Err(error @ bus::BusError::Quota { .. }) => {
+                tracing::debug!(error = %telemetry::chain(error), %msg_id, "at the quota of waiting results, will resend");
+                if quota_warning_due() {
+                    tracing::warn!(error = %telemetry::chain(error), "this worker's results waiting for ingestion are at their quota (ingestion is behind): messages are published again every half second until it catches up; nothing is lost (said at most once every 30 s)");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(error = %telemetry::chain(error), %msg_id, "publish failed, will resend");
+            }
         }
         published.is_ok()
     }

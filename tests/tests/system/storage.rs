@@ -60,8 +60,8 @@ async fn streams_share_what_a_small_server_can_reserve_and_a_set_size_names_the_
         .await
         .expect("provisioned again");
     assert_eq!(max_bytes(&fitted).await, [204 * MIB; 4]);
-    // The quotas of waiting messages follow the shares: one identity holds at most a
-    // sixteenth of its stream (and at least the fitted minimum).
+    // The quotas of waiting messages follow the shares: one identity holds at most an eighth
+    // of its stream (and at least the fitted minimum).
     let quota = |stream: String| {
         let bus = fitted.clone();
         async move {
@@ -72,12 +72,12 @@ async fn streams_share_what_a_small_server_can_reserve_and_a_set_size_names_the_
     let s = fitted.subjects();
     assert_eq!(
         quota(s.requests_stream()).await,
-        204 * MIB / 16 / i64::from(bus::REQUEST_MESSAGE_BYTES_MAX)
+        204 * MIB / 8 / i64::from(bus::REQUEST_MESSAGE_BYTES_MAX)
     );
     assert_eq!(
         quota(s.results_stream()).await,
-        bus::WaitingQuota::FITTED_MIN,
-        "204 MiB / 16 holds 4 of each of a worker's 3 verbs' largest messages"
+        8,
+        "204 MiB / 8 holds 8 of each of a worker's 3 verbs' largest messages"
     );
 
     // A size set explicitly is that or a refusal naming it and the numbers.
