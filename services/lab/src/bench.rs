@@ -195,6 +195,15 @@ impl TryFrom<BenchArgs> for BenchOptions {
 pub async fn command(mut common: CommonSettings, args: BenchArgs) -> anyhow::Result<()> {
     let options = BenchOptions::try_from(args)?;
     let _nats = crate::private_nats::ensure(&mut common).await?;
+    // One client sends every burn-down's scans at once: its quota of waiting requests (fitted
+    // to at most 10,000) would refuse a larger burn-down, so unless it is set, the benchmark's
+    // installation lets its one client have them all waiting (its requests are small).
+    if std::env::var_os("PALISADE_QUOTA_REQUESTS_WAITING").is_none() {
+        let all = options.scans.max(options.profile_scans) as i64;
+        let quotas = &mut common.streams.quotas;
+        quotas.requests_waiting_per_client =
+            bus::WaitingQuota::Set(all.max(bus::StreamQuotas::REQUESTS_WAITING_PER_CLIENT_DEFAULT));
+    }
     let report = run(common, &options).await?;
     let held = print_report(&report);
     emit_json(&report, options.json.as_deref())?;
