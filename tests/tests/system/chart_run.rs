@@ -422,14 +422,8 @@ fn command(
         root.display().to_string(),
     ];
     args.append(&mut argv);
-    let (program, args) = host.wrap(Path::new("/usr/sbin/chroot"), &args);
-    // By its path: the container's PATH is the image's.
-    let program = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-        .iter()
-        .map(|dir| Path::new(dir).join(&program))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| PathBuf::from(&program));
-    let mut command = tokio::process::Command::new(program);
+    let (program, args) = host.wrap(&crate::image::system_program("chroot"), &args);
+    let mut command = tokio::process::Command::new(crate::image::system_program(&program));
     command
         .args(args)
         .env_clear()
@@ -529,14 +523,7 @@ async fn completed(mut pod: Pod) -> Result<(), String> {
 
 /// `palisade args…` on the administrator's machine, with `env`; its standard output.
 async fn palisade(env: &[(&str, String)], args: &[&str]) -> String {
-    let binary = crate::image::binaries_dir().join("palisade");
-    let output = tokio::process::Command::new(binary)
-        .args(args)
-        .env_remove("RUST_LOG")
-        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
-        .output()
-        .await
-        .expect("palisade runs");
+    let output = palisade_output(env, args).await;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
@@ -544,6 +531,17 @@ async fn palisade(env: &[(&str, String)], args: &[&str]) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
+}
+
+/// `palisade args…` on the administrator's machine, with `env`, as it ended.
+async fn palisade_output(env: &[(&str, String)], args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(crate::image::binaries_dir().join("palisade"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
+        .output()
+        .await
+        .expect("palisade runs")
 }
 
 /// The chart rendered with these cluster's production-like values, and `more` over them.
@@ -680,23 +678,25 @@ async fn submit_until(
     let mut completed = 0;
     let mut other = Vec::new();
     loop {
-        let binary = crate::image::binaries_dir().join("palisade");
-        let output = tokio::process::Command::new(binary)
-            .args([
+        let output = palisade_output(
+            &admin,
+            &[
                 "scan",
                 "submit",
                 "--org",
                 ORGANIZATION,
                 "--client",
                 "chart-client",
-            ])
-            .args(["--target", &target, "--plugins", "tcp_connect,http_headers"])
-            .args(["--wait", "--timeout-secs", "120"])
-            .env_remove("RUST_LOG")
-            .envs(admin.iter().map(|(name, value)| (*name, value.as_str())))
-            .output()
-            .await
-            .expect("palisade runs");
+                "--target",
+                &target,
+                "--plugins",
+                "tcp_connect,http_headers",
+                "--wait",
+                "--timeout-secs",
+                "120",
+            ],
+        )
+        .await;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         if output.status.success() && stdout.contains("completed") {
             completed += 1;

@@ -65,14 +65,19 @@ fn needed(binary: &Path) -> Vec<String> {
         .collect()
 }
 
+/// This machine's `name` (chroot, ip) by its path: a command run in the image has the image's
+/// PATH, where the program that enters it is not.
+pub(crate) fn system_program(name: &str) -> PathBuf {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(name))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{name} is not installed"))
+}
+
 /// A command run in `root` under chroot as the image's user, with only `env`.
 fn in_image(root: &Path, binary: &str, env: &[(&str, String)]) -> tokio::process::Command {
-    // By its path: the command's PATH is the image's.
-    let chroot = ["/usr/sbin/chroot", "/usr/bin/chroot"]
-        .into_iter()
-        .find(|path| Path::new(path).is_file())
-        .expect("chroot (coreutils)");
-    let mut command = tokio::process::Command::new(chroot);
+    let mut command = tokio::process::Command::new(system_program("chroot"));
     command
         .arg(format!("--userspec={USER}"))
         .arg(root)
