@@ -343,6 +343,7 @@ pub async fn complete_attempt(
         claim,
         batch_count: 0,
         summary: "",
+        lease_next: false,
     });
     store::ingest::decide(tx, &mut store::Staged::default(), subjects, &[completion])
         .await?

@@ -23,7 +23,6 @@ use prost::Message as _;
 use runtime::env::{ConsumerTuning, ConsumerVars};
 use runtime::{ArtifactLimits, BatchLimits, CommonSettings, Connections, Plumbing, SettingsError};
 use store::ingest::IngestOutcome;
-use store::lease::NextAsk;
 use store::{PgPool, RetryPolicy, StoreError};
 use telemetry::cost::{in_lane, lanes};
 use tokio_util::sync::CancellationToken;
@@ -443,19 +442,20 @@ impl Ingestion {
     }
 
     /// Decides the valid messages and writes their verdicts; a transaction that failed is
-    /// every valid message's verdict. Returns the committed decision's events, to hand off.
+    /// every valid message's verdict. Returns the committed decision's events, to hand off,
+    /// and the leases handed on with completions, by message index.
     async fn decide_into(
         &self,
         valid: &[(usize, WorkerMessage)],
         spans: &[&tracing::Span],
         verdicts: &mut [Option<Verdict>],
-    ) -> Option<store::Staged> {
+    ) -> Option<(store::Staged, HashMap<usize, Vec<v1::Lease>>)> {
         match self.decide(valid, spans).await {
-            Ok((decided, staged)) => {
+            Ok((decided, leases, staged)) => {
                 for ((index, _), verdict) in valid.iter().zip(decided) {
                     verdicts[*index] = Some(verdict);
                 }
-                Some(staged)
+                Some((staged, leases))
             }
             Err(error) => {
                 // Logged once per message, by the bus, with the redelivery it causes.
@@ -472,14 +472,15 @@ impl Ingestion {
     }
 
     /// Decides the valid messages in one transaction (`store::ingest`: set-wise, with a fixed
-    /// number of statements). When a set-wise statement fails for a reason retrying cannot fix,
-    /// the batch is decided again one message per savepoint, so the message at fault is refused
-    /// alone and its neighbours go through.
+    /// number of statements), which also leases their scans' next plugins to the completions
+    /// that asked (`lease_next`). When a set-wise statement fails for a reason retrying cannot
+    /// fix, the batch is decided again one message per savepoint, so the message at fault is
+    /// refused alone and its neighbours go through.
     async fn decide(
         &self,
         messages: &[(usize, WorkerMessage)],
         spans: &[&tracing::Span],
-    ) -> Result<(Vec<Verdict>, store::Staged), StoreError> {
+    ) -> Result<(Vec<Verdict>, HashMap<usize, Vec<v1::Lease>>, store::Staged), StoreError> {
         // One transaction decides messages of many tasks and scans: its span is a root of
         // its own, linked to every message's `process` span (parenting would lie).
         let transaction_span = tracing::info_span!(
@@ -507,13 +508,27 @@ impl Ingestion {
         let script = store::ingest::Ingest {
             subjects,
             messages: &decisions,
+            lease_ttl: self.lease_ttl,
         };
         let (decisions, staged) = store::decide_batch(&self.pool, self.progress_events, &script)
             .instrument(transaction_span)
             .await?;
+        let mut leases = HashMap::new();
         for (index, message) in messages {
             if let Some(scan_id) = decisions.scans.get(&message.claim().task_id) {
                 spans[*index].record("palisade.scan_id", tracing::field::display(scan_id));
+            }
+            if let WorkerMessage::Complete { claim, .. } = message
+                && let Some(granted) = decisions.leases.get(&claim.attempt_id)
+            {
+                // Opened in the completion's own span: the cause of the grant.
+                let wire = spans[*index].in_scope(|| {
+                    granted
+                        .iter()
+                        .map(|lease| runtime::traced_lease(lease, "ingestion"))
+                        .collect()
+                });
+                leases.insert(*index, wire);
             }
         }
         let mut outcomes = decisions.outcomes.into_iter();
@@ -543,53 +558,7 @@ impl Ingestion {
                 }
             })
             .collect();
-        Ok((verdicts, staged))
-    }
-
-    /// Leases the scans' next plugins to the workers whose completions asked for them
-    /// (`lease_next`), in one transaction after the decision's. Returns the wire leases per
-    /// message index. A failure leaves those workers to acquire as usual.
-    async fn lease_next(
-        &self,
-        asks: &[(usize, NextAsk)],
-        spans: &[&tracing::Span],
-    ) -> HashMap<usize, Vec<v1::Lease>> {
-        if asks.is_empty() {
-            return HashMap::new();
-        }
-        let mut staged = store::Staged::new(self.progress_events);
-        let only: Vec<NextAsk> = asks.iter().map(|(_, ask)| *ask).collect();
-        let granted = match store::lease::lease_next(
-            &self.pool,
-            &mut staged,
-            self.bus.subjects(),
-            &only,
-            self.lease_ttl,
-        )
-        .await
-        {
-            Ok(granted) => granted,
-            Err(error) => {
-                tracing::warn!(error = %telemetry::chain(&error), asks = asks.len(), "next plugins not leased with their completions; the workers acquire them");
-                return HashMap::new();
-            }
-        };
-        self.relay.hand_off(staged);
-        asks.iter()
-            .filter_map(|(index, ask)| {
-                let leases = granted.get(&ask.attempt_id)?;
-                Some((
-                    *index,
-                    // Linked to the completion's own span: the cause of the grant.
-                    spans[*index].in_scope(|| {
-                        leases
-                            .iter()
-                            .map(|lease| runtime::traced_lease(lease, "ingestion"))
-                            .collect()
-                    }),
-                ))
-            })
-            .collect()
+        Ok((verdicts, leases, staged))
     }
 
     async fn answer(&self, address: &AckAddress, verdict: &Verdict, leases: Vec<v1::Lease>) {
@@ -632,14 +601,13 @@ impl BatchHandler for Ingestion {
         } = self.parse_batch(batch);
         valid.sort_by_key(|(_, message)| message.sort_key());
         let spans: Vec<&tracing::Span> = batch.iter().map(Delivery::span).collect();
-        let committed = self.decide_into(&valid, &spans, &mut verdicts).await;
-        let asks = next_asks(&valid, &verdicts);
-        let mut leases = self.lease_next(&asks, &spans).await;
-        // The decision's events go out after the next plugins were handed on: a `task.ready`
-        // published before would wake an acquire that races the hand-off for the task.
-        if let Some(staged) = committed {
-            self.relay.hand_off(staged);
-        }
+        let mut leases = match self.decide_into(&valid, &spans, &mut verdicts).await {
+            Some((staged, leases)) => {
+                self.relay.hand_off(staged);
+                leases
+            }
+            None => HashMap::new(),
+        };
         let mut decisions = Vec::with_capacity(batch.len());
         for (index, (address, verdict)) in addresses.iter().zip(verdicts).enumerate() {
             let verdict = verdict.expect("every message decided");
@@ -656,36 +624,6 @@ impl BatchHandler for Ingestion {
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), String> {
         runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await
     }
-}
-
-/// Completions that asked for their scan's next plugin, accepted now or earlier.
-fn next_asks(
-    valid: &[(usize, WorkerMessage)],
-    verdicts: &[Option<Verdict>],
-) -> Vec<(usize, NextAsk)> {
-    valid
-        .iter()
-        .filter_map(|(index, message)| match message {
-            WorkerMessage::Complete {
-                claim,
-                lease_next: true,
-                ..
-            } if matches!(
-                verdicts[*index],
-                Some(Verdict::Accepted | Verdict::Duplicate)
-            ) =>
-            {
-                Some((
-                    *index,
-                    NextAsk {
-                        worker_id: claim.worker_id,
-                        attempt_id: claim.attempt_id,
-                    },
-                ))
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 /// What the bus does with a message given its verdict; a refusal is logged (but the routine

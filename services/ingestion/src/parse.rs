@@ -87,11 +87,13 @@ impl WorkerMessage {
                 claim,
                 batch_count,
                 summary,
+                lease_next,
                 ..
             } => ingest::Message::Complete(ingest::CompleteParams {
                 claim,
                 batch_count: *batch_count,
                 summary,
+                lease_next: *lease_next,
             }),
             WorkerMessage::Fail {
                 claim,

@@ -1,7 +1,7 @@
 //! `palisade bench`: throughput, latency and cost of the whole system in one process, against
 //! a fresh database and subject prefix, next to a ceiling the same PostgreSQL sets.
 //!
-//! Four scenarios, all run by default (`--only` picks some):
+//! Five scenarios, all run by default (`--only` picks some):
 //!
 //! - **ceiling**: a *fenced step* done by the benchmark itself, without palisade: in a scratch
 //!   table of the run's database, each of N connections repeats one transaction (UPDATE of a
@@ -15,6 +15,8 @@
 //!   scans/s from the first request to the last completion event, request-to-completion
 //!   latency, where the time went per stage (as for steady), and what each lane spent per scan
 //!   (statements, commits, messages).
+//! - **growth**: the burn-down again with ten times the scans (`--large-scans`), after it: the
+//!   ratio of the two rates is what a scan's cost grows with the backlog (1.0 is flat).
 //! - **profile**: the same with the demo's three-plugin profile (`tcp_connect → http_headers →
 //!   synthetic` against a local web app; admission refuses a plugin twice in a profile, so
 //!   three `synthetic` stages are not possible).
@@ -29,6 +31,7 @@ mod ceiling;
 mod cpu;
 mod report;
 mod stages;
+mod statements;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -59,6 +62,8 @@ pub enum Scenario {
     Ceiling,
     /// N one-plugin scans at once, with their cost per scan.
     BurnDown,
+    /// The burn-down again with ten times the scans, and the ratio of their rates.
+    Growth,
     /// N three-plugin scans at once, with their cost per scan.
     Profile,
     /// A fixed offered load, with latency, pickup and the time per stage.
@@ -71,6 +76,8 @@ pub struct BenchOptions {
     pub scenarios: Vec<Scenario>,
     /// Scans of the burn-down.
     pub scans: usize,
+    /// Scans of the growth scenario's large burn-down.
+    pub large_scans: usize,
     /// Scans of the three-plugin burn-down.
     pub profile_scans: usize,
     /// Offered load of the steady scenario, scans per second.
@@ -101,6 +108,9 @@ pub struct BenchArgs {
     /// Scans of the one-plugin burn-down.
     #[arg(long, default_value_t = 2_000)]
     scans: usize,
+    /// Scans of the growth scenario's large burn-down (default: ten times --scans).
+    #[arg(long)]
+    large_scans: Option<usize>,
     /// Scans of the three-plugin burn-down (default: --scans).
     #[arg(long)]
     profile_scans: Option<usize>,
@@ -145,6 +155,7 @@ impl TryFrom<BenchArgs> for BenchOptions {
         let BenchArgs {
             only,
             scans,
+            large_scans,
             profile_scans,
             rate,
             duration,
@@ -167,6 +178,7 @@ impl TryFrom<BenchArgs> for BenchOptions {
                 vec![
                     Scenario::Ceiling,
                     Scenario::BurnDown,
+                    Scenario::Growth,
                     Scenario::Profile,
                     Scenario::Steady,
                 ]
@@ -174,6 +186,7 @@ impl TryFrom<BenchArgs> for BenchOptions {
                 only
             },
             scans,
+            large_scans: large_scans.unwrap_or(scans.saturating_mul(10)),
             profile_scans: profile_scans.unwrap_or(scans),
             rate,
             duration: seconds("duration", duration)?,
@@ -199,7 +212,10 @@ pub async fn command(mut common: CommonSettings, args: BenchArgs) -> anyhow::Res
     // to at most 10,000) would refuse a larger burn-down, so unless it is set, the benchmark's
     // installation lets its one client have them all waiting (its requests are small).
     if std::env::var_os("PALISADE_QUOTA_REQUESTS_WAITING").is_none() {
-        let all = options.scans.max(options.profile_scans) as i64;
+        let all = options
+            .scans
+            .max(options.profile_scans)
+            .max(options.large_scans) as i64;
         let quotas = &mut common.streams.quotas;
         quotas.requests_waiting_per_client =
             bus::WaitingQuota::Set(all.max(bus::StreamQuotas::REQUESTS_WAITING_PER_CLIENT_DEFAULT));
@@ -279,6 +295,8 @@ pub struct BurnDown {
     pub writes: BTreeMap<String, TableWrites>,
     /// Where the machine's CPU went while it ran; `None` where `/proc` cannot be read.
     pub cpu: Option<cpu::CpuSplit>,
+    /// PostgreSQL's time per statement from the first request until the run's tail settled.
+    pub statements: Option<statements::Statements>,
 }
 
 /// What was written to one table, from PostgreSQL's counters (`pg_stat_user_tables`): every
@@ -365,6 +383,7 @@ async fn burn_down_writing(
 ) -> anyhow::Result<BurnDown> {
     settle(harness).await?;
     let before = table_writes(harness).await?;
+    let statements_before = statements::snapshot(&harness.pool).await;
     let cpu_before = cpu::sample();
     let mut run = run.await?;
     run.cpu = cpu_before
@@ -372,6 +391,10 @@ async fn burn_down_writing(
         .and_then(|(before, after)| cpu::split(&before, &after));
     settle(harness).await?;
     run.writes = writes_between(&before, &table_writes(harness).await?);
+    run.statements = Some(statements::between(
+        statements_before,
+        statements::snapshot(&harness.pool).await,
+    ));
     Ok(run)
 }
 
@@ -478,6 +501,8 @@ pub struct BenchReport {
     pub history: usize,
     pub ceiling: Option<Ceiling>,
     pub burn_down: Option<BurnDown>,
+    /// The growth scenario's large burn-down, run right after `burn_down`.
+    pub large_burn_down: Option<BurnDown>,
     pub profile: Option<BurnDown>,
     pub steady: Option<Steady>,
     pub total_seconds: f64,
@@ -518,6 +543,9 @@ pub async fn run(common: CommonSettings, options: &BenchOptions) -> anyhow::Resu
         )
         .await
         .context("cannot write the benchmark's history")?;
+    }
+    if let Err(reason) = statements::prepare(&harness.pool).await {
+        println!("bench: no per-statement times: {reason}");
     }
     let (web_app, web_app_stop) = start_local_web_app().await?;
     let report = scenarios(&harness, web_app, options).await;
@@ -560,7 +588,7 @@ async fn scenarios(
             .context("the ceiling failed")?,
         );
     }
-    if wants(Scenario::BurnDown) {
+    if wants(Scenario::BurnDown) || wants(Scenario::Growth) {
         report.burn_down = Some(
             burn_down_writing(
                 harness,
@@ -570,6 +598,26 @@ async fn scenarios(
                     &BURN_DOWN_PROFILE,
                     options.scans,
                     |index| format!("synthetic://bench/burn-down/{index}?duration_ms=0&findings=1"),
+                    options,
+                ),
+            )
+            .await?,
+        );
+    }
+    if wants(Scenario::Growth) {
+        report.large_burn_down = Some(
+            burn_down_writing(
+                harness,
+                burn_down(
+                    harness,
+                    "burn-down-large",
+                    &BURN_DOWN_PROFILE,
+                    options.large_scans,
+                    |index| {
+                        format!(
+                            "synthetic://bench/burn-down-large/{index}?duration_ms=0&findings=1"
+                        )
+                    },
                     options,
                 ),
             )

@@ -7,11 +7,15 @@
 //! (rows whose claim lapsed are re-published). Each sweep is a bounded `run_once` that tests
 //! call directly; it logs only when it acted.
 //!
+//! The same replica tends palisade's hot tables ([`upkeep`]: vacuum and analyze driven by
+//! their churn, every `PALISADE_UPKEEP_INTERVAL_MS`), beside the sweeps.
+//!
 //! Sweeps run only on the replica that holds the `palisade-reaper` leader lease. Every sweep
 //! is also safe on any number of replicas (`FOR UPDATE SKIP LOCKED`, guarded statements), so
 //! the lease saves duplicate work; it is not what keeps the data right.
 
 pub mod metrics;
+pub mod upkeep;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +52,10 @@ pub struct Settings {
     pub max_attempts: i32,
     /// Longest a sweep may take before it is abandoned until the next interval.
     pub sweep_time_max: Duration,
+    /// How often the leader tends the hot tables (`PALISADE_UPKEEP_INTERVAL_MS`, default
+    /// 2000; `0` for never, where the server's autovacuum is made eager enough instead:
+    /// `docs/operations.md`).
+    pub upkeep_interval: Option<Duration>,
     /// The leader lease the sweeps run under (`PALISADE_REAPER_LEASE_TTL_MS`, default 15000;
     /// `PALISADE_REAPER_LEASE_RETRY_MS`, default 5000): a crashed leader is replaced within
     /// TTL + retry, a stopped one within retry.
@@ -79,6 +87,9 @@ impl Settings {
             )?),
             max_attempts: runtime::max_attempts_from_env()?,
             sweep_time_max: Duration::from_secs(30),
+            upkeep_interval: Some(env::parse("PALISADE_UPKEEP_INTERVAL_MS", 2_000_u64)?)
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis),
             lease: {
                 let ttl_ms = env::parse("PALISADE_REAPER_LEASE_TTL_MS", 15_000_u64)?;
                 let retry_ms = env::parse("PALISADE_REAPER_LEASE_RETRY_MS", 5_000_u64)?;
@@ -364,6 +375,7 @@ impl Service {
             self.settings.lease,
         );
         metrics::register();
+        upkeep::register();
         *self.is_leader.lock().expect("not poisoned") = Some(election.watch());
         let mut leader_watch = election.watch();
         let leader_stop = stop.clone();
@@ -383,7 +395,12 @@ impl Service {
         let campaign = election.run(
             move |term| {
                 let service = service.clone();
-                async move { service.sweep_while_leader(term).await }
+                async move {
+                    tokio::join!(
+                        service.sweep_while_leader(&term),
+                        service.tend_while_leader(&term)
+                    );
+                }
             },
             stop.clone(),
         );
@@ -393,8 +410,19 @@ impl Service {
         Ok(())
     }
 
+    /// Tends the hot tables every upkeep interval until the term ends (never when it is off).
+    async fn tend_while_leader(&self, term: &lease::TermGuard) {
+        if let Some(interval) = self.settings.upkeep_interval {
+            in_lane(
+                lanes::REAPER_UPKEEP,
+                upkeep::tend_until(&self.pool, interval, term.ended()),
+            )
+            .await;
+        }
+    }
+
     /// Sweeps every interval until the term ends.
-    async fn sweep_while_leader(&self, term: lease::TermGuard) {
+    async fn sweep_while_leader(&self, term: &lease::TermGuard) {
         let mut ticker = tokio::time::interval(self.settings.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

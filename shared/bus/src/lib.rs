@@ -990,12 +990,15 @@ impl Bus {
     pub async fn record_stream_usage(&self) -> Result<(), BusError> {
         let subjects = &self.subjects;
         let mut first_error = None;
+        let uploads = subjects.uploads_stream();
         for name in [
             subjects.requests_stream(),
             subjects.events_stream(),
             subjects.results_stream(),
             subjects.uploads_stream(),
         ] {
+            // Every series exists from the first refresh, whether or not the server answers.
+            metrics::register_stream(&name, name != uploads);
             match self.jetstream.get_stream(&name).await {
                 Ok(stream) => {
                     let info = stream.cached_info();

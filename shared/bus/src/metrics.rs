@@ -385,6 +385,22 @@ pub fn record_stream(stream: &str, bytes: u64, messages: u64, bytes_max: i64) {
         .set(bytes_max);
 }
 
+/// Creates the gauges of `stream` at zero where they do not exist yet (the identities one
+/// only for a stream with per-identity quotas), so the set of series does not depend on which
+/// reads the server answered.
+pub fn register_stream(stream: &str, quotas: bool) {
+    let metrics = bus_metrics();
+    let labels = StreamLabels {
+        stream: stream.to_owned(),
+    };
+    let _ = metrics.stream_bytes.get_or_create(&labels);
+    let _ = metrics.stream_messages.get_or_create(&labels);
+    let _ = metrics.stream_bytes_max.get_or_create(&labels);
+    if quotas {
+        let _ = metrics.stream_identities_at_quota.get_or_create(&labels);
+    }
+}
+
 /// Records how many identities are at their quota of waiting messages on a stream.
 pub fn record_identities_at_quota(stream: &str, identities: usize) {
     bus_metrics()

@@ -36,7 +36,7 @@ pub use base::outbox::{OutboxEvent, OutboxRow, ProgressEvents, Staged};
 pub use base::retry::RetryPolicy;
 pub use base::sql::{STATEMENTS, Statement};
 pub(crate) use base::{fence, sql};
-pub use base::{online_indexes, outbox, retry, schema, states};
+pub use base::{online_indexes, outbox, retry, schema, states, upkeep};
 pub use decide::{
     Script, admit, cancel, decide_batch, ingest, lease, progress, recover, revoke, savepoint,
 };

@@ -361,3 +361,39 @@ pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), S
     .await?;
     Ok(())
 }
+
+/// The shared buffers (hit or read) one acquire's grant statement touches, from `EXPLAIN
+/// (ANALYZE, BUFFERS)` of `worker_tasks/grant.sql` as dispatch binds it, run for `worker_id`
+/// offering `capabilities` with `free` slots, in a transaction rolled back afterwards: the
+/// cost of the queue's hot read and write, in pages, whatever the machine's speed.
+pub async fn grant_buffers(
+    pool: &PgPool,
+    worker_id: Uuid,
+    capabilities: &[String],
+    free: i64,
+) -> Result<i64, StoreError> {
+    let mut tx = pool.begin().await?;
+    let explain = format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+        crate::sql::worker_tasks::GRANT
+    );
+    let grantable = [TaskState::Pending.as_str(), TaskState::RetryWait.as_str()];
+    let leased_states = TaskState::LEASED.map(TaskState::as_str);
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .bind(worker_id)
+        .bind(capabilities)
+        .bind(free)
+        .bind(Uuid::new_v4())
+        .bind(300.0_f64)
+        .bind(&grantable[..])
+        .bind(TaskState::Leased.as_str())
+        .bind(AttemptStatus::Leased.as_str())
+        .bind(&live()[..])
+        .bind(&leased_states[..])
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.rollback().await?;
+    let top = &plan[0]["Plan"];
+    let blocks = |key: &str| top[key].as_i64().unwrap_or_default();
+    Ok(blocks("Shared Hit Blocks") + blocks("Shared Read Blocks"))
+}

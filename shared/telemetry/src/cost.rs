@@ -53,6 +53,8 @@ pub mod lanes {
     pub const REAPER_RETRIES: &str = "reaper.retries";
     /// Firing the slots of recurring scan schedules.
     pub const REAPER_SCHEDULES: &str = "reaper.schedules";
+    /// Vacuuming and analyzing the hot tables.
+    pub const REAPER_UPKEEP: &str = "reaper.upkeep";
     /// Campaigning for and renewing the reaper's leader lease.
     pub const REAPER_ELECTION: &str = "reaper.election";
     /// Outbox relays (every service runs one; they share the table, so the lane is shared).
@@ -64,7 +66,7 @@ pub mod lanes {
     /// Work outside any lane.
     pub const OTHER: &str = "other";
 
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 18] = [
         ADMISSION,
         DISPATCH,
         INGESTION,
@@ -77,6 +79,7 @@ pub mod lanes {
         REAPER_RETENTION,
         REAPER_RETRIES,
         REAPER_SCHEDULES,
+        REAPER_UPKEEP,
         REAPER_ELECTION,
         OUTBOX,
         WORKER,

@@ -96,6 +96,7 @@ fn completion(claim: &LeaseClaim, batch_count: i32) -> Message<'_> {
         claim,
         batch_count,
         summary: "done",
+        lease_next: false,
     })
 }
 

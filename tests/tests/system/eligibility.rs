@@ -277,10 +277,13 @@ async fn concurrent_acquires_of_one_worker_never_exceed_its_capacity() {
     system.finish().await;
 }
 
-/// The same race between an acquire and a lease handed with a completion (`lease_next`):
-/// the hand-off, waiting behind the acquire for the worker's row, must count its lease.
+/// The same race between an acquire and a lease handed on with a completion (`lease_next`),
+/// which is decided in ingestion's transaction: holding attempts and tasks there, it never
+/// waits for a worker's row an acquire holds (a revocation locks the worker before the attempts
+/// it voids, so waiting could deadlock). It hands nothing on to that worker, the task waits for
+/// the acquire, and the one-slot worker holds one lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_handed_on_counts_an_acquire_that_committed_meanwhile() {
+async fn a_lease_handed_on_skips_a_worker_an_acquire_holds_and_never_exceeds_its_capacity() {
     let system = TestSystem::spawn().await;
     let organization_id = system.organization().await;
     let worker = ready_worker(&system, organization_id, 1, &["alpha", "beta"]).await;
@@ -295,47 +298,59 @@ async fn a_lease_handed_on_counts_an_acquire_that_committed_meanwhile() {
     )
     .await;
     let first = worker.acquire_one().await;
-    assert!(worker.complete(&first, 0).await.error.is_none());
-    let completed_attempt =
-        Uuid::parse_str(&first.lease.as_ref().expect("a lease reference").attempt_id)
-            .expect("an attempt id");
-    // Scans ahead of the second plugin in the queue, for the racing acquire.
-    for index in 0..2 {
-        submit(
-            &system,
-            organization_id,
-            &format!("http://ahead-{index}.test"),
-            &["alpha"],
-            10,
-        )
-        .await;
-    }
+    let reference = first.lease.clone().expect("a lease reference");
+    let claim = store::LeaseClaim {
+        worker_id: worker.id,
+        task_id: Uuid::parse_str(&reference.task_id).expect("a task id"),
+        attempt_id: Uuid::parse_str(&reference.attempt_id).expect("an attempt id"),
+        attempt_number: i32::try_from(reference.attempt_number).expect("a fencing number"),
+        lease_token: reference.lease_token.clone(),
+    };
 
     let blocker = hold_worker_row(&system, worker.id).await;
     let acquired = spawn_acquire(&system, worker.id);
     wait_for_lock_waiters(&system, 1).await;
-    let (pool, subjects, worker_id) = (system.pool.clone(), system.subjects.clone(), worker.id);
-    let handed = tokio::spawn(async move {
-        store::lease::lease_next(
-            &pool,
-            &mut store::Staged::default(),
-            &subjects,
-            &[store::lease::NextAsk {
-                worker_id,
-                attempt_id: completed_attempt,
-            }],
-            std::time::Duration::from_secs(30),
-        )
-        .await
-        .expect("hand-off decided")
-        .values()
-        .map(Vec::len)
-        .sum::<usize>()
-    });
-    wait_for_lock_waiters(&system, 2).await;
+    let messages = [store::ingest::Message::Complete(
+        store::ingest::CompleteParams {
+            claim: &claim,
+            batch_count: 0,
+            summary: "done",
+            lease_next: true,
+        },
+    )];
+    let script = store::ingest::Ingest {
+        subjects: &system.subjects,
+        messages: &messages,
+        lease_ttl: std::time::Duration::from_secs(30),
+    };
+    let (decisions, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        store::decide_batch(&system.pool, store::ProgressEvents::On, &script),
+    )
+    .await
+    .expect("the completion waited for the worker's row")
+    .expect("the completion decided");
+    assert!(
+        matches!(
+            decisions.outcomes.as_slice(),
+            [Ok(store::ingest::IngestOutcome::Accepted)]
+        ),
+        "{decisions:?}"
+    );
+    let handed: usize = decisions.leases.values().map(Vec::len).sum();
+    assert_eq!(handed, 0, "nothing handed to a worker an acquire holds");
     blocker.commit().await.expect("released");
-    let granted = acquired.await.unwrap() + handed.await.unwrap();
-    assert_eq!(granted, 1, "a one-slot worker holds one lease");
+    // The waiting acquire counted the worker's slot taken (its first statement's snapshot
+    // predates the completion); the next plugin waits for the next acquire.
+    let granted = acquired.await.unwrap() + spawn_acquire(&system, worker.id).await.unwrap();
+    assert_eq!(granted, 1, "an acquire takes the next plugin");
+    assert_eq!(
+        store::testing::live_attempts_of_worker(&system.pool, worker.id)
+            .await
+            .expect("counted"),
+        1,
+        "a one-slot worker holds one lease"
+    );
     system.finish().await;
 }
 

@@ -119,11 +119,47 @@ async fn nothing_is_handed_to_a_worker_that_may_not_take_the_next_plugin() {
     system.finish().await;
 }
 
+/// The next plugin is leased in the completion's own transaction (issue 46): no acquire can
+/// take it between two commits. Forced: while another transaction share-locks the worker's row
+/// (as a second ingestion batch handing on to the same worker does), the completion is answered
+/// with its lease at once, and another worker's acquire made right after finds nothing. (When
+/// the hand-off was a transaction of its own after the decision's, it locked the worker's row
+/// for update and waited here, with the next task pending for any acquire to take.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_plugin_is_leased_in_the_completions_own_transaction() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha", "beta"]).await;
+    let other = system.manual_worker(scan.organization_id, 8).await;
+    assert!(other.hello(&["alpha", "beta"]).await.error.is_none());
+    let mut sharer = system.pool.begin().await.expect("a transaction");
+    sqlx::query("SELECT 1 FROM workers WHERE id = $1 FOR SHARE")
+        .bind(scan.worker.id)
+        .execute(&mut *sharer)
+        .await
+        .expect("the worker's row share-locked");
+
+    let ack = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        scan.worker.complete_asking_next(&scan.lease, 0),
+    )
+    .await
+    .expect("the completion waited for the worker's row");
+    assert!(ack.error.is_none(), "{ack:?}");
+    let [beta] = ack.leases.as_slice() else {
+        panic!("the next plugin handed on: {ack:?}");
+    };
+    assert_eq!(beta.plugin, "beta");
+    let reply = other.acquire(Uuid::new_v4(), 8, 0).await;
+    assert!(
+        reply.leases.is_empty(),
+        "nothing left to acquire: {reply:?}"
+    );
+    sharer.rollback().await.expect("released");
+    system.finish().await;
+}
+
 /// The worker SDK asks with every completion and runs what it is handed in the same slot: each
 /// plugin after the first is leased with its predecessor's completion, none through an acquire.
-/// (One slot, so no acquire of the worker's waits meanwhile: with free slots, an acquire that
-/// happens to look between the completion's commit and the hand-off may take the task first,
-/// which is as good, but not what this test counts.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reference_worker_runs_a_scans_plugins_one_after_another_without_acquiring() {
     let system = TestSystem::spawn().await;

@@ -277,10 +277,17 @@ async fn metrics_follow_a_load_a_killed_worker_and_terminal_failures() {
         "{}",
         done.text
     );
+    let series_after_large_load = done.series();
     assert_eq!(
-        done.series(),
+        series_after_large_load,
         series_after_small_load,
-        "the set of series grew with the number of scans"
+        "the set of series changed with the number of scans: new {:?}, gone {:?}",
+        series_after_large_load
+            .difference(&series_after_small_load)
+            .collect::<Vec<_>>(),
+        series_after_small_load
+            .difference(&series_after_large_load)
+            .collect::<Vec<_>>()
     );
     system.finish().await;
 }

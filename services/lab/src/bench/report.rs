@@ -32,6 +32,7 @@ pub fn checks(report: &BenchReport) -> Vec<Check> {
     }
     for (name, run) in [
         ("burn-down", &report.burn_down),
+        ("burn-down (large)", &report.large_burn_down),
         ("profile", &report.profile),
     ] {
         if let Some(run) = run {
@@ -85,11 +86,18 @@ pub fn print_report(report: &BenchReport) -> bool {
     }
     for (name, run) in [
         ("burn-down", &report.burn_down),
+        ("burn-down (large)", &report.large_burn_down),
         ("profile", &report.profile),
     ] {
         if let Some(run) = run {
             print_burn_down(name, run, ceiling);
         }
+    }
+    if let Some((small, large, ratio)) = growth(report) {
+        println!(
+            "growth: {large} scans at once ran at {ratio:.2} × the rate of {small} at once (1.00 is flat)"
+        );
+        rule();
     }
     if let Some(steady) = &report.steady {
         print_steady(steady, ceiling);
@@ -101,6 +109,39 @@ pub fn print_report(report: &BenchReport) -> bool {
         all &= held;
     }
     all
+}
+
+/// The growth scenario's sizes and the ratio of the large burn-down's rate to the small one's.
+fn growth(report: &BenchReport) -> Option<(usize, usize, f64)> {
+    let small = report.burn_down.as_ref()?;
+    let large = report.large_burn_down.as_ref()?;
+    (small.scans_per_second > 0.0).then(|| {
+        (
+            small.scans,
+            large.scans,
+            large.scans_per_second / small.scans_per_second,
+        )
+    })
+}
+
+/// PostgreSQL's costliest statements of a run, per completed scan, or why they are unknown.
+fn print_statements(run: &BurnDown) {
+    match &run.statements {
+        None => {}
+        Some(Err(reason)) => println!("  per statement: unknown: {reason}"),
+        Some(Ok(statements)) => {
+            println!("  per statement (pg_stat_statements), costliest first, per scan:");
+            let scans = run.completed.max(1) as f64;
+            for statement in statements {
+                let text: String = statement.query.chars().take(TABLE_WIDTH - 30).collect();
+                println!(
+                    "    {:>8.3} ms {:>6.2} calls  {text}",
+                    statement.total_ms / scans,
+                    statement.calls as f64 / scans,
+                );
+            }
+        }
+    }
 }
 
 /// A throughput as a ratio to both ceilings (nothing when the ceiling did not run).
@@ -198,6 +239,7 @@ fn print_burn_down(name: &str, run: &BurnDown, ceiling: CeilingRates) {
     print_stages(&run.stages);
     print_cost(&run.cost, run.completed, TABLE_WIDTH);
     print_writes(&run.writes, run.completed);
+    print_statements(run);
     if let Some(cpu) = &run.cpu {
         println!("  CPU of the machine: {}", cpu.line());
     }
@@ -341,6 +383,8 @@ pub fn to_json(report: &BenchReport) -> serde_json::Value {
         },
         "ceiling": ceiling.map(ceiling_json),
         "burn_down": report.burn_down.as_ref().map(|run| burn_down_json(run, ceiling)),
+        "large_burn_down": report.large_burn_down.as_ref().map(|run| burn_down_json(run, ceiling)),
+        "growth_ratio": growth(report).map(|(_, _, ratio)| round(ratio)),
         "profile": report.profile.as_ref().map(|run| burn_down_json(run, ceiling)),
         "steady": report.steady.as_ref().map(|steady| steady_json(steady, ceiling)),
         "total_seconds": round(report.total_seconds),
@@ -408,6 +452,15 @@ fn burn_down_json(run: &BurnDown, ceiling: Option<&Ceiling>) -> serde_json::Valu
             }))
         }).collect::<serde_json::Map<_, _>>(),
         "cpu": run.cpu.map(cpu::CpuSplit::to_json),
+        "statements_per_scan": match &run.statements {
+            None => serde_json::Value::Null,
+            Some(Err(reason)) => json!({ "unknown": reason }),
+            Some(Ok(statements)) => json!(statements.iter().map(|statement| json!({
+                "query": statement.query,
+                "calls": round(statement.calls as f64 / run.completed.max(1) as f64),
+                "ms": round(statement.total_ms / run.completed.max(1) as f64),
+            })).collect::<Vec<_>>()),
+        },
         "consumers": run.consumers.iter().map(|(consumer, spent)| (consumer.clone(), json!({
             "batches": spent.batches,
             "messages_per_batch": round(spent.messages / spent.batches.max(1.0)),

@@ -1,8 +1,16 @@
--- Leases handed with completions: for each (worker, request id) the caller allows (the request
--- id is the completed attempt's id, the room counted under the workers' locks), the pending
--- task of that attempt's scan, when the worker offers its plugin and serves its organization
--- (assignments locked FOR SHARE, as acquire's grant does). Each is leased, its attempt created
--- under that request id and the worker marked seen, as `grant.sql` does for an acquire. Its columns are `lease::GrantedLease`'s.
+-- Leases handed with completions, in ingestion's transaction, without waiting for any lock: for
+-- each (worker, request id) the caller allows (the request id is the completed attempt's id),
+-- the pending task of that attempt's scan, when the worker is enabled and not revoked, offers
+-- the plugin, serves the scan's organization and has room. The workers are share-locked in id
+-- order, `SKIP LOCKED`: one whose row an acquire, a hello or a revocation holds gets nothing
+-- here, and a revocation, or an acquire of the worker, waits until this commits (so it counts
+-- the leases handed on); its room is counted under that lock, each worker's asks granted in
+-- task order up to it. Each assignment is share-locked the same way (one a revocation holds is
+-- skipped). Each task is leased and its attempt created under that request id, as `grant.sql`
+-- does for an acquire; the worker is not marked seen (that needs its row locked for update,
+-- which two ingestion transactions handing on to one worker would each wait for the other to
+-- give up; a worker with a live lease counts as live anyway). Its columns are
+-- `lease::GrantedLease`'s.
 -- $1 worker_ids: uuid[]
 -- $2 request_ids: uuid[]
 -- $3 lease_ttl_seconds: float8
@@ -10,7 +18,17 @@
 -- $5 leased_state: text — TaskState::Leased.as_str()
 -- $6 leased_status: text — AttemptStatus::Leased.as_str()
 -- $7 live_statuses: text[] — LIVE_ATTEMPT_STATUSES
-WITH asks AS (
+WITH locked_workers AS (
+    SELECT w.id AS worker_id, w.capabilities,
+           w.max_concurrent_tasks - (SELECT count(*) FROM worker_task_attempts a
+                                     WHERE a.worker_id = w.id AND a.status = ANY($7)
+                                       AND a.lease_expires_at > now()) AS free
+    FROM workers w
+    WHERE w.id = ANY($1) AND w.enabled AND w.revoked_at IS NULL
+    ORDER BY w.id
+    FOR SHARE OF w SKIP LOCKED
+),
+asks AS (
     SELECT u.worker_id, u.request_id, done.scan_id
     FROM UNNEST($1::uuid[], $2::uuid[]) AS u(worker_id, request_id)
     JOIN worker_task_attempts ca ON ca.id = u.request_id AND ca.worker_id = u.worker_id
@@ -20,12 +38,12 @@ assigned AS (
     SELECT o.worker_id, o.organization_id FROM organization_workers o
     WHERE o.worker_id = ANY($1) AND o.enabled AND o.revoked_at IS NULL
     ORDER BY o.worker_id, o.organization_id
-    FOR SHARE
+    FOR SHARE SKIP LOCKED
 ),
 picked AS (
     SELECT t.id, asks.worker_id, asks.request_id
     FROM asks
-    JOIN workers w ON w.id = asks.worker_id
+    JOIN locked_workers w ON w.worker_id = asks.worker_id
     JOIN worker_tasks t ON t.scan_id = asks.scan_id
     WHERE t.state = $4
       AND t.available_at <= now()
@@ -37,21 +55,11 @@ picked AS (
                     AND assigned.organization_id = t.organization_id)
     FOR UPDATE OF t SKIP LOCKED
 ),
--- Each worker's free slots counted again here, with its row held: `workers/lock_for_next.sql`
--- counted with a snapshot taken before it waited for the row, so an acquire of the same worker
--- that committed meanwhile was not counted (as in `grant.sql`).
-room AS (
-    SELECT w.id AS worker_id,
-           w.max_concurrent_tasks - (SELECT count(*) FROM worker_task_attempts a
-                                     WHERE a.worker_id = w.id AND a.status = ANY($7)
-                                       AND a.lease_expires_at > now()) AS free
-    FROM workers w WHERE w.id = ANY($1)
-),
 fitting AS (
     SELECT ranked.id, ranked.worker_id, ranked.request_id
     FROM (SELECT picked.*, row_number() OVER (PARTITION BY picked.worker_id ORDER BY picked.id) AS n
           FROM picked) ranked
-    JOIN room ON room.worker_id = ranked.worker_id
+    JOIN locked_workers room ON room.worker_id = ranked.worker_id
     WHERE ranked.n <= room.free
 ),
 leased AS (
@@ -70,9 +78,6 @@ a AS (
            l.granted_for, $6, now() + make_interval(secs => $3)
     FROM leased l
     RETURNING *
-),
-seen AS (
-    UPDATE workers SET last_seen_at = now() WHERE id IN (SELECT granted_to FROM leased)
 )
 SELECT
     a.task_id, a.id AS attempt_id, a.attempt_number, a.lease_token, t.scan_id, t.scan_job_id,

@@ -20,6 +20,10 @@
 //! 5. `fail_attempts`: one statement ends every failing attempt, and [`progress::fail_tasks`]
 //!    retries or fails their tasks (once per distinct failure, `by_failure`).
 //!
+//! 6. `hand_on`: completions that asked for their scan's next plugin get it leased, in the same
+//!    transaction ([`crate::lease`]'s `hand_on`, in a savepoint: if it fails, the decision
+//!    stands and the workers acquire their next plugins as usual).
+//!
 //! A later wave sees what the earlier ones wrote, so a repeat after an attempt's completion is
 //! answered as a duplicate. When a statement fails for a reason that retrying cannot fix (a row
 //! the schema refuses), the caller decides the batch again with [`decide_each`]: the same
@@ -30,6 +34,7 @@ mod refusals;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use messages::v1;
 use messages::{EventKind, Subjects};
@@ -39,6 +44,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::fence::{LeaseClaim, LockedAttempt, lease_lost};
+use crate::lease::{GrantedLease, NextAsk};
 use crate::outbox::{self, OutboxEvent, Staged};
 use crate::progress::{self, CompletedJob, FailedTask, Failure};
 use crate::retry::RetryPolicy;
@@ -73,6 +79,9 @@ pub struct CompleteParams<'a> {
     pub claim: &'a LeaseClaim,
     pub batch_count: i32,
     pub summary: &'a str,
+    /// The worker asks for its scan's next plugin with the acknowledgement
+    /// (`TaskComplete.lease_next`).
+    pub lease_next: bool,
 }
 
 /// A worker-reported failure.
@@ -112,18 +121,22 @@ impl Message<'_> {
 /// failure, while an outer `Err` fails the whole transaction.
 pub type Outcomes = Vec<Result<IngestOutcome, StoreError>>;
 
-/// What [`Ingest`] decided: each message's outcome, and the scan of each task the decision
-/// locked (task id → scan id), so ingestion's spans can name the scan a message acted on.
+/// What [`Ingest`] decided: each message's outcome, the scan of each task the decision
+/// locked (task id → scan id), so ingestion's spans can name the scan a message acted on, and
+/// the leases handed on with completions, by completed attempt.
 #[derive(Debug)]
 pub struct Decisions {
     pub outcomes: Outcomes,
     pub scans: HashMap<Uuid, Uuid>,
+    pub leases: HashMap<Uuid, Vec<GrantedLease>>,
 }
 
 /// The ingestion script over `messages`, for [`crate::decide_batch`].
 pub struct Ingest<'a, 'm> {
     pub subjects: &'a Subjects,
     pub messages: &'a [Message<'m>],
+    /// The lease of a next plugin handed on with its completion.
+    pub lease_ttl: Duration,
 }
 
 impl crate::Script for Ingest<'_, '_> {
@@ -134,7 +147,11 @@ impl crate::Script for Ingest<'_, '_> {
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide(tx, staged, self.subjects, self.messages)
+        async move {
+            let mut decisions = decide(tx, staged, self.subjects, self.messages).await?;
+            decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
+            Ok(decisions)
+        }
     }
 
     fn one_by_one(
@@ -142,7 +159,64 @@ impl crate::Script for Ingest<'_, '_> {
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        decide_each(tx, staged, self.subjects, self.messages)
+        async move {
+            let mut decisions = decide_each(tx, staged, self.subjects, self.messages).await?;
+            decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
+            Ok(decisions)
+        }
+    }
+}
+
+impl Ingest<'_, '_> {
+    /// Leases their scans' next plugins to the completions that asked, accepted now or
+    /// earlier, in a savepoint: when it fails, only the hand-off is undone (logged; the workers
+    /// acquire those plugins as usual).
+    async fn hand_on(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
+        outcomes: &Outcomes,
+    ) -> Result<HashMap<Uuid, Vec<GrantedLease>>, StoreError> {
+        let asks: Vec<NextAsk> = self
+            .messages
+            .iter()
+            .zip(outcomes)
+            .filter_map(|(message, outcome)| match (message, outcome) {
+                (
+                    Message::Complete(CompleteParams {
+                        claim,
+                        lease_next: true,
+                        ..
+                    }),
+                    Ok(outcome @ (IngestOutcome::Accepted | IngestOutcome::Duplicate)),
+                ) => Some(NextAsk {
+                    worker_id: claim.worker_id,
+                    attempt_id: claim.attempt_id,
+                    repeated: *outcome == IngestOutcome::Duplicate,
+                }),
+                _ => None,
+            })
+            .collect();
+        if asks.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let mark = staged.mark();
+        let mut savepoint = crate::savepoint(tx).await?;
+        match crate::lease::hand_on(&mut savepoint, staged, self.subjects, &asks, self.lease_ttl)
+            .await
+        {
+            Ok(leases) => {
+                savepoint.commit().await?;
+                Ok(leases)
+            }
+            Err(error) if error.is_unavailable() => Err(error),
+            Err(error) => {
+                savepoint.rollback().await?;
+                staged.roll_back_to(mark);
+                tracing::warn!(%error, asks = asks.len(), "next plugins not handed on with their completions; the workers acquire them");
+                Ok(HashMap::new())
+            }
+        }
     }
 }
 
@@ -166,7 +240,11 @@ pub async fn decide(
         .into_iter()
         .map(|outcome| outcome.expect("every message is in a wave"))
         .collect();
-    Ok(Decisions { outcomes, scans })
+    Ok(Decisions {
+        outcomes,
+        scans,
+        leases: HashMap::new(),
+    })
 }
 
 /// Decides `messages` one at a time, each in a savepoint kept only when it was accepted: the
@@ -205,7 +283,11 @@ pub async fn decide_each(
         }
         outcomes.push(outcome);
     }
-    Ok(Decisions { outcomes, scans })
+    Ok(Decisions {
+        outcomes,
+        scans,
+        leases: HashMap::new(),
+    })
 }
 
 /// The waves of `messages` (indices, in order): a message goes in the wave after the one that

@@ -505,16 +505,30 @@ pub struct NextAsk {
     pub worker_id: Uuid,
     /// The completed attempt: the request id the next lease is granted under.
     pub attempt_id: Uuid,
+    /// The completion was accepted before (a resent one): what it was handed then, if
+    /// anything, is answered again.
+    pub repeated: bool,
 }
 
-/// Leases handed with completions (issue 24): each asking worker gets its scan's next plugin
-/// when it offers the plugin, serves the scan's organization and has room, exactly as an
+/// Leases handed with completions (issues 24 and 46): each asking worker gets its scan's next
+/// plugin when it offers the plugin, serves the scan's organization and has room, exactly as an
 /// acquire would grant it, under the completed attempt's id as request id. A completion asked
-/// again (its worker resent it) gets what the first ask granted. One transaction for any
-/// number of asks, in acquire's lock order (workers, then their assignments, then tasks).
+/// again (its worker resent it) gets what the first ask granted.
+///
+/// It runs in ingestion's transaction, after the completions created the next tasks, so no
+/// acquire can take a next task between two commits. It never waits for a lock there: the
+/// transaction already holds attempts, tasks and scans, and a revocation locks the worker (or
+/// its assignment) before the attempts it voids, so waiting would risk a deadlock. The workers
+/// are share-locked (`SKIP LOCKED`: a worker whose row an acquire, a hello or a revocation
+/// holds gets no lease here, and acquires its next plugin as usual), which keeps their
+/// acquires out until this commits, and so does each assignment. Room is counted under those
+/// locks (`worker_tasks/grant_next.sql`); each completion frees the slot the next lease takes,
+/// so two ingestion transactions handing on to one worker at once never exceed its capacity.
+/// Two statements for any number of asks (the grant, the assets), three when one was
+/// accepted before (what it was handed then).
 /// Returns the leases per completed attempt; asks that got nothing are absent.
-pub async fn lease_next(
-    pool: &PgPool,
+pub(crate) async fn hand_on(
+    conn: &mut PgConnection,
     staged: &mut Staged,
     subjects: &Subjects,
     asks: &[NextAsk],
@@ -523,43 +537,29 @@ pub async fn lease_next(
     if asks.is_empty() {
         return Ok(HashMap::new());
     }
-    let mut tx = pool.begin().await?;
-    let mut worker_ids: Vec<Uuid> = asks.iter().map(|ask| ask.worker_id).collect();
-    worker_ids.sort_unstable();
-    worker_ids.dedup();
-    let mut rooms: HashMap<Uuid, i64> = sql::workers::LockForNext {
-        worker_ids: &worker_ids,
-        live_statuses: LIVE_ATTEMPT_STATUSES,
-    }
-    .query_as()
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .collect();
-    let replayed = replayed_leases(
-        &mut tx,
-        asks.iter().map(|ask| ask.worker_id).collect(),
-        asks.iter().map(|ask| ask.attempt_id).collect(),
-    )
-    .await?;
+    // Only a completion accepted before can have been handed a lease already.
+    let repeated: Vec<&NextAsk> = asks.iter().filter(|ask| ask.repeated).collect();
+    let replayed = if repeated.is_empty() {
+        Vec::new()
+    } else {
+        replayed_leases(
+            conn,
+            repeated.iter().map(|ask| ask.worker_id).collect(),
+            repeated.iter().map(|ask| ask.attempt_id).collect(),
+        )
+        .await?
+    };
     let asked_before: HashSet<Uuid> = replayed
         .iter()
         .filter_map(|lease| lease.request_id)
         .collect();
-    // The room left is counted here, per worker, in the order of the asks.
-    let (mut grant_workers, mut grant_requests) = (Vec::new(), Vec::new());
-    for ask in asks {
-        if asked_before.contains(&ask.attempt_id) {
-            continue;
-        }
-        if let Some(room) = rooms.get_mut(&ask.worker_id)
-            && *room > 0
-        {
-            *room -= 1;
-            grant_workers.push(ask.worker_id);
-            grant_requests.push(ask.attempt_id);
-        }
-    }
+    // A completion repeated within the batch asks once.
+    let mut asking = HashSet::new();
+    let (grant_workers, grant_requests): (Vec<Uuid>, Vec<Uuid>) = asks
+        .iter()
+        .filter(|ask| !asked_before.contains(&ask.attempt_id) && asking.insert(ask.attempt_id))
+        .map(|ask| (ask.worker_id, ask.attempt_id))
+        .unzip();
     let granted: Vec<GrantedLease> = if grant_workers.is_empty() {
         Vec::new()
     } else {
@@ -573,12 +573,11 @@ pub async fn lease_next(
             live_statuses: LIVE_ATTEMPT_STATUSES,
         }
         .query_as()
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *conn)
         .await?
     };
-    outbox::stage(&mut tx, staged, leased_events(subjects, &granted)).await?;
-    let leases = with_assets(&mut tx, replayed.into_iter().chain(granted).collect()).await?;
-    tx.commit().await?;
+    outbox::stage(conn, staged, leased_events(subjects, &granted)).await?;
+    let leases = with_assets(conn, replayed.into_iter().chain(granted).collect()).await?;
     let mut by_completion: HashMap<Uuid, Vec<GrantedLease>> = HashMap::new();
     for lease in leases {
         if let Some(request_id) = lease.request_id {

@@ -88,6 +88,7 @@ fn completion(claim: &LeaseClaim, batch_count: i32) -> Message<'_> {
         claim,
         batch_count,
         summary: "done",
+        lease_next: false,
     })
 }
 
@@ -115,6 +116,7 @@ async fn a_mixed_batch_is_decided_alike_in_either_form_and_by_decide_batch() {
         &Ingest {
             subjects: &database.subjects,
             messages: &[earlier.message()],
+            lease_ttl: std::time::Duration::from_secs(300),
         },
     )
     .await;
@@ -181,6 +183,7 @@ async fn a_mixed_batch_is_decided_alike_in_either_form_and_by_decide_batch() {
     let script = Ingest {
         subjects: &database.subjects,
         messages: &messages,
+        lease_ttl: std::time::Duration::from_secs(300),
     };
     let before = database.tally().await;
 
@@ -232,6 +235,7 @@ async fn a_result_the_schema_refuses_is_refused_alone_and_its_neighbours_accepte
     let script = Ingest {
         subjects: &database.subjects,
         messages: &messages,
+        lease_ttl: std::time::Duration::from_secs(300),
     };
     let before = database.tally().await;
 
