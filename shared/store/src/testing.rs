@@ -362,11 +362,19 @@ pub async fn age_history(pool: &PgPool, by: std::time::Duration) -> Result<(), S
     Ok(())
 }
 
-/// The shared buffers (hit or read) one acquire's grant statement touches, from `EXPLAIN
-/// (ANALYZE, BUFFERS)` of `worker_tasks/grant.sql` as dispatch binds it, run for `worker_id`
-/// offering `capabilities` with `free` slots, in a transaction rolled back afterwards: the
-/// cost of the queue's hot read and write, in pages, whatever the machine's speed.
-pub async fn grant_buffers(
+/// The queue indexes an acquire reads: the due tasks, and the worker's live leases.
+pub const QUEUE_INDEXES: [&str; 2] = [
+    "worker_tasks_due_by_org_idx",
+    "worker_task_attempts_worker_live_idx",
+];
+
+/// The shared buffers (hit or read) one acquire's grant statement reads from the queue's
+/// indexes ([`QUEUE_INDEXES`]), from `EXPLAIN (ANALYZE, BUFFERS)` of `worker_tasks/grant.sql` as
+/// dispatch binds it, run for `worker_id` offering `capabilities` with `free` slots, in a
+/// transaction rolled back afterwards: the cost of finding what to lease, in pages, whatever
+/// the machine's speed (the writes of the leases themselves are the same whatever the queue
+/// holds).
+pub async fn grant_queue_buffers(
     pool: &PgPool,
     worker_id: Uuid,
     capabilities: &[String],
@@ -393,7 +401,25 @@ pub async fn grant_buffers(
         .fetch_one(&mut *tx)
         .await?;
     tx.rollback().await?;
-    let top = &plan[0]["Plan"];
-    let blocks = |key: &str| top[key].as_i64().unwrap_or_default();
-    Ok(blocks("Shared Hit Blocks") + blocks("Shared Read Blocks"))
+    Ok(index_buffers(&plan[0]["Plan"], &QUEUE_INDEXES))
+}
+
+/// The buffers of every node of `plan` that scans one of `indexes` (a scan node's own, as it
+/// has no children).
+fn index_buffers(plan: &serde_json::Value, indexes: &[&str]) -> i64 {
+    let own = if plan["Index Name"]
+        .as_str()
+        .is_some_and(|name| indexes.contains(&name))
+    {
+        let blocks = |key: &str| plan[key].as_i64().unwrap_or_default();
+        blocks("Shared Hit Blocks") + blocks("Shared Read Blocks")
+    } else {
+        0
+    };
+    own + plan["Plans"].as_array().map_or(0, |children| {
+        children
+            .iter()
+            .map(|child| index_buffers(child, indexes))
+            .sum()
+    })
 }

@@ -446,3 +446,63 @@ async fn a_silent_lease_ages_and_the_reaper_leader_shows() {
         .await;
     system.finish().await;
 }
+
+/// The reaper's leader tends a hot table whose dead row versions passed the threshold (issue
+/// 46): it vacuums the table, shows its dead rows, and counts the vacuum on `/metrics`;
+/// PostgreSQL records the vacuum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_leader_vacuums_a_hot_table_that_churned() {
+    let system = TestSystem::spawn_with(|settings| {
+        settings.http_addr = Some("127.0.0.1:0".parse().expect("address"));
+        settings.reaper.upkeep_interval = Some(Duration::from_millis(200));
+        settings.reaper.lease =
+            lease::RunConfig::new(Duration::from_secs(2), Duration::from_millis(200))
+                .expect("valid lease config");
+    })
+    .await;
+    let metrics = Metrics::new(system.health_addr.expect("health endpoints served"));
+    let org = system.organization().await;
+    let worker = system.manual_worker(org, 1).await;
+    // A worker's row rewritten as every acquire rewrites it, past the threshold.
+    let rewrites = store::upkeep::DEAD_ROWS_MIN + 100;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DO $$ BEGIN FOR i IN 1..{rewrites} LOOP \
+         UPDATE workers SET last_seen_at = now() WHERE id = '{}'; END LOOP; END $$",
+        worker.id
+    )))
+    .execute(&system.pool)
+    .await
+    .expect("the worker's row rewritten");
+
+    system.start(Component::Reaper);
+    let vacuums = |scrape: &Scrape| {
+        ["vacuum", "vacuum_analyze"]
+            .iter()
+            .map(|work| {
+                scrape.value(&format!(
+                    "palisade_table_upkeep_total{{table=\"workers\",work=\"{work}\"}}"
+                ))
+            })
+            .sum::<f64>()
+    };
+    let tended = metrics
+        .wait_for(
+            &system,
+            "the reaper to vacuum the workers table",
+            |scrape| vacuums(scrape) >= 1.0,
+        )
+        .await;
+    assert!(
+        tended.has("palisade_table_dead_rows{table=\"worker_tasks\"}"),
+        "{}",
+        tended.text
+    );
+    let vacuumed: bool = sqlx::query_scalar(
+        "SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'workers'",
+    )
+    .fetch_one(&system.pool)
+    .await
+    .expect("statistics read");
+    assert!(vacuumed, "PostgreSQL records the vacuum");
+    system.finish().await;
+}

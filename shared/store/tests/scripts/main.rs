@@ -14,4 +14,4 @@ mod admit;
 mod ingest;
 mod schedules;
 mod support;
-// mod upkeep; (issue 46: being reworked to reproduce the growth)
+mod upkeep;

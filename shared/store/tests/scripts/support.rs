@@ -22,31 +22,16 @@ pub struct Database {
 
 impl Database {
     pub async fn create() -> Self {
-        Self::create_with_connections(store::DatabaseSettings::MAX_CONNECTIONS_DEFAULT).await
-    }
-
-    /// A database whose pool holds at most `connections` connections (one: every statement
-    /// of the test runs in one backend, whose statistics it can flush and read).
-    pub async fn create_with_connections(connections: u32) -> Self {
         let server = std::env::var("DATABASE_URL").unwrap_or_else(|_| LOCAL_DATABASE_URL.into());
         let name = format!("store_scripts_{}", Uuid::new_v4().simple());
         let url = store::with_database(&server, &name);
         store::create_database_if_missing(&url)
             .await
             .expect("the test's database is created");
-        let migrating = store::connect(&store::DatabaseSettings::new(url.clone()))
+        let pool = store::connect(&store::DatabaseSettings::new(url.clone()))
             .await
             .expect("the test's database answers");
-        store::migrate(&migrating)
-            .await
-            .expect("the schema migrates");
-        migrating.close().await;
-        let pool = store::connect(&store::DatabaseSettings {
-            max_connections: connections,
-            ..store::DatabaseSettings::new(url.clone())
-        })
-        .await
-        .expect("the test's database answers");
+        store::migrate(&pool).await.expect("the schema migrates");
         Self {
             pool,
             subjects: Subjects::new(Subjects::DEFAULT_PREFIX).expect("the default prefix"),
