@@ -297,6 +297,9 @@ pub struct BurnDown {
     pub cpu: Option<cpu::CpuSplit>,
     /// PostgreSQL's time per statement from the first request until the run's tail settled.
     pub statements: Option<statements::Statements>,
+    /// Of the first attempts of every plugin after a scan's first: how many were leased with
+    /// their predecessor's completion (granted under its attempt's id), and how many there were.
+    pub handed_on: (i64, i64),
 }
 
 /// What was written to one table, from PostgreSQL's counters (`pg_stat_user_tables`): every
@@ -748,6 +751,7 @@ async fn burn_down(
         seconds: ended.seconds,
         scans_per_second: ended.completed as f64 / ended.seconds.max(0.001),
         database_completed: completed_in_database(harness, name).await?,
+        handed_on: handed_on(harness, name).await?,
         stages: stages::measure(harness, name, &requested_at, &ended.seen_at).await?,
         cost,
         consumers,
@@ -839,6 +843,25 @@ async fn completed_in_database(harness: &Harness, name: &str) -> anyhow::Result<
     .fetch_one(&harness.pool)
     .await
     .with_context(|| format!("cannot count the {name} scans"))
+}
+
+/// Of scenario `name`'s first attempts of plugins after a scan's first: how many were leased
+/// with their predecessor's completion (their request id is an attempt's id), and how many.
+async fn handed_on(harness: &Harness, name: &str) -> anyhow::Result<(i64, i64)> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE EXISTS (SELECT 1 FROM worker_task_attempts p
+                                               WHERE p.id = a.acquire_request_id)),
+                count(*)
+         FROM scans s
+         JOIN worker_tasks t ON t.scan_id = s.id AND (t.payload->>'position')::int > 0
+         JOIN worker_task_attempts a ON a.task_id = t.id AND a.attempt_number = 1
+         WHERE s.client_id = $1 AND s.idempotency_key LIKE $2",
+    )
+    .bind(harness.client.client_id())
+    .bind(format!("{name}-%"))
+    .fetch_one(&harness.pool)
+    .await
+    .with_context(|| format!("cannot count the {name} scans' hand-offs"))
 }
 
 /// One request every 1/rate seconds for `duration`, each sent without waiting for the last

@@ -278,10 +278,11 @@ async fn concurrent_acquires_of_one_worker_never_exceed_its_capacity() {
 }
 
 /// The same race between an acquire and a lease handed on with a completion (`lease_next`),
-/// which is decided in ingestion's transaction: holding attempts and tasks there, it never
-/// waits for a worker's row an acquire holds (a revocation locks the worker before the attempts
-/// it voids, so waiting could deadlock). It hands nothing on to that worker, the task waits for
-/// the acquire, and the one-slot worker holds one lease.
+/// which is decided in ingestion's transaction: holding attempts and tasks there, it waits at
+/// most `HAND_ON_LOCK_TIMEOUT` for a worker's row another transaction holds (a revocation locks
+/// the worker before the attempts it voids, so waiting longer could deadlock). Past it, it
+/// hands nothing on to that worker, the completion stands, the task waits for an acquire, and
+/// the one-slot worker holds one lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_handed_on_skips_a_worker_an_acquire_holds_and_never_exceeds_its_capacity() {
     let system = TestSystem::spawn().await;

@@ -237,6 +237,10 @@ fn print_burn_down(name: &str, run: &BurnDown, ceiling: CeilingRates) {
         );
     }
     print_stages(&run.stages);
+    let (handed, later) = run.handed_on;
+    if later > 0 {
+        println!("  later plugins leased with their predecessor's completion: {handed} of {later}");
+    }
     print_cost(&run.cost, run.completed, TABLE_WIDTH);
     print_writes(&run.writes, run.completed);
     print_statements(run);
@@ -440,6 +444,8 @@ fn burn_down_json(run: &BurnDown, ceiling: Option<&Ceiling>) -> serde_json::Valu
             ceiling.map(|ceiling| ceiling.batched.steps_per_second),
         ),
         "latency_ms": run.latency_ms.to_json(),
+        "later_plugins_handed_on": run.handed_on.0,
+        "later_plugins": run.handed_on.1,
         "time": stages_json(&run.stages),
         "cost_per_scan": cost_json(&run.cost, run.completed),
         "writes_per_scan": run.writes.iter().map(|(table, spent)| {

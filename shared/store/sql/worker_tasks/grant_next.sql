@@ -1,16 +1,15 @@
--- Leases handed with completions, in ingestion's transaction, without waiting for any lock: for
--- each (worker, request id) the caller allows (the request id is the completed attempt's id),
--- the pending task of that attempt's scan, when the worker is enabled and not revoked, offers
--- the plugin, serves the scan's organization and has room. The workers are share-locked in id
--- order, `SKIP LOCKED`: one whose row an acquire, a hello or a revocation holds gets nothing
--- here, and a revocation, or an acquire of the worker, waits until this commits (so it counts
--- the leases handed on); its room is counted under that lock, each worker's asks granted in
--- task order up to it. Each assignment is share-locked the same way (one a revocation holds is
--- skipped). Each task is leased and its attempt created under that request id, as `grant.sql`
--- does for an acquire; the worker is not marked seen (that needs its row locked for update,
--- which two ingestion transactions handing on to one worker would each wait for the other to
--- give up; a worker with a live lease counts as live anyway). Its columns are
--- `lease::GrantedLease`'s.
+-- Leases handed with completions, in ingestion's transaction: for each (worker, request id) the
+-- caller allows (the request id is the completed attempt's id), the pending task of that
+-- attempt's scan, when the worker is enabled and not revoked, offers the plugin, serves the
+-- scan's organization and has room. The workers are share-locked in id order, so a
+-- revocation, or an acquire of the worker, waits until this commits (and counts the leases
+-- handed on); the caller bounds the wait for a worker an acquire, a hello or a revocation holds
+-- (`lock_timeout`, in a savepoint of its own). Room is counted under that lock, each worker's
+-- asks granted in task order up to it. Each assignment is share-locked the same way. Each task
+-- is leased and its attempt created under that request id, as `grant.sql` does for an acquire;
+-- the worker is not marked seen (that needs its row locked for update, which two ingestion
+-- transactions handing on to one worker would each wait for the other to give up; a worker
+-- with a live lease counts as live anyway). Its columns are `lease::GrantedLease`'s.
 -- $1 worker_ids: uuid[]
 -- $2 request_ids: uuid[]
 -- $3 lease_ttl_seconds: float8
@@ -26,7 +25,7 @@ WITH locked_workers AS (
     FROM workers w
     WHERE w.id = ANY($1) AND w.enabled AND w.revoked_at IS NULL
     ORDER BY w.id
-    FOR SHARE OF w SKIP LOCKED
+    FOR SHARE OF w
 ),
 asks AS (
     SELECT u.worker_id, u.request_id, done.scan_id
@@ -38,7 +37,7 @@ assigned AS (
     SELECT o.worker_id, o.organization_id FROM organization_workers o
     WHERE o.worker_id = ANY($1) AND o.enabled AND o.revoked_at IS NULL
     ORDER BY o.worker_id, o.organization_id
-    FOR SHARE SKIP LOCKED
+    FOR SHARE
 ),
 picked AS (
     SELECT t.id, asks.worker_id, asks.request_id

@@ -516,16 +516,18 @@ pub struct NextAsk {
 /// again (its worker resent it) gets what the first ask granted.
 ///
 /// It runs in ingestion's transaction, after the completions created the next tasks, so no
-/// acquire can take a next task between two commits. It never waits for a lock there: the
-/// transaction already holds attempts, tasks and scans, and a revocation locks the worker (or
-/// its assignment) before the attempts it voids, so waiting would risk a deadlock. The workers
-/// are share-locked (`SKIP LOCKED`: a worker whose row an acquire, a hello or a revocation
-/// holds gets no lease here, and acquires its next plugin as usual), which keeps their
-/// acquires out until this commits, and so does each assignment. Room is counted under those
-/// locks (`worker_tasks/grant_next.sql`); each completion frees the slot the next lease takes,
-/// so two ingestion transactions handing on to one worker at once never exceed its capacity.
-/// Two statements for any number of asks (the grant, the assets), three when one was
-/// accepted before (what it was handed then).
+/// acquire can take a next task between two commits. The workers are share-locked, which keeps
+/// their acquires out until this commits, and so is each assignment; room is counted under
+/// those locks (`worker_tasks/grant_next.sql`). Each completion frees the slot the next lease
+/// takes, so two ingestion transactions handing on to one worker at once never exceed its
+/// capacity. The transaction already holds attempts, tasks and scans, and a revocation locks
+/// the worker (or its assignment) before the attempts it voids, so the wait for a worker's row
+/// is bounded by [`HAND_ON_LOCK_TIMEOUT`]: past it, this fails with `lock_not_available` and
+/// the caller undoes the hand-off alone (the worker acquires its next plugin as usual, and the
+/// revocation goes on). An acquire never waits for a lock ingestion holds, so the wait is
+/// normally one acquire's commit.
+/// Four statements for any number of asks (the lock timeout set and set back, the grant, the
+/// assets), five when one was accepted before (what it was handed then).
 /// Returns the leases per completed attempt; asks that got nothing are absent.
 pub(crate) async fn hand_on(
     conn: &mut PgConnection,
@@ -560,21 +562,10 @@ pub(crate) async fn hand_on(
         .filter(|ask| !asked_before.contains(&ask.attempt_id) && asking.insert(ask.attempt_id))
         .map(|ask| (ask.worker_id, ask.attempt_id))
         .unzip();
-    let granted: Vec<GrantedLease> = if grant_workers.is_empty() {
+    let granted = if grant_workers.is_empty() {
         Vec::new()
     } else {
-        sql::worker_tasks::GrantNext {
-            worker_ids: &grant_workers,
-            request_ids: &grant_requests,
-            lease_ttl_seconds: crate::seconds(lease_ttl),
-            pending_state: TaskState::Pending.as_str(),
-            leased_state: TaskState::Leased.as_str(),
-            leased_status: AttemptStatus::Leased.as_str(),
-            live_statuses: LIVE_ATTEMPT_STATUSES,
-        }
-        .query_as()
-        .fetch_all(&mut *conn)
-        .await?
+        grant_next(conn, &grant_workers, &grant_requests, lease_ttl).await?
     };
     outbox::stage(conn, staged, leased_events(subjects, &granted)).await?;
     let leases = with_assets(conn, replayed.into_iter().chain(granted).collect()).await?;
@@ -586,6 +577,45 @@ pub(crate) async fn hand_on(
     }
     Ok(by_completion)
 }
+
+/// The grant of [`hand_on`], its wait for locks bounded by [`HAND_ON_LOCK_TIMEOUT`] (set for the
+/// statement, then set back to what it was).
+async fn grant_next(
+    conn: &mut PgConnection,
+    worker_ids: &[Uuid],
+    request_ids: &[Uuid],
+    lease_ttl: Duration,
+) -> Result<Vec<GrantedLease>, StoreError> {
+    let (previous_timeout, _): (String, String) = sql::database::SetLockTimeout {
+        lock_timeout: HAND_ON_LOCK_TIMEOUT,
+    }
+    .query_as()
+    .fetch_one(&mut *conn)
+    .await?;
+    let granted = sql::worker_tasks::GrantNext {
+        worker_ids,
+        request_ids,
+        lease_ttl_seconds: crate::seconds(lease_ttl),
+        pending_state: TaskState::Pending.as_str(),
+        leased_state: TaskState::Leased.as_str(),
+        leased_status: AttemptStatus::Leased.as_str(),
+        live_statuses: LIVE_ATTEMPT_STATUSES,
+    }
+    .query_as()
+    .fetch_all(&mut *conn)
+    .await?;
+    let _: (String, String) = sql::database::SetLockTimeout {
+        lock_timeout: &previous_timeout,
+    }
+    .query_as()
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(granted)
+}
+
+/// How long a hand-off waits for a worker's row (or assignment) another transaction holds: about
+/// one acquire's commit. The value of `lock_timeout` while it locks them.
+pub const HAND_ON_LOCK_TIMEOUT: &str = "100ms";
 
 /// The attempt statuses that hold a lease.
 pub(crate) const LIVE_ATTEMPT_STATUSES: [&str; 2] = [
