@@ -513,24 +513,12 @@ impl Ingestion {
         let (decisions, staged) = store::decide_batch(&self.pool, self.progress_events, &script)
             .instrument(transaction_span)
             .await?;
-        let mut leases = HashMap::new();
         for (index, message) in messages {
             if let Some(scan_id) = decisions.scans.get(&message.claim().task_id) {
                 spans[*index].record("palisade.scan_id", tracing::field::display(scan_id));
             }
-            if let WorkerMessage::Complete { claim, .. } = message
-                && let Some(granted) = decisions.leases.get(&claim.attempt_id)
-            {
-                // Opened in the completion's own span: the cause of the grant.
-                let wire = spans[*index].in_scope(|| {
-                    granted
-                        .iter()
-                        .map(|lease| runtime::traced_lease(lease, "ingestion"))
-                        .collect()
-                });
-                leases.insert(*index, wire);
-            }
         }
+        let leases = handed_on(messages, spans, &decisions.leases);
         let mut outcomes = decisions.outcomes.into_iter();
         let verdicts = parts
             .iter()
@@ -624,6 +612,31 @@ impl BatchHandler for Ingestion {
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), String> {
         runtime::record_dead_letter(&self.pool, CONSUMER_NAME, delivery, reason).await
     }
+}
+
+/// The wire leases handed on with each completion (by message index), each opened in the
+/// completion's own span: the cause of the grant.
+fn handed_on(
+    messages: &[(usize, WorkerMessage)],
+    spans: &[&tracing::Span],
+    granted: &HashMap<uuid::Uuid, Vec<store::lease::GrantedLease>>,
+) -> HashMap<usize, Vec<v1::Lease>> {
+    messages
+        .iter()
+        .filter_map(|(index, message)| {
+            let WorkerMessage::Complete { claim, .. } = message else {
+                return None;
+            };
+            let leases = granted.get(&claim.attempt_id)?;
+            let wire = spans[*index].in_scope(|| {
+                leases
+                    .iter()
+                    .map(|lease| runtime::traced_lease(lease, "ingestion"))
+                    .collect()
+            });
+            Some((*index, wire))
+        })
+        .collect()
 }
 
 /// What the bus does with a message given its verdict; a refusal is logged (but the routine

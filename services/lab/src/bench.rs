@@ -592,39 +592,12 @@ async fn scenarios(
         );
     }
     if wants(Scenario::BurnDown) || wants(Scenario::Growth) {
-        report.burn_down = Some(
-            burn_down_writing(
-                harness,
-                burn_down(
-                    harness,
-                    "burn-down",
-                    &BURN_DOWN_PROFILE,
-                    options.scans,
-                    |index| format!("synthetic://bench/burn-down/{index}?duration_ms=0&findings=1"),
-                    options,
-                ),
-            )
-            .await?,
-        );
+        report.burn_down =
+            Some(one_plugin_burn_down(harness, "burn-down", options.scans, options).await?);
     }
     if wants(Scenario::Growth) {
         report.large_burn_down = Some(
-            burn_down_writing(
-                harness,
-                burn_down(
-                    harness,
-                    "burn-down-large",
-                    &BURN_DOWN_PROFILE,
-                    options.large_scans,
-                    |index| {
-                        format!(
-                            "synthetic://bench/burn-down-large/{index}?duration_ms=0&findings=1"
-                        )
-                    },
-                    options,
-                ),
-            )
-            .await?,
+            one_plugin_burn_down(harness, "burn-down-large", options.large_scans, options).await?,
         );
     }
     if wants(Scenario::Profile) {
@@ -648,6 +621,27 @@ async fn scenarios(
         report.steady = Some(steady(harness, options).await?);
     }
     Ok(report)
+}
+
+/// A burn-down of `scans` one-plugin scans named `name`, with what it wrote.
+async fn one_plugin_burn_down(
+    harness: &Harness,
+    name: &'static str,
+    scans: usize,
+    options: &BenchOptions,
+) -> anyhow::Result<BurnDown> {
+    burn_down_writing(
+        harness,
+        burn_down(
+            harness,
+            name,
+            &BURN_DOWN_PROFILE,
+            scans,
+            |index| format!("synthetic://bench/{name}/{index}?duration_ms=0&findings=1"),
+            options,
+        ),
+    )
+    .await
 }
 
 /// The machine and the servers the harness runs on (load averages are read around the run).

@@ -142,28 +142,24 @@ pub struct Ingest<'a, 'm> {
 impl crate::Script for Ingest<'_, '_> {
     type Outcomes = Decisions;
 
-    fn set_wise(
+    async fn set_wise(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
-    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        async move {
-            let mut decisions = decide(tx, staged, self.subjects, self.messages).await?;
-            decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
-            Ok(decisions)
-        }
+    ) -> Result<Self::Outcomes, StoreError> {
+        let mut decisions = decide(tx, staged, self.subjects, self.messages).await?;
+        decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
+        Ok(decisions)
     }
 
-    fn one_by_one(
+    async fn one_by_one(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
-    ) -> impl Future<Output = Result<Self::Outcomes, StoreError>> + Send {
-        async move {
-            let mut decisions = decide_each(tx, staged, self.subjects, self.messages).await?;
-            decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
-            Ok(decisions)
-        }
+    ) -> Result<Self::Outcomes, StoreError> {
+        let mut decisions = decide_each(tx, staged, self.subjects, self.messages).await?;
+        decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
+        Ok(decisions)
     }
 }
 
