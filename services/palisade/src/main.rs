@@ -104,12 +104,16 @@ enum Command {
     /// Recurring scans: add, list, show, pause, resume, delete.
     #[command(subcommand)]
     Schedule(palisade::schedules::ScheduleCommand),
-    /// Ask a service's /readyz once (the container health check): exits 0 when ready, 1 with
-    /// the failing checks otherwise.
+    /// Ask a service's /readyz once (the container health check), or until it is ready within
+    /// --wait: exits 0 when ready, 1 with the failing checks otherwise.
     Health {
         /// What to ask; by default /readyz at PALISADE_HTTP_ADDR over loopback.
         #[arg(long)]
         url: Option<String>,
+        /// Ask again once a second for up to this many seconds while the answer is not ready
+        /// (0: ask once).
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
     },
 }
 
@@ -126,9 +130,9 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Command::Health { url } = cli.command {
+    if let Command::Health { url, wait } = cli.command {
         // Before telemetry: a probe every few seconds must not start an exporter each time.
-        return palisade::health::run(url).await;
+        return palisade::health::run(url, std::time::Duration::from_secs(wait)).await;
     }
     let mut telemetry_settings =
         telemetry::TelemetrySettings::from_env().context("invalid telemetry settings")?;
