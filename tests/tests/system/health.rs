@@ -84,6 +84,9 @@ async fn the_health_probe_follows_readyz() {
     assert_eq!(url, format!("http://127.0.0.1:{}/readyz", addr.port()));
     let answer = palisade::probe::probe(&url).await.expect("an answer");
     assert!(answer.is_ready(), "{answer:?}");
+    palisade::health::run(Some(url.clone()), std::time::Duration::from_secs(30))
+        .await
+        .expect("ready at once");
 
     system
         .bus
@@ -99,6 +102,20 @@ async fn the_health_probe_follows_readyz() {
         .await;
     assert_eq!(answer.status, 503, "{answer:?}");
     assert!(answer.body.contains(checks::STREAMS), "{answer:?}");
+    // `palisade health --wait 2` asks again until the wait has passed, then fails with the
+    // last answer.
+    let started = std::time::Instant::now();
+    let waited = palisade::health::run(Some(url.clone()), std::time::Duration::from_secs(2))
+        .await
+        .expect_err("never ready within the wait");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(1),
+        "asked again"
+    );
+    assert!(
+        format!("{waited:#}").contains("not ready (503)"),
+        "{waited:#}"
+    );
 
     let nothing_listens = format!("http://127.0.0.1:{}/readyz", free_port());
     assert!(palisade::probe::probe(&nothing_listens).await.is_err());
