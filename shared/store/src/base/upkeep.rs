@@ -12,7 +12,7 @@
 //!
 //! [`churn`] reads PostgreSQL's cumulative statistics of the [`HOT_TABLES`] (one statement);
 //! [`Churn::work`] decides, per table, from thresholds that do not grow with the backlog
-//! ([`DEAD_ROWS_MIN`], [`DEAD_SHARE`]); [`tend`] runs it with `SKIP_LOCKED`, so a table another
+//! ([`DEAD_ROWS_MIN`], [`DEAD_SHARE_DIVISOR`]); [`tend`] runs it with `SKIP_LOCKED`, so a table another
 //! vacuum holds (autovacuum, an operator) is skipped, never waited for. The reaper's leader runs
 //! this every `PALISADE_UPKEEP_INTERVAL_MS`; every statement here needs the table's owner,
 //! which is the role palisade migrates with (`docs/deploy.md`).
@@ -61,18 +61,19 @@ pub const HOT_TABLES: [HotTable; 8] = [
     hot_table!("enrichment_jobs"),
 ];
 
-/// A table is vacuumed once it holds at least this many dead row versions (and
-/// [`DEAD_SHARE`] of its live ones): a queue read walks at most about this many dead entries.
+/// A table is vacuumed once it holds at least this many dead row versions (and a
+/// [`DEAD_SHARE_DIVISOR`]th of its live ones): a queue read walks at most about this many dead
+/// entries.
 pub const DEAD_ROWS_MIN: i64 = 1_000;
-/// ... and at least this share of its live rows, so a table of millions of finished rows is
-/// not vacuumed every interval for a thousand dead ones.
-pub const DEAD_SHARE: f64 = 0.02;
-/// A table is analyzed once this many rows changed since its last analyze (and
-/// [`MODIFIED_SHARE`] of its live rows): a table filled since it was analyzed empty is planned
-/// on its real size within seconds.
+/// ... and at least this fraction (1/50, 2 %) of its live rows, so a table of millions of
+/// finished rows is not vacuumed every interval for a thousand dead ones.
+pub const DEAD_SHARE_DIVISOR: i64 = 50;
+/// A table is analyzed once this many rows changed since its last analyze (and a
+/// [`MODIFIED_SHARE_DIVISOR`]th of its live rows): a table filled since it was analyzed empty is
+/// planned on its real size within seconds.
 pub const MODIFIED_ROWS_MIN: i64 = 1_000;
-/// ... and at least this share of its live rows.
-pub const MODIFIED_SHARE: f64 = 0.1;
+/// ... and at least this fraction (1/10) of its live rows.
+pub const MODIFIED_SHARE_DIVISOR: i64 = 10;
 
 /// One hot table's statistics.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -114,21 +115,13 @@ impl Work {
 impl Churn {
     /// What the table needs, if anything.
     pub fn work(&self) -> Option<Work> {
-        let due = |count: i64, min: i64, share: f64| {
-            // Row counts are far below 2^52, so the conversion is exact.
-            #[allow(clippy::cast_precision_loss)]
-            let share_of_live = self.live_rows.max(0) as f64 * share;
-            #[allow(clippy::cast_precision_loss)]
-            let count = count as f64;
-            #[allow(clippy::cast_precision_loss)]
-            let min = min as f64;
-            count >= min.max(share_of_live)
-        };
-        let vacuum = due(self.dead_rows, DEAD_ROWS_MIN, DEAD_SHARE);
+        let due =
+            |count: i64, min: i64, divisor: i64| count >= min.max(self.live_rows.max(0) / divisor);
+        let vacuum = due(self.dead_rows, DEAD_ROWS_MIN, DEAD_SHARE_DIVISOR);
         let analyze = due(
             self.modified_since_analyze,
             MODIFIED_ROWS_MIN,
-            MODIFIED_SHARE,
+            MODIFIED_SHARE_DIVISOR,
         );
         match (vacuum, analyze) {
             (true, analyze) => Some(Work::Vacuum { analyze }),

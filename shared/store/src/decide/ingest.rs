@@ -147,9 +147,8 @@ impl crate::Script for Ingest<'_, '_> {
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> Result<Self::Outcomes, StoreError> {
-        let mut decisions = decide(tx, staged, self.subjects, self.messages).await?;
-        decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
-        Ok(decisions)
+        let decisions = decide(tx, staged, self.subjects, self.messages).await?;
+        self.with_hand_on(tx, staged, decisions).await
     }
 
     async fn one_by_one(
@@ -157,13 +156,23 @@ impl crate::Script for Ingest<'_, '_> {
         tx: &mut Transaction<'static, Postgres>,
         staged: &mut Staged,
     ) -> Result<Self::Outcomes, StoreError> {
-        let mut decisions = decide_each(tx, staged, self.subjects, self.messages).await?;
-        decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
-        Ok(decisions)
+        let decisions = decide_each(tx, staged, self.subjects, self.messages).await?;
+        self.with_hand_on(tx, staged, decisions).await
     }
 }
 
 impl Ingest<'_, '_> {
+    /// `decisions` with the leases handed on to their completions (either form's last step).
+    async fn with_hand_on(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        staged: &mut Staged,
+        mut decisions: Decisions,
+    ) -> Result<Decisions, StoreError> {
+        decisions.leases = self.hand_on(tx, staged, &decisions.outcomes).await?;
+        Ok(decisions)
+    }
+
     /// Leases their scans' next plugins to the completions that asked, accepted now or
     /// earlier, in a savepoint: when it fails, only the hand-off is undone (logged; the workers
     /// acquire those plugins as usual).

@@ -46,7 +46,7 @@ async fn acquire_cost(upkeep: Upkeep) -> (i64, i64) {
         admit(&database, organization, &mut next, ROUND).await;
     }
     if upkeep == Upkeep::Tended {
-        tend(&database.pool).await;
+        tend(&database.pool, next, 0).await;
     }
     let before = queue_buffers(&database.pool, worker).await;
     for round in 0..ROUNDS {
@@ -54,7 +54,7 @@ async fn acquire_cost(upkeep: Upkeep) -> (i64, i64) {
         let claims = database.leases(worker, ROUND).await;
         complete(&database, &claims).await;
         if upkeep == Upkeep::Tended && round % 4 == 3 {
-            tend(&database.pool).await;
+            tend(&database.pool, next, (round + 1) * ROUND).await;
         }
     }
     let after = queue_buffers(&database.pool, worker).await;
@@ -82,11 +82,29 @@ async fn stop_autovacuum(pool: &PgPool) {
     }
 }
 
-/// What the reaper's leader does each upkeep interval. PostgreSQL publishes a backend's
-/// statistics within about a second of its last commit, so the test waits that long first
-/// (the reaper's reading lags the same way).
-async fn tend(pool: &PgPool) {
-    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+/// What the reaper's leader does each upkeep interval, once PostgreSQL's statistics show the
+/// `admitted` tasks and the `completed` ones (each updated twice: its lease and its end). A
+/// backend publishes them within seconds of its commits; the reaper's reading lags the same way.
+async fn tend(pool: &PgPool, admitted: usize, completed: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (inserted, updated): (i64, i64) = sqlx::query_as(
+            "SELECT n_tup_ins, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'worker_tasks'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("statistics read");
+        if inserted >= admitted as i64 && updated >= 2 * completed as i64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PostgreSQL's statistics show {inserted} of {admitted} tasks and {updated} of {} \
+             updates after 30 s",
+            2 * completed
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     for churn in upkeep::churn(pool).await.expect("churn read") {
         if let (Some(table), Some(work)) = (churn.table(), churn.work()) {
             upkeep::tend(pool, table, work).await.expect("tended");
