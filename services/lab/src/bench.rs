@@ -300,6 +300,9 @@ pub struct BurnDown {
     /// Of the first attempts of every plugin after a scan's first: how many were leased with
     /// their predecessor's completion (granted under its attempt's id), and how many there were.
     pub handed_on: (i64, i64),
+    /// Workers' publishes JetStream refused at their quota of waiting results, each published
+    /// again later (a wait, not a loss).
+    pub quota_refused: u64,
 }
 
 /// What was written to one table, from PostgreSQL's counters (`pg_stat_user_tables`): every
@@ -713,6 +716,7 @@ async fn burn_down(
 
     let cost_before = telemetry::cost::snapshot();
     let consumers_before = ConsumerBatches::snapshot();
+    let refused_before = quota_refused(harness);
     let started = Instant::now();
     let submitted = Arc::new(AtomicU64::new(0));
     let progress =
@@ -730,6 +734,7 @@ async fn burn_down(
         .await;
     let cost = telemetry::cost::spent(&cost_before, &telemetry::cost::snapshot());
     let consumers = ConsumerBatches::spent_since(&consumers_before);
+    let refused = quota_refused(harness) - refused_before;
     progress.stop().await;
 
     let ended = Ended::read(&outcomes, started);
@@ -746,11 +751,21 @@ async fn burn_down(
         scans_per_second: ended.completed as f64 / ended.seconds.max(0.001),
         database_completed: completed_in_database(harness, name).await?,
         handed_on: handed_on(harness, name).await?,
+        quota_refused: refused,
         stages: stages::measure(harness, name, &requested_at, &ended.seen_at).await?,
         cost,
         consumers,
         ..BurnDown::default()
     })
+}
+
+/// The workers' publishes refused at their quota of waiting results so far.
+fn quota_refused(harness: &Harness) -> u64 {
+    harness
+        .worker_stats
+        .iter()
+        .map(|stats| stats.snapshot().quota_refused)
+        .sum()
 }
 
 /// Publishes every request through the durable path, `in_flight` awaiting their PubAck at a

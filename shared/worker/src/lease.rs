@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::acks::Route;
+use crate::acks::{AckRouter, Route, Waiting};
 use crate::batch::{self, Batcher};
 use crate::config::Session;
 use crate::context::Context;
@@ -49,6 +49,12 @@ pub(crate) const SENDS_MAX: u32 = 20;
 /// stream drops the repeat. Such repeats neither count against [`SENDS_MAX`] nor grow the
 /// resend backoff.
 pub(crate) const REPUBLISH_DELAY: Duration = Duration::from_millis(500);
+/// A message refused at this worker's quota of waiting results (or waiting behind such
+/// messages) is published again as soon as ingestion decides one of the worker's messages of
+/// its verb ([`AckRouter::room`]), or after this when no acknowledgement says so (one lost:
+/// they travel on core NATS). Not sooner: while ingestion is behind, trying again on a timer
+/// only adds refusals.
+pub(crate) const ROOM_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Whether the warning that results are at their quota is due: at most once per
 /// [`QUOTA_WARNING_EVERY`] in a process.
 fn quota_warning_due() -> bool {
@@ -359,6 +365,8 @@ enum Step {
 /// A message sent to the results stream and kept until acknowledged.
 #[derive(Debug)]
 struct Outbound {
+    /// Which of the worker's durable verbs it is: its quota of waiting messages is per verb.
+    verb: WorkerVerb,
     subject: String,
     first_msg_id: String,
     message: Bytes,
@@ -366,6 +374,8 @@ struct Outbound {
     sends: u32,
     /// Whether JetStream confirmed the current send (its PubAck arrived).
     stored: bool,
+    /// Counted among its verb's messages waiting for room under the worker's quota.
+    waiting: Option<Waiting>,
 }
 
 /// The last message of an attempt: its completion or failure.
@@ -456,6 +466,7 @@ impl LeaseTask {
             // longer holds a lease): its acknowledgement says how it ended, and may hand on a
             // lease, which would be lost with nobody listening.
             let completing = matches!(phase, Phase::Completing { .. });
+            let unstored = self.unstored_verb();
             let step = tokio::select! {
                 biased;
                 () = self.stop.cancelled(), if !completing => Step::End(Outcome::Released),
@@ -476,6 +487,9 @@ impl LeaseTask {
                         Step::Continue
                     }
                 },
+                () = room(&self.ctx.router, unstored), if unstored.is_some() => {
+                    self.publish_unstored_now(unstored).await
+                }
                 () = sleep_until(resend_at), if resend_at.is_some() => self.resend_due().await,
                 () = sleep_until(linger_at), if running && linger_at.is_some() => self.flush().await,
             };
@@ -490,33 +504,44 @@ impl LeaseTask {
                     phase = Phase::Failing;
                 }
             }
-            if let Phase::Draining { summary } = &phase
-                && self.unacked.is_empty()
-            {
-                let summary = summary.clone();
-                let final_batch = if std::mem::take(&mut self.final_pending) {
-                    match self.take_final_batch(&summary).await {
-                        Ok(batch) => batch,
-                        Err(Step::Fail(error)) => {
-                            self.send_fail(error).await;
-                            phase = Phase::Failing;
-                            continue;
-                        }
-                        Err(Step::End(outcome)) => return outcome,
-                        // Sent on its own: the completion follows once it is acknowledged.
-                        Err(Step::Continue) => continue,
-                    }
-                } else {
-                    None
-                };
-                if !self.unacked.is_empty() {
-                    // The last batch went out on its own; complete once it is acknowledged.
-                    continue;
-                }
-                self.send_complete(&summary, final_batch).await;
-                phase = Phase::Completing { summary };
+            if let Some(outcome) = self.complete_when_drained(&mut phase).await {
+                return outcome;
             }
         }
+    }
+
+    /// Once the plugin has returned and every batch is acknowledged: sends the completion
+    /// (with the last batch inside when it fits). `Some` when the attempt ended instead.
+    async fn complete_when_drained(&mut self, phase: &mut Phase) -> Option<Outcome> {
+        let Phase::Draining { summary } = &*phase else {
+            return None;
+        };
+        if !self.unacked.is_empty() {
+            return None;
+        }
+        let summary = summary.clone();
+        let final_batch = if std::mem::take(&mut self.final_pending) {
+            match self.take_final_batch(&summary).await {
+                Ok(batch) => batch,
+                Err(Step::Fail(error)) => {
+                    self.send_fail(error).await;
+                    *phase = Phase::Failing;
+                    return None;
+                }
+                Err(Step::End(outcome)) => return Some(outcome),
+                // Sent on its own: the completion follows once it is acknowledged.
+                Err(Step::Continue) => return None,
+            }
+        } else {
+            None
+        };
+        if !self.unacked.is_empty() {
+            // The last batch went out on its own; complete once it is acknowledged.
+            return None;
+        }
+        self.send_complete(&summary, final_batch).await;
+        *phase = Phase::Completing { summary };
+        None
     }
 
     /// The plugin returned (or panicked): collect what it left in the sink, then drain or fail.
@@ -599,7 +624,7 @@ impl LeaseTask {
             Ok(outbound) => outbound,
             Err(error) => return Step::Fail(error),
         };
-        outbound.stored = self.publish(&outbound).await;
+        send(&self.ctx, &mut outbound).await;
         self.ctx.stats.add(Counter::BatchesSent);
         tracing::debug!(
             sequence_number,
@@ -627,11 +652,13 @@ impl LeaseTask {
             ));
         }
         Ok(Outbound {
+            verb: WorkerVerb::Result,
             subject: self.result_subject.clone(),
             first_msg_id: message.idempotency_key.clone(),
             message: bytes,
             sends: 0,
             stored: false,
+            waiting: None,
         })
     }
 
@@ -674,12 +701,14 @@ impl LeaseTask {
             lease_next: self.ctx.config.lease_next && !self.stop.is_cancelled(),
         };
         let outbound = Outbound {
+            verb: WorkerVerb::Complete,
             subject: self.ctx.subject(WorkerVerb::Complete),
             first_msg_id: format!("complete:{}", self.lease.attempt_id),
             message: Bytes::from(complete.encode_to_vec()),
             // A later round after batch_missing carries the same completion under a fresh id.
             sends: self.complete_sends,
             stored: false,
+            waiting: None,
         };
         self.send_last(outbound).await;
         tracing::debug!(batch_count = complete.batch_count, "completion sent");
@@ -688,6 +717,9 @@ impl LeaseTask {
     async fn send_fail(&mut self, error: PluginError) {
         // A failed attempt's results are not wanted: stop resending them.
         self.unacked.clear();
+        for batch in &mut self.batches {
+            batch.waiting = None;
+        }
         self.batch_started_at = None;
         let fail = v1::TaskFail {
             schema_version: messages::SCHEMA_VERSION,
@@ -701,11 +733,13 @@ impl LeaseTask {
             retryable: error.retryable,
         };
         let outbound = Outbound {
+            verb: WorkerVerb::Fail,
             subject: self.ctx.subject(WorkerVerb::Fail),
             first_msg_id: format!("fail:{}", self.lease.attempt_id),
             message: Bytes::from(fail.encode_to_vec()),
             sends: 0,
             stored: false,
+            waiting: None,
         };
         self.send_last(outbound).await;
         tracing::info!(code = %error.code, retryable = error.retryable, "failure sent");
@@ -713,7 +747,7 @@ impl LeaseTask {
     }
 
     async fn send_last(&mut self, mut outbound: Outbound) {
-        outbound.stored = self.publish(&outbound).await;
+        send(&self.ctx, &mut outbound).await;
         let resend_at = self.next_send_at(&outbound);
         self.last = Some(Last {
             outbound,
@@ -721,43 +755,13 @@ impl LeaseTask {
         });
     }
 
-    /// Publishes `outbound` with the `Nats-Msg-Id` of its current send; true once JetStream
-    /// confirmed it. A failed publish is logged only: the message stays unacknowledged and is
-    /// published again when its time comes ([`REPUBLISH_DELAY`]).
-    async fn publish(&self, outbound: &Outbound) -> bool {
-        let msg_id = batch::msg_id(&outbound.first_msg_id, outbound.sends);
-        let published = self
-            .ctx
-            .bus
-            .publish_durable(
-                outbound.subject.clone(),
-                &msg_id,
-                bus::async_nats::HeaderMap::new(),
-                outbound.message.clone(),
-            )
-            .await;
-        match &published {
-            Ok(_) => {}
-            // Backpressure, not a fault: ingestion is behind and this worker's waiting messages
-            // are at their quota. Said once in a while, not for every message refused.
-            Err(error @ bus::BusError::Quota { .. }) => {
-                tracing::debug!(error = %telemetry::chain(error), %msg_id, "at the quota of waiting results, will resend");
-                if quota_warning_due() {
-                    tracing::warn!(error = %telemetry::chain(error), "this worker's results waiting for ingestion are at their quota (ingestion is behind): messages are published again every half second until it catches up; nothing is lost (said at most once every 30 s)");
-                }
-            }
-            Err(error) => {
-                tracing::warn!(error = %telemetry::chain(error), %msg_id, "publish failed, will resend");
-            }
-        }
-        published.is_ok()
-    }
-
     /// When to send `outbound` again: once its acknowledgement is overdue when JetStream
     /// confirmed it, else after [`REPUBLISH_DELAY`].
     fn next_send_at(&self, outbound: &Outbound) -> Instant {
         let wait = if outbound.stored {
             self.resend_delay(outbound.sends)
+        } else if outbound.waiting.is_some() {
+            ROOM_WAIT_MAX
         } else {
             REPUBLISH_DELAY
         };
@@ -771,6 +775,39 @@ impl LeaseTask {
             crate::WorkerConfig::RESEND_DELAY_MAX,
         )
         .delay_max(sends + 1)
+    }
+
+    /// The verb of a message JetStream did not store (refused at this worker's quota of
+    /// waiting results, most often): the last message's first, then the batches'.
+    fn unstored_verb(&self) -> Option<WorkerVerb> {
+        let last = self.last.as_ref().map(|last| &last.outbound);
+        let batches = self
+            .unacked
+            .keys()
+            .map(|&sequence| &self.batches[sequence as usize]);
+        last.into_iter()
+            .chain(batches)
+            .find(|outbound| !outbound.stored)
+            .map(|outbound| outbound.verb)
+    }
+
+    /// Ingestion decided one of this worker's `verb` messages, so there may be room under its
+    /// quota: publishes that verb's unstored messages now instead of after [`REPUBLISH_DELAY`].
+    async fn publish_unstored_now(&mut self, verb: Option<WorkerVerb>) -> Step {
+        let now = Instant::now();
+        for (sequence, resend_at) in &mut self.unacked {
+            let outbound = &self.batches[*sequence as usize];
+            if Some(outbound.verb) == verb && !outbound.stored {
+                *resend_at = now;
+            }
+        }
+        if let Some(last) = &mut self.last
+            && Some(last.outbound.verb) == verb
+            && !last.outbound.stored
+        {
+            last.resend_at = now;
+        }
+        self.resend_due().await
     }
 
     fn next_resend_at(&self) -> Option<Instant> {
@@ -792,7 +829,7 @@ impl LeaseTask {
             let index = sequence_number as usize;
             if !self.batches[index].stored {
                 // Never confirmed: the same send again, under the same `Nats-Msg-Id`.
-                self.batches[index].stored = self.publish(&self.batches[index]).await;
+                send(&self.ctx, &mut self.batches[index]).await;
                 let resend_at = self.next_send_at(&self.batches[index]);
                 self.unacked.insert(sequence_number, resend_at);
                 continue;
@@ -805,7 +842,7 @@ impl LeaseTask {
                 return Step::End(Outcome::Abandoned);
             }
             self.batches[index].sends += 1;
-            self.batches[index].stored = self.publish(&self.batches[index]).await;
+            send(&self.ctx, &mut self.batches[index]).await;
             self.ctx.stats.add(Counter::BatchesResent);
             tracing::info!(
                 sequence_number,
@@ -820,7 +857,7 @@ impl LeaseTask {
             let mut last = self.last.take().expect("checked above");
             if !last.outbound.stored {
                 // Never confirmed: the same send again, under the same `Nats-Msg-Id`.
-                last.outbound.stored = self.publish(&last.outbound).await;
+                send(&self.ctx, &mut last.outbound).await;
                 last.resend_at = self.next_send_at(&last.outbound);
                 self.last = Some(last);
                 return Step::Continue;
@@ -830,7 +867,7 @@ impl LeaseTask {
                 return Step::End(Outcome::Abandoned);
             }
             last.outbound.sends += 1;
-            last.outbound.stored = self.publish(&last.outbound).await;
+            send(&self.ctx, &mut last.outbound).await;
             self.ctx.stats.add(Counter::BatchesResent);
             tracing::info!(msg_id = %last.outbound.first_msg_id, sends = last.outbound.sends, "resent");
             last.resend_at = self.next_send_at(&last.outbound);
@@ -985,6 +1022,61 @@ fn on_fail_ack(ack: v1::IngestAck) -> Step {
     }
     tracing::error!(code = %error.code, message = %error.message, "ingestion refused the failure");
     Step::End(Outcome::Abandoned)
+}
+
+/// Publishes `outbound` with the `Nats-Msg-Id` of its current send, setting `stored` once
+/// JetStream confirmed it; a failed publish is logged only, and the message is published again
+/// when its time comes ([`REPUBLISH_DELAY`], or room under the quota). While messages of its
+/// verb wait for room, a message not yet among them joins them unpublished: the room an
+/// acknowledgement makes goes to the messages already waiting, not to the newest.
+async fn send(ctx: &Context, outbound: &mut Outbound) {
+    let others_wait = ctx
+        .router
+        .room(outbound.verb)
+        .is_some_and(|room| room.waiting() > 0);
+    if outbound.waiting.is_none() && others_wait {
+        outbound.stored = false;
+        outbound.waiting = ctx.router.start_waiting(outbound.verb);
+        return;
+    }
+    let msg_id = batch::msg_id(&outbound.first_msg_id, outbound.sends);
+    let published = ctx
+        .bus
+        .publish_durable(
+            outbound.subject.clone(),
+            &msg_id,
+            bus::async_nats::HeaderMap::new(),
+            outbound.message.clone(),
+        )
+        .await;
+    outbound.stored = published.is_ok();
+    match &published {
+        Ok(_) => outbound.waiting = None,
+        // Backpressure, not a fault: ingestion is behind and this worker's waiting messages
+        // are at their quota. Said once in a while, not for every message refused.
+        Err(error @ bus::BusError::Quota { .. }) => {
+            ctx.stats.add(Counter::QuotaRefused);
+            if outbound.waiting.is_none() {
+                outbound.waiting = ctx.router.start_waiting(outbound.verb);
+            }
+            tracing::debug!(error = %telemetry::chain(error), %msg_id, "at the quota of waiting results, will resend");
+            if quota_warning_due() {
+                tracing::warn!(error = %telemetry::chain(error), "this worker's results waiting for ingestion are at their quota (ingestion is behind): each is published again when ingestion has decided one of this worker's messages, those already waiting first; nothing is lost (said at most once every 30 s)");
+            }
+        }
+        Err(error) => {
+            tracing::warn!(error = %telemetry::chain(error), %msg_id, "publish failed, will resend");
+        }
+    }
+}
+
+/// Waits for ingestion to decide one of this worker's `verb` messages
+/// ([`AckRouter::room`]); forever when there is no `verb` (the caller guards that arm).
+async fn room(router: &AckRouter, verb: Option<WorkerVerb>) {
+    match verb.and_then(|verb| router.room(verb)) {
+        Some(room) => room.decided().notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Sleeps until `at`; forever when there is no `at` (the caller guards that arm).

@@ -15,6 +15,7 @@ pub struct WorkerStats {
     batches_sent: AtomicU64,
     batches_resent: AtomicU64,
     renewals: AtomicU64,
+    quota_refused: AtomicU64,
 }
 
 /// The counters at one moment.
@@ -41,6 +42,9 @@ pub struct StatsSnapshot {
     pub batches_resent: u64,
     /// Successful lease renewals.
     pub renewals: u64,
+    /// Publishes JetStream refused because this worker's results waiting for ingestion were at
+    /// their quota (`PALISADE_QUOTA_RESULTS_WAITING`): each is published again.
+    pub quota_refused: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +58,7 @@ pub(crate) enum Counter {
     BatchesSent,
     BatchesResent,
     Renewals,
+    QuotaRefused,
 }
 
 impl WorkerStats {
@@ -70,6 +75,7 @@ impl WorkerStats {
             batches_sent: read(&self.batches_sent),
             batches_resent: read(&self.batches_resent),
             renewals: read(&self.renewals),
+            quota_refused: read(&self.quota_refused),
         }
     }
 
@@ -84,6 +90,7 @@ impl WorkerStats {
             Counter::BatchesSent => &self.batches_sent,
             Counter::BatchesResent => &self.batches_resent,
             Counter::Renewals => &self.renewals,
+            Counter::QuotaRefused => &self.quota_refused,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -431,3 +431,58 @@ async fn a_completion_carrying_its_last_batch_is_one_message_and_one_decision() 
     assert_eq!(system.table_counts().await, before);
     system.finish().await;
 }
+
+/// A worker at its quota of waiting results (issue 46): while ingestion is stopped, a
+/// completion JetStream refuses waits for room, and those after it wait behind it unpublished,
+/// instead of each being published again every half second; once ingestion decides, each
+/// acknowledgement makes room for the next and every scan completes once.
+#[tokio::test]
+async fn a_worker_at_its_quota_of_waiting_results_waits_for_room_and_loses_nothing() {
+    const QUOTA: u64 = 2;
+    const SCANS: u64 = 10;
+    let system = TestSystem::spawn_with(|settings| {
+        settings.common.streams.quotas.results_waiting_per_worker =
+            bus::WaitingQuota::Set(QUOTA as i64);
+    })
+    .await;
+    let organization = system.organization().await;
+    system.stop(tests::Component::Ingestion).await;
+    let stats = system.reference_worker(organization, SCANS as u32).await;
+    let mut scan_ids = Vec::new();
+    for _ in 0..SCANS {
+        let target = format!("synthetic://quota-{}", scan_ids.len());
+        let request = system.request(organization, &target, &["synthetic"]);
+        let reply = system.submit(&request).await;
+        assert!(reply.error.is_none(), "{reply:?}");
+        scan_ids.push(reply.scan_id);
+    }
+    system
+        .wait_for(
+            "every plugin ran and the quota refused a completion",
+            || async {
+                let now = stats.snapshot();
+                (now.leases_acquired == SCANS && now.quota_refused > 0).then_some(())
+            },
+        )
+        .await;
+    // Nothing is decided meanwhile: the old shape published each waiting completion again
+    // every half second (6 or more refusals each in three seconds).
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let refused = stats.snapshot().quota_refused;
+    assert!(
+        refused <= SCANS - QUOTA,
+        "{refused} refusals while ingestion was stopped: a waiting completion was published again without room"
+    );
+
+    system.start(tests::Component::Ingestion);
+    for scan_id in &scan_ids {
+        system.wait_scan_state(scan_id, "completed").await;
+    }
+    let end = stats.snapshot();
+    assert_eq!(
+        (end.completed, end.abandoned, end.lost),
+        (SCANS, 0, 0),
+        "{end:?}"
+    );
+    system.finish().await;
+}

@@ -241,6 +241,11 @@ fn print_burn_down(name: &str, run: &BurnDown, ceiling: CeilingRates) {
     if later > 0 {
         println!("  later plugins leased with their predecessor's completion: {handed} of {later}");
     }
+    println!(
+        "  workers' results refused at their quota of waiting results (published again): {} ({:.2} per scan)",
+        run.quota_refused,
+        per_scan(run.quota_refused)
+    );
     print_cost(&run.cost, run.completed, TABLE_WIDTH);
     print_writes(&run.writes, run.completed);
     print_statements(run);
@@ -446,6 +451,7 @@ fn burn_down_json(run: &BurnDown, ceiling: Option<&Ceiling>) -> serde_json::Valu
         "latency_ms": run.latency_ms.to_json(),
         "later_plugins_handed_on": run.handed_on.0,
         "later_plugins": run.handed_on.1,
+        "quota_refused": run.quota_refused,
         "time": stages_json(&run.stages),
         "cost_per_scan": cost_json(&run.cost, run.completed),
         "writes_per_scan": run.writes.iter().map(|(table, spent)| {
