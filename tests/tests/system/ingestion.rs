@@ -486,3 +486,40 @@ async fn a_worker_at_its_quota_of_waiting_results_waits_for_room_and_loses_nothi
     );
     system.finish().await;
 }
+
+/// Decisions reporting an asset already stored do not wait for each other (issue 46: every
+/// scan of one host reports it): its row is read, not written, so a transaction holding it
+/// for update, as the old shape's decisions did until they committed, does not hold up a
+/// batch reporting it.
+#[tokio::test]
+async fn a_batch_reporting_a_stored_asset_does_not_wait_for_a_transaction_holding_its_row() {
+    let system = TestSystem::spawn().await;
+    let scan = system.leased_scan(&["alpha"]).await;
+    let first = scan.worker.batch(&scan.lease, 0, &findings_payload(1));
+    assert!(scan.worker.send_batch(&first).await.error.is_none());
+
+    let mut holder = system.pool.begin().await.expect("begin");
+    let held = sqlx::query("UPDATE assets SET last_seen_at = now() WHERE organization_id = $1")
+        .bind(scan.organization_id)
+        .execute(&mut *holder)
+        .await
+        .expect("the asset's row held");
+    assert_eq!(held.rows_affected(), 1, "the first batch stored its asset");
+    let second = scan.worker.batch(&scan.lease, 1, &findings_payload(1));
+    let ack = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        scan.worker.send_batch(&second),
+    )
+    .await
+    .expect("the batch was decided while another transaction held its asset's row");
+    assert!(ack.error.is_none(), "{ack:?}");
+    holder.rollback().await.expect("rollback");
+    let linked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM scan_assets WHERE scan_id = $1::uuid")
+            .bind(&scan.scan_id)
+            .fetch_one(&system.pool)
+            .await
+            .expect("count");
+    assert_eq!(linked, 1, "the scan is linked to its asset once");
+    system.finish().await;
+}
