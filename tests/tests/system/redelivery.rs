@@ -242,7 +242,30 @@ async fn a_message_whose_deliveries_all_lapsed_undecided_is_still_decided() {
     })
     .await;
     let org = system.organization().await;
+    // Admission creates its consumer as it starts: wait for it before stopping admission (the
+    // test reads the consumer itself below).
+    tests::wait_consumer_idle(
+        &system,
+        &system.subjects.requests_stream(),
+        admission::CONSUMER_NAME,
+    )
+    .await;
     system.stop(Component::Admission).await;
+    // A pull request the stopped admission left open (for up to half the ack wait) would take
+    // the first delivery: publish once none is waiting.
+    system
+        .wait_for("admission's pull requests to expire", || async {
+            let stream = system
+                .bus
+                .jetstream()
+                .get_stream(system.subjects.requests_stream())
+                .await
+                .ok()?;
+            let mut consumer: bus::async_nats::jetstream::consumer::PullConsumer =
+                stream.get_consumer(admission::CONSUMER_NAME).await.ok()?;
+            (consumer.info().await.ok()?.num_waiting == 0).then_some(())
+        })
+        .await;
     let request = system.request(org, "http://lapsed.test", &["alpha"]);
     system
         .publish_request_bytes(org, request.encode_to_vec())
