@@ -478,12 +478,14 @@ async fn a_worker_at_its_quota_of_waiting_results_waits_for_room_and_loses_nothi
     for scan_id in &scan_ids {
         system.wait_scan_state(scan_id, "completed").await;
     }
-    let end = stats.snapshot();
-    assert_eq!(
-        (end.completed, end.abandoned, end.lost),
-        (SCANS, 0, 0),
-        "{end:?}"
-    );
+    // The worker counts a completion when its acknowledgement arrives, after the commit.
+    let end = system
+        .wait_for("the worker to count every completion", || async {
+            let end = stats.snapshot();
+            (end.completed == SCANS).then_some(end)
+        })
+        .await;
+    assert_eq!((end.abandoned, end.lost), (0, 0), "{end:?}");
     system.finish().await;
 }
 
