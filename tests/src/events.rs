@@ -7,13 +7,22 @@ use super::*;
 pub async fn wait_consumer_idle(system: &TestSystem, stream: &str, consumer: &str) {
     system
         .wait_for(&format!("consumer {consumer} to drain"), || async {
-            let stream = system.bus.jetstream().get_stream(stream).await.ok()?;
-            let mut consumer: async_nats::jetstream::consumer::PullConsumer =
-                stream.get_consumer(consumer).await.ok()?;
-            let info = consumer.info().await.ok()?;
+            let info = consumer_info(system, stream, consumer).await?;
             (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
         })
         .await;
+}
+
+/// A durable consumer's state on the server; `None` while it (or its stream) does not answer.
+pub async fn consumer_info(
+    system: &TestSystem,
+    stream: &str,
+    consumer: &str,
+) -> Option<async_nats::jetstream::consumer::Info> {
+    let stream = system.bus.jetstream().get_stream(stream).await.ok()?;
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer(consumer).await.ok()?;
+    consumer.info().await.ok().cloned()
 }
 
 /// Messages stored per subject in `stream`, for subjects matching `filter`.

@@ -792,7 +792,8 @@ impl LeaseTask {
     }
 
     /// Ingestion decided one of this worker's `verb` messages, so there may be room under its
-    /// quota: publishes that verb's unstored messages now instead of after [`REPUBLISH_DELAY`].
+    /// quota: publishes that verb's unstored messages now instead of at their fallback time
+    /// ([`ROOM_WAIT_MAX`], [`REPUBLISH_DELAY`]).
     async fn publish_unstored_now(&mut self, verb: Option<WorkerVerb>) -> Step {
         let now = Instant::now();
         for (sequence, resend_at) in &mut self.unacked {

@@ -255,15 +255,9 @@ async fn a_message_whose_deliveries_all_lapsed_undecided_is_still_decided() {
     // the first delivery: publish once none is waiting.
     system
         .wait_for("admission's pull requests to expire", || async {
-            let stream = system
-                .bus
-                .jetstream()
-                .get_stream(system.subjects.requests_stream())
-                .await
-                .ok()?;
-            let mut consumer: bus::async_nats::jetstream::consumer::PullConsumer =
-                stream.get_consumer(admission::CONSUMER_NAME).await.ok()?;
-            (consumer.info().await.ok()?.num_waiting == 0).then_some(())
+            let stream = system.subjects.requests_stream();
+            let info = tests::consumer_info(&system, &stream, admission::CONSUMER_NAME).await?;
+            (info.num_waiting == 0).then_some(())
         })
         .await;
     let request = system.request(org, "http://lapsed.test", &["alpha"]);
