@@ -48,6 +48,16 @@ impl ManualWorker {
         capabilities: &[&str],
         capacity: u32,
     ) -> v1::HelloReply {
+        self.hello_with_rules(capabilities, capacity, &[]).await
+    }
+
+    /// A hello declaring `rules`: (plugin, rule id, resource kinds).
+    pub async fn hello_with_rules(
+        &self,
+        capabilities: &[&str],
+        capacity: u32,
+        rules: &[(&str, &str, &[&str])],
+    ) -> v1::HelloReply {
         let request = v1::HelloRequest {
             schema_version: 1,
             worker_id: self.id.to_string(),
@@ -55,6 +65,14 @@ impl ManualWorker {
             protocol_version: messages::PROTOCOL_VERSION.into(),
             capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
             capacity,
+            rules: rules
+                .iter()
+                .map(|(plugin, rule_id, kinds)| v1::RuleDeclaration {
+                    plugin: (*plugin).to_owned(),
+                    rule_id: (*rule_id).to_owned(),
+                    resource_kinds: kinds.iter().map(|k| (*k).to_owned()).collect(),
+                })
+                .collect(),
         };
         v1::HelloReply::decode(
             self.request_raw(WorkerVerb::Hello, request.encode_to_vec())
@@ -368,6 +386,7 @@ pub fn findings_payload(count: usize) -> v1::BatchPayload {
             kind: "http_service".into(),
             value: "http://example.test:80".into(),
         }],
+        evaluations: Vec::new(),
     }
 }
 

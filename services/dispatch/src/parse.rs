@@ -6,8 +6,8 @@
 use messages::bounded::decode_counted;
 use messages::limits::{
     ACQUIRE_TASKS_MAX, ACQUIRE_WAIT_MS_MAX, ENROLLMENT_ORGANIZATIONS_MAX,
-    ENROLLMENT_SECRET_BYTES_MAX, IDENTIFIER_BYTES_MAX, RENEW_LEASES_MAX, WORKER_CAPABILITIES_MAX,
-    WORKER_CAPACITY_MAX,
+    ENROLLMENT_SECRET_BYTES_MAX, IDENTIFIER_BYTES_MAX, RENEW_LEASES_MAX, RESOURCE_KIND_BYTES_MAX,
+    RULE_KINDS_MAX, WORKER_CAPABILITIES_MAX, WORKER_CAPACITY_MAX, WORKER_RULES_MAX,
 };
 use messages::validate::{invalid, malformed, schema_version as schema, worker_id};
 use messages::{ErrorCode, Subjects, v1};
@@ -27,6 +27,8 @@ const HELLO_CAPABILITIES_TAG: u32 = 5;
 const RENEW_MORE_LEASES_TAG: u32 = 4;
 /// `EnrollRequest.capabilities`' field number: counted before the strings are held.
 const ENROLL_CAPABILITIES_TAG: u32 = 7;
+/// `HelloRequest.rules`' field number: counted before anything is decoded.
+const HELLO_RULES_TAG: u32 = 7;
 
 /// A hello that passed checks 1–7 of reference 6.3.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +38,7 @@ pub struct Hello {
     pub protocol_version: String,
     pub capabilities: Vec<String>,
     pub capacity: i32,
+    pub rules: Vec<v1::RuleDeclaration>,
 }
 
 impl Hello {
@@ -47,6 +50,7 @@ impl Hello {
             protocol_version: &self.protocol_version,
             capabilities: &self.capabilities,
             capacity: self.capacity,
+            rules: &self.rules,
         }
     }
 }
@@ -173,6 +177,50 @@ fn capabilities(count: usize, capabilities: &[String]) -> Result<(), v1::Error> 
     Ok(())
 }
 
+/// A hello's declared rules (reference 6.3, check 8): each of one of its capabilities, its
+/// rule id 1..=[`IDENTIFIER_BYTES_MAX`] bytes, 1..=[`RULE_KINDS_MAX`] resource kinds each
+/// 1..=[`RESOURCE_KIND_BYTES_MAX`] bytes, none with NUL; a (plugin, rule) declared once.
+fn declared_rules(capabilities: &[String], rules: &[v1::RuleDeclaration]) -> Result<(), v1::Error> {
+    let mut seen = std::collections::HashSet::new();
+    for rule in rules {
+        if !capabilities.contains(&rule.plugin) {
+            return Err(invalid(format!(
+                "rules: {:?} is declared for plugin {:?}, which is not among the capabilities",
+                rule.rule_id, rule.plugin
+            )));
+        }
+        let bad_text =
+            |text: &str, max: usize| text.is_empty() || text.len() > max || text.contains('\0');
+        if bad_text(&rule.rule_id, IDENTIFIER_BYTES_MAX) {
+            return Err(invalid(format!(
+                "rules: a rule_id must be 1..={IDENTIFIER_BYTES_MAX} bytes without NUL"
+            )));
+        }
+        if rule.resource_kinds.is_empty()
+            || rule.resource_kinds.len() > RULE_KINDS_MAX
+            || rule
+                .resource_kinds
+                .iter()
+                .any(|kind| bad_text(kind, RESOURCE_KIND_BYTES_MAX))
+        {
+            return Err(invalid(format!(
+                "rules: {:?} of {:?} must apply to 1..={RULE_KINDS_MAX} resource kinds, each \
+                 1..={RESOURCE_KIND_BYTES_MAX} bytes without NUL (\"{}\" is the target itself)",
+                rule.rule_id,
+                rule.plugin,
+                messages::TARGET_RESOURCE_KIND
+            )));
+        }
+        if !seen.insert((rule.plugin.as_str(), rule.rule_id.as_str())) {
+            return Err(invalid(format!(
+                "rules: {:?} of {:?} is declared twice",
+                rule.rule_id, rule.plugin
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn user_public_key(key: String) -> Result<String, v1::Error> {
     if identity::enrollment::is_user_public_key(&key) {
         Ok(key)
@@ -185,6 +233,13 @@ fn user_public_key(key: String) -> Result<String, v1::Error> {
 
 /// Reference 6.3, checks 1–7.
 pub fn hello(subject_worker: Option<&str>, payload: &[u8]) -> Result<Hello, v1::Error> {
+    let rules = messages::bounded::count_elements(payload, HELLO_RULES_TAG)
+        .map_err(|error| malformed("HelloRequest", error))?;
+    if rules > WORKER_RULES_MAX {
+        return Err(invalid(format!(
+            "rules: {rules} declared, at most {WORKER_RULES_MAX} are accepted"
+        )));
+    }
     let counted = decode_counted::<v1::HelloRequest>(
         payload,
         HELLO_CAPABILITIES_TAG,
@@ -217,12 +272,14 @@ pub fn hello(subject_worker: Option<&str>, payload: &[u8]) -> Result<Hello, v1::
         )));
     }
     capabilities(counted.count, &request.capabilities)?;
+    declared_rules(&request.capabilities, &request.rules)?;
     Ok(Hello {
         worker_id,
         software_version: request.software_version,
         protocol_version: request.protocol_version,
         capabilities: request.capabilities,
         capacity: request.capacity as i32,
+        rules: request.rules,
     })
 }
 

@@ -1,6 +1,8 @@
 //! Parsing worker messages off the wire into what ingestion can act on.
 
-use messages::limits::{BATCH_SEQUENCE_MAX, FINDING_FIELD_BYTES_MAX, IDENTIFIER_BYTES_MAX};
+use messages::limits::{
+    BATCH_SEQUENCE_MAX, FINDING_FIELD_BYTES_MAX, IDENTIFIER_BYTES_MAX, RESOURCE_KIND_BYTES_MAX,
+};
 use messages::validate::{invalid, is_cve_id, malformed, schema_version as schema, worker_id};
 use messages::{ErrorCode, WorkerVerb, v1};
 use prost::Message as _;
@@ -16,8 +18,12 @@ pub const TEXT_CHARS_MAX: usize = 4_096;
 
 const SEVERITIES: &[&str] = store::states::Severity::NAMES;
 
-/// `BatchPayload.findings`' field number: counted before more than the limit are held.
+/// `BatchPayload.findings`' and `BatchPayload.evaluations`' field numbers: counted together
+/// against the findings limit before more than the limit are held.
 const FINDINGS_TAG: u32 = 1;
+const EVALUATIONS_TAG: u32 = 3;
+
+const EVALUATION_STATUSES: &[&str] = store::states::EvaluationStatus::NAMES;
 
 /// A worker message that passed validation.
 #[derive(Debug, Clone)]
@@ -82,6 +88,7 @@ impl WorkerMessage {
                 payload_sha256,
                 findings: &payload.findings,
                 assets: &payload.assets,
+                evaluations: &payload.evaluations,
             }),
             WorkerMessage::Complete {
                 claim,
@@ -407,17 +414,18 @@ fn validate_envelope(message: &v1::ResultBatch, limits: &BatchLimits) -> Result<
 /// A batch's payload decoded (at most the limit of findings held), every finding and asset
 /// checked, and the assets' values redacted.
 fn validate_payload(payload: &[u8], limits: &BatchLimits) -> Result<v1::BatchPayload, v1::Error> {
-    // An empty finding is two bytes on the wire and some 200 decoded: at most the limit
-    // of them is held, the rest only counted.
-    let counted = messages::bounded::decode_counted::<v1::BatchPayload>(
+    // An empty finding is two bytes on the wire and some 200 decoded: at most the limit of
+    // findings and evaluations together is held, the rest only counted.
+    let counted = messages::bounded::decode_counted_among::<v1::BatchPayload>(
         payload,
-        FINDINGS_TAG,
+        &[FINDINGS_TAG, EVALUATIONS_TAG],
         limits.findings_max,
     )
     .map_err(|error| malformed("BatchPayload", error))?;
     if !counted.is_whole(limits.findings_max) {
         return Err(too_large(format!(
-            "batch has {} findings, at most {} are accepted; send smaller batches",
+            "batch has {} findings and evaluations, at most {} are accepted; send smaller \
+             batches",
             counted.count, limits.findings_max
         )));
     }
@@ -427,16 +435,19 @@ fn validate_payload(payload: &[u8], limits: &BatchLimits) -> Result<v1::BatchPay
     }
     for asset in &batch.assets {
         if asset.kind.is_empty()
-            || asset.kind.len() > 64
+            || asset.kind.len() > RESOURCE_KIND_BYTES_MAX
             || asset.value.is_empty()
             || asset.value.len() > 2_048
             || asset.kind.contains('\0')
             || asset.value.contains('\0')
         {
-            return Err(invalid(
-                "asset kind must be 1..=64 bytes and value 1..=2048 bytes",
-            ));
+            return Err(invalid(format!(
+                "asset kind must be 1..={RESOURCE_KIND_BYTES_MAX} bytes and value 1..=2048 bytes"
+            )));
         }
+    }
+    for evaluation in &batch.evaluations {
+        validate_evaluation(evaluation)?;
     }
     // Asset values are stored and de-duplicated as redacted; a finding's text fields are
     // redacted by the store, after its key is computed from what the worker sent.
@@ -489,6 +500,59 @@ fn validate_finding(finding: &v1::Finding) -> Result<(), v1::Error> {
     Ok(())
 }
 
+/// An evaluation: a rule and a resource as for a finding, a known status, a reason code where
+/// the status needs one (error, not applicable), text fields bounded as a finding's.
+fn validate_evaluation(evaluation: &v1::Evaluation) -> Result<(), v1::Error> {
+    if evaluation.rule_id.is_empty() || evaluation.rule_id.len() > IDENTIFIER_BYTES_MAX {
+        return Err(invalid(format!(
+            "evaluation rule_id must be 1..={IDENTIFIER_BYTES_MAX} bytes"
+        )));
+    }
+    if evaluation.resource.is_empty() {
+        return Err(invalid(format!(
+            "evaluation {:?} needs a resource",
+            evaluation.rule_id
+        )));
+    }
+    let Some(status) = store::states::EvaluationStatus::parse(&evaluation.status) else {
+        return Err(invalid(format!(
+            "evaluation status {:?} is not one of {}",
+            evaluation.status,
+            EVALUATION_STATUSES.join(", ")
+        )));
+    };
+    if evaluation.reason_code.len() > IDENTIFIER_BYTES_MAX {
+        return Err(invalid(format!(
+            "evaluation reason_code must be at most {IDENTIFIER_BYTES_MAX} bytes"
+        )));
+    }
+    if status.needs_reason() && evaluation.reason_code.is_empty() {
+        return Err(invalid(format!(
+            "evaluation {:?} on {:?} is {}: it needs a reason_code saying why",
+            evaluation.rule_id, evaluation.resource, evaluation.status
+        )));
+    }
+    for (name, text) in [
+        ("rule_id", &evaluation.rule_id),
+        ("resource", &evaluation.resource),
+        ("reason_code", &evaluation.reason_code),
+        ("evidence", &evaluation.evidence),
+        ("finding_discriminator", &evaluation.finding_discriminator),
+    ] {
+        if text.len() > FINDING_FIELD_BYTES_MAX {
+            return Err(too_large(format!(
+                "evaluation {name} is over {FINDING_FIELD_BYTES_MAX} bytes"
+            )));
+        }
+        if text.contains('\0') {
+            return Err(invalid(format!(
+                "evaluation {name} contains a NUL character"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod hostile;
 
@@ -533,7 +597,7 @@ pub(crate) mod tests {
         let worker = Uuid::now_v7().to_string();
         let payload = v1::BatchPayload {
             findings: vec![finding()],
-            assets: vec![],
+            ..Default::default()
         }
         .encode_to_vec();
         let good = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
@@ -562,7 +626,7 @@ pub(crate) mod tests {
         let worker = Uuid::now_v7().to_string();
         let payload = v1::BatchPayload {
             findings: vec![finding(); 3],
-            assets: vec![],
+            ..Default::default()
         }
         .encode_to_vec();
         let message = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
@@ -589,5 +653,80 @@ pub(crate) mod tests {
             parsed.unwrap_err().error_code(),
             Some(ErrorCode::InvalidField)
         );
+    }
+
+    fn evaluation(status: &str, reason_code: &str) -> v1::Evaluation {
+        v1::Evaluation {
+            rule_id: "r".into(),
+            resource: "x".into(),
+            status: status.into(),
+            reason_code: reason_code.into(),
+            ..Default::default()
+        }
+    }
+
+    fn parse_payload(payload: v1::BatchPayload, limits: &BatchLimits) -> Result<(), v1::Error> {
+        let worker = Uuid::now_v7().to_string();
+        let payload = payload.encode_to_vec();
+        let message = batch(&worker, payload.clone(), messages::sha256_hex(&payload));
+        parse(Some(WorkerVerb::Result), Some(&worker), &message, limits)
+            .1
+            .map(|_| ())
+    }
+
+    #[test]
+    fn evaluations_need_a_known_status_and_a_reason_where_it_needs_one() {
+        let limits = BatchLimits::default();
+        let with = |evaluation| v1::BatchPayload {
+            evaluations: vec![evaluation],
+            ..Default::default()
+        };
+        for (status, reason) in [
+            ("pass", ""),
+            ("fail", ""),
+            ("error", "connection_refused"),
+            ("not_applicable", "no_tls_service"),
+        ] {
+            parse_payload(with(evaluation(status, reason)), &limits)
+                .unwrap_or_else(|e| panic!("{status} with {reason:?}: {e:?}"));
+        }
+        for (status, reason) in [
+            ("error", ""),
+            ("not_applicable", ""),
+            ("unknown", "nothing"),
+            ("PASS", ""),
+            ("", ""),
+        ] {
+            let refused = parse_payload(with(evaluation(status, reason)), &limits).unwrap_err();
+            assert_eq!(
+                refused.error_code(),
+                Some(ErrorCode::InvalidField),
+                "{status} with {reason:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_wire_and_the_store_spell_the_same_statuses() {
+        assert_eq!(
+            messages::EVALUATION_STATUSES.as_slice(),
+            store::states::EvaluationStatus::NAMES
+        );
+    }
+
+    #[test]
+    fn findings_and_evaluations_share_the_batch_limit() {
+        let limits = BatchLimits {
+            findings_max: 4,
+            bytes_max: 1 << 20,
+        };
+        let payload = |findings, evaluations| v1::BatchPayload {
+            findings: vec![finding(); findings],
+            evaluations: vec![evaluation("pass", ""); evaluations],
+            ..Default::default()
+        };
+        parse_payload(payload(2, 2), &limits).unwrap();
+        let refused = parse_payload(payload(2, 3), &limits).unwrap_err();
+        assert_eq!(refused.error_code(), Some(ErrorCode::TooLarge));
     }
 }

@@ -259,7 +259,7 @@ mod tests {
             .iter()
             .filter_map(|item| match item {
                 ResultItem::Finding(finding) => Some(finding.rule_id.clone()),
-                ResultItem::Asset(_) => None,
+                ResultItem::Asset(_) | ResultItem::Evaluation(_) => None,
             })
             .collect();
         assert_eq!(rules, ["synthetic-0", "synthetic-1", "synthetic-2"]);

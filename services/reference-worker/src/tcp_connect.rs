@@ -206,7 +206,7 @@ mod tests {
             .iter()
             .filter_map(|item| match item {
                 ResultItem::Asset(asset) => Some(asset.kind.as_str()),
-                ResultItem::Finding(_) => None,
+                ResultItem::Finding(_) | ResultItem::Evaluation(_) => None,
             })
             .collect();
         assert_eq!(kinds, ["tcp_service"]);

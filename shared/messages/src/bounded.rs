@@ -29,13 +29,24 @@ impl<M> Counted<M> {
 /// Decodes `bytes` as `M`, keeping at most `kept_max` elements of the repeated field numbered
 /// `tag`; `count` is the number the bytes held. Memory stays within what the kept message and
 /// one more element need. Fails exactly when `M::decode(bytes)` fails.
+pub fn decode_counted<M: prost::Message + Default>(
+    bytes: &[u8],
+    tag: u32,
+    kept_max: usize,
+) -> Result<Counted<M>, prost::DecodeError> {
+    decode_counted_among(bytes, &[tag], kept_max)
+}
+
+/// [`decode_counted`] for several repeated fields that share one limit (a batch's findings and
+/// evaluations): `count` is the number of elements of all of them together, and at most
+/// `kept_max` of them, the first on the wire, are kept.
 ///
 /// The loop is `prost::Message::merge`'s own, over `prost::encoding` (public, though hidden
 /// from prost's documentation: the generated code calls it); `tests::agrees_with_decode` and
 /// the property tests pin that the two agree.
-pub fn decode_counted<M: prost::Message + Default>(
+pub fn decode_counted_among<M: prost::Message + Default>(
     bytes: &[u8],
-    tag: u32,
+    tags: &[u32],
     kept_max: usize,
 ) -> Result<Counted<M>, prost::DecodeError> {
     let mut buf = bytes;
@@ -45,7 +56,7 @@ pub fn decode_counted<M: prost::Message + Default>(
     let context = DecodeContext::default();
     while buf.has_remaining() {
         let (field, wire_type) = decode_key(&mut buf)?;
-        if field == tag {
+        if tags.contains(&field) {
             count += 1;
             if count > kept_max {
                 dropped.merge_field(field, wire_type, &mut buf, context.clone())?;
@@ -56,6 +67,21 @@ pub fn decode_counted<M: prost::Message + Default>(
         message.merge_field(field, wire_type, &mut buf, context.clone())?;
     }
     Ok(Counted { message, count })
+}
+
+/// How many elements of the repeated field numbered `tag` `bytes` hold, without decoding any
+/// field: every field is skipped as `prost` skips an unknown one. For a message with two
+/// repeated fields under different limits, check one with this before [`decode_counted`]
+/// bounds the other. Fails when the bytes are not a well-formed sequence of fields.
+pub fn count_elements(bytes: &[u8], tag: u32) -> Result<usize, prost::DecodeError> {
+    let mut buf = bytes;
+    let mut count = 0usize;
+    while buf.has_remaining() {
+        let (field, wire_type) = decode_key(&mut buf)?;
+        count += usize::from(field == tag);
+        prost::encoding::skip_field(wire_type, field, &mut buf, DecodeContext::default())?;
+    }
+    Ok(count)
 }
 
 #[cfg(test)]
@@ -96,6 +122,34 @@ mod tests {
             counted.message.capacity, 2,
             "fields after the dropped ones are kept"
         );
+    }
+
+    #[test]
+    fn elements_are_counted_without_decoding() {
+        let bytes = hello(7).encode_to_vec();
+        assert_eq!(count_elements(&bytes, CAPABILITIES_TAG).unwrap(), 7);
+        assert_eq!(count_elements(&bytes, 99).unwrap(), 0);
+        assert!(count_elements(&[0xff], CAPABILITIES_TAG).is_err());
+    }
+
+    #[test]
+    fn fields_that_share_a_limit_are_counted_together() {
+        let payload = v1::BatchPayload {
+            findings: vec![v1::Finding::default(); 3],
+            evaluations: vec![v1::Evaluation::default(); 4],
+            ..Default::default()
+        };
+        let bytes = payload.encode_to_vec();
+        let counted = decode_counted_among::<v1::BatchPayload>(&bytes, &[1, 3], 5).unwrap();
+        assert_eq!(counted.count, 7);
+        assert!(!counted.is_whole(5));
+        assert_eq!(
+            counted.message.findings.len() + counted.message.evaluations.len(),
+            5,
+            "at most the limit is kept, of both fields together"
+        );
+        let whole = decode_counted_among::<v1::BatchPayload>(&bytes, &[1, 3], 7).unwrap();
+        assert_eq!(whole.message, payload);
     }
 
     #[test]

@@ -49,6 +49,56 @@ impl v1::Error {
     }
 }
 
+/// The resource kind of a scan's target itself, for `RuleDeclaration.resource_kinds`: a rule
+/// that applies to it is required on the target as the scan request gave it.
+pub const TARGET_RESOURCE_KIND: &str = "target";
+
+/// The statuses a plugin may report in `Evaluation.status` (reference 6.7 "Evaluations"); the
+/// store's `EvaluationStatus` spells the same, and ingestion's tests pin that they agree.
+pub const EVALUATION_STATUSES: [&str; 4] = ["pass", "fail", "error", "not_applicable"];
+
+impl v1::Evaluation {
+    fn with(rule_id: &str, resource: &str, status: &str, reason_code: &str) -> Self {
+        Self {
+            rule_id: rule_id.to_owned(),
+            resource: resource.to_owned(),
+            status: status.to_owned(),
+            reason_code: reason_code.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// `rule_id` was checked on `resource` and holds.
+    pub fn pass(rule_id: &str, resource: &str) -> Self {
+        Self::with(rule_id, resource, EVALUATION_STATUSES[0], "")
+    }
+
+    /// `rule_id` was checked on `resource` and does not hold: it produced the finding of the
+    /// same rule and resource whose discriminator is `finding_discriminator` ("" for none).
+    pub fn fail(rule_id: &str, resource: &str, finding_discriminator: &str) -> Self {
+        Self {
+            finding_discriminator: finding_discriminator.to_owned(),
+            ..Self::with(rule_id, resource, EVALUATION_STATUSES[1], "")
+        }
+    }
+
+    /// `rule_id` could not be checked on `resource`, for the reason `reason_code`.
+    pub fn error(rule_id: &str, resource: &str, reason_code: &str) -> Self {
+        Self::with(rule_id, resource, EVALUATION_STATUSES[2], reason_code)
+    }
+
+    /// `rule_id` does not apply to `resource`, for the reason `reason_code`.
+    pub fn not_applicable(rule_id: &str, resource: &str, reason_code: &str) -> Self {
+        Self::with(rule_id, resource, EVALUATION_STATUSES[3], reason_code)
+    }
+
+    /// This evaluation with `evidence` as its supporting detail.
+    pub fn with_evidence(mut self, evidence: impl Into<String>) -> Self {
+        self.evidence = evidence.into();
+        self
+    }
+}
+
 impl std::fmt::Debug for v1::LeaseRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseRef")

@@ -30,6 +30,12 @@ pub const ACQUIRE_WAIT_MS_MAX: u32 = 30_000;
 pub const WORKER_CAPACITY_MAX: u32 = 1_024;
 /// Capabilities a worker may declare.
 pub const WORKER_CAPABILITIES_MAX: usize = 256;
+/// Rules a worker's hello may declare, over all its plugins (`HelloRequest.rules`).
+pub const WORKER_RULES_MAX: usize = 4_096;
+/// Resource kinds one declared rule may apply to.
+pub const RULE_KINDS_MAX: usize = 16;
+/// Longest resource kind (an asset's kind, or `target`), in bytes.
+pub const RESOURCE_KIND_BYTES_MAX: usize = 64;
 /// Highest sequence number of a result batch: bounds the completion check.
 pub const BATCH_SEQUENCE_MAX: u32 = 100_000;
 /// Largest result batch payload ingestion may be set to take (`PALISADE_BATCH_BYTES_MAX`), in

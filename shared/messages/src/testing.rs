@@ -202,10 +202,39 @@ pub fn asset() -> impl Strategy<Value = v1::Asset> {
     ("[a-z_]{1,64}", "[ -~]{1,128}").prop_map(|(kind, value)| v1::Asset { kind, value })
 }
 
+/// A well-formed evaluation: a status a plugin may report, a reason code where it needs one.
+pub fn evaluation() -> impl Strategy<Value = v1::Evaluation> {
+    (
+        "[a-z0-9_.-]{1,32}",
+        "[ -~]{1,64}",
+        proptest::sample::select(crate::EVALUATION_STATUSES.to_vec()),
+        "[a-z_]{1,32}",
+        "[ -~]{0,16}",
+    )
+        .prop_map(
+            |(rule_id, resource, status, reason_code, discriminator)| v1::Evaluation {
+                rule_id,
+                resource,
+                status: status.to_owned(),
+                reason_code,
+                evidence: String::new(),
+                finding_discriminator: discriminator,
+            },
+        )
+}
+
 /// A well-formed batch payload.
 pub fn batch_payload() -> impl Strategy<Value = v1::BatchPayload> {
-    (vec(finding(), 0..8), vec(asset(), 0..4))
-        .prop_map(|(findings, assets)| v1::BatchPayload { findings, assets })
+    (
+        vec(finding(), 0..8),
+        vec(asset(), 0..4),
+        vec(evaluation(), 0..4),
+    )
+        .prop_map(|(findings, assets, evaluations)| v1::BatchPayload {
+            findings,
+            assets,
+            evaluations,
+        })
 }
 
 #[cfg(test)]

@@ -41,8 +41,8 @@ pub use decide::{
     Script, admit, cancel, decide_batch, ingest, lease, progress, recover, revoke, savepoint,
 };
 pub use entities::{
-    admin, artifacts, audit, bus_identities, cves, dead_letters, enrichment, enrollment, evidence,
-    findings, history, observability, rate_limits, schedules,
+    admin, artifacts, audit, bus_identities, coverage, cves, dead_letters, enrichment, enrollment,
+    evidence, findings, history, observability, rate_limits, schedules,
 };
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 

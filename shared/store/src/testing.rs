@@ -14,7 +14,7 @@ fn live() -> [&'static str; 2] {
 }
 
 /// Every table palisade writes, for "nothing was written" checks.
-pub const TABLES: [&str; 22] = [
+pub const TABLES: [&str; 23] = [
     "organizations",
     "targets",
     "workers",
@@ -28,6 +28,7 @@ pub const TABLES: [&str; 22] = [
     "assets",
     "scan_assets",
     "findings",
+    "evaluations",
     "enrichment_jobs",
     "outbox",
     "outbox_batches",

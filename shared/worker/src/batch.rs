@@ -9,6 +9,7 @@ use crate::plugin::ResultItem;
 /// Field tags of `BatchPayload`: each repeated entry costs its tag, its length and its bytes.
 const FINDINGS_TAG: u32 = 1;
 const ASSETS_TAG: u32 = 2;
+const EVALUATIONS_TAG: u32 = 3;
 
 /// A result that cannot fit in any batch, even alone.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,6 +48,9 @@ impl Batcher {
     pub fn push(&mut self, item: ResultItem) -> Result<Option<v1::BatchPayload>, ItemTooLarge> {
         let item = match item {
             ResultItem::Finding(finding) => ResultItem::Finding(clamp_finding(finding)),
+            ResultItem::Evaluation(evaluation) => {
+                ResultItem::Evaluation(clamp_evaluation(evaluation))
+            }
             asset @ ResultItem::Asset(_) => asset,
         };
         let bytes = match &item {
@@ -54,6 +58,9 @@ impl Batcher {
                 prost::encoding::message::encoded_len(FINDINGS_TAG, finding)
             }
             ResultItem::Asset(asset) => prost::encoding::message::encoded_len(ASSETS_TAG, asset),
+            ResultItem::Evaluation(evaluation) => {
+                prost::encoding::message::encoded_len(EVALUATIONS_TAG, evaluation)
+            }
         };
         if bytes > self.bytes_max {
             return Err(ItemTooLarge {
@@ -61,13 +68,17 @@ impl Batcher {
                 bytes_max: self.bytes_max,
             });
         }
-        let is_finding = matches!(item, ResultItem::Finding(_));
+        // Findings and evaluations share the session's findings limit (reference 6.7).
+        let counted = !matches!(item, ResultItem::Asset(_));
         let fits = self.current_bytes + bytes <= self.bytes_max
-            && (!is_finding || self.current.findings.len() < self.findings_max);
+            && (!counted
+                || self.current.findings.len() + self.current.evaluations.len()
+                    < self.findings_max);
         let full = if fits { None } else { self.take() };
         match item {
             ResultItem::Finding(finding) => self.current.findings.push(finding),
             ResultItem::Asset(asset) => self.current.assets.push(asset),
+            ResultItem::Evaluation(evaluation) => self.current.evaluations.push(evaluation),
         }
         self.current_bytes += bytes;
         debug_assert_eq!(self.current_bytes, self.current.encoded_len());
@@ -84,7 +95,9 @@ impl Batcher {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.current.findings.is_empty() && self.current.assets.is_empty()
+        self.current.findings.is_empty()
+            && self.current.assets.is_empty()
+            && self.current.evaluations.is_empty()
     }
 }
 
@@ -100,6 +113,13 @@ pub(crate) fn clamp_finding(mut finding: v1::Finding) -> v1::Finding {
         truncate_at_char_boundary(field, limits::FINDING_FIELD_BYTES_MAX);
     }
     finding
+}
+
+/// Cuts an evaluation's evidence to the protocol's per-field limit, as [`clamp_finding`]
+/// does a finding's text.
+pub(crate) fn clamp_evaluation(mut evaluation: v1::Evaluation) -> v1::Evaluation {
+    truncate_at_char_boundary(&mut evaluation.evidence, limits::FINDING_FIELD_BYTES_MAX);
+    evaluation
 }
 
 fn truncate_at_char_boundary(text: &mut String, bytes_max: usize) {
@@ -193,6 +213,28 @@ mod tests {
     }
 
     #[test]
+    fn evaluations_count_with_findings() {
+        let mut batcher = Batcher::new(3, 1 << 20);
+        assert!(batcher.push(finding(0, 1)).unwrap().is_none());
+        for index in 0..2 {
+            let evaluation = v1::Evaluation::pass(&format!("rule-{index}"), "host:80");
+            assert!(
+                batcher
+                    .push(ResultItem::Evaluation(evaluation))
+                    .unwrap()
+                    .is_none()
+            );
+        }
+        let evaluation = v1::Evaluation::error("rule-9", "host:80", "timeout");
+        let full = batcher
+            .push(ResultItem::Evaluation(evaluation))
+            .unwrap()
+            .expect("the fourth counted result starts a new batch");
+        assert_eq!((full.findings.len(), full.evaluations.len()), (1, 2));
+        assert_eq!(batcher.take().unwrap().evaluations.len(), 1);
+    }
+
+    #[test]
     fn cuts_by_encoded_bytes_and_never_exceeds_them() {
         let bytes_max = 1_000;
         let mut batcher = Batcher::new(1_000, bytes_max);
@@ -250,6 +292,7 @@ mod tests {
                 kind: "file".into(),
                 value: "/etc".into(),
             }],
+            ..Default::default()
         };
         let batch = batch_message("w", &lease, 3, &payload);
         assert_eq!(batch.idempotency_key, "a:3");

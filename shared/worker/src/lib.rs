@@ -39,7 +39,7 @@ pub use config::{Session, WorkerConfig};
 pub use error::WorkerError;
 pub use futures::future::BoxFuture;
 pub use messages::v1;
-pub use plugin::{Plugin, PluginError, ResultItem, ResultSink, SinkClosed, TaskInput};
+pub use plugin::{Plugin, PluginError, ResultItem, ResultSink, Rule, SinkClosed, TaskInput};
 pub use stats::{StatsSnapshot, WorkerStats};
 pub use tokio_util::sync::CancellationToken;
 pub use worker::Worker;

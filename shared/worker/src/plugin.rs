@@ -21,6 +21,14 @@ pub trait Plugin: Send + Sync + 'static {
     /// The name tasks use to ask for this plugin, e.g. `"tcp_connect"`.
     fn name(&self) -> &'static str;
 
+    /// The rules it checks, and on which resources: the worker declares them in its hello, and
+    /// a scan job it completes requires an evaluation ([`ResultSink::evaluation`]) of each rule
+    /// on each resource of those kinds the scan has. A plugin that declares none checks
+    /// nothing a scan's coverage can show: its jobs' coverage reads unknown.
+    fn rules(&self) -> &'static [Rule] {
+        &[]
+    }
+
     /// Scans `task.target`, pushing every finding and asset into `sink` as it is found, and
     /// returns a one-line summary for the scan job.
     fn run<'a>(
@@ -29,6 +37,16 @@ pub trait Plugin: Send + Sync + 'static {
         sink: ResultSink,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<String, PluginError>>;
+}
+
+/// A rule a plugin checks, and the kinds of resource it applies to: asset kinds (e.g.
+/// `"http_service"`) and [`messages::TARGET_RESOURCE_KIND`] (`"target"`, the scan's target as
+/// the request gave it, which is [`TaskInput::target`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// As the plugin's findings and evaluations name it.
+    pub id: &'static str,
+    pub applies_to: &'static [&'static str],
 }
 
 /// What a plugin gets to work on: the lease's target and the context of its scan.
@@ -99,6 +117,9 @@ impl PluginError {
 pub enum ResultItem {
     Finding(v1::Finding),
     Asset(v1::Asset),
+    /// What a rule concluded on a resource, found or not (`v1::Evaluation::pass` and its
+    /// siblings build one).
+    Evaluation(v1::Evaluation),
 }
 
 /// The sink no longer takes results: the task is stopping. A plugin that gets this returns
@@ -176,6 +197,13 @@ impl ResultSink {
 
     pub async fn asset(&self, asset: v1::Asset) -> Result<(), SinkClosed> {
         self.send(ResultItem::Asset(asset)).await
+    }
+
+    /// Reports that a rule was checked on a resource, and what it concluded: a scan's coverage
+    /// is made of these. Report one for every check the plugin makes, a pass as much as a
+    /// failure (a failure after its finding).
+    pub async fn evaluation(&self, evaluation: v1::Evaluation) -> Result<(), SinkClosed> {
+        self.send(ResultItem::Evaluation(evaluation)).await
     }
 
     async fn send(&self, item: ResultItem) -> Result<(), SinkClosed> {

@@ -27,6 +27,38 @@ use crate::{Plugin, Session, WorkerConfig, WorkerError, WorkerStats};
 /// long-polling is not polled in a tight loop.
 const ACQUIRE_EMPTY_PAUSE: Duration = Duration::from_millis(100);
 
+/// A plugin's rules as dispatch takes them (reference 6.3 check 8): ids and kinds non-empty
+/// and within their limits, each rule once.
+fn check_rules(plugin: &str, rules: &[crate::Rule]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for rule in rules {
+        let bad = |text: &str, max: usize| text.is_empty() || text.len() > max;
+        if bad(rule.id, limits::IDENTIFIER_BYTES_MAX)
+            || rule.applies_to.is_empty()
+            || rule.applies_to.len() > limits::RULE_KINDS_MAX
+            || rule
+                .applies_to
+                .iter()
+                .any(|kind| bad(kind, limits::RESOURCE_KIND_BYTES_MAX))
+        {
+            return Err(format!(
+                "plugin {plugin:?} declares rule {:?} with an empty or too long id, or not 1..={} \
+                 resource kinds of at most {} bytes",
+                rule.id,
+                limits::RULE_KINDS_MAX,
+                limits::RESOURCE_KIND_BYTES_MAX
+            ));
+        }
+        if !seen.insert(rule.id) {
+            return Err(format!(
+                "plugin {plugin:?} declares rule {:?} twice",
+                rule.id
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A worker process's connection to palisade: runs the plugins it was built with on the
 /// tasks dispatch leases to it.
 pub struct Worker {
@@ -70,9 +102,19 @@ impl Worker {
             if name.is_empty() || name.len() > limits::IDENTIFIER_BYTES_MAX {
                 return invalid(format!("plugin name {name:?} is empty or too long"));
             }
+            if let Err(reason) = check_rules(name, plugin.rules()) {
+                return invalid(reason);
+            }
             if by_name.insert(name, plugin).is_some() {
                 return invalid(format!("two plugins are named {name:?}"));
             }
+        }
+        let rules: usize = by_name.values().map(|plugin| plugin.rules().len()).sum();
+        if rules > limits::WORKER_RULES_MAX {
+            return invalid(format!(
+                "the plugins declare {rules} rules, over the protocol's {}",
+                limits::WORKER_RULES_MAX
+            ));
         }
         Ok(Self {
             bus,
@@ -92,6 +134,23 @@ impl Worker {
         let mut names: Vec<String> = self.plugins.keys().map(|name| (*name).to_owned()).collect();
         names.sort();
         names
+    }
+
+    /// The rules its plugins declare ([`Plugin::rules`]), as its hello carries them: by plugin
+    /// name, then in each plugin's order.
+    pub fn declared_rules(&self) -> Vec<v1::RuleDeclaration> {
+        let mut plugins: Vec<(&&str, &Arc<dyn Plugin>)> = self.plugins.iter().collect();
+        plugins.sort_by_key(|(name, _)| **name);
+        plugins
+            .into_iter()
+            .flat_map(|(name, plugin)| {
+                plugin.rules().iter().map(|rule| v1::RuleDeclaration {
+                    plugin: (*name).to_owned(),
+                    rule_id: rule.id.to_owned(),
+                    resource_kinds: rule.applies_to.iter().map(|k| (*k).to_owned()).collect(),
+                })
+            })
+            .collect()
     }
 
     /// Runs until `shutdown` fires, then releases every running lease (waiting at most
@@ -246,6 +305,7 @@ impl Worker {
             protocol_version: messages::PROTOCOL_VERSION.to_owned(),
             capabilities: self.capabilities(),
             capacity: self.config.capacity,
+            rules: self.declared_rules(),
         };
         let subject = self.bus.subjects().worker(worker_id, WorkerVerb::Hello);
         let mut failures = 0;

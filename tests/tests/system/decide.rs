@@ -87,6 +87,7 @@ impl Batch {
             payload_sha256: &self.checksum,
             findings: &self.payload.findings,
             assets: &self.payload.assets,
+            evaluations: &self.payload.evaluations,
         })
     }
 }

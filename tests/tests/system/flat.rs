@@ -33,7 +33,7 @@ const WARM_UP_SCANS: usize = 5;
 /// The others hold a row per organization, worker, assignment or lease (or nothing here:
 /// uploads, dead letters; the outbox, which holds only events not yet published) and may be
 /// scanned whole.
-const LARGE_TABLES: [&str; 10] = [
+const LARGE_TABLES: [&str; 11] = [
     "targets",
     "scans",
     "scan_jobs",
@@ -41,6 +41,7 @@ const LARGE_TABLES: [&str; 10] = [
     "worker_task_attempts",
     "worker_result_batches",
     "findings",
+    "evaluations",
     "assets",
     "scan_assets",
     "enrichment_jobs",

@@ -245,6 +245,7 @@ async fn next_plugin_sees_assets_found_before_it_and_last_plugin_completes_the_s
             kind: "http_service".into(),
             value: "http://10.0.0.1:8080".into(),
         }],
+        ..Default::default()
     };
     assert!(
         worker

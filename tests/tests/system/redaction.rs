@@ -81,6 +81,14 @@ async fn no_corpus_secret_reaches_postgresql_the_events_or_the_logs() {
                 value: (*text).into(),
             })
             .collect(),
+        evaluations: texts
+            .iter()
+            .enumerate()
+            .map(|(index, text)| {
+                v1::Evaluation::error(&format!("rule-{index}"), text, "timeout")
+                    .with_evidence(*text)
+            })
+            .collect(),
     };
     let batch = scan.worker.batch(&scan.lease, 0, &payload);
     let ack = scan.worker.send_batch(&batch).await;

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 
 use store::states::{
-    AdminAction, AttemptStatus, DeadLetterResolution, EnrichmentJobState, FindingChange,
-    FindingStatus, QuarantineAction, ResultBatchStatus, ScanJobState, ScanState,
+    AdminAction, AttemptStatus, DeadLetterResolution, EnrichmentJobState, EvaluationStatus,
+    FindingChange, FindingStatus, QuarantineAction, ResultBatchStatus, ScanJobState, ScanState,
     ScheduleFireOutcome, ScheduleOverlap, Severity, TaskState, UploadStatus,
 };
 use tests::TestSystem;
@@ -22,7 +22,7 @@ fn quoted_values(definition: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn state_enums_match_the_check_constraints() {
     let system = TestSystem::spawn().await;
-    let cases: [(&str, &[&str]); 15] = [
+    let cases: [(&str, &[&str]); 16] = [
         (ScanState::CHECK_CONSTRAINT, ScanState::NAMES),
         (ScanJobState::CHECK_CONSTRAINT, ScanJobState::NAMES),
         (TaskState::CHECK_CONSTRAINT, TaskState::NAMES),
@@ -39,6 +39,7 @@ async fn state_enums_match_the_check_constraints() {
         (FindingStatus::CHECK_CONSTRAINT, FindingStatus::NAMES),
         (Severity::CHECK_CONSTRAINT, Severity::NAMES),
         (FindingChange::CHECK_CONSTRAINT, FindingChange::NAMES),
+        (EvaluationStatus::CHECK_CONSTRAINT, EvaluationStatus::NAMES),
         (QuarantineAction::CHECK_CONSTRAINT, QuarantineAction::NAMES),
         (
             DeadLetterResolution::CHECK_CONSTRAINT,

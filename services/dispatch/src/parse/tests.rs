@@ -55,6 +55,7 @@ fn hello_request() -> impl Strategy<Value = v1::HelloRequest> {
                 protocol_version: messages::PROTOCOL_VERSION.into(),
                 capabilities,
                 capacity,
+                rules: Vec::new(),
             },
         )
 }

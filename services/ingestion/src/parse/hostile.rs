@@ -295,7 +295,7 @@ fn hostile_a_million_empty_findings_are_too_large() {
     let worker = Uuid::nil().to_string();
     let payload = v1::BatchPayload {
         findings: vec![v1::Finding::default(); 500_000],
-        assets: vec![],
+        ..Default::default()
     };
     let lease = v1::LeaseRef {
         task_id: worker.clone(),

@@ -32,6 +32,7 @@ async fn run(
         match item {
             ResultItem::Finding(finding) => findings.push(finding),
             ResultItem::Asset(asset) => panic!("no assets expected, got {asset:?}"),
+            ResultItem::Evaluation(_) => {}
         }
     }
     (result, findings)

@@ -1,5 +1,6 @@
 -- Ingestion: moves attempts, their tasks and scan jobs to running or completed, publishing each
--- completed job's evidence counts.
+-- completed job's evidence counts and copying onto it the rules its plugin declared by the
+-- worker that completed it (`coverage`: what the job requires evaluations of).
 -- $1 attempt_ids: uuid[]
 -- $2 task_ids: uuid[]
 -- $3 finished: bool[]
@@ -12,6 +13,7 @@
 -- $10 running_state: text — TaskState::Running.as_str()
 -- $11 leased_state: text — TaskState::Leased.as_str()
 -- $12 completed_job_state: text — ScanJobState::Completed.as_str()
+-- $13 job_workers: uuid[] — the worker completing each of job_ids
 WITH attempts AS (
     UPDATE worker_task_attempts a
     SET status = CASE WHEN u.done THEN $6 ELSE $7 END,
@@ -31,7 +33,10 @@ UPDATE scan_jobs j
 SET state = $12, evidence_published_at = now(), finished_at = now(),
     finding_count = (SELECT count(*) FROM findings f WHERE f.scan_job_id = j.id),
     asset_count = (SELECT count(*) FROM scan_assets s WHERE s.scan_job_id = j.id),
-    summary = u.summary, updated_at = now()
-FROM UNNEST($4::uuid[], $5::text[]) AS u(id, summary)
+    summary = u.summary,
+    required_rules = coalesce(
+        (SELECT w.declared_rules -> j.plugin FROM workers w WHERE w.id = u.worker_id), '[]'),
+    updated_at = now()
+FROM UNNEST($4::uuid[], $5::text[], $13::uuid[]) AS u(id, summary, worker_id)
 WHERE j.id = u.id
 RETURNING j.id, j.finding_count, j.asset_count

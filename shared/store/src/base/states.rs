@@ -321,6 +321,29 @@ impl Ord for Severity {
 }
 
 string_enum! {
+    /// A plugin's verdict on one rule and resource (`evaluations.status`, written by ingestion
+    /// as the worker reported it). What was required and never reported reads
+    /// [`crate::coverage::CoverageStatus::Unknown`]: it is never stored.
+    EvaluationStatus, "evaluations.evaluations_status_check" {
+        /// Checked, and it holds.
+        Pass => "pass",
+        /// Checked, and it does not: the evaluation names the finding it produced.
+        Fail => "fail",
+        /// The check could not be made (a reason code says why).
+        Error => "error",
+        /// The rule does not apply to the resource (a reason code says why).
+        NotApplicable => "not_applicable",
+    }
+}
+
+impl EvaluationStatus {
+    /// Whether the status needs a reason code.
+    pub fn needs_reason(self) -> bool {
+        matches!(self, Self::Error | Self::NotApplicable)
+    }
+}
+
+string_enum! {
     /// A change in a finding's history (`finding_history.action`).
     FindingChange, "finding_history.finding_history_action_check" {
         /// Its disposition was set.

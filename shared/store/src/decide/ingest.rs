@@ -12,8 +12,8 @@
 //! 2. `Verdicts`: the fence, replays, checksum and sequence conflicts are decided in Rust
 //!    against that snapshot, message by message in order, so each message gets the answer it
 //!    would get alone;
-//! 3. `write::write_batches`: accepted batches, their assets and their findings are written
-//!    with one statement each;
+//! 3. `write::write_batches`: accepted batches, their assets, findings and evaluations are
+//!    written with one statement each;
 //! 4. `check_completions`: one statement counts each completing attempt's batches;
 //!    `finish_attempts`: completions that pass move their attempt, task and scan job in one
 //!    statement, and [`progress`] advances their scans (`completed_events`);
@@ -71,6 +71,9 @@ pub struct BatchParams<'a> {
     pub payload_sha256: &'a str,
     pub findings: &'a [v1::Finding],
     pub assets: &'a [v1::Asset],
+    /// Checked by the caller: each status one of [`crate::states::EvaluationStatus`], with a
+    /// reason code where it needs one.
+    pub evaluations: &'a [v1::Evaluation],
 }
 
 /// A completion: every batch below `batch_count` must be persisted.
@@ -909,6 +912,10 @@ async fn finish_attempts(
         .iter()
         .map(|(params, _, _)| params.summary)
         .collect();
+    let job_workers: Vec<Uuid> = completed
+        .iter()
+        .map(|(params, _, _)| params.claim.worker_id)
+        .collect();
     let rows: Vec<(Uuid, i32, i32)> = sql::worker_task_attempts::FinishMany {
         attempt_ids: &attempt_ids,
         task_ids: &task_ids,
@@ -922,6 +929,7 @@ async fn finish_attempts(
         running_state: TaskState::Running.as_str(),
         leased_state: TaskState::Leased.as_str(),
         completed_job_state: ScanJobState::Completed.as_str(),
+        job_workers: &job_workers,
     }
     .query_as()
     .fetch_all(conn)

@@ -28,6 +28,8 @@ pub struct HelloParams<'a> {
     pub protocol_version: &'a str,
     pub capabilities: &'a [String],
     pub capacity: i32,
+    /// The rules its plugins check (checked by the caller: reference 6.3).
+    pub rules: &'a [v1::RuleDeclaration],
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +48,7 @@ pub async fn hello(pool: &PgPool, params: &HelloParams<'_>) -> Result<HelloOutco
         capacity: params.capacity,
         software_version: params.software_version,
         protocol_version: params.protocol_version,
+        declared_rules: sqlx::types::Json(crate::coverage::declared_rules(params.rules)),
     }
     .query_as()
     .fetch_optional(&mut *tx)

@@ -17,6 +17,15 @@ pub fn finding_key(plugin: &str, rule_id: &str, resource: &str, discriminator: &
     hex::encode(hasher.finalize())
 }
 
+/// The stable identity of an evaluation within a scan: plugin, rule and resource as the worker
+/// sent them (before redaction), hashed as [`finding_key`] hashes them. A replay, or a later
+/// message about the same rule and resource, updates the same row.
+pub fn evaluation_key(plugin: &str, rule_id: &str, resource: &str) -> String {
+    // The finding's hash with an empty discriminator: the two keys live in separate tables,
+    // and a failure's finding without a discriminator shares its evaluation's key.
+    finding_key(plugin, rule_id, resource, "")
+}
+
 /// What a redacted secret becomes.
 pub const REDACTED: &str = "[REDACTED]";
 

@@ -32,7 +32,8 @@ async fn leased(database: &Database, count: usize) -> Vec<LeaseClaim> {
     database.leases(worker, count).await
 }
 
-/// A batch payload of `findings` findings and one asset.
+/// A batch payload of `findings` findings, the failed evaluation of each, a passed one, and
+/// one asset.
 fn payload(findings: usize) -> v1::BatchPayload {
     v1::BatchPayload {
         findings: (0..findings)
@@ -48,6 +49,10 @@ fn payload(findings: usize) -> v1::BatchPayload {
             kind: "http_service".into(),
             value: "http://example.test:80".into(),
         }],
+        evaluations: (0..findings)
+            .map(|index| v1::Evaluation::fail(&format!("rule-{index}"), "http://example.test/", ""))
+            .chain([v1::Evaluation::pass("rule-ok", "http://example.test/")])
+            .collect(),
     }
 }
 
@@ -79,6 +84,7 @@ impl Batch {
             payload_sha256: &self.checksum,
             findings: &self.payload.findings,
             assets: &self.payload.assets,
+            evaluations: &self.payload.evaluations,
         })
     }
 }

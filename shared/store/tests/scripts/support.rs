@@ -75,6 +75,7 @@ impl Database {
                 protocol_version: "1",
                 capabilities: &capabilities,
                 capacity,
+                rules: &[],
             },
         )
         .await

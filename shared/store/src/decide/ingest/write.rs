@@ -1,6 +1,6 @@
 //! What an ingestion decision writes for the result batches it accepted: the batch rows, their
-//! assets (linked to their scans) and their findings, one statement each whatever the number
-//! of batches.
+//! assets (linked to their scans), their findings and their evaluations, one statement each
+//! whatever the number of batches.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,11 +10,11 @@ use uuid::Uuid;
 
 use super::{BatchParams, Job, LockedRow};
 use crate::StoreError;
-use crate::evidence::{finding_key, redact};
+use crate::evidence::{evaluation_key, finding_key, redact};
 use crate::sql;
-use crate::states::ResultBatchStatus;
+use crate::states::{EvaluationStatus, ResultBatchStatus};
 
-/// Writes the accepted batches with their assets and findings: one statement each.
+/// Writes the accepted batches with their assets, findings and evaluations: one statement each.
 pub(super) async fn write_batches(
     conn: &mut PgConnection,
     accepted: &[(&BatchParams<'_>, &LockedRow, Job)],
@@ -78,14 +78,15 @@ struct Evidence<'e, 'p> {
     scan_job_id: Uuid,
 }
 
-/// Upserts the batches' assets (linked to their scans) and findings: one statement each,
-/// whatever the number of batches.
+/// Upserts the batches' assets (linked to their scans), findings and evaluations: one
+/// statement each, whatever the number of batches.
 async fn write_evidence(
     conn: &mut PgConnection,
     evidence: &[Evidence<'_, '_>],
 ) -> Result<(), StoreError> {
     write_assets(conn, evidence).await?;
-    write_findings(conn, evidence).await
+    write_findings(conn, evidence).await?;
+    write_evaluations(conn, evidence).await
 }
 
 async fn write_assets(
@@ -222,6 +223,93 @@ async fn write_findings(
         descriptions: &descriptions,
         evidence: &evidence,
         cves: &cves,
+    }
+    .query()
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The accepted batches' evaluations by (scan, key), the last message winning, in key order
+/// (as [`findings_by_key`]).
+fn evaluations_by_key<'e, 'p, 'r>(
+    accepted: &'e [Evidence<'p, 'r>],
+) -> BTreeMap<(Uuid, String), (&'e v1::Evaluation, &'e Evidence<'p, 'r>)> {
+    let mut by_key = BTreeMap::new();
+    for batch in accepted {
+        for evaluation in batch.params.evaluations {
+            let key = evaluation_key(batch.plugin, &evaluation.rule_id, &evaluation.resource);
+            by_key.insert((batch.scan_id, key), (evaluation, batch));
+        }
+    }
+    by_key
+}
+
+/// Writes the accepted batches' evaluations ([`evaluations_by_key`]) in one statement. A
+/// failure's finding key is computed as its finding's was, from what the worker sent. The
+/// caller checked each status; the schema's CHECK refuses any other (and the batch is then
+/// decided message by message).
+async fn write_evaluations(
+    conn: &mut PgConnection,
+    accepted: &[Evidence<'_, '_>],
+) -> Result<(), StoreError> {
+    let by_key = evaluations_by_key(accepted);
+    if by_key.is_empty() {
+        return Ok(());
+    }
+    let n = by_key.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut organizations = Vec::with_capacity(n);
+    let mut scans = Vec::with_capacity(n);
+    let mut jobs = Vec::with_capacity(n);
+    let mut attempts = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut plugins = Vec::with_capacity(n);
+    let mut rule_ids = Vec::with_capacity(n);
+    let mut resources = Vec::with_capacity(n);
+    let mut statuses = Vec::with_capacity(n);
+    let mut reason_codes = Vec::with_capacity(n);
+    let mut evidence = Vec::with_capacity(n);
+    let mut finding_keys = Vec::with_capacity(n);
+    for ((scan_id, key), (evaluation, batch)) in &by_key {
+        let failed = evaluation.status == EvaluationStatus::Fail.as_str();
+        ids.push(Uuid::now_v7());
+        organizations.push(batch.organization_id);
+        scans.push(*scan_id);
+        jobs.push(batch.scan_job_id);
+        attempts.push(batch.params.claim.attempt_id);
+        keys.push(key.as_str());
+        plugins.push(batch.plugin);
+        rule_ids.push(evaluation.rule_id.as_str());
+        resources.push(redact(&evaluation.resource));
+        statuses.push(evaluation.status.as_str());
+        reason_codes.push(evaluation.reason_code.as_str());
+        evidence.push(redact(&evaluation.evidence));
+        finding_keys.push(if failed {
+            finding_key(
+                batch.plugin,
+                &evaluation.rule_id,
+                &evaluation.resource,
+                &evaluation.finding_discriminator,
+            )
+        } else {
+            String::new()
+        });
+    }
+    sql::evaluations::UpsertMany {
+        ids: &ids,
+        organizations: &organizations,
+        scans: &scans,
+        jobs: &jobs,
+        attempts: &attempts,
+        keys: &keys,
+        plugins: &plugins,
+        rule_ids: &rule_ids,
+        resources: &resources,
+        statuses: &statuses,
+        reason_codes: &reason_codes,
+        evidence: &evidence,
+        finding_keys: &finding_keys,
     }
     .query()
     .execute(conn)

@@ -1,0 +1,20 @@
+-- A scan's coverage inputs (`coverage::of_scan`), in one snapshot: its target's locator, its
+-- scan jobs (plugin, state, the rules they require), the assets it discovered, and its
+-- evaluations with the finding each failure names (its id and disposition, if it exists). No
+-- row: no such scan.
+-- $1 scan_id: uuid
+-- $2 organization_id: uuid — NULL: any
+SELECT s.state, t.locator,
+       coalesce((SELECT jsonb_agg(jsonb_build_array(j.plugin, j.state, j.required_rules)
+                                  ORDER BY j.position)
+                 FROM scan_jobs j WHERE j.scan_id = s.id), '[]') AS jobs,
+       coalesce((SELECT jsonb_agg(jsonb_build_array(a.kind, a.value))
+                 FROM scan_assets sa JOIN assets a ON a.id = sa.asset_id
+                 WHERE sa.scan_id = s.id), '[]') AS assets,
+       coalesce((SELECT jsonb_agg(jsonb_build_array(e.plugin, e.rule_id, e.resource, e.status,
+                                                    e.reason_code, e.evidence, f.id, f.status))
+                 FROM evaluations e
+                 LEFT JOIN findings f ON f.scan_id = e.scan_id AND f.finding_key = e.finding_key
+                 WHERE e.scan_id = s.id), '[]') AS evaluations
+FROM scans s JOIN targets t ON t.id = s.target_id
+WHERE s.id = $1 AND ($2::uuid IS NULL OR s.organization_id = $2)
