@@ -1,5 +1,6 @@
-//! The database the model abstracts: `worker_tasks`, with each task's `worker_task_attempts`
-//! and `worker_result_batches`, reduced to the columns the lease protocol decides on.
+//! The database the model abstracts: `worker_tasks`, with each task's `worker_task_attempts`,
+//! `worker_result_batches` and the `evaluations` its batches wrote, reduced to the columns the
+//! lease protocol decides on.
 //!
 //! Ids are indexes: a task is its index in [`Db::tasks`], an attempt its index in
 //! [`Task::attempts`] (its `id`; the fencing number is [`Attempt::number`], a column of its
@@ -15,7 +16,9 @@ use crate::rows::Rows;
 pub const WORKERS_MAX: usize = 4;
 /// Tasks the model holds at most.
 pub const TASKS_MAX: usize = 3;
-/// Attempts one task has at most (and so batches: one per attempt at most).
+/// Attempts one task has at most (and so batches: one per attempt at most; and evaluation
+/// rows, one per accepted batch at most, even with a seeded bug that inserts instead of
+/// upserting).
 pub const ATTEMPTS_PER_TASK_MAX: usize = 4;
 
 /// A worker's id (`workers.id`): 0, 1, 2…
@@ -27,7 +30,7 @@ pub struct Db {
     pub tasks: Rows<Task, TASKS_MAX>,
 }
 
-/// One `worker_tasks` row, with the attempt and batch rows that name it.
+/// One `worker_tasks` row, with the attempt, batch and evaluation rows that name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Task {
     pub state: TaskState,
@@ -43,6 +46,10 @@ pub struct Task {
     pub attempts: Rows<Attempt, ATTEMPTS_PER_TASK_MAX>,
     /// `worker_result_batches` of this task's attempts, in the order they were accepted.
     pub batches: Rows<Batch, ATTEMPTS_PER_TASK_MAX>,
+    /// `evaluations` of this task's scan job under its one evaluation key (one rule on one
+    /// resource, which every batch reports): the protocol keeps at most one row, upserted by
+    /// `(scan_id, evaluation_key)` (a scan runs one task in the model).
+    pub evaluations: Rows<Evaluation, ATTEMPTS_PER_TASK_MAX>,
 }
 
 /// One `worker_task_attempts` row.
@@ -67,6 +74,24 @@ pub struct Batch {
     pub checksum: Checksum,
 }
 
+/// One `evaluations` row (`evaluations/upsert_many.sql`) of the task's one evaluation key,
+/// written with an accepted batch in its transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Evaluation {
+    /// The attempt whose batch wrote (or last replaced) it (`attempt_id`).
+    pub attempt: u8,
+    pub status: EvaluationStatus,
+}
+
+/// `evaluations.status`: what the rule concluded, which is the batch's content, so it follows
+/// the batch's [`Checksum`] (two payloads, two verdicts) and adds no branching of its own.
+/// (`error` and `not_applicable` decide as these two do.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EvaluationStatus {
+    Pass,
+    Fail,
+}
+
 /// A batch's `idempotency_key`. A key is its attempt's: `(attempt_id, idempotency_key)` is
 /// unique, and another attempt of the task may use the same key again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,6 +109,16 @@ pub enum BatchKey {
 pub enum Checksum {
     A,
     B,
+}
+
+impl Checksum {
+    /// The verdict on the task's evaluation key that a payload with this checksum carries.
+    pub fn evaluation_status(self) -> EvaluationStatus {
+        match self {
+            Checksum::A => EvaluationStatus::Pass,
+            Checksum::B => EvaluationStatus::Fail,
+        }
+    }
 }
 
 /// `worker_tasks.state` (`store::states::TaskState`), less the reserved `cancelling`.
@@ -183,6 +218,7 @@ impl Task {
             cancel_requested: false,
             attempts: Rows::new(),
             batches: Rows::new(),
+            evaluations: Rows::new(),
         }
     }
 
@@ -232,6 +268,16 @@ impl Default for Batch {
     }
 }
 
+/// An unused slot of [`Rows`] (never read as a row).
+impl Default for Evaluation {
+    fn default() -> Self {
+        Self {
+            attempt: 0,
+            status: EvaluationStatus::Pass,
+        }
+    }
+}
+
 impl fmt::Display for Db {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (index, task) in self.tasks.iter().enumerate() {
@@ -269,6 +315,13 @@ impl fmt::Display for Task {
                 f,
                 " {{batch {:?} from a{} {:?}}}",
                 batch.key, batch.attempt, batch.checksum
+            )?;
+        }
+        for evaluation in &self.evaluations {
+            write!(
+                f,
+                " {{evaluation from a{} {:?}}}",
+                evaluation.attempt, evaluation.status
             )?;
         }
         Ok(())

@@ -1,15 +1,24 @@
 //! palisade's task-lease protocol as a model, checked exhaustively for small bounds with
 //! [stateright](https://docs.rs/stateright): SPEC I1 (fencing), I2 (batch idempotency), I8
-//! (terminal is terminal) and I10 (attempt budget).
+//! (terminal is terminal), I10 (attempt budget) and I16 (evaluations: a stale worker writes
+//! none, a replay neither duplicates nor drops one).
 //!
 //! **What is modelled.** The database is the shared state ([`db::Db`]): tasks (state,
 //! `attempt_count`, `last_attempt_number`, current attempt, cancel requested), their
 //! attempts (worker, fencing number, status, whether the lease has expired) and their
 //! accepted result batches (sending attempt, idempotency key, checksum; a key is its
-//! attempt's, unique per attempt, since issue 26). Every decision is
-//! one atomic step ([`protocol`]), as each is one transaction under row locks in PostgreSQL;
-//! each function names the `.sql` file or store function it stands for. The steps
-//! ([`model::Action`]):
+//! attempt's, unique per attempt, since issue 26), and the evaluations those batches wrote
+//! (issue 47: each task has one evaluation key, one rule on one resource, that every batch
+//! reports; its row holds the attempt that wrote it and a verdict that follows the batch's
+//! checksum, so it adds no branching of its own). An accepted batch upserts the key's row in
+//! its own step (the real write is in the batch's fenced transaction), a later attempt's
+//! replacing verdict and attempt; a refused or replayed batch writes none; a completion
+//! deletes the rows other attempts wrote (`findings/delete_superseded_many.sql`, skipped for a
+//! task's first attempt, `attempt_number = 1`). In the real protocol a task's evaluation row
+//! follows from its other rows (the latest batch's, unless a completion without a batch
+//! deleted it), so evaluations add no states, only checks. Every decision is one atomic step
+//! ([`protocol`]), as each is one transaction under row locks in PostgreSQL; each function
+//! names the `.sql` file or store function it stands for. The steps ([`model::Action`]):
 //! - dispatch's grant (acquire) of any due task with budget left to any worker below its
 //!   capacity;
 //! - the database clock passing a lease's expiry (a lease may lapse at any moment unless
@@ -39,10 +48,12 @@
 //! acquire's replay by request id, hello, revocation, execution deadlines, the stranded-task
 //! sweep (its half that fails a due task whose budget is spent would never find one: a task
 //! waits to run only with budget left, an invariant), evidence and scans beyond one task per
-//! scan, and the schema's constraints (unique attempt numbers, one live attempt, unique
-//! `(attempt_id, idempotency_key)` and `(attempt_id, sequence_number)`): the model checks that
-//! the protocol's own checks keep the invariants, so the constraints remain a backstop that
-//! never fires.
+//! scan, findings and assets (deleted at a completion as evaluations are), evaluations of
+//! several keys or several in one batch (within a batch the last wins), a batch carried in its
+//! completion (`final_batch`), and the schema's constraints (unique attempt numbers, one live
+//! attempt, unique `(attempt_id, idempotency_key)`, `(attempt_id, sequence_number)` and
+//! `(scan_id, evaluation_key)`): the model checks that the protocol's own checks keep the
+//! invariants, so the constraints remain a backstop that never fires.
 //!
 //! **The invariants** are `always` properties of [`LeaseModel`]; those about steps (a write
 //! without its lease changed nothing, a replay wrote nothing, a terminal task did not change)
@@ -52,10 +63,18 @@
 //! 26 allowed it), and the model checks what it guarantees: an (attempt, key) is accepted
 //! once, a replay with the attempt's own claim (lease held or not) writes nothing and gets
 //! the row's answer, and a message without the attempt's token is refused `lease_lost` (or
-//! `cancel_requested`), learning nothing of the attempt's batches. `sometimes` properties
-//! show the model reaches what the invariants are about (a completion after a recovery, a
-//! task failed with its budget spent, a superseded write refused, a released task completing
-//! later, a cancel of a leased task, and, where attempts share a key, a later attempt
+//! `cancel_requested`), learning nothing of the attempt's batches. I16 is judged the same
+//! way: every step that changed a task's evaluation rows was a message naming that task's
+//! current, live, unexpired attempt with its token (a stale worker writes none); a replay (a
+//! batch whose (attempt, key) was accepted, a completion of an attempt that succeeded)
+//! changes none; the key has at most one row (no duplicate); a completed task's rows are
+//! exactly the one its completing attempt's batch wrote, with that batch's verdict, or none
+//! if it sent no batch (no superseded attempt's survives, the completer's is not dropped);
+//! and a terminal task's rows never change. `sometimes` properties show the model reaches
+//! what the invariants are about (a completion after a recovery, a task failed with its
+//! budget spent, a superseded write refused, a released task completing later, a cancel of a
+//! leased task, a later attempt's evaluation replacing an earlier one's, a completion
+//! deleting an earlier attempt's evaluation, and, where attempts share a key, a later attempt
 //! completing with its own batch under it).
 //!
 //! **Seeded bugs** ([`protocol::Bug`]) each remove or change one check; the tests show the
@@ -63,8 +82,8 @@
 //!
 //! **Checking.** [`check`] explores every reachable state breadth first on every core. With
 //! [`Bounds::reduction`] (the exhaustive runs) a state is replaced by the representative of
-//! its class: workers and tasks renamed (they are interchangeable), batch rows sorted, and
-//! the worker and lease of an ended attempt blanked (no later step reads them).
+//! its class: workers and tasks renamed (they are interchangeable), batch and evaluation rows
+//! sorted, and the worker and lease of an ended attempt blanked (no later step reads them).
 //! [`shortest_counterexample`] deepens one step at a time on one thread, without the
 //! reduction, so that a seeded bug's path is a shortest one and reads as it happened. Run the
 //! tests with `cargo nextest run -p lease-model --no-capture` to see counts, times and

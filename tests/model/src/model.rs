@@ -1,15 +1,16 @@
 //! The stateright model: the database as the shared state, the actions that change it
 //! (grants, the clock, the reaper, cancels, and every message any worker may have sent,
 //! delivered in any order, any number of times), the invariants as `always` properties and a
-//! few `sometimes` properties that show the checks are not vacuous.
+//! few `sometimes` properties that show the checks are not vacuous. I16's (evaluations) are
+//! apart, in [`evaluation_properties`] and [`observe_evaluations`].
 
 use std::fmt;
 
 use stateright::{Model, Property};
 
 use crate::db::{
-    ATTEMPTS_PER_TASK_MAX, AttemptStatus, BatchKey, Checksum, Db, Lease, TASKS_MAX, Task,
-    TaskState, WORKERS_MAX,
+    ATTEMPTS_PER_TASK_MAX, AttemptStatus, BatchKey, Checksum, Db, Evaluation, Lease, TASKS_MAX,
+    Task, TaskState, WORKERS_MAX,
 };
 use crate::protocol::{self, Answer, Claim, Protocol, Refusal, Token};
 
@@ -29,9 +30,10 @@ pub struct Bounds {
     /// How workers name their batches.
     pub batch_keys: BatchKeys,
     /// Explore one state per class of states that differ only in which worker or which task
-    /// is which (they are interchangeable), in the order of batch rows, or in columns no later
-    /// step reads (the worker and lease of an attempt that ended): fewer states, but a path
-    /// shows each state as its class's representative (tasks reordered, workers renamed).
+    /// is which (they are interchangeable), in the order of batch or evaluation rows, or in
+    /// columns no later step reads (the worker and lease of an attempt that ended): fewer
+    /// states, but a path shows each state as its class's representative (tasks reordered,
+    /// workers renamed).
     pub reduction: bool,
 }
 
@@ -95,6 +97,14 @@ pub struct Monitor {
     pub foreign_claim_answered: bool,
     /// I8: a step changed a task that had ended (or one of its attempts or batches).
     pub terminal_changed: bool,
+    /// I16: a step changed a task's evaluation rows without a claim that held the task's lease
+    /// at that moment (by the SPEC's words): a stale worker's write, or another step's.
+    pub evaluation_written_without_lease: bool,
+    /// I16: a replay (a batch whose (attempt, key) was already accepted, or the completion of
+    /// an attempt that already succeeded) changed its task's evaluation rows.
+    pub replay_changed_evaluations: bool,
+    /// I16 (and I8): a step changed the evaluation rows of a task that had ended.
+    pub terminal_evaluations_changed: bool,
     /// Coverage: a write from an attempt superseded by a later one was refused.
     pub superseded_write_refused: bool,
 }
@@ -141,6 +151,15 @@ pub const I10_FAILS_AFTER_BUDGET: &str =
     "I10: failed_terminal only after max_attempts runs (or a failure not retryable)";
 pub const I10_WAITS_WITH_BUDGET: &str =
     "I10: a task waits to run (pending or retry_wait) only with budget left";
+pub const I16_STALE_WRITES_NO_EVALUATION: &str =
+    "I16: only a message holding its task's lease writes or changes an evaluation";
+pub const I16_REPLAY_KEEPS_EVALUATIONS: &str =
+    "I16: a replayed batch or completion changes no evaluation";
+pub const I16_ONE_EVALUATION_PER_KEY: &str = "I16: at most one evaluation per (scan, key)";
+pub const I16_COMPLETED_KEEPS_ITS_OWN: &str =
+    "I16: a completed task's evaluations are exactly those its completing attempt wrote";
+pub const I16_TERMINAL_EVALUATIONS_FIXED: &str =
+    "I16: nothing changes the evaluations of a completed, failed or cancelled task";
 pub const COMPLETED_AFTER_RECOVERY: &str = "a task completes after the reaper recovered an attempt";
 pub const FAILED_WITH_BUDGET_SPENT: &str = "a task fails terminally with its budget spent";
 pub const SUPERSEDED_WRITE_REFUSED: &str = "a superseded attempt's write is refused";
@@ -148,6 +167,9 @@ pub const RELEASED_TASK_COMPLETES: &str = "a released task completes on a later 
 pub const LEASED_TASK_CANCELLED: &str = "a task is cancelled while an attempt holds it";
 pub const REUSED_KEY_COMPLETES: &str =
     "a task completes with a batch under a key an earlier attempt's batch used";
+pub const EVALUATION_REPLACED: &str = "a later attempt's evaluation replaces an earlier attempt's";
+pub const SUPERSEDED_EVALUATION_DELETED: &str =
+    "a completion deletes the evaluation an earlier attempt wrote";
 
 impl LeaseModel {
     pub fn new(bounds: Bounds, protocol: Protocol) -> Self {
@@ -224,6 +246,7 @@ impl LeaseModel {
         monitor: &mut Monitor,
     ) -> bool {
         let changed = before != after;
+        observe_evaluations(before, after, action, monitor);
         if changed {
             for (was, is) in before.tasks.iter().zip(&after.tasks) {
                 if was.state.is_terminal() && was != is {
@@ -317,6 +340,115 @@ impl LeaseModel {
     }
 }
 
+/// I16's monitors: which steps changed a task's evaluation rows, judged by the SPEC's words
+/// ("a stale worker writes no evaluation; a replay neither duplicates nor drops one"; a
+/// terminal task does not change), not by the protocol's checks.
+fn observe_evaluations(before: &Db, after: &Db, action: Action, monitor: &mut Monitor) {
+    for (index, (was, is)) in before.tasks.iter().zip(&after.tasks).enumerate() {
+        if was.evaluations == is.evaluations {
+            continue;
+        }
+        if was.state.is_terminal() {
+            monitor.terminal_evaluations_changed = true;
+        }
+        let Action::Deliver { task, claim, verb } = action else {
+            monitor.evaluation_written_without_lease = true;
+            continue;
+        };
+        if usize::from(task) != index {
+            monitor.evaluation_written_without_lease = true;
+            continue;
+        }
+        if !holds_lease_per_spec(was, claim) {
+            monitor.evaluation_written_without_lease = true;
+        }
+        let replay = match verb {
+            Verb::Result { key, .. } => was.batch(claim.attempt, key).is_some(),
+            Verb::Complete { .. } => {
+                was.attempts[usize::from(claim.attempt)].status == AttemptStatus::Succeeded
+            }
+            Verb::Renew | Verb::Release | Verb::Fail { .. } => false,
+        };
+        if replay {
+            monitor.replay_changed_evaluations = true;
+        }
+    }
+}
+
+/// I16's properties: the state invariants (one evaluation per key; a completed task keeps
+/// exactly its completing attempt's), the monitors' (stale writes, replays, terminal tasks),
+/// and examples of an evaluation replaced by a later attempt's and of one deleted by a
+/// completion.
+fn evaluation_properties() -> Vec<Property<LeaseModel>> {
+    vec![
+        Property::always(
+            I16_STALE_WRITES_NO_EVALUATION,
+            |_: &LeaseModel, state: &State| !state.monitor.evaluation_written_without_lease,
+        ),
+        Property::always(
+            I16_REPLAY_KEEPS_EVALUATIONS,
+            |_: &LeaseModel, state: &State| !state.monitor.replay_changed_evaluations,
+        ),
+        Property::always(
+            I16_ONE_EVALUATION_PER_KEY,
+            |_: &LeaseModel, state: &State| {
+                // Every row is of the task's one key.
+                state
+                    .db
+                    .tasks
+                    .iter()
+                    .all(|task| task.evaluations.len() <= 1)
+            },
+        ),
+        Property::always(
+            I16_COMPLETED_KEEPS_ITS_OWN,
+            |_: &LeaseModel, state: &State| state.db.tasks.iter().all(completed_keeps_its_own),
+        ),
+        Property::always(
+            I16_TERMINAL_EVALUATIONS_FIXED,
+            |_: &LeaseModel, state: &State| !state.monitor.terminal_evaluations_changed,
+        ),
+        Property::sometimes(EVALUATION_REPLACED, |_: &LeaseModel, state: &State| {
+            state.db.tasks.iter().any(|task| {
+                task.evaluations.iter().any(|evaluation| {
+                    (task.batches.iter()).any(|batch| batch.attempt < evaluation.attempt)
+                })
+            })
+        }),
+        Property::sometimes(
+            SUPERSEDED_EVALUATION_DELETED,
+            |_: &LeaseModel, state: &State| {
+                // Every accepted batch wrote an evaluation: only a completion removes one.
+                state.db.tasks.iter().any(|task| {
+                    task.state == TaskState::Completed
+                        && task.evaluations.is_empty()
+                        && !task.batches.is_empty()
+                })
+            },
+        ),
+    ]
+}
+
+/// I16 at a completion: a completed task's evaluation rows are exactly the one its completing
+/// attempt's accepted batch wrote (with that batch's verdict), or none when it sent no batch:
+/// no superseded attempt's survives, and the completing attempt's is not dropped.
+fn completed_keeps_its_own(task: &Task) -> bool {
+    if task.state != TaskState::Completed {
+        return true;
+    }
+    let completing = (task.attempts.iter())
+        .position(|attempt| attempt.status == AttemptStatus::Succeeded)
+        .map(|index| u8::try_from(index).expect("attempts are bounded"));
+    // The completing attempt's last accepted batch (it has one at most, sequence number 0).
+    let expected: Option<Evaluation> = (task.batches.iter())
+        .rfind(|batch| Some(batch.attempt) == completing)
+        .map(|batch| Evaluation {
+            attempt: batch.attempt,
+            status: batch.checksum.evaluation_status(),
+        });
+    *task.evaluations == *expected.as_slice()
+}
+
 /// SPEC I1, in its own words: a write may change something only when it names its task's
 /// current attempt, with that attempt's token, and the attempt is live with its lease
 /// unexpired.
@@ -399,7 +531,7 @@ impl Model for LeaseModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always(I1_ONE_LIVE_ATTEMPT, |_: &LeaseModel, state: &State| {
                 state.db.tasks.iter().all(|task| {
                     task.attempts
@@ -525,7 +657,9 @@ impl Model for LeaseModel {
                         })
                 })
             }),
-        ]
+        ];
+        properties.extend(evaluation_properties());
+        properties
     }
 }
 
@@ -538,6 +672,9 @@ impl fmt::Display for State {
             replay_misanswered,
             foreign_claim_answered,
             terminal_changed,
+            evaluation_written_without_lease,
+            replay_changed_evaluations,
+            terminal_evaluations_changed,
             superseded_write_refused: _,
         } = self.monitor;
         for (seen, what) in [
@@ -555,6 +692,15 @@ impl fmt::Display for State {
                 "a message without its attempt's token got more than a lease_lost or cancel_requested",
             ),
             (terminal_changed, "a terminal task changed"),
+            (
+                evaluation_written_without_lease,
+                "an evaluation changed without the lease",
+            ),
+            (replay_changed_evaluations, "a replay changed an evaluation"),
+            (
+                terminal_evaluations_changed,
+                "a terminal task's evaluations changed",
+            ),
         ] {
             if seen {
                 write!(f, " <<{what}>>")?;

@@ -6,8 +6,8 @@
 //! side by side. A [`Bug`] changes one check, to show that the checker notices.
 
 use crate::db::{
-    ATTEMPTS_PER_TASK_MAX, AttemptStatus, Batch, BatchKey, Checksum, Db, Lease, Task, TaskState,
-    WorkerId,
+    ATTEMPTS_PER_TASK_MAX, AttemptStatus, Batch, BatchKey, Checksum, Db, Evaluation, Lease, Task,
+    TaskState, WorkerId,
 };
 
 /// Which protocol the model runs: the real one, or the real one with one seeded bug.
@@ -68,11 +68,43 @@ pub enum Bug {
     /// Failure (`progress::fail_tasks`) fails every task terminally, retryable or not.
     /// Caught by I10: `failed_terminal` only after `max_attempts` runs.
     FailureIgnoresRetryable,
+    /// Batch acceptance (`ingest.rs`) writes a batch's evaluations (`write_evaluations`)
+    /// before the fence, so a batch refused `lease_lost` or `cancel_requested` (a stale
+    /// worker's, or one without the token) still upserts its verdict. Caught by I16: only an
+    /// attempt holding the lease writes an evaluation (and, after its task ended, by I16's
+    /// terminal check).
+    EvaluationsBeforeFence,
+    /// Batch acceptance (`ingest.rs`) writes the evaluations of every batch presented with its
+    /// attempt's claim, not only of the accepted ones: a replayed batch (answered `duplicate`
+    /// or `batch_conflict`) upserts its verdict again. Caught by I16: a replay changes no
+    /// evaluation.
+    ReplayWritesEvaluations,
+    /// `evaluations/upsert_many.sql` without its `ON CONFLICT (scan_id, evaluation_key)`: a
+    /// later attempt's evaluation of the key is inserted beside the earlier one's (the
+    /// schema's unique index would refuse it; the model has none). Caught by I16: at most one
+    /// evaluation per key.
+    EvaluationInsertedNotUpserted,
+    /// `evaluations/upsert_many.sql`'s `DO UPDATE` replaces the verdict but not `attempt_id`:
+    /// a later attempt's evaluation still names the earlier attempt, and that attempt's
+    /// completion deletes it as superseded. Caught by I16: a completed task's evaluations are
+    /// exactly its completing attempt's.
+    UpsertKeepsAttempt,
+    /// Completion (`ingest.rs`, `finish_attempts`) does not run
+    /// `findings/delete_superseded_many.sql`, so an earlier attempt's evaluation survives a
+    /// completion whose attempt wrote none. Caught by I16: a completed task's evaluations are
+    /// exactly its completing attempt's.
+    CompletionKeepsSupersededEvaluations,
+    /// Completion (`ingest.rs`, `finish_attempts`) skips the superseded delete when the task
+    /// has spent one run (`attempt_count = 1`) instead of when the attempt is its task's
+    /// first (`attempt_number = 1`): after a release, which refunds its run, the next
+    /// attempt's completion keeps the released attempt's evaluation. Caught by I16: a
+    /// completed task's evaluations are exactly its completing attempt's.
+    SupersededSkipByBudget,
 }
 
 impl Protocol {
     /// Every seeded bug, for the tests that show each is caught.
-    pub const BUGS: [Bug; 11] = [
+    pub const BUGS: [Bug; 17] = [
         Bug::FenceSkipsToken,
         Bug::RenewSkipsExpiry,
         Bug::NumberFromBudget,
@@ -84,6 +116,12 @@ impl Protocol {
         Bug::BatchKeyByTask,
         Bug::ReplayBeforeFence,
         Bug::FailureIgnoresRetryable,
+        Bug::EvaluationsBeforeFence,
+        Bug::ReplayWritesEvaluations,
+        Bug::EvaluationInsertedNotUpserted,
+        Bug::UpsertKeepsAttempt,
+        Bug::CompletionKeepsSupersededEvaluations,
+        Bug::SupersededSkipByBudget,
     ];
 
     fn has(self, bug: Bug) -> bool {
@@ -250,8 +288,9 @@ pub fn release(protocol: Protocol, task: &mut Task, claim: Claim) -> Answer {
 /// attempt's own claim only, whether or not it still holds the lease (same checksum:
 /// `duplicate`; another: `batch_conflict`), and `lease_lost` to any other claim. Otherwise the
 /// fence; then the sequence number (`batch_conflict` when the attempt already used it); then
-/// the row is inserted (`worker_result_batches/insert_many.sql`) and the attempt and task move
-/// from `leased` to `running` (`worker_task_attempts/finish_many.sql`).
+/// the row is inserted (`worker_result_batches/insert_many.sql`) with its evaluation
+/// ([`write_evaluation`], in the same transaction) and the attempt and task move from
+/// `leased` to `running` (`worker_task_attempts/finish_many.sql`).
 pub fn accept_batch(
     protocol: Protocol,
     task: &mut Task,
@@ -269,11 +308,17 @@ pub fn accept_batch(
         if !is_presented_by(protocol, claim) && !protocol.has(Bug::ReplayBeforeFence) {
             return Answer::Refused(Refusal::LeaseLost);
         }
+        if protocol.has(Bug::ReplayWritesEvaluations) {
+            write_evaluation(protocol, task, claim.attempt, checksum);
+        }
         return if row.checksum == checksum || protocol.has(Bug::ReplayIgnoresChecksum) {
             Answer::Duplicate
         } else {
             Answer::Refused(Refusal::BatchConflict)
         };
+    }
+    if protocol.has(Bug::EvaluationsBeforeFence) {
+        write_evaluation(protocol, task, claim.attempt, checksum);
     }
     if let Some(refusal) = refusal(protocol, task, claim) {
         return Answer::Refused(refusal);
@@ -295,6 +340,9 @@ pub fn accept_batch(
         attempt: claim.attempt,
         checksum,
     });
+    if !protocol.has(Bug::EvaluationsBeforeFence) {
+        write_evaluation(protocol, task, claim.attempt, checksum);
+    }
     let attempt = &mut task.attempts[usize::from(claim.attempt)];
     if attempt.status == AttemptStatus::Leased {
         attempt.status = AttemptStatus::Running;
@@ -305,12 +353,37 @@ pub fn accept_batch(
     Answer::Accepted
 }
 
-/// A completion, as `ingest::decide` decides it: an
-/// attempt that already succeeded, presented with its token, is answered `duplicate`; then the
-/// fence; then every batch of the attempt below `batch_count` must be persisted
-/// (`batch_missing`) and none at or above it (`sequence_out_of_range`); then the attempt
-/// `succeeded` and the task `completed`. (`evidence_conflict` is left out: a scan job's
-/// evidence is published only with its task's completion, after which the fence refuses.)
+/// `evaluations/upsert_many.sql` for an accepted batch's one evaluation: the key's row, if
+/// any, gets the batch's verdict and attempt (`ON CONFLICT (scan_id, evaluation_key) DO
+/// UPDATE`); else the row is inserted.
+fn write_evaluation(protocol: Protocol, task: &mut Task, attempt: u8, checksum: Checksum) {
+    let row = Evaluation {
+        attempt,
+        status: checksum.evaluation_status(),
+    };
+    if protocol.has(Bug::EvaluationInsertedNotUpserted) {
+        task.evaluations.push(row);
+        return;
+    }
+    match task.evaluations.first_mut() {
+        Some(existing) => {
+            existing.status = row.status;
+            if !protocol.has(Bug::UpsertKeepsAttempt) {
+                existing.attempt = row.attempt;
+            }
+        }
+        None => task.evaluations.push(row),
+    }
+}
+
+/// A completion, as `ingest::decide` decides it: an attempt that already succeeded, presented
+/// with its token, is answered `duplicate`; then the fence; then every batch of the attempt
+/// below `batch_count` must be persisted (`batch_missing`) and none at or above it
+/// (`sequence_out_of_range`); then, unless the attempt is its task's first (`attempt_number =
+/// 1`: none was superseded), `findings/delete_superseded_many.sql` deletes the evaluations
+/// other attempts of the task wrote (`finish_attempts`); then the attempt `succeeded` and the
+/// task `completed`. (`evidence_conflict` is left out: a scan job's evidence is published only
+/// with its task's completion, after which the fence refuses.)
 pub fn complete(protocol: Protocol, task: &mut Task, claim: Claim, batch_count: u8) -> Answer {
     let attempt = task.attempts[usize::from(claim.attempt)];
     if is_presented_by(protocol, claim) && attempt.status == AttemptStatus::Succeeded {
@@ -331,6 +404,17 @@ pub fn complete(protocol: Protocol, task: &mut Task, claim: Claim, batch_count: 
     }
     if sent - below > 0 {
         return Answer::Refused(Refusal::SequenceOutOfRange);
+    }
+    let first = if protocol.has(Bug::SupersededSkipByBudget) {
+        task.attempt_count == 1
+    } else {
+        task.attempts[usize::from(claim.attempt)].number == 1
+    };
+    if !first && !protocol.has(Bug::CompletionKeepsSupersededEvaluations) {
+        task.evaluations = (task.evaluations.iter())
+            .filter(|evaluation| evaluation.attempt == claim.attempt)
+            .copied()
+            .collect();
     }
     task.attempts[usize::from(claim.attempt)].status = AttemptStatus::Succeeded;
     task.state = TaskState::Completed;

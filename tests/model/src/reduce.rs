@@ -1,7 +1,9 @@
-//! State-space reduction: workers are interchangeable, so are tasks, batch rows are a set,
-//! and some columns are never read again. Every state is replaced by the least of the states
-//! it equals up to renaming workers and reordering tasks (workers renamed in order of first
-//! appearance, tasks in each order), with its batch rows sorted and its dead columns blanked.
+//! State-space reduction: workers are interchangeable, so are tasks, batch and evaluation rows
+//! are sets, and some columns are never read again. Every state is replaced by the least of
+//! the states it equals up to renaming workers and reordering tasks (workers renamed in order
+//! of first appearance, tasks in each order), with its batch and evaluation rows sorted and
+//! its dead columns blanked. (Attempts keep their indexes, which batch and evaluation rows
+//! name: an evaluation's attempt is read by a later completion's delete and by I16.)
 //! The invariants name no particular worker or task and read no dead column, and the steps
 //! from two states of one class lead to states of one class, so an exhaustive run over the
 //! representatives checks every state.
@@ -44,6 +46,7 @@ fn renamed(db: &Db, order: &[usize]) -> Db {
                 attempt.worker = *name;
             }
             task.batches.sort_unstable();
+            task.evaluations.sort_unstable();
             task
         })
         .collect();
@@ -108,6 +111,30 @@ mod tests {
             tasks: [leased(0), leased(1)].into_iter().collect(),
         };
         assert_ne!(representative(same_worker), representative(two_workers));
+    }
+
+    #[test]
+    fn evaluation_rows_are_a_set_that_keeps_its_attempts() {
+        use crate::db::{Evaluation, EvaluationStatus};
+        let row = |attempt| Evaluation {
+            attempt,
+            status: EvaluationStatus::Pass,
+        };
+        let with = |rows: &[Evaluation]| {
+            let mut task = leased(0);
+            task.evaluations = rows.iter().copied().collect();
+            Db {
+                tasks: [task].into_iter().collect(),
+            }
+        };
+        assert_eq!(
+            representative(with(&[row(0), row(1)])),
+            representative(with(&[row(1), row(0)]))
+        );
+        assert_ne!(
+            representative(with(&[row(0)])),
+            representative(with(&[row(1)]))
+        );
     }
 
     #[test]
