@@ -370,7 +370,8 @@ pub async fn complete_attempt(
         .expect("one message, one outcome")
 }
 
-/// A small batch payload: `count` findings with stable keys.
+/// A small batch payload: `count` findings with stable keys, the failed evaluation of each
+/// and one passed evaluation (so a scan completed with it has complete coverage).
 pub fn findings_payload(count: usize) -> v1::BatchPayload {
     v1::BatchPayload {
         findings: (0..count)
@@ -386,7 +387,10 @@ pub fn findings_payload(count: usize) -> v1::BatchPayload {
             kind: "http_service".into(),
             value: "http://example.test:80".into(),
         }],
-        evaluations: Vec::new(),
+        evaluations: (0..count)
+            .map(|index| v1::Evaluation::fail(&format!("rule-{index}"), "http://example.test/", ""))
+            .chain([v1::Evaluation::pass("rule-ok", "http://example.test/")])
+            .collect(),
     }
 }
 

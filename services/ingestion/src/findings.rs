@@ -45,9 +45,11 @@ pub enum Query {
         scan_id: Uuid,
         threshold: Severity,
     },
+    Coverage(crate::coverage::CoverageQuery),
+    Diff(crate::coverage::DiffQuery),
 }
 
-fn uuid_field(name: &str, text: &str) -> Result<Uuid, v1::Error> {
+pub(crate) fn uuid_field(name: &str, text: &str) -> Result<Uuid, v1::Error> {
     Uuid::parse_str(text).map_err(|_| invalid(format!("{name} {text:?} is not a UUID")))
 }
 
@@ -68,7 +70,11 @@ pub fn parse(subjects: &Subjects, subject: &str, bytes: &[u8]) -> Result<Request
         ))
     })?;
     let query = match request.query {
-        None => return Err(invalid("query is required: list, show, set or gate")),
+        None => {
+            return Err(invalid(
+                "query is required: list, show, set, gate, coverage or diff",
+            ));
+        }
         Some(Wire::List(list)) => parse_list(list)?,
         Some(Wire::Show(show)) => Query::Show {
             finding_id: uuid_field("show.finding_id", &show.finding_id)?,
@@ -82,6 +88,10 @@ pub fn parse(subjects: &Subjects, subject: &str, bytes: &[u8]) -> Result<Request
                 severity_of("gate.threshold", &gate.threshold)?
             },
         },
+        Some(Wire::Coverage(coverage)) => {
+            Query::Coverage(crate::coverage::parse_coverage(coverage)?)
+        }
+        Some(Wire::Diff(diff)) => Query::Diff(crate::coverage::parse_diff(diff)?),
     };
     Ok(Request {
         organization_id,
@@ -210,21 +220,21 @@ fn severity_of(field: &str, text: &str) -> Result<Severity, v1::Error> {
     })
 }
 
-fn refuse(error: v1::Error) -> v1::FindingsReply {
+pub(crate) fn refuse(error: v1::Error) -> v1::FindingsReply {
     v1::FindingsReply {
         error: Some(error),
         answer: None,
     }
 }
 
-fn answer(answer: v1::findings_reply::Answer) -> v1::FindingsReply {
+pub(crate) fn answer(answer: v1::findings_reply::Answer) -> v1::FindingsReply {
     v1::FindingsReply {
         error: None,
         answer: Some(answer),
     }
 }
 
-fn not_found(what: &str) -> v1::FindingsReply {
+pub(crate) fn not_found(what: &str) -> v1::FindingsReply {
     refuse(v1::Error::new(
         ErrorCode::NotFound,
         format!("no such {what}"),
@@ -266,10 +276,12 @@ async fn decide(pool: &PgPool, request: Request) -> Result<v1::FindingsReply, St
         Query::Gate { scan_id, threshold } => {
             decide_gate(pool, organization, scan_id, threshold).await
         }
+        Query::Coverage(query) => crate::coverage::decide_coverage(pool, organization, query).await,
+        Query::Diff(query) => crate::coverage::decide_diff(pool, organization, query).await,
     }
 }
 
-fn chain(error: store::StoreError) -> String {
+pub(crate) fn chain(error: store::StoreError) -> String {
     telemetry::chain(&error).to_string()
 }
 
@@ -416,6 +428,8 @@ async fn decide_gate(
         blocking: summary.blocking.max(0) as u32,
         passed: summary.gate_passed,
         collection_revision: summary.collection_revision.max(0) as u32,
+        coverage: Some(summary.coverage.to_wire()),
+        refusal: summary.gate_refusal.clone().unwrap_or_default(),
     })))
 }
 

@@ -5,6 +5,7 @@
 //! worker's artifact uploads: sessions (`artifact`) and their chunks (`upload`).
 
 pub mod artifacts;
+pub mod coverage;
 pub mod events;
 pub mod findings;
 pub mod parse;

@@ -14,6 +14,7 @@ use palisade::finding::FindingCommand;
 use palisade::nats::NatsCommand;
 use palisade::org::OrgCommand;
 use palisade::scan::ScanCommand;
+use palisade::target::TargetCommand;
 use palisade::task::TaskCommand;
 use palisade::worker::WorkerCommand;
 use palisade::{exit, migrate};
@@ -89,6 +90,9 @@ enum Command {
     /// Findings: read them, set their dispositions, delete them.
     #[command(subcommand)]
     Finding(FindingCommand),
+    /// Targets: what their scans checked and found over time.
+    #[command(subcommand)]
+    Target(TargetCommand),
     /// Artifacts: files plugins uploaded as evidence of a scan (an SBOM, a report).
     #[command(subcommand)]
     Artifact(ArtifactCommand),
@@ -171,6 +175,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Nats(command) => palisade::nats::run(&common, command).await,
         Command::Cve(command) => palisade::cve::run(&common, command).await,
         Command::Finding(command) => palisade::finding::run(&common, command).await,
+        Command::Target(command) => palisade::target::run(&common, command).await,
         Command::Artifact(command) => palisade::artifact::run(&common, command).await,
         Command::Queue { output } => palisade::queue::run(&common, output).await,
         Command::DeadLetter(command) => palisade::dead_letters::run(&common, command).await,

@@ -17,7 +17,7 @@ use crate::{exit, scans};
 pub enum ScanCommand {
     /// Submit a scan request and print admission's answer.
     Submit(SubmitArgs),
-    /// Show a scan, its plugin jobs and its findings.
+    /// Show a scan, its plugin jobs, its findings and its coverage.
     Show {
         scan_id: Uuid,
         #[arg(long, value_enum, default_value_t = Output::Text)]
@@ -43,6 +43,15 @@ pub enum ScanCommand {
         scan_id: Uuid,
         #[arg(long, default_value = "high", value_parser = parse_severity)]
         threshold: store::states::Severity,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// What changed between two scans of one target, BASE and the later SCAN: findings new,
+    /// still present, no longer seen (only where SCAN completed and evaluated the finding's
+    /// rule on its resource as a pass), and unknown (nothing says it was fixed).
+    Diff {
+        base: Uuid,
+        scan: Uuid,
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
@@ -127,6 +136,7 @@ pub async fn run(common: &CommonSettings, command: ScanCommand) -> anyhow::Resul
             threshold,
             output,
         } => gate(common, scan_id, threshold, output).await,
+        ScanCommand::Diff { base, scan, output } => diff(common, base, scan, output).await,
     }
 }
 
@@ -352,39 +362,103 @@ async fn gate(
     let gate = crate::commands::scan_gate(&pool, scan_id, threshold).await?;
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&gate)?),
-        Output::Text => println!(
-            "scan {scan_id}: {} ({}), {} of {} plugins complete; gate at {}: {} ({} blocking; counted {:?}, exempt {}, suppressed {})",
-            gate.scan_state,
-            if gate.complete {
-                "complete"
-            } else {
-                "incomplete"
-            },
-            gate.plugins_complete,
-            gate.plugins,
-            gate.threshold,
-            if gate.gate_passed {
-                "passed"
-            } else {
-                "not passed"
-            },
-            gate.blocking,
-            gate.gate_counted,
-            gate.gate_exempt,
-            gate.suppressed
-        ),
+        Output::Text => {
+            println!(
+                "scan {scan_id}: {} ({}), {} of {} plugins complete; gate at {}: {} ({} blocking; counted {:?}, exempt {}, suppressed {})",
+                gate.scan_state,
+                if gate.complete {
+                    "complete"
+                } else {
+                    "incomplete"
+                },
+                gate.plugins_complete,
+                gate.plugins,
+                gate.threshold,
+                if gate.gate_passed {
+                    "passed"
+                } else {
+                    "not passed"
+                },
+                gate.blocking,
+                gate.gate_counted,
+                gate.gate_exempt,
+                gate.suppressed
+            );
+            println!(
+                "coverage: {}",
+                crate::coverage::summary_line(&gate.coverage)
+            );
+        }
     }
-    if gate.gate_passed {
-        Ok(())
-    } else {
-        Err(exit::failure(
+    match gate.gate_refusal {
+        None => Ok(()),
+        Some(refusal) => Err(exit::failure(
             exit::Status::NotPassed,
-            format!(
-                "gate not passed: {} blocking finding(s) at or above {}, or the scan is incomplete",
-                gate.blocking, gate.threshold
-            ),
-        ))
+            format!("gate not passed: {refusal}"),
+        )),
     }
+}
+
+/// `palisade scan diff`: exits 3 when a scan is missing, 4 when the two cannot be compared.
+async fn diff(
+    common: &CommonSettings,
+    base: Uuid,
+    scan: Uuid,
+    output: Output,
+) -> anyhow::Result<()> {
+    use store::coverage::DiffRefusal;
+    let pool = store::connect(&common.database).await?;
+    let mut conn = pool.acquire().await?;
+    let diff = match store::coverage::diff(&mut conn, None, base, scan).await? {
+        Ok(diff) => diff,
+        Err(DiffRefusal::NotFound) => {
+            return Err(exit::not_found(format!(
+                "scan {base} or {scan} is not in this database"
+            )));
+        }
+        Err(DiffRefusal::OtherTargets) => {
+            return Err(exit::failure(
+                exit::Status::Refused,
+                format!(
+                    "scans {base} and {scan} scan different targets; compare scans of one target"
+                ),
+            ));
+        }
+        Err(DiffRefusal::NotLater) => {
+            return Err(exit::failure(
+                exit::Status::Refused,
+                format!("scan {scan} was admitted before {base}; name the older scan first"),
+            ));
+        }
+    };
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&diff)?);
+        return Ok(());
+    }
+    println!(
+        "target {}: {base} -> {scan}{}",
+        diff.target,
+        if diff.scan_complete {
+            ""
+        } else {
+            " (not completed: nothing can be no longer seen)"
+        }
+    );
+    for (class, findings) in [
+        ("new", &diff.new),
+        ("still present", &diff.still_present),
+        ("no longer seen", &diff.no_longer_seen),
+        ("unknown", &diff.unknown),
+    ] {
+        println!("\n{} {class}", findings.len());
+        for finding in findings {
+            println!(
+                "  [{:<8}] {:<14} {:<32} {} ({})",
+                finding.severity, finding.plugin, finding.rule_id, finding.resource, finding.status
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Cancels in PostgreSQL, as dispatch's cancel does (the operator may cancel any
@@ -470,5 +544,7 @@ async fn show(common: &CommonSettings, scan_id: Uuid, output: Output) -> anyhow:
             finding.severity, finding.plugin, finding.rule_id, finding.resource
         );
     }
+    println!();
+    crate::coverage::print(&detail.coverage);
     Ok(())
 }

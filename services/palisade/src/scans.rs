@@ -1,5 +1,5 @@
 //! `palisade scan show` and `palisade scan submit --wait`: a scan read from PostgreSQL with its
-//! plugin jobs and findings, and following one until it ends, saying on the way how many of
+//! plugin jobs, findings and coverage, and following one until it ends, saying on the way how many of
 //! its plugins are in which state.
 
 use std::time::Duration;
@@ -25,6 +25,8 @@ pub struct ScanDetail {
     /// Its plugin jobs, in plugin order (a job is created when its plugin's turn comes).
     pub jobs: Vec<ScanJobView>,
     pub findings: Vec<FindingView>,
+    /// What it checked (docs/protocol/reference.md section 13).
+    pub coverage: store::coverage::Coverage,
 }
 
 impl ScanDetail {
@@ -82,10 +84,16 @@ pub async fn show(pool: &PgPool, scan_id: Uuid) -> anyhow::Result<ScanDetail> {
             "no scan {scan_id} in this database"
         )));
     };
+    let mut conn = pool.acquire().await?;
+    let coverage = store::coverage::of_scan(&mut conn, None, scan_id)
+        .await?
+        .map(|(_, coverage)| coverage)
+        .ok_or_else(|| exit::not_found(format!("no scan {scan_id} in this database")))?;
     Ok(ScanDetail {
         scan,
         jobs: store::admin::scan_jobs(pool, scan_id).await?,
         findings: store::admin::findings(pool, scan_id).await?,
+        coverage,
     })
 }
 
@@ -181,6 +189,8 @@ mod tests {
             },
             jobs,
             findings: Vec::new(),
+            coverage: store::coverage::assemble("http://x", &[], &[], Vec::new())
+                .expect("empty coverage"),
         }
     }
 

@@ -10,6 +10,7 @@ mod client_guide;
 mod cluster;
 mod control;
 mod cost;
+mod coverage;
 mod cve;
 mod cve_upstream;
 mod dead_letters;

@@ -1,6 +1,6 @@
 -- One chunk of history: completed scans finished an hour or two ago (inside the retention
--- window, so the reaper keeps them), each with its job, task, attempt, batch, finding, asset,
--- enrichment job (its published events left the outbox when they were published).
+-- window, so the reaper keeps them), each with its job (requiring the synthetic-0 rule on its
+-- target), task, attempt, batch, finding and its failed evaluation, asset, enrichment job (its published events left the outbox when they were published).
 -- $1 organization_id: uuid
 -- $2 first_number: int8 — the first scan's number in the history
 -- $3 last_number: int8 — the last scan's number
@@ -12,6 +12,7 @@
 -- $9 persisted_status: text — ResultBatchStatus::Persisted.as_str()
 -- $10 completed_enrichment_state: text — EnrichmentJobState::Completed.as_str()
 -- $11 low_severity: text — Severity::Low.as_str()
+-- $12 fail_status: text — EvaluationStatus::Fail.as_str()
 WITH s AS (
     SELECT i, gen_random_uuid() AS scan_id, gen_random_uuid() AS target_id,
            gen_random_uuid() AS job_id, gen_random_uuid() AS task_id,
@@ -29,8 +30,10 @@ WITH s AS (
     FROM s
 ), jobs AS (
     INSERT INTO scan_jobs (id, scan_id, organization_id, position, plugin, state, evidence_published_at,
-                           finding_count, created_at, started_at, finished_at, updated_at)
-    SELECT job_id, scan_id, $1, 0, 'synthetic', $6, at, 1, at, at, at, at FROM s
+                           finding_count, required_rules, created_at, started_at, finished_at,
+                           updated_at)
+    SELECT job_id, scan_id, $1, 0, 'synthetic', $6, at, 1,
+           '[{"rule": "synthetic-0", "kinds": ["target"]}]'::jsonb, at, at, at, at FROM s
 ), tasks AS (
     INSERT INTO worker_tasks (id, organization_id, scan_id, scan_job_id, required_capabilities, payload,
                               state, attempt_count, last_attempt_number, current_attempt_id,
@@ -57,6 +60,13 @@ WITH s AS (
                           rule_id, resource, severity, title, created_at, updated_at)
     SELECT gen_random_uuid(), $1, scan_id, job_id, attempt_id, md5(i::text) || md5(i::text),
            'synthetic', 'synthetic-0', 'synthetic://history/' || i, $11, 'history', at, at
+    FROM s
+), evaluations AS (
+    INSERT INTO evaluations (id, organization_id, scan_id, scan_job_id, attempt_id, evaluation_key,
+                             plugin, rule_id, resource, status, finding_key, created_at, updated_at)
+    SELECT gen_random_uuid(), $1, scan_id, job_id, attempt_id, md5(i::text) || md5(i::text),
+           'synthetic', 'synthetic-0', 'synthetic://history/' || i, $12,
+           md5(i::text) || md5(i::text), at, at
     FROM s
 ), assets AS (
     INSERT INTO assets (id, organization_id, kind, value, first_seen_at, last_seen_at)

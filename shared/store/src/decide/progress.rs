@@ -119,8 +119,17 @@ pub async fn advance(
     let task_ids = create_jobs(conn, &steps.next).await?;
     let mut events = Vec::with_capacity(steps.next.len() + steps.finished.len());
     events.extend(ready_events(subjects, &steps.next, task_ids));
-    for done in complete_scans(conn, &steps.finished).await? {
-        events.push(completed_event(subjects, &scans[&done.scan_id], &done));
+    let done = complete_scans(conn, &steps.finished).await?;
+    let finished: Vec<Uuid> = done.iter().map(|done| done.scan_id).collect();
+    let coverages = coverage_summaries(conn, &finished).await?;
+    for done in done {
+        let coverage = coverages.get(&done.scan_id).cloned();
+        events.push(completed_event(
+            subjects,
+            &scans[&done.scan_id],
+            &done,
+            coverage,
+        ));
     }
     Ok(events)
 }
@@ -216,8 +225,28 @@ fn ready_events(
         .collect()
 }
 
+/// The coverage summary of each scan just completed, in one statement (none: no statement).
+async fn coverage_summaries(
+    conn: &mut PgConnection,
+    scan_ids: &[Uuid],
+) -> Result<HashMap<Uuid, v1::CoverageSummary>, StoreError> {
+    if scan_ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    Ok(crate::coverage::of_scans(conn, None, scan_ids)
+        .await?
+        .into_iter()
+        .map(|(scan_id, (_, coverage))| (scan_id, coverage.summary.to_wire()))
+        .collect())
+}
+
 /// `scan.completed` of a scan just completed, in its trace.
-fn completed_event(subjects: &Subjects, scan: &LockedScan, done: &CompletedScan) -> OutboxEvent {
+fn completed_event(
+    subjects: &Subjects,
+    scan: &LockedScan,
+    done: &CompletedScan,
+    coverage: Option<v1::CoverageSummary>,
+) -> OutboxEvent {
     OutboxEvent::for_tenant(
         subjects,
         &done.organization_id,
@@ -231,6 +260,7 @@ fn completed_event(subjects: &Subjects, scan: &LockedScan, done: &CompletedScan)
             admitted_at_unix_ms: scan.admitted_at_unix_ms,
             completed_at_unix_ms: done.completed_at_unix_ms,
             enrichment_job_id: done.enrichment_job_id.to_string(),
+            coverage,
         }
         .encode_to_vec(),
     )

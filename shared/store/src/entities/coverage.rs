@@ -346,37 +346,77 @@ fn entry(evaluation: Evaluated, required: bool) -> Result<Entry, StoreError> {
 }
 
 /// A scan's coverage, read in one statement on `conn` (run it in the caller's snapshot to
-/// read it beside the findings' summary); `None`: no such scan (in `organization_id`, when
-/// given).
+/// read it beside the findings' summary): its state and coverage; `None`: no such scan (in
+/// `organization_id`, when given).
 pub async fn of_scan(
     conn: &mut PgConnection,
     organization_id: Option<Uuid>,
     scan_id: Uuid,
 ) -> Result<Option<(String, Coverage)>, StoreError> {
+    Ok(of_scans(conn, organization_id, &[scan_id])
+        .await?
+        .remove(&scan_id))
+}
+
+/// The coverage of each of `scan_ids` that exists (in `organization_id`, when given), with its
+/// state, read in one statement on `conn`.
+pub async fn of_scans(
+    conn: &mut PgConnection,
+    organization_id: Option<Uuid>,
+    scan_ids: &[Uuid],
+) -> Result<BTreeMap<Uuid, (String, Coverage)>, StoreError> {
     #[derive(sqlx::FromRow)]
     struct Row {
+        scan_id: Uuid,
         state: String,
         locator: String,
         jobs: serde_json::Value,
         assets: serde_json::Value,
         evaluations: serde_json::Value,
     }
-    let row: Option<Row> = sql::scans::CoverageInputs {
-        scan_id,
+    let rows: Vec<Row> = sql::scans::CoverageInputs {
+        scan_ids,
         organization_id,
     }
     .query_as()
-    .fetch_optional(conn)
+    .fetch_all(conn)
     .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
+    let mut coverages = BTreeMap::new();
+    for row in rows {
+        let coverage = inputs(row.scan_id, row.jobs, row.assets, row.evaluations).and_then(
+            |(jobs, assets, evaluations)| assemble(&row.locator, &jobs, &assets, evaluations),
+        )?;
+        coverages.insert(row.scan_id, (row.state, coverage));
+    }
+    Ok(coverages)
+}
+
+/// One stored evaluation as `scans/coverage_inputs.sql` aggregates it.
+type EvaluationRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    Option<Uuid>,
+    Option<String>,
+);
+
+/// `scans/coverage_inputs.sql`'s aggregates decoded.
+#[allow(clippy::type_complexity)]
+fn inputs(
+    scan_id: Uuid,
+    jobs: serde_json::Value,
+    assets: serde_json::Value,
+    evaluations: serde_json::Value,
+) -> Result<(Vec<Job>, Vec<(String, String)>, Vec<Evaluated>), StoreError> {
     let corrupt = |what: &str, error: serde_json::Error| {
         StoreError::Corrupt(format!("coverage of scan {scan_id}: {what}: {error}"))
     };
     let jobs: Vec<(String, String, Option<Vec<DeclaredRule>>)> =
-        serde_json::from_value(row.jobs).map_err(|e| corrupt("jobs", e))?;
-    let jobs: Vec<Job> = jobs
+        serde_json::from_value(jobs).map_err(|e| corrupt("jobs", e))?;
+    let jobs = jobs
         .into_iter()
         .map(|(plugin, state, required_rules)| Job {
             plugin,
@@ -384,20 +424,9 @@ pub async fn of_scan(
             required_rules,
         })
         .collect();
-    let assets: Vec<(String, String)> =
-        serde_json::from_value(row.assets).map_err(|e| corrupt("assets", e))?;
-    type Row8 = (
-        String,
-        String,
-        String,
-        String,
-        String,
-        String,
-        Option<Uuid>,
-        Option<String>,
-    );
-    let evaluations: Vec<Row8> =
-        serde_json::from_value(row.evaluations).map_err(|e| corrupt("evaluations", e))?;
+    let assets = serde_json::from_value(assets).map_err(|e| corrupt("assets", e))?;
+    let evaluations: Vec<EvaluationRow> =
+        serde_json::from_value(evaluations).map_err(|e| corrupt("evaluations", e))?;
     let evaluations = evaluations
         .into_iter()
         .map(
@@ -424,6 +453,476 @@ pub async fn of_scan(
             },
         )
         .collect();
-    let coverage = assemble(&row.locator, &jobs, &assets, evaluations)?;
-    Ok(Some((row.state, coverage)))
+    Ok((jobs, assets, evaluations))
+}
+
+impl CoverageSummary {
+    /// As `CoverageSummary` travels (reference 13).
+    pub fn to_wire(&self) -> v1::CoverageSummary {
+        v1::CoverageSummary {
+            status: self.status.as_str().to_owned(),
+            counts: self
+                .counts
+                .iter()
+                .map(|(status, n)| {
+                    (
+                        status.as_str().to_owned(),
+                        u32::try_from(*n).unwrap_or(u32::MAX),
+                    )
+                })
+                .collect(),
+            score: self.score,
+            required_incomplete: u32::try_from(self.required_incomplete).unwrap_or(u32::MAX),
+            complete: self.complete,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TARGET: &str = "https://app.test";
+
+    fn job(plugin: &str, state: ScanJobState, rules: &[(&str, &[&str])]) -> Job {
+        Job {
+            plugin: plugin.into(),
+            state: state.as_str().into(),
+            required_rules: (state == ScanJobState::Completed).then(|| {
+                rules
+                    .iter()
+                    .map(|(rule, kinds)| DeclaredRule {
+                        rule: (*rule).into(),
+                        kinds: kinds.iter().map(|k| (*k).into()).collect(),
+                    })
+                    .collect()
+            }),
+        }
+    }
+
+    fn evaluated(plugin: &str, rule: &str, resource: &str, status: EvaluationStatus) -> Evaluated {
+        Evaluated {
+            plugin: plugin.into(),
+            rule_id: rule.into(),
+            resource: resource.into(),
+            status: status.as_str().into(),
+            reason_code: if status.needs_reason() { "why" } else { "" }.into(),
+            evidence: String::new(),
+            finding_id: None,
+            finding_status: None,
+        }
+    }
+
+    fn status_of(coverage: &Coverage, rule: &str, resource: &str) -> (CoverageStatus, bool) {
+        let entry = coverage
+            .entries
+            .iter()
+            .find(|e| e.rule_id == rule && e.resource == resource)
+            .unwrap_or_else(|| panic!("no entry for {rule} on {resource}: {coverage:?}"));
+        (entry.status, entry.required)
+    }
+
+    #[test]
+    fn aggregation_ranks_fail_error_unknown_pass_not_applicable() {
+        use CoverageStatus::*;
+        assert_eq!(CoverageStatus::aggregate([Pass, NotApplicable]), Pass);
+        assert_eq!(
+            CoverageStatus::aggregate([Pass, Unknown, NotApplicable]),
+            Unknown
+        );
+        assert_eq!(CoverageStatus::aggregate([Unknown, Error, Pass]), Error);
+        assert_eq!(CoverageStatus::aggregate([Error, Fail, Unknown]), Fail);
+        assert_eq!(CoverageStatus::aggregate([NotApplicable]), NotApplicable);
+        assert_eq!(CoverageStatus::aggregate([]), Unknown);
+    }
+
+    /// I16: UNKNOWN and ERROR never count as a pass; NOT_APPLICABLE is out of the score.
+    #[test]
+    fn the_score_counts_unknown_and_error_against_and_leaves_not_applicable_out() {
+        use EvaluationStatus::*;
+        let jobs = [job(
+            "p",
+            ScanJobState::Completed,
+            &[
+                ("a", &["target"]),
+                ("b", &["target"]),
+                ("c", &["target"]),
+                ("d", &["target"]),
+                ("e", &["target"]),
+            ],
+        )];
+        let evaluations = vec![
+            evaluated("p", "a", TARGET, Pass),
+            evaluated("p", "b", TARGET, Error),
+            evaluated("p", "c", TARGET, NotApplicable),
+            evaluated("p", "d", TARGET, Pass),
+            // "e" is required and never evaluated: unknown.
+        ];
+        let coverage = assemble(TARGET, &jobs, &[], evaluations).unwrap();
+        assert_eq!(
+            status_of(&coverage, "e", TARGET),
+            (CoverageStatus::Unknown, true)
+        );
+        let summary = &coverage.summary;
+        assert_eq!(summary.score, Some(2.0 / 4.0), "{summary:?}");
+        assert_eq!(summary.required_incomplete, 2);
+        assert!(!summary.complete);
+        assert_eq!(summary.status, CoverageStatus::Error);
+        assert!(summary.refusal().unwrap().contains("2 required"));
+    }
+
+    #[test]
+    fn a_rule_is_required_on_every_resource_of_its_kinds() {
+        use EvaluationStatus::*;
+        let jobs = [job(
+            "web",
+            ScanJobState::Completed,
+            &[
+                ("hsts", &["http_service"]),
+                ("reach", &["target", "tcp_service"]),
+            ],
+        )];
+        let assets = vec![
+            ("http_service".to_owned(), "http://a:80".to_owned()),
+            ("http_service".to_owned(), "http://b:80".to_owned()),
+            ("tcp_service".to_owned(), "a:22".to_owned()),
+        ];
+        let evaluations = vec![
+            evaluated("web", "hsts", "http://a:80", Fail),
+            evaluated("web", "reach", TARGET, Pass),
+            evaluated("web", "reach", "a:22", Pass),
+            // Not declared: shown and scored, never required.
+            evaluated("web", "extra", "http://a:80", Error),
+        ];
+        let coverage = assemble(TARGET, &jobs, &assets, evaluations).unwrap();
+        assert_eq!(
+            status_of(&coverage, "hsts", "http://a:80"),
+            (CoverageStatus::Fail, true)
+        );
+        assert_eq!(
+            status_of(&coverage, "hsts", "http://b:80"),
+            (CoverageStatus::Unknown, true)
+        );
+        assert_eq!(
+            status_of(&coverage, "extra", "http://a:80"),
+            (CoverageStatus::Error, false)
+        );
+        assert_eq!(
+            coverage.entries.len(),
+            5,
+            "hsts ×2, reach ×2, extra: {coverage:?}"
+        );
+        assert_eq!(coverage.summary.required_incomplete, 1, "only hsts on b");
+        assert_eq!(coverage.by_resource["http://a:80"], CoverageStatus::Fail);
+        assert_eq!(coverage.by_resource["a:22"], CoverageStatus::Pass);
+        // With b evaluated, the required coverage is complete though a failure stands and an
+        // undeclared rule errs.
+        let mut evaluations = vec![evaluated("web", "hsts", "http://b:80", NotApplicable)];
+        evaluations.extend([
+            evaluated("web", "hsts", "http://a:80", Fail),
+            evaluated("web", "reach", TARGET, Pass),
+            evaluated("web", "reach", "a:22", Pass),
+        ]);
+        let coverage = assemble(TARGET, &jobs, &assets, evaluations).unwrap();
+        assert!(coverage.summary.complete, "{coverage:?}");
+        assert_eq!(coverage.summary.status, CoverageStatus::Fail);
+    }
+
+    #[test]
+    fn a_job_that_did_not_complete_or_declared_nothing_reads_unknown() {
+        use EvaluationStatus::*;
+        let jobs = [
+            job("done", ScanJobState::Completed, &[("a", &["target"])]),
+            job("failed", ScanJobState::Failed, &[]),
+            job("silent", ScanJobState::Completed, &[]),
+            job("undeclared", ScanJobState::Completed, &[]),
+        ];
+        let evaluations = vec![
+            evaluated("done", "a", TARGET, Pass),
+            // A failed job's evaluations are shown, its coverage still unknown.
+            evaluated("failed", "x", TARGET, Pass),
+            // Declared nothing but evaluated: what it reported is its coverage.
+            evaluated("undeclared", "y", TARGET, Pass),
+        ];
+        let coverage = assemble(TARGET, &jobs, &[], evaluations).unwrap();
+        let reasons: Vec<(&str, &str)> = coverage
+            .entries
+            .iter()
+            .filter(|e| e.status == CoverageStatus::Unknown)
+            .map(|e| (e.plugin.as_str(), e.reason_code.as_str()))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                ("failed", unknown_reason::JOB_NOT_COMPLETED),
+                ("silent", unknown_reason::NO_RULES_DECLARED)
+            ]
+        );
+        assert_eq!(coverage.summary.required_incomplete, 2);
+        assert!(!coverage.summary.complete);
+    }
+
+    #[test]
+    fn nothing_checked_is_not_complete() {
+        let coverage = assemble(TARGET, &[], &[], Vec::new()).unwrap();
+        assert!(!coverage.summary.complete);
+        assert_eq!(coverage.summary.score, None);
+        assert!(coverage.summary.refusal().is_some());
+    }
+
+    #[test]
+    fn a_target_with_a_secret_is_matched_as_evaluations_store_it() {
+        let target = "https://user:hunter2hunter2@app.test/?token=AKIAABCDEFGHIJKLMNOP";
+        let redacted = redact(target);
+        assert_ne!(
+            redacted, target,
+            "the test needs a target redaction changes"
+        );
+        let jobs = [job("p", ScanJobState::Completed, &[("a", &["target"])])];
+        let evaluations = vec![evaluated("p", "a", &redacted, EvaluationStatus::Pass)];
+        let coverage = assemble(target, &jobs, &[], evaluations).unwrap();
+        assert!(coverage.summary.complete, "{coverage:?}");
+    }
+}
+
+/// A finding as a diff lists it: which of the two scans holds it (by id) and what it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffFinding {
+    pub finding_key: String,
+    pub plugin: String,
+    pub rule_id: String,
+    pub resource: String,
+    pub severity: String,
+    pub title: String,
+    /// In the base scan, when it is there.
+    pub base_finding_id: Option<Uuid>,
+    /// In the later scan, when it is there; its own disposition, never the base's.
+    pub finding_id: Option<Uuid>,
+    pub status: String,
+}
+
+/// What changed between two scans of one target (`palisade scan diff`, the `diff` query):
+/// every finding of either in exactly one class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Diff {
+    pub target: String,
+    /// The later scan ended completed: only then can a finding be no longer seen.
+    pub scan_complete: bool,
+    /// In the later scan only.
+    pub new: Vec<DiffFinding>,
+    /// In both (the later scan's disposition, not inherited).
+    pub still_present: Vec<DiffFinding>,
+    /// In the base only, and the later, completed scan evaluated its rule on its resource as
+    /// PASS.
+    pub no_longer_seen: Vec<DiffFinding>,
+    /// In the base only, and nothing says it was fixed: the later scan did not complete, or did
+    /// not evaluate the rule there, or its evaluation was not a pass.
+    pub unknown: Vec<DiffFinding>,
+}
+
+/// Why two scans cannot be compared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiffRefusal {
+    /// Either scan is missing (in the organization, when one is given).
+    NotFound,
+    /// They scan different targets.
+    OtherTargets,
+    /// The later one was admitted first.
+    NotLater,
+}
+
+/// [`Diff`] of `base_scan_id` and the later `scan_id`, of one target, read in one statement.
+pub async fn diff(
+    conn: &mut PgConnection,
+    organization_id: Option<Uuid>,
+    base_scan_id: Uuid,
+    scan_id: Uuid,
+) -> Result<Result<Diff, DiffRefusal>, StoreError> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        same_target: bool,
+        later: bool,
+        state: String,
+        locator: String,
+        base_findings: serde_json::Value,
+        findings: serde_json::Value,
+        evaluations: serde_json::Value,
+    }
+    let row: Option<Row> = sql::findings::DiffInputs {
+        base_scan_id,
+        scan_id,
+        organization_id,
+    }
+    .query_as()
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(Err(DiffRefusal::NotFound));
+    };
+    if !row.same_target {
+        return Ok(Err(DiffRefusal::OtherTargets));
+    }
+    if !row.later {
+        return Ok(Err(DiffRefusal::NotLater));
+    }
+    let corrupt = |what: &str, error: serde_json::Error| {
+        StoreError::Corrupt(format!(
+            "diff of {base_scan_id} and {scan_id}: {what}: {error}"
+        ))
+    };
+    type FindingRow = (String, String, String, String, String, String, Uuid, String);
+    let base: Vec<FindingRow> =
+        serde_json::from_value(row.base_findings).map_err(|e| corrupt("base findings", e))?;
+    let later: Vec<FindingRow> =
+        serde_json::from_value(row.findings).map_err(|e| corrupt("findings", e))?;
+    let evaluations: Vec<(String, String, String, String)> =
+        serde_json::from_value(row.evaluations).map_err(|e| corrupt("evaluations", e))?;
+    let passed: std::collections::HashSet<(String, String, String)> = evaluations
+        .into_iter()
+        .filter(|(_, _, _, status)| status == EvaluationStatus::Pass.as_str())
+        .map(|(plugin, rule, resource, _)| (plugin, rule, resource))
+        .collect();
+    let scan_complete = row.state == crate::states::ScanState::Completed.as_str();
+    let as_diff = |(key, plugin, rule_id, resource, severity, title, id, status): FindingRow,
+                   base_id: Option<Uuid>,
+                   later_id: Option<Uuid>| DiffFinding {
+        finding_key: key,
+        plugin,
+        rule_id,
+        resource,
+        severity,
+        title,
+        base_finding_id: base_id.or((later_id.is_none()).then_some(id)),
+        finding_id: later_id,
+        status,
+    };
+    let base_ids: BTreeMap<String, Uuid> = base.iter().map(|f| (f.0.clone(), f.6)).collect();
+    let later_keys: std::collections::HashSet<String> = later.iter().map(|f| f.0.clone()).collect();
+    let mut diff = Diff {
+        target: redact(&row.locator),
+        scan_complete,
+        new: Vec::new(),
+        still_present: Vec::new(),
+        no_longer_seen: Vec::new(),
+        unknown: Vec::new(),
+    };
+    for finding in later {
+        let id = finding.6;
+        match base_ids.get(&finding.0) {
+            Some(base_id) => diff
+                .still_present
+                .push(as_diff(finding, Some(*base_id), Some(id))),
+            None => diff.new.push(as_diff(finding, None, Some(id))),
+        }
+    }
+    for finding in base.into_iter().filter(|f| !later_keys.contains(&f.0)) {
+        let evaluated = (finding.1.clone(), finding.2.clone(), finding.3.clone());
+        let fixed = scan_complete && passed.contains(&evaluated);
+        let entry = as_diff(finding, None, None);
+        if fixed {
+            diff.no_longer_seen.push(entry);
+        } else {
+            diff.unknown.push(entry);
+        }
+    }
+    Ok(Ok(diff))
+}
+
+/// A finding of a target's latest scan with its occurrences across the target's scans.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Occurrences {
+    pub id: Uuid,
+    pub finding_key: String,
+    pub plugin: String,
+    pub rule_id: String,
+    pub resource: String,
+    pub severity: String,
+    pub title: String,
+    /// Its own disposition, in this scan.
+    pub status: String,
+    pub first_seen_unix_ms: i64,
+    pub last_seen_unix_ms: i64,
+    /// How many of the target's scans reported it.
+    pub scans: i64,
+}
+
+/// One of a target's scans, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TargetScan {
+    pub id: Uuid,
+    pub state: String,
+    pub created_at_unix_ms: i64,
+    pub coverage: CoverageSummary,
+}
+
+/// A target, its latest scans with their coverage, and the findings of the latest completed
+/// one with their occurrences (`palisade target show`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TargetHistory {
+    pub id: Uuid,
+    pub organization_id: Uuid,
+    pub locator: String,
+    pub scans: Vec<TargetScan>,
+    /// The latest completed scan's, if there is one.
+    pub latest_completed: Option<Uuid>,
+    pub findings: Vec<Occurrences>,
+}
+
+/// Each target named `locator` (in `organization_id`, when given) with its latest `scans_max`
+/// scans, their coverage, and its latest completed scan's findings with their occurrences.
+pub async fn target_history(
+    conn: &mut PgConnection,
+    organization_id: Option<Uuid>,
+    locator: &str,
+    scans_max: i64,
+) -> Result<Vec<TargetHistory>, StoreError> {
+    let rows: Vec<(Uuid, Uuid, String, serde_json::Value)> = sql::targets::History {
+        locator,
+        organization_id,
+        scans_max,
+    }
+    .query_as()
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut targets = Vec::with_capacity(rows.len());
+    for (id, organization_id, locator, scans) in rows {
+        let scans: Vec<(Uuid, String, i64)> = serde_json::from_value(scans)
+            .map_err(|error| StoreError::Corrupt(format!("scans of target {id}: {error}")))?;
+        let ids: Vec<Uuid> = scans.iter().map(|scan| scan.0).collect();
+        let mut coverages = of_scans(conn, Some(organization_id), &ids).await?;
+        let latest_completed = scans
+            .iter()
+            .find(|(_, state, _)| state == crate::states::ScanState::Completed.as_str())
+            .map(|scan| scan.0);
+        let findings = match latest_completed {
+            None => Vec::new(),
+            Some(scan_id) => {
+                sql::findings::OccurrenceSpans { scan_id }
+                    .query_as()
+                    .fetch_all(&mut *conn)
+                    .await?
+            }
+        };
+        let scans = scans
+            .into_iter()
+            .filter_map(|(id, state, created_at_unix_ms)| {
+                let (_, coverage) = coverages.remove(&id)?;
+                Some(TargetScan {
+                    id,
+                    state,
+                    created_at_unix_ms,
+                    coverage: coverage.summary,
+                })
+            })
+            .collect();
+        targets.push(TargetHistory {
+            id,
+            organization_id,
+            locator: redact(&locator),
+            scans,
+            latest_completed,
+            findings,
+        });
+    }
+    Ok(targets)
 }

@@ -15,6 +15,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::coverage::CoverageSummary;
 use crate::sql;
 use crate::states::{FindingChange, FindingStatus, ScanJobState, ScanState, Severity};
 
@@ -437,11 +438,13 @@ pub async fn show(
     }))
 }
 
-/// A scan's finding summary and gate: three different answers (the evidence guide) — the
-/// scan's state (did it end, and how), whether it is complete (every plugin completed with its
-/// evidence published), and whether the gate passes (complete, and no finding counted toward
-/// the gate at or above the threshold).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A scan's finding summary and gate: different answers (the evidence guide) — the scan's
+/// state (did it end, and how), whether it is complete (every plugin completed with its
+/// evidence published), whether its required coverage is complete (every required rule
+/// evaluated, none in error: [`crate::coverage`]), and whether the gate passes (both complete,
+/// and no finding counted toward the gate at or above the threshold). Dispositions change
+/// what the findings count, never the coverage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
     pub scan_state: String,
     pub collection_revision: i32,
@@ -459,7 +462,31 @@ pub struct Summary {
     pub threshold: String,
     /// Counted findings at or above the threshold.
     pub blocking: i64,
+    pub coverage: CoverageSummary,
     pub gate_passed: bool,
+    /// Why the gate does not pass, in a sentence naming each reason; `None` when it passes.
+    pub gate_refusal: Option<String>,
+}
+
+/// Why `summary`'s gate does not pass: each reason, joined; `None` when it passes.
+fn gate_refusal(summary: &Summary) -> Option<String> {
+    let mut reasons = Vec::new();
+    if !summary.complete {
+        reasons.push(format!(
+            "the scan is incomplete ({}, {} of {} plugins complete)",
+            summary.scan_state, summary.plugins_complete, summary.plugins
+        ));
+    }
+    if let Some(coverage) = summary.coverage.refusal() {
+        reasons.push(coverage);
+    }
+    if summary.blocking > 0 {
+        reasons.push(format!(
+            "{} blocking finding(s) at or above {}",
+            summary.blocking, summary.threshold
+        ));
+    }
+    (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
 /// The scan's summary and its gate at `threshold`, from one snapshot; `None`: no such scan.
@@ -477,17 +504,27 @@ pub async fn summary(
         plugins_complete: i64,
         counts: serde_json::Value,
     }
+    // One snapshot for the findings and the coverage.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
     let row: Option<Row> = sql::scans::FindingSummary {
         scan_id,
         organization_id,
         completed_job_state: ScanJobState::Completed.as_str(),
     }
     .query_as()
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {
         return Ok(None);
     };
+    let coverage = crate::coverage::of_scan(&mut tx, organization_id, scan_id)
+        .await?
+        .map(|(_, coverage)| coverage.summary)
+        .ok_or_else(|| StoreError::Corrupt(format!("scan {scan_id} vanished in a snapshot")))?;
+    tx.commit().await?;
     let counts: Vec<(String, String, i64)> = serde_json::from_value(row.counts)
         .map_err(|error| StoreError::Corrupt(format!("finding counts: {error}")))?;
     let mut summary = Summary {
@@ -505,7 +542,9 @@ pub async fn summary(
         suppressed: 0,
         threshold: threshold.as_str().to_owned(),
         blocking: 0,
+        coverage,
         gate_passed: false,
+        gate_refusal: None,
     };
     for (status_text, severity_text, n) in counts {
         *summary.by_status.entry(status_text.clone()).or_default() += n;
@@ -528,6 +567,7 @@ pub async fn summary(
             summary.gate_exempt += n;
         }
     }
-    summary.gate_passed = summary.complete && summary.blocking == 0;
+    summary.gate_refusal = gate_refusal(&summary);
+    summary.gate_passed = summary.gate_refusal.is_none();
     Ok(Some(summary))
 }

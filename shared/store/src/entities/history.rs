@@ -11,8 +11,8 @@ use uuid::Uuid;
 use crate::StoreError;
 use crate::sql;
 use crate::states::{
-    AttemptStatus, EnrichmentJobState, ResultBatchStatus, ScanJobState, ScanState, Severity,
-    TaskState,
+    AttemptStatus, EnrichmentJobState, EvaluationStatus, ResultBatchStatus, ScanJobState,
+    ScanState, Severity, TaskState,
 };
 
 /// Scans written per statement: one statement's work stays a few seconds.
@@ -43,6 +43,7 @@ pub async fn seed(
             persisted_status: ResultBatchStatus::Persisted.as_str(),
             completed_enrichment_state: EnrichmentJobState::Completed.as_str(),
             low_severity: Severity::Low.as_str(),
+            fail_status: EvaluationStatus::Fail.as_str(),
         }
         .query()
         .execute(pool)
