@@ -11,6 +11,13 @@ Plugins:
   py_echo2  one finding per discovered asset (reads Lease.discovered_assets)
   py_slow   sleeps PY_SLOW_SECONDS (default 60) while renewing, then 1 finding; used to show release
 
+Coverage (reference 6.3 "Declared rules", 6.7 "Evaluations", 13): the hello declares each
+plugin's rules (RULES: HelloRequest.rules, one RuleDeclaration per plugin and rule), and each
+plugin returns an evaluation of every rule it checked, sent in BatchPayload.evaluations after
+the findings: "fail" naming the finding it produced (same rule_id and resource, its
+discriminator), "pass", or "not_applicable"/"error" with a reason_code. An evaluation's resource
+is exactly the target (kind "target") or an asset's value, for it to meet a required pair.
+
 --demo enables protocol probes on py_echo attempts: batch 1 is held back so the first completion
 gets batch_missing, and after the attempt completed the worker replays a batch (expects
 duplicate=true), sends the same key with another payload (expects batch_conflict), and checks a
@@ -57,8 +64,41 @@ class PluginFailed(Exception):
 
 
 # ------------------------------------------------------------------------------------------
-# plugins: (lease, stop_event) -> (findings, assets)
+# plugins: (lease, stop_event) -> (findings, assets, evaluations)
 # ------------------------------------------------------------------------------------------
+
+# What each plugin checks, and on which kinds of resource: an asset kind, or "target" (the scan's
+# target itself). Declared in the hello; a completed scan job requires an evaluation of each rule
+# on each resource of those kinds its scan has.
+RULES = {
+    "py_echo": [
+        ("py-echo-info", ["target"]),
+        ("py-echo-low", ["target"]),
+        # Its finding is on <target>/admin, which is no asset: its evaluation is shown in the
+        # scan's coverage without being required.
+        ("py-echo-high", ["admin_path"]),
+        ("py-echo-url", ["target"]),
+    ],
+    "py_echo2": [
+        ("py-echo2-asset", ["http_service"]),
+        ("py-echo2-none", ["target"]),
+    ],
+    "py_slow": [
+        ("py-slow-done", ["target"]),
+    ],
+}
+
+
+def evaluation(rule_id, resource, status, reason_code="", evidence="", finding_discriminator=""):
+    return pb.Evaluation(rule_id=rule_id, resource=resource, status=status, reason_code=reason_code,
+                         evidence=evidence, finding_discriminator=finding_discriminator)
+
+
+def failed(finding):
+    """The FAIL evaluation of the rule that produced `finding`, naming it."""
+    return evaluation(finding.rule_id, finding.resource, "fail",
+                      finding_discriminator=finding.discriminator)
+
 
 async def plugin_py_echo(lease, stop):
     t = lease.target
@@ -72,7 +112,12 @@ async def plugin_py_echo(lease, stop):
                    title="py_echo high finding", cve_ids=["CVE-2021-44228"]),
     ]
     assets = [pb.Asset(kind="http_service", value=t)]
-    return findings, assets
+    evaluations = [failed(f) for f in findings]
+    if "://" in t:
+        evaluations.append(evaluation("py-echo-url", t, "pass"))
+    else:
+        evaluations.append(evaluation("py-echo-url", t, "not_applicable", reason_code="not_a_url"))
+    return findings, assets, evaluations
 
 
 async def plugin_py_echo2(lease, stop):
@@ -82,10 +127,19 @@ async def plugin_py_echo2(lease, stop):
                    description=f"asset discovered earlier in the scan: {a.kind} {a.value}")
         for a in lease.discovered_assets
     ]
-    if not findings:
+    evaluations = []
+    if findings:
+        evaluations.append(evaluation("py-echo2-none", lease.target, "pass"))
+    else:
         findings.append(pb.Finding(rule_id="py-echo2-none", resource=lease.target, severity="info",
                                    title="py_echo2 found no discovered assets"))
-    return findings, []
+    # One evaluation per (rule, resource): two assets of one value give one.
+    seen = set()
+    for f in findings:
+        if (f.rule_id, f.resource) not in seen:
+            seen.add((f.rule_id, f.resource))
+            evaluations.append(failed(f))
+    return findings, [], evaluations
 
 
 async def plugin_py_slow(lease, stop):
@@ -95,8 +149,9 @@ async def plugin_py_slow(lease, stop):
         raise LeaseLost()
     except asyncio.TimeoutError:
         pass
-    return [pb.Finding(rule_id="py-slow-done", resource=lease.target, severity="info",
-                       title=f"py_slow slept {secs}s")], []
+    finding = pb.Finding(rule_id="py-slow-done", resource=lease.target, severity="info",
+                         title=f"py_slow slept {secs}s")
+    return [finding], [], [failed(finding)]
 
 
 PLUGINS = {"py_echo": plugin_py_echo, "py_echo2": plugin_py_echo2, "py_slow": plugin_py_slow}
@@ -151,9 +206,11 @@ class Worker:
 
     # -- step 3: hello ------------------------------------------------------------------------
     async def say_hello(self):
+        rules = [pb.RuleDeclaration(plugin=plugin, rule_id=rule_id, resource_kinds=kinds)
+                 for plugin in sorted(PLUGINS) for rule_id, kinds in RULES.get(plugin, [])]
         req = pb.HelloRequest(schema_version=1, worker_id=self.wid, software_version=SOFTWARE_VERSION,
                               protocol_version=PROTOCOL_VERSION, capabilities=sorted(PLUGINS),
-                              capacity=self.capacity)
+                              capacity=self.capacity, rules=rules)
         delay = 0.25
         while True:
             try:
@@ -342,7 +399,7 @@ class Worker:
         raise LeaseLost()  # give up; the lease expires and the reaper retries
 
     # -- batching ------------------------------------------------------------------------------
-    def cut_batches(self, findings, assets):
+    def cut_batches(self, findings, assets, evaluations):
         h = self.hello
         fmax = h.batch_findings_max or 1000
         if self.findings_per_batch_override:
@@ -352,7 +409,7 @@ class Worker:
 
         def flush():
             nonlocal cur
-            if cur.findings or cur.assets:
+            if cur.findings or cur.assets or cur.evaluations:
                 batches.append(cur.SerializeToString())
             cur = pb.BatchPayload()
 
@@ -368,6 +425,16 @@ class Worker:
                 del cur.findings[-1]; flush(); cur.findings.append(f)
             if cur.ByteSize() > bmax:
                 raise PluginFailed("result_too_large", "one finding exceeds batch_bytes_max", False)
+        # Findings and evaluations together count against batch_findings_max; each FAIL comes
+        # after its finding.
+        for e in evaluations:
+            if len(cur.findings) + len(cur.evaluations) >= fmax:
+                flush()
+            cur.evaluations.append(e)
+            if cur.ByteSize() > bmax:
+                del cur.evaluations[-1]; flush(); cur.evaluations.append(e)
+            if cur.ByteSize() > bmax:
+                raise PluginFailed("result_too_large", "one evaluation exceeds batch_bytes_max", False)
         flush()
         return batches
 
@@ -393,7 +460,8 @@ class Worker:
                 timeout = lease.execution_deadline_in_ms / 1000 if lease.execution_deadline_in_ms else None
                 if timeout is not None:
                     timeout = max(0.0, sent_at + timeout - time.monotonic())
-                findings, assets = await asyncio.wait_for(plugin(lease, lost), timeout=timeout)
+                findings, assets, evaluations = await asyncio.wait_for(plugin(lease, lost),
+                                                                       timeout=timeout)
             except asyncio.TimeoutError:
                 raise PluginFailed("deadline_exceeded", "execution deadline passed", False)
             except (LeaseLost, PluginFailed):
@@ -403,7 +471,7 @@ class Worker:
             if lost.is_set():
                 raise LeaseLost()
 
-            payloads = self.cut_batches(findings, assets)
+            payloads = self.cut_batches(findings, assets, evaluations)
             batches = []
             for seq, payload in enumerate(payloads):
                 key, msg = self.result_batch(ref, seq, payload)
@@ -416,7 +484,8 @@ class Worker:
 
             done = pb.TaskComplete(schema_version=1, worker_id=self.wid, lease=ref,
                                    batch_count=len(batches),
-                                   summary=f"{lease.plugin}: {len(findings)} findings, {len(assets)} assets"
+                                   summary=f"{lease.plugin}: {len(findings)} findings, {len(assets)} assets, "
+                                           f"{len(evaluations)} evaluations"
                                    ).SerializeToString()
             for _ in range(5):
                 ack = await self.send_and_wait_ack("complete", f"complete:{aid}", done, aid, "complete",

@@ -5,7 +5,12 @@
 //! `http_headers` then checks: a profile `[tcp_connect, http_headers]` is the asset-discovery
 //! pipeline. `dependency_audit` reads lockfiles on the worker's disk and matches them against a
 //! local OSV advisory database (`PALISADE_OSV_DIR`); its findings carry CVE ids for enrichment.
+//!
+//! Every plugin declares its rules ([`worker::Plugin::rules`]) and reports an evaluation of
+//! each rule on each resource it checks ([`coverage`]), so a scan's coverage shows what was
+//! checked, found or not.
 
+pub mod coverage;
 pub mod dependency_audit;
 pub mod http_headers;
 pub mod sbom;
@@ -499,6 +504,32 @@ mod tests {
             ("PALISADE_SUBJECT_PREFIX", "a.b"),
         ]);
         assert!(result.is_err());
+    }
+
+    /// What a hello accepts of a declaration (reference 6.3, step 7a), for every plugin.
+    #[test]
+    fn every_plugin_declares_rules_a_hello_accepts() {
+        for plugin in plugins() {
+            let rules = plugin.rules();
+            assert!(!rules.is_empty(), "{} declares no rules", plugin.name());
+            let ids: std::collections::HashSet<_> = rules.iter().map(|rule| rule.id).collect();
+            assert_eq!(
+                ids.len(),
+                rules.len(),
+                "{} declares a rule twice",
+                plugin.name()
+            );
+            for rule in rules {
+                assert!((1..=128).contains(&rule.id.len()), "{rule:?}");
+                assert!((1..=16).contains(&rule.applies_to.len()), "{rule:?}");
+                assert!(
+                    rule.applies_to
+                        .iter()
+                        .all(|kind| (1..=64).contains(&kind.len())),
+                    "{rule:?}"
+                );
+            }
+        }
     }
 
     #[test]

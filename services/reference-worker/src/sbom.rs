@@ -5,6 +5,10 @@
 //! for them, read by the same code. It reports no findings: one `sbom` asset names the
 //! artifact, and the summary counts what it lists.
 //!
+//! Its one rule, `sbom-generated` ([`RULES`]), is evaluated on the target once the document is
+//! uploaded: PASS (its evidence the artifact and the counts), or NOT_APPLICABLE
+//! (`no_lockfiles`) when the target holds no lockfile to list.
+//!
 //! Each package is one component: `type` `library`, its name and version, and its package URL
 //! (`pkg:cargo/<name>@<version>`, `pkg:npm/<name>@<version>` with a scope's `@` written `%40`),
 //! which is also its `bom-ref`. Components are listed once each, in package-URL order, so two
@@ -15,7 +19,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, Rule, TaskInput, v1};
 
 use crate::dependency_audit::{self, lockfile::Ecosystem, lockfile::Package};
 
@@ -26,11 +30,23 @@ pub const CONTENT_TYPE: &str = "application/vnd.cyclonedx+json";
 /// The asset kind that names the artifact.
 pub const ASSET_KIND: &str = "sbom";
 
+/// The rule that says the bill of materials was made.
+pub const GENERATED_RULE_ID: &str = "sbom-generated";
+/// What it declares: the SBOM of the target.
+pub const RULES: [Rule; 1] = [Rule {
+    id: GENERATED_RULE_ID,
+    applies_to: &[messages::TARGET_RESOURCE_KIND],
+}];
+
 pub struct Sbom;
 
 impl Plugin for Sbom {
     fn name(&self) -> &'static str {
         "sbom"
+    }
+
+    fn rules(&self) -> &'static [Rule] {
+        &RULES
     }
 
     fn run<'a>(
@@ -56,6 +72,15 @@ impl Plugin for Sbom {
                 value: format!("{ARTIFACT_NAME} {} sha256:{}", uploaded.id, uploaded.sha256),
             })
             .await?;
+            let evaluation = if n_lockfiles == 0 {
+                v1::Evaluation::not_applicable(GENERATED_RULE_ID, &task.target, "no_lockfiles")
+            } else {
+                v1::Evaluation::pass(GENERATED_RULE_ID, &task.target).with_evidence(format!(
+                    "{n_components} packages of {n_lockfiles} lockfiles listed in artifact {}",
+                    uploaded.id
+                ))
+            };
+            sink.evaluation(evaluation).await?;
             Ok(format!(
                 "CycloneDX SBOM of {n_components} packages in {n_lockfiles} lockfiles: artifact {} ({} bytes)",
                 uploaded.id, uploaded.size_bytes
@@ -121,7 +146,85 @@ pub fn document<'p>(target: &str, packages: impl Iterator<Item = &'p Package>) -
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use worker::{ArtifactUploader, ResultItem, UploadedArtifact};
+
     use super::*;
+
+    /// Keeps what is uploaded, in memory.
+    #[derive(Default)]
+    struct Kept(Mutex<Vec<(String, Bytes)>>);
+
+    impl ArtifactUploader for Kept {
+        fn upload<'a>(
+            &'a self,
+            name: &'a str,
+            _content_type: &'a str,
+            bytes: Bytes,
+        ) -> BoxFuture<'a, Result<UploadedArtifact, PluginError>> {
+            Box::pin(async move {
+                let size_bytes = bytes.len() as u64;
+                self.0.lock().unwrap().push((name.to_owned(), bytes));
+                Ok(UploadedArtifact {
+                    id: uuid::Uuid::nil(),
+                    size_bytes,
+                    sha256: "00".repeat(32),
+                })
+            })
+        }
+    }
+
+    async fn run(target: &str) -> (Result<String, PluginError>, Vec<ResultItem>) {
+        let kept = Arc::new(Kept::default());
+        let (sink, mut receiver) = ResultSink::channel(16);
+        let task = TaskInput::for_target("sbom", target);
+        let result = Sbom
+            .run(
+                task.clone(),
+                sink.with_artifacts(kept.clone()),
+                CancellationToken::new(),
+            )
+            .await;
+        let mut items = vec![];
+        while let Ok(item) = receiver.try_recv() {
+            items.push(item);
+        }
+        if result.is_ok() {
+            assert_eq!(kept.0.lock().unwrap()[0].0, ARTIFACT_NAME);
+            crate::coverage::testing::assert_covered(&RULES, &task, &items);
+        }
+        (result, items)
+    }
+
+    #[tokio::test]
+    async fn a_project_s_sbom_passes_on_the_target_and_an_empty_one_does_not_apply() {
+        let project = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/dependency_audit/rust");
+        let target = project.display().to_string();
+        let (result, items) = run(&target).await;
+        assert!(result.unwrap().starts_with("CycloneDX SBOM of"));
+        assert_eq!(
+            crate::coverage::testing::statuses(&items),
+            [(
+                (GENERATED_RULE_ID.to_owned(), target),
+                ("pass".to_owned(), String::new())
+            )]
+            .into()
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let target = empty.path().display().to_string();
+        let (result, items) = run(&target).await;
+        assert!(result.unwrap().starts_with("CycloneDX SBOM of 0 packages"));
+        assert_eq!(
+            crate::coverage::testing::statuses(&items),
+            [(
+                (GENERATED_RULE_ID.to_owned(), target),
+                ("not_applicable".to_owned(), "no_lockfiles".to_owned())
+            )]
+            .into()
+        );
+    }
 
     fn package(ecosystem: Ecosystem, name: &str, version: &str) -> Package {
         Package {

@@ -4,6 +4,12 @@
 //!
 //! Bounded: at most [`FILES_MAX`] files, none over [`FILE_BYTES_MAX`], text files only
 //! (binary and non-UTF-8 files are skipped), symbolic links not followed, `.git` skipped.
+//!
+//! Rules ([`RULES`]): one per kind of secret, on the `file_line` a hit is on (`path:line`, not
+//! reported as an asset: a line is where a secret was found, not something the scan has), and
+//! `secrets-scan-truncated` on the target. Each line with a hit reads FAIL for that rule, after
+//! its finding; the target reads PASS when the whole tree was read within the limits, else
+//! FAIL after the informational finding (on the target) that says a limit stopped it.
 
 use std::path::Path;
 use std::sync::LazyLock;
@@ -11,7 +17,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use tokio_util::sync::CancellationToken;
 use walkdir::WalkDir;
-use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, Rule, TaskInput, v1};
 
 /// Files read per task.
 pub const FILES_MAX: usize = 10_000;
@@ -25,6 +31,50 @@ const EVIDENCE_CHARS_MAX: usize = 200;
 const BINARY_SNIFF_BYTES: usize = 8 * 1024;
 /// Directories never worth reading.
 const SKIPPED_DIRECTORIES: [&str; 1] = [".git"];
+
+/// The kind of resource a hit is on: `path:line`.
+pub const LINE_KIND: &str = "file_line";
+/// The rule of the finding that says a limit stopped the walk, on the target.
+pub const TRUNCATED_RULE_ID: &str = "secrets-scan-truncated";
+
+const LINE_KINDS: &[&str] = &[LINE_KIND];
+
+/// What it checks: each kind of secret (its patterns, in order) on the lines it reads, and
+/// whether the walk read the whole tree.
+pub const RULES: [Rule; 8] = [
+    Rule {
+        id: PATTERNS[0].rule_id,
+        applies_to: LINE_KINDS,
+    },
+    Rule {
+        id: PATTERNS[1].rule_id,
+        applies_to: LINE_KINDS,
+    },
+    Rule {
+        id: PATTERNS[2].rule_id,
+        applies_to: LINE_KINDS,
+    },
+    Rule {
+        id: PATTERNS[3].rule_id,
+        applies_to: LINE_KINDS,
+    },
+    Rule {
+        id: PATTERNS[4].rule_id,
+        applies_to: LINE_KINDS,
+    },
+    Rule {
+        id: PATTERNS[5].rule_id,
+        applies_to: LINE_KINDS,
+    },
+    Rule {
+        id: PATTERNS[6].rule_id,
+        applies_to: LINE_KINDS,
+    },
+    Rule {
+        id: TRUNCATED_RULE_ID,
+        applies_to: &[messages::TARGET_RESOURCE_KIND],
+    },
+];
 
 pub struct Secrets;
 
@@ -97,6 +147,10 @@ impl Plugin for Secrets {
         "secrets"
     }
 
+    fn rules(&self) -> &'static [Rule] {
+        &RULES
+    }
+
     fn run<'a>(
         &'a self,
         task: TaskInput,
@@ -105,12 +159,16 @@ impl Plugin for Secrets {
     ) -> BoxFuture<'a, Result<String, PluginError>> {
         Box::pin(async move {
             let root = crate::target::local_path(&task.target)?;
+            let target = task.target.clone();
             let report = crate::target::run_blocking("scan", &cancel, move |cancel| {
-                scan_tree(&root, cancel)
+                scan_tree(&root, &target, cancel)
             })
             .await?;
             for finding in report.findings.iter().cloned() {
                 sink.finding(finding).await?;
+            }
+            for evaluation in evaluations(&report, &task.target) {
+                sink.evaluation(evaluation).await?;
             }
             Ok(format!(
                 "{} secrets in {} files ({} skipped){}",
@@ -137,8 +195,24 @@ struct Report {
     truncated: bool,
 }
 
-/// Walks `root` and scans each text file. Blocking: runs on the blocking pool.
-fn scan_tree(root: &Path, cancel: &CancellationToken) -> Result<Report, PluginError> {
+/// The evaluations of a walk of `target` that gave `report`: FAIL for each (rule, line) with a
+/// hit, and `secrets-scan-truncated` on the target.
+fn evaluations(report: &Report, target: &str) -> Vec<v1::Evaluation> {
+    let mut evaluations = crate::coverage::failed(&report.findings);
+    if !report.truncated {
+        evaluations.push(
+            v1::Evaluation::pass(TRUNCATED_RULE_ID, target).with_evidence(format!(
+                "{} files read, {} skipped",
+                report.files_scanned, report.files_skipped
+            )),
+        );
+    }
+    evaluations
+}
+
+/// Walks `root` (which the target `target` names) and scans each text file. Blocking: runs on
+/// the blocking pool.
+fn scan_tree(root: &Path, target: &str, cancel: &CancellationToken) -> Result<Report, PluginError> {
     let mut report = Report::default();
     let walk = WalkDir::new(root)
         .follow_links(false)
@@ -185,8 +259,8 @@ fn scan_tree(root: &Path, cancel: &CancellationToken) -> Result<Report, PluginEr
     }
     if report.truncated {
         report.findings.push(v1::Finding {
-            rule_id: "secrets-scan-truncated".into(),
-            resource: root.display().to_string(),
+            rule_id: TRUNCATED_RULE_ID.into(),
+            resource: target.to_owned(),
             severity: "info".into(),
             title: "Secret scan stopped at a limit".into(),
             description: format!(
@@ -381,22 +455,93 @@ mod tests {
 
         let (sink, mut receiver) = ResultSink::channel(64);
         let target = format!("file://{}", root.display());
+        let task = TaskInput::for_target("secrets", &target);
         let summary = Secrets
-            .run(
-                TaskInput::for_target("secrets", &target),
-                sink,
-                CancellationToken::new(),
-            )
+            .run(task.clone(), sink, CancellationToken::new())
             .await
             .unwrap();
         assert_eq!(summary, "1 secrets in 1 files (2 skipped)");
-        let Some(ResultItem::Finding(finding)) = receiver.recv().await else {
-            panic!("a finding")
+        let mut items = vec![];
+        while let Ok(item) = receiver.try_recv() {
+            items.push(item);
+        }
+        let ResultItem::Finding(finding) = &items[0] else {
+            panic!("a finding first: {items:?}")
+        };
+        let line = format!("{}:1", root.join("src/settings.py").display());
+        assert_eq!(finding.resource, line);
+        assert_eq!(finding.evidence, "KEY = 'AKIA********'");
+        crate::coverage::testing::assert_covered(&RULES, &task, &items);
+        assert_eq!(
+            crate::coverage::testing::statuses(&items),
+            [
+                (
+                    ("aws-access-key-id".to_owned(), line),
+                    ("fail".to_owned(), String::new())
+                ),
+                (
+                    (TRUNCATED_RULE_ID.to_owned(), target),
+                    ("pass".to_owned(), String::new())
+                ),
+            ]
+            .into()
+        );
+    }
+
+    #[test]
+    fn each_line_with_a_hit_fails_once_per_rule_and_a_truncated_walk_fails_on_the_target() {
+        let findings = scan_text("/repo/f", &format!("{AWS_KEY} {AWS_KEY}\n{GITHUB_TOKEN}\n"));
+        let mut report = Report {
+            findings,
+            files_scanned: 1,
+            ..Report::default()
+        };
+        let statuses = |report: &Report| -> Vec<(String, String, String, String)> {
+            evaluations(report, "/repo")
+                .into_iter()
+                .map(|evaluation| {
+                    (
+                        evaluation.rule_id,
+                        evaluation.resource,
+                        evaluation.status,
+                        evaluation.finding_discriminator,
+                    )
+                })
+                .collect()
+        };
+        let row = |rule: &str, resource: &str, status: &str| {
+            (
+                rule.to_owned(),
+                resource.to_owned(),
+                status.to_owned(),
+                String::new(),
+            )
         };
         assert_eq!(
-            finding.resource,
-            format!("{}:1", root.join("src/settings.py").display())
+            statuses(&report),
+            [
+                row("aws-access-key-id", "/repo/f:1", "fail"),
+                row("github-token", "/repo/f:2", "fail"),
+                row(TRUNCATED_RULE_ID, "/repo", "pass"),
+            ]
         );
-        assert_eq!(finding.evidence, "KEY = 'AKIA********'");
+        report.truncated = true;
+        report.findings.push(v1::Finding {
+            rule_id: TRUNCATED_RULE_ID.into(),
+            resource: "/repo".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            statuses(&report).last().unwrap(),
+            &row(TRUNCATED_RULE_ID, "/repo", "fail")
+        );
+    }
+
+    #[test]
+    fn every_pattern_is_a_declared_rule() {
+        let ids: Vec<&str> = RULES.iter().map(|rule| rule.id).collect();
+        let patterns: Vec<&str> = PATTERNS.iter().map(|pattern| pattern.rule_id).collect();
+        assert_eq!(ids[..PATTERNS.len()], patterns[..]);
+        assert_eq!(ids[PATTERNS.len()..], [TRUNCATED_RULE_ID]);
     }
 }

@@ -6,11 +6,16 @@
 //! halfway, for tests that kill workers. Rule ids are `synthetic-{i}` on the target as the
 //! resource, so a replay yields the same finding keys. A target that is not a `synthetic://`
 //! URL runs with the defaults: no delay, one finding, no failure, no crash.
+//!
+//! It declares the rules `synthetic-0` to `synthetic-4` ([`RULES`], one per severity) on the
+//! target, and evaluates them there: each finding `synthetic-{i}` is followed by its FAIL (also
+//! beyond the declared five, shown but not required), and each declared rule it emitted no
+//! finding for reads PASS once the findings are out.
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, Rule, TaskInput, v1};
 
 /// Longest run a target can ask for (one hour).
 pub const DURATION_MS_MAX: u64 = 3_600_000;
@@ -18,6 +23,30 @@ pub const DURATION_MS_MAX: u64 = 3_600_000;
 pub const FINDINGS_MAX: u32 = 100_000;
 
 const SEVERITIES: [&str; 5] = ["info", "low", "medium", "high", "critical"];
+
+/// The rules it declares, on the target: the first five findings' (one per severity).
+pub const RULES: [Rule; 5] = [
+    Rule {
+        id: "synthetic-0",
+        applies_to: &[messages::TARGET_RESOURCE_KIND],
+    },
+    Rule {
+        id: "synthetic-1",
+        applies_to: &[messages::TARGET_RESOURCE_KIND],
+    },
+    Rule {
+        id: "synthetic-2",
+        applies_to: &[messages::TARGET_RESOURCE_KIND],
+    },
+    Rule {
+        id: "synthetic-3",
+        applies_to: &[messages::TARGET_RESOURCE_KIND],
+    },
+    Rule {
+        id: "synthetic-4",
+        applies_to: &[messages::TARGET_RESOURCE_KIND],
+    },
+];
 
 pub struct Synthetic;
 
@@ -118,6 +147,10 @@ impl Plugin for Synthetic {
         "synthetic"
     }
 
+    fn rules(&self) -> &'static [Rule] {
+        &RULES
+    }
+
     fn run<'a>(
         &'a self,
         task: TaskInput,
@@ -141,8 +174,19 @@ impl Plugin for Synthetic {
                     std::process::abort();
                 }
                 if index < options.findings {
-                    sink.finding(finding(&task.target, index)).await?;
+                    let finding = finding(&task.target, index);
+                    let failed = v1::Evaluation::fail(
+                        &finding.rule_id,
+                        &finding.resource,
+                        &finding.discriminator,
+                    );
+                    sink.finding(finding).await?;
+                    sink.evaluation(failed).await?;
                 }
+            }
+            for rule in RULES.iter().skip(options.findings as usize) {
+                sink.evaluation(v1::Evaluation::pass(rule.id, &task.target))
+                    .await?;
             }
             sink.asset(v1::Asset {
                 kind: "synthetic".into(),
@@ -234,19 +278,19 @@ mod tests {
         }
     }
 
+    /// Runs the plugin on `target`: its result and everything it sent, checked for coverage
+    /// (every declared rule evaluated on the target).
     async fn run(target: &str) -> (Result<String, PluginError>, Vec<ResultItem>) {
         let (sink, mut receiver) = ResultSink::channel(64);
+        let task = TaskInput::for_target("synthetic", target);
         let result = Synthetic
-            .run(
-                TaskInput::for_target("synthetic", target),
-                sink,
-                CancellationToken::new(),
-            )
+            .run(task.clone(), sink, CancellationToken::new())
             .await;
         let mut items = vec![];
         while let Ok(item) = receiver.try_recv() {
             items.push(item);
         }
+        crate::coverage::testing::assert_covered(&RULES, &task, &items);
         (result, items)
     }
 
@@ -263,8 +307,43 @@ mod tests {
             })
             .collect();
         assert_eq!(rules, ["synthetic-0", "synthetic-1", "synthetic-2"]);
+        assert_eq!(
+            crate::coverage::testing::on(&first, target),
+            [
+                ("synthetic-0", "fail"),
+                ("synthetic-1", "fail"),
+                ("synthetic-2", "fail"),
+                ("synthetic-3", "pass"),
+                ("synthetic-4", "pass"),
+            ]
+            .into()
+        );
         let (_, second) = run(target).await;
         assert_eq!(first, second, "a replay emits the same results");
+    }
+
+    #[tokio::test]
+    async fn the_default_run_fails_its_one_rule_and_passes_the_others() {
+        let target = "http://127.0.0.1:8080/";
+        let (result, items) = run(target).await;
+        assert_eq!(result.unwrap(), "emitted 1 synthetic findings");
+        let statuses = crate::coverage::testing::on(&items, target);
+        assert_eq!(statuses["synthetic-0"], "fail");
+        assert_eq!(statuses.len(), RULES.len());
+        assert!(RULES[1..].iter().all(|rule| statuses[rule.id] == "pass"));
+    }
+
+    #[tokio::test]
+    async fn findings_beyond_the_declared_rules_fail_too() {
+        let target = "synthetic://x?findings=7";
+        let (_, items) = run(target).await;
+        let statuses = crate::coverage::testing::on(&items, target);
+        assert_eq!(statuses.len(), 7);
+        assert!(statuses.values().all(|status| *status == "fail"));
+        let (_, none) = run("synthetic://x?findings=0").await;
+        let statuses = crate::coverage::testing::on(&none, "synthetic://x?findings=0");
+        assert_eq!(statuses.len(), RULES.len());
+        assert!(statuses.values().all(|status| *status == "pass"));
     }
 
     #[tokio::test]

@@ -150,30 +150,60 @@ where
     Ok(result)
 }
 
-/// Checks each of `services` in turn with `check`, sending its findings as they come, until
-/// `cancel` (a `cancelled` error); how many were checked. The loop of the plugins that check
-/// services one by one (`http_headers`, `tls_certificate`).
+/// What checking one service gave: the asset it is (reported first unless the scan already
+/// had it, so the scan has the resource its evaluations are on), then its findings, then its
+/// evaluations (each FAIL after its finding).
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub asset: Option<worker::v1::Asset>,
+    pub findings: Vec<worker::v1::Finding>,
+    pub evaluations: Vec<worker::v1::Evaluation>,
+    /// The service could not be checked (its evaluations say ERROR): the task fails with this
+    /// when no service could be.
+    pub error: Option<PluginError>,
+}
+
+/// Checks each of `services` in turn with `check`, sending what each gave as it comes, until
+/// `cancel` (a `cancelled` error); how many could be checked. A service that could not be
+/// checked is reported with ERROR evaluations and the others are still checked; when none
+/// could be, the task fails with the last one's error (a retry may reach them). The loop of
+/// the plugins that check services one by one (`http_headers`, `tls_certificate`). An asset
+/// among `known` (the task's discovered assets) is not reported again.
 pub async fn check_each<S, Fut>(
     services: Vec<S>,
+    known: &[worker::v1::Asset],
     sink: worker::ResultSink,
     cancel: tokio_util::sync::CancellationToken,
     check: impl Fn(S) -> Fut,
 ) -> Result<usize, PluginError>
 where
-    Fut: Future<Output = Result<Vec<worker::v1::Finding>, PluginError>>,
+    Fut: Future<Output = Checked>,
 {
     let mut checked = 0;
+    let mut failure = None;
     for service in services {
-        let findings = tokio::select! {
+        let result = tokio::select! {
             () = cancel.cancelled() => return Err(PluginError::retryable("cancelled", "cancelled")),
-            findings = check(service) => findings?,
+            result = check(service) => result,
         };
-        checked += 1;
-        for finding in findings {
+        if let Some(asset) = result.asset.filter(|asset| !known.contains(asset)) {
+            sink.asset(asset).await?;
+        }
+        for finding in result.findings {
             sink.finding(finding).await?;
         }
+        for evaluation in result.evaluations {
+            sink.evaluation(evaluation).await?;
+        }
+        match result.error {
+            None => checked += 1,
+            Some(error) => failure = Some(error),
+        }
     }
-    Ok(checked)
+    match failure {
+        Some(error) if checked == 0 => Err(error),
+        _ => Ok(checked),
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,10 @@
 //! `tcp_service` asset (and an `http_service` one when the target is an http(s) URL, for
 //! `http_headers` to check) and an informational `open-port` finding.
 //!
+//! Its one rule, `open-port`, applies to `tcp_service` resources: each open port reads FAIL
+//! (after its finding), each closed one PASS on `host:port` (not an asset, so shown in the
+//! scan's coverage without being required).
+//!
 //! Targets: `http://host:port/...` (that port, or the scheme's), `host:port`, or a bare host
 //! (ports 80, 443 and 8080).
 
@@ -10,7 +14,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
-use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+use worker::{BoxFuture, Plugin, PluginError, ResultItem, ResultSink, Rule, TaskInput, v1};
 
 use crate::target::{self, Endpoint};
 
@@ -21,11 +25,25 @@ pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Addresses of one host tried per port (a name may resolve to many).
 pub const ADDRESSES_MAX: usize = 4;
 
+/// The asset kind of an open port, `host:port`.
+pub const SERVICE_KIND: &str = "tcp_service";
+/// The rule of an open port's finding.
+pub const OPEN_PORT_RULE: &str = "open-port";
+/// What it checks: whether each port accepts a connection.
+pub const RULES: [Rule; 1] = [Rule {
+    id: OPEN_PORT_RULE,
+    applies_to: &[SERVICE_KIND],
+}];
+
 pub struct TcpConnect;
 
 impl Plugin for TcpConnect {
     fn name(&self) -> &'static str {
         "tcp_connect"
+    }
+
+    fn rules(&self) -> &'static [Rule] {
+        &RULES
     }
 
     fn run<'a>(
@@ -47,13 +65,14 @@ impl Plugin for TcpConnect {
             };
             let mut open_ports = vec![];
             for (port, open) in endpoint.ports.iter().zip(open) {
-                if let Some(address) = open {
+                if open.is_some() {
                     open_ports.push(*port);
-                    for item in results(&endpoint, *port, address) {
-                        match item {
-                            Item::Asset(asset) => sink.asset(asset).await?,
-                            Item::Finding(finding) => sink.finding(finding).await?,
-                        }
+                }
+                for item in results(&endpoint, *port, open) {
+                    match item {
+                        ResultItem::Asset(asset) => sink.asset(asset).await?,
+                        ResultItem::Finding(finding) => sink.finding(finding).await?,
+                        ResultItem::Evaluation(evaluation) => sink.evaluation(evaluation).await?,
                     }
                 }
             }
@@ -68,34 +87,38 @@ impl Plugin for TcpConnect {
     }
 }
 
-/// What one open port yields.
-#[derive(Debug, Clone, PartialEq)]
-enum Item {
-    Asset(v1::Asset),
-    Finding(v1::Finding),
-}
-
-fn results(endpoint: &Endpoint, port: u16, address: SocketAddr) -> Vec<Item> {
+/// What one port yields: open (at `address`), its assets, its finding and a FAIL; closed, a
+/// PASS.
+fn results(endpoint: &Endpoint, port: u16, open: Option<SocketAddr>) -> Vec<ResultItem> {
     let authority = endpoint.authority(port);
-    let mut items = vec![Item::Asset(v1::Asset {
-        kind: "tcp_service".into(),
+    let Some(address) = open else {
+        let evaluation = v1::Evaluation::pass(OPEN_PORT_RULE, &authority).with_evidence(format!(
+            "no TCP connection to port {port} within {CONNECT_TIMEOUT:?}"
+        ));
+        return vec![ResultItem::Evaluation(evaluation)];
+    };
+    let mut items = vec![ResultItem::Asset(v1::Asset {
+        kind: SERVICE_KIND.into(),
         value: authority.clone(),
     })];
     if let Some(scheme @ ("http" | "https")) = endpoint.scheme.as_deref() {
-        items.push(Item::Asset(v1::Asset {
+        items.push(ResultItem::Asset(v1::Asset {
             kind: "http_service".into(),
             value: format!("{scheme}://{authority}"),
         }));
     }
-    items.push(Item::Finding(v1::Finding {
-        rule_id: "open-port".into(),
-        resource: authority,
+    let finding = v1::Finding {
+        rule_id: OPEN_PORT_RULE.into(),
+        resource: authority.clone(),
         severity: "info".into(),
         title: format!("TCP port {port} is open"),
         description: "The port accepts TCP connections; make sure the service behind it is meant to be reachable.".into(),
         evidence: format!("TCP connection to {address} succeeded"),
         ..Default::default()
-    }));
+    };
+    let failed = v1::Evaluation::fail(OPEN_PORT_RULE, &authority, &finding.discriminator);
+    items.push(ResultItem::Finding(finding));
+    items.push(ResultItem::Evaluation(failed));
     items
 }
 
@@ -137,19 +160,19 @@ mod tests {
 
     use super::*;
 
+    /// Runs the plugin on `target`: its result and everything it sent, checked for coverage
+    /// (`open-port` evaluated on each `tcp_service` it reported).
     async fn run(target: &str) -> (Result<String, PluginError>, Vec<ResultItem>) {
         let (sink, mut receiver) = ResultSink::channel(64);
+        let task = TaskInput::for_target("tcp_connect", target);
         let result = TcpConnect
-            .run(
-                TaskInput::for_target("tcp_connect", target),
-                sink,
-                CancellationToken::new(),
-            )
+            .run(task.clone(), sink, CancellationToken::new())
             .await;
         let mut items = vec![];
         while let Ok(item) = receiver.try_recv() {
             items.push(item);
         }
+        crate::coverage::testing::assert_covered(&RULES, &task, &items);
         (result, items)
     }
 
@@ -187,6 +210,11 @@ mod tests {
             ("open-port", authority.as_str())
         );
         assert_eq!(finding.severity, "info");
+        assert_eq!(
+            items[3],
+            ResultItem::Evaluation(v1::Evaluation::fail("open-port", &authority, ""))
+        );
+        assert_eq!(items.len(), 4);
     }
 
     #[tokio::test]
@@ -194,7 +222,17 @@ mod tests {
         let port = closed_port().await;
         let (result, items) = run(&format!("127.0.0.1:{port}")).await;
         assert!(result.unwrap().starts_with("0 of 1 ports open"));
-        assert!(items.is_empty());
+        let [ResultItem::Evaluation(evaluation)] = &items[..] else {
+            panic!("only an evaluation: {items:?}")
+        };
+        assert_eq!(
+            (
+                evaluation.rule_id.as_str(),
+                evaluation.resource.as_str(),
+                evaluation.status.as_str()
+            ),
+            ("open-port", format!("127.0.0.1:{port}").as_str(), "pass")
+        );
     }
 
     #[tokio::test]
@@ -210,6 +248,8 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, ["tcp_service"]);
+        let statuses = crate::coverage::testing::on(&items, &format!("localhost:{port}"));
+        assert_eq!(statuses, [("open-port", "fail")].into());
     }
 
     #[tokio::test]

@@ -15,6 +15,20 @@
 //! | `certificate-weak-signature` | medium | signed with MD5 or SHA-1 |
 //! | `legacy-protocol-tls1.0`, `legacy-protocol-tls1.1` | medium | the server accepts a TLS 1.0 or 1.1 handshake |
 //!
+//! Also `certificate-unreadable` (high: the leaf is no X.509 certificate) and
+//! `tls-handshake-failed` (medium: no TLS 1.2 or 1.3 handshake).
+//!
+//! Each service checked is a `tls_service` asset (`tls://host:port`, the resource its
+//! findings name), reported unless it was discovered so, and every rule of [`RULES`] is evaluated on it: FAIL after its finding,
+//! else PASS, except NOT_APPLICABLE for `certificate-untrusted` on a self-signed certificate
+//! (`self_signed`) and `certificate-expires-soon` on an expired one (`certificate_expired`),
+//! and ERROR for the certificate rules when there was no certificate to judge
+//! (`tls_handshake_failed`, `certificate_unreadable`). A service that cannot be reached has
+//! every rule in ERROR (`connection_refused`, `timeout`) and the others are still checked; the
+//! task fails (retryable) only when none could be. A scan without a TLS service (an `http://`
+//! target, a URL of another scheme, with no https service discovered) has every rule
+//! NOT_APPLICABLE on its target (`no_tls_service`).
+//!
 //! The legacy probes send a TLS 1.0 or 1.1 ClientHello and read the server's first record: a
 //! ServerHello of that version means the server would talk it.
 
@@ -26,7 +40,10 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_util::sync::CancellationToken;
-use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, Rule, TaskInput, v1};
+
+use crate::coverage;
+use crate::target::Checked;
 
 /// A certificate expiring within this many days is reported.
 pub const EXPIRY_WARNING_DAYS: i64 = 30;
@@ -34,6 +51,62 @@ pub const EXPIRY_WARNING_DAYS: i64 = 30;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Services checked per task.
 pub const SERVICES_MAX: usize = 64;
+
+/// The asset kind of the services checked, and of the resources the rules apply to.
+pub const SERVICE_KIND: &str = "tls_service";
+const KINDS: &[&str] = &[SERVICE_KIND];
+
+/// What it checks on each TLS service (the module's table).
+pub const RULES: [Rule; 12] = [
+    Rule {
+        id: "tls-handshake-failed",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-unreadable",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-expired",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-not-yet-valid",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-expires-soon",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-hostname-mismatch",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-self-signed",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-untrusted",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-weak-key",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "certificate-weak-signature",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "legacy-protocol-tls1.0",
+        applies_to: KINDS,
+    },
+    Rule {
+        id: "legacy-protocol-tls1.1",
+        applies_to: KINDS,
+    },
+];
 
 pub struct TlsCertificate {
     /// The web's roots and the extra authorities configured.
@@ -57,6 +130,10 @@ impl Plugin for TlsCertificate {
         "tls_certificate"
     }
 
+    fn rules(&self) -> &'static [Rule] {
+        &RULES
+    }
+
     fn run<'a>(
         &'a self,
         task: TaskInput,
@@ -66,13 +143,19 @@ impl Plugin for TlsCertificate {
         Box::pin(async move {
             let services = services(&task);
             if services.is_empty() {
+                for evaluation in coverage::not_applicable(&RULES, &task.target, "no_tls_service") {
+                    sink.evaluation(evaluation).await?;
+                }
                 return Ok("no TLS services to check".into());
             }
-            let checked =
-                crate::target::check_each(services, sink, cancel, |(host, port)| async move {
-                    self.check(&host, port).await
-                })
-                .await?;
+            let checked = crate::target::check_each(
+                services,
+                &task.discovered_assets,
+                sink,
+                cancel,
+                |(host, port)| async move { self.check(&host, port).await },
+            )
+            .await?;
             Ok(format!("checked {checked} TLS services"))
         })
     }
@@ -88,17 +171,10 @@ fn services(task: &TaskInput) -> Vec<(String, u16)> {
         .filter(|url| url.scheme() == "https")
         .filter_map(|url| Some((url.host_str()?.to_owned(), url.port_or_known_default()?)))
         .collect();
-    if services.is_empty() {
-        let target = task.target.trim();
-        let parsed = reqwest::Url::parse(target)
-            .ok()
-            .filter(|url| url.scheme() == "https")
-            .or_else(|| reqwest::Url::parse(&format!("https://{target}")).ok());
-        if let Some(url) = parsed
-            && let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default())
-        {
-            services.push((host.to_owned(), port));
-        }
+    if services.is_empty()
+        && let Some(service) = target_service(task.target.trim())
+    {
+        services.push(service);
     }
     for (host, _) in &mut services {
         // `[::1]` as a URL host is `::1` to connect to and to name.
@@ -113,30 +189,104 @@ fn services(task: &TaskInput) -> Vec<(String, u16)> {
     services
 }
 
+/// The TLS service a target names: an `https` URL's host and port, or `host[:port]` (443 by
+/// default). A URL of any other scheme (`http://`) names none.
+fn target_service(target: &str) -> Option<(String, u16)> {
+    let url = if target.contains("://") {
+        reqwest::Url::parse(target)
+            .ok()
+            .filter(|url| url.scheme() == "https")?
+    } else {
+        reqwest::Url::parse(&format!("https://{target}")).ok()?
+    };
+    Some((url.host_str()?.to_owned(), url.port_or_known_default()?))
+}
+
+/// A service that could not be checked: every rule in ERROR, and the error that fails the
+/// task when no service could be checked.
+fn unchecked(asset: Option<v1::Asset>, resource: &str, error: PluginError) -> Checked {
+    Checked {
+        asset,
+        findings: vec![],
+        evaluations: coverage::errors(&RULES, resource, &error.code, &error.message),
+        error: Some(error),
+    }
+}
+
+/// The evaluation of each rule on `resource` whose check gave `findings`, `handshake_failed`
+/// when no TLS 1.2/1.3 handshake gave a certificate to judge.
+pub fn evaluations(
+    resource: &str,
+    findings: &[v1::Finding],
+    handshake_failed: bool,
+) -> Vec<v1::Evaluation> {
+    let found = |rule: &str| findings.iter().any(|finding| finding.rule_id == rule);
+    coverage::concluded(&RULES, resource, findings, |rule| {
+        let certificate = rule.starts_with("certificate-");
+        if certificate && handshake_failed {
+            Some(v1::Evaluation::error(
+                rule,
+                resource,
+                "tls_handshake_failed",
+            ))
+        } else if certificate && found("certificate-unreadable") {
+            Some(v1::Evaluation::error(
+                rule,
+                resource,
+                "certificate_unreadable",
+            ))
+        } else if rule == "certificate-untrusted" && found("certificate-self-signed") {
+            Some(v1::Evaluation::not_applicable(
+                rule,
+                resource,
+                "self_signed",
+            ))
+        } else if rule == "certificate-expires-soon" && found("certificate-expired") {
+            Some(v1::Evaluation::not_applicable(
+                rule,
+                resource,
+                "certificate_expired",
+            ))
+        } else {
+            None
+        }
+    })
+}
+
 impl TlsCertificate {
-    async fn check(&self, host: &str, port: u16) -> Result<Vec<v1::Finding>, PluginError> {
+    async fn check(&self, host: &str, port: u16) -> Checked {
         let resource = format!("tls://{}", crate::target::authority(host, port));
+        let asset = Some(v1::Asset {
+            kind: SERVICE_KIND.into(),
+            value: resource.clone(),
+        });
         let mut findings = Vec::new();
-        let server_name = ServerName::try_from(host.to_owned()).map_err(|_| {
-            PluginError::permanent("invalid_target", format!("{host:?} is not a host name"))
-        })?;
-        match self.presented_chain(host, port, server_name.clone()).await {
-            Ok(chain) => findings.extend(self.judge(&resource, &server_name, &chain, now())),
-            Err(HandshakeFailure::Connect(error)) => {
-                return Err(PluginError::retryable(
-                    "connection_refused",
-                    format!("cannot connect to {host}:{port}: {error}"),
-                ));
+        let Ok(server_name) = ServerName::try_from(host.to_owned()) else {
+            let error =
+                PluginError::permanent("invalid_target", format!("{host:?} is not a host name"));
+            return unchecked(asset, &resource, error);
+        };
+        let handshake_failed = match self.presented_chain(host, port, server_name.clone()).await {
+            Ok(chain) => {
+                findings.extend(self.judge(&resource, &server_name, &chain, now()));
+                false
+            }
+            Err(HandshakeFailure::Connect { code, error }) => {
+                let message = format!("cannot connect to {host}:{port}: {error}");
+                return unchecked(asset, &resource, PluginError::retryable(code, message));
             }
             // A server that speaks no TLS 1.2 or 1.3 may still speak a legacy version.
-            Err(HandshakeFailure::Tls(error)) => findings.push(finding(
-                &resource,
-                "tls-handshake-failed",
-                "medium",
-                "No TLS 1.2 or 1.3 handshake",
-                &format!("A TLS 1.2/1.3 handshake failed: {error}"),
-            )),
-        }
+            Err(HandshakeFailure::Tls(error)) => {
+                findings.push(finding(
+                    &resource,
+                    "tls-handshake-failed",
+                    "medium",
+                    "No TLS 1.2 or 1.3 handshake",
+                    &format!("A TLS 1.2/1.3 handshake failed: {error}"),
+                ));
+                true
+            }
+        };
         for (version, rule) in [
             (0x0301_u16, "legacy-protocol-tls1.0"),
             (0x0302, "legacy-protocol-tls1.1"),
@@ -151,7 +301,13 @@ impl TlsCertificate {
                 ));
             }
         }
-        Ok(findings)
+        let evaluations = evaluations(&resource, &findings, handshake_failed);
+        Checked {
+            asset,
+            findings,
+            evaluations,
+            error: None,
+        }
     }
 
     /// The chain the server presents, leaf first.
@@ -176,8 +332,14 @@ impl TlsCertificate {
             tokio::net::TcpStream::connect((host, port)),
         )
         .await
-        .map_err(|_| HandshakeFailure::Connect("timed out".into()))?
-        .map_err(|error| HandshakeFailure::Connect(error.to_string()))?;
+        .map_err(|_| HandshakeFailure::Connect {
+            code: "timeout",
+            error: "timed out".into(),
+        })?
+        .map_err(|error| HandshakeFailure::Connect {
+            code: "connection_refused",
+            error: error.to_string(),
+        })?;
         tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(server_name, stream))
             .await
             .map_err(|_| HandshakeFailure::Tls("timed out".into()))?
@@ -410,7 +572,11 @@ fn with_evidence(mut finding: v1::Finding, evidence: String) -> v1::Finding {
 
 #[derive(Debug)]
 enum HandshakeFailure {
-    Connect(String),
+    /// No TCP connection: `connection_refused` or `timeout`.
+    Connect {
+        code: &'static str,
+        error: String,
+    },
     Tls(String),
 }
 
@@ -515,6 +681,8 @@ async fn accepts_legacy_version(host: &str, port: u16, version: u16) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     use rustls::pki_types::PrivateKeyDer;
     use worker::ResultItem;
@@ -607,80 +775,151 @@ mod tests {
         port
     }
 
-    async fn rules(plugin: &TlsCertificate, target: &str) -> Vec<String> {
-        let (sink, mut receiver) = ResultSink::channel(64);
+    /// Runs `plugin` on `target`: its result and everything it sent, checked for coverage
+    /// (every rule evaluated on each service it reported).
+    async fn run(
+        plugin: &TlsCertificate,
+        target: &str,
+    ) -> (Result<String, PluginError>, Vec<ResultItem>) {
+        let (sink, mut receiver) = ResultSink::channel(256);
         let task = TaskInput::for_target("tls_certificate", target);
-        plugin
-            .run(task, sink, CancellationToken::new())
-            .await
-            .expect("checked");
-        let mut rules = Vec::new();
+        let result = plugin
+            .run(task.clone(), sink, CancellationToken::new())
+            .await;
+        let mut items = Vec::new();
         while let Ok(item) = receiver.try_recv() {
-            if let ResultItem::Finding(finding) = item {
-                rules.push(finding.rule_id);
-            }
+            items.push(item);
         }
+        coverage::testing::assert_covered(&RULES, &task, &items);
+        (result, items)
+    }
+
+    /// The rules of the findings of a run on `target`, sorted, and its evaluations' statuses
+    /// by rule.
+    async fn rules(
+        plugin: &TlsCertificate,
+        target: &str,
+    ) -> (Vec<String>, BTreeMap<String, (String, String)>) {
+        let (result, items) = run(plugin, target).await;
+        result.expect("checked");
+        let mut rules: Vec<String> = items
+            .iter()
+            .filter_map(|item| match item {
+                ResultItem::Finding(finding) => Some(finding.rule_id.clone()),
+                ResultItem::Asset(_) | ResultItem::Evaluation(_) => None,
+            })
+            .collect();
         rules.sort();
-        rules
+        let statuses = coverage::testing::statuses(&items)
+            .into_iter()
+            .map(|((rule, resource), status)| {
+                assert!(resource.starts_with("tls://"), "{resource}");
+                (rule, status)
+            })
+            .collect();
+        (rules, statuses)
+    }
+
+    /// The status each rule has when `failed` fail and `exceptions` say otherwise: PASS for
+    /// the rest.
+    fn expected_statuses(
+        failed: &[&str],
+        exceptions: &[Exception<'_>],
+    ) -> BTreeMap<String, (String, String)> {
+        RULES
+            .iter()
+            .map(|rule| {
+                let status = match exceptions.iter().find(|(id, _, _)| *id == rule.id) {
+                    Some((_, status, reason)) => ((*status).to_owned(), (*reason).to_owned()),
+                    None if failed.contains(&rule.id) => ("fail".into(), String::new()),
+                    None => ("pass".into(), String::new()),
+                };
+                (rule.id.to_owned(), status)
+            })
+            .collect()
     }
 
     /// A certificate chain and its leaf's key, as a test server presents them.
     type Chain = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+    /// A rule whose status is not PASS or FAIL: (rule, status, reason).
+    type Exception<'a> = (&'a str, &'a str, &'a str);
+
+    /// A certificate served: what it is, its chain, the rules it fails, the exceptions.
+    type Case<'a> = (&'a str, Chain, &'a [&'a str], &'a [Exception<'a>]);
 
     #[tokio::test]
     async fn a_good_certificate_gives_nothing_and_each_condition_its_finding() {
         let trusted = authority("palisade test authority");
         let stranger = authority("someone else's authority");
         let plugin = TlsCertificate::new(vec![trusted.der.clone()]);
-        let cases: [(&str, Chain, &[&str]); 7] = [
-            ("good", leaf(&["localhost"], -1, 365, Some(&trusted)), &[]),
+        let expired_exception = [(
+            "certificate-expires-soon",
+            "not_applicable",
+            "certificate_expired",
+        )];
+        let self_signed_exception = [("certificate-untrusted", "not_applicable", "self_signed")];
+        let cases: [Case<'_>; 7] = [
+            (
+                "good",
+                leaf(&["localhost"], -1, 365, Some(&trusted)),
+                &[],
+                &[],
+            ),
             (
                 "expired",
                 leaf(&["localhost"], -30, -1, Some(&trusted)),
                 &["certificate-expired"],
+                &expired_exception,
             ),
             (
                 "expiring",
                 leaf(&["localhost"], -1, 10, Some(&trusted)),
                 &["certificate-expires-soon"],
+                &[],
             ),
             (
                 "not yet valid",
                 leaf(&["localhost"], 10, 400, Some(&trusted)),
                 &["certificate-not-yet-valid"],
+                &[],
             ),
             (
                 "another host",
                 leaf(&["other.example"], -1, 365, Some(&trusted)),
                 &["certificate-hostname-mismatch"],
+                &[],
             ),
             (
                 "self-signed",
                 leaf(&["localhost"], -1, 365, None),
                 &["certificate-self-signed"],
+                &self_signed_exception,
             ),
             (
                 "untrusted",
                 leaf(&["localhost"], -1, 365, Some(&stranger)),
                 &["certificate-untrusted"],
+                &[],
             ),
         ];
-        for (case, (chain, key), expected) in cases {
+        for (case, (chain, key), expected, exceptions) in cases {
             let port = serve(chain, key).await;
-            assert_eq!(
-                rules(&plugin, &format!("https://localhost:{port}/")).await,
-                expected,
-                "{case}"
-            );
+            let (found, statuses) = rules(&plugin, &format!("https://localhost:{port}/")).await;
+            assert_eq!(found, expected, "{case}");
+            assert_eq!(statuses, expected_statuses(expected, exceptions), "{case}");
         }
+    }
+
+    fn weak_der() -> CertificateDer<'static> {
+        use rustls::pki_types::pem::PemObject as _;
+        CertificateDer::from_pem_slice(include_bytes!("../testdata/tls/weak-rsa1024-sha1.pem"))
+            .unwrap()
     }
 
     #[test]
     fn a_short_rsa_key_and_a_sha1_signature_are_weak() {
-        use rustls::pki_types::pem::PemObject as _;
-        let weak =
-            CertificateDer::from_pem_slice(include_bytes!("../testdata/tls/weak-rsa1024-sha1.pem"))
-                .unwrap();
+        let weak = weak_der();
         let plugin = TlsCertificate::new(vec![]);
         let name = ServerName::try_from("localhost").unwrap();
         let mut rules: Vec<String> = plugin
@@ -696,6 +935,24 @@ mod tests {
                 "certificate-weak-key",
                 "certificate-weak-signature"
             ]
+        );
+        let findings = plugin.judge("tls://localhost:443", &name, &[weak_der()], UnixTime::now());
+        let statuses: BTreeMap<String, (String, String)> =
+            evaluations("tls://localhost:443", &findings, false)
+                .into_iter()
+                .map(|evaluation| {
+                    (
+                        evaluation.rule_id,
+                        (evaluation.status, evaluation.reason_code),
+                    )
+                })
+                .collect();
+        assert_eq!(
+            statuses,
+            expected_statuses(
+                &rules.iter().map(String::as_str).collect::<Vec<_>>(),
+                &[("certificate-untrusted", "not_applicable", "self_signed")]
+            )
         );
     }
 
@@ -731,19 +988,88 @@ mod tests {
     async fn a_server_accepting_tls_1_0_is_reported_and_a_modern_one_is_not() {
         let legacy = serve_tls10_only().await;
         let plugin = TlsCertificate::new(vec![]);
+        let (found, statuses) = rules(&plugin, &format!("127.0.0.1:{legacy}")).await;
+        assert_eq!(found, ["legacy-protocol-tls1.0", "tls-handshake-failed"]);
+        let no_certificate: Vec<Exception<'_>> = RULES
+            .iter()
+            .filter(|rule| rule.id.starts_with("certificate-"))
+            .map(|rule| (rule.id, "error", "tls_handshake_failed"))
+            .collect();
         assert_eq!(
-            rules(&plugin, &format!("127.0.0.1:{legacy}")).await,
-            ["legacy-protocol-tls1.0", "tls-handshake-failed"]
+            statuses,
+            expected_statuses(
+                &["legacy-protocol-tls1.0", "tls-handshake-failed"],
+                &no_certificate
+            )
         );
         let trusted = authority("palisade test authority");
         let (chain, key) = leaf(&["localhost"], -1, 365, Some(&trusted));
         let modern = serve(chain, key).await;
         let plugin = TlsCertificate::new(vec![trusted.der.clone()]);
-        assert!(
-            rules(&plugin, &format!("localhost:{modern}"))
-                .await
-                .is_empty()
+        let (found, statuses) = rules(&plugin, &format!("localhost:{modern}")).await;
+        assert!(found.is_empty());
+        assert_eq!(statuses, expected_statuses(&[], &[]));
+    }
+
+    #[test]
+    fn only_https_urls_and_host_ports_name_a_tls_service() {
+        let target = |target: &str| services(&TaskInput::for_target("tls_certificate", target));
+        assert_eq!(
+            target("https://example.test/a"),
+            [("example.test".into(), 443)]
         );
+        assert_eq!(target("localhost:8443"), [("localhost".into(), 8443)]);
+        assert_eq!(target("[::1]:8443"), [("::1".into(), 8443)]);
+        for none in [
+            "http://127.0.0.1:8080/",
+            "http://example.test",
+            "synthetic://x",
+        ] {
+            assert!(target(none).is_empty(), "{none}");
+        }
+        let mut task = TaskInput::for_target("tls_certificate", "http://example.test");
+        task.discovered_assets = vec![
+            v1::Asset {
+                kind: "http_service".into(),
+                value: "https://example.test:8443".into(),
+            },
+            v1::Asset {
+                kind: "http_service".into(),
+                value: "http://example.test:80".into(),
+            },
+        ];
+        assert_eq!(services(&task), [("example.test".into(), 8443)]);
+    }
+
+    #[tokio::test]
+    async fn a_target_without_tls_has_no_rule_that_applies() {
+        let plugin = TlsCertificate::new(vec![]);
+        let target = "http://127.0.0.1:1/";
+        let (result, items) = run(&plugin, target).await;
+        assert_eq!(result.unwrap(), "no TLS services to check");
+        let statuses = coverage::testing::statuses(&items);
+        assert_eq!(statuses.len(), RULES.len());
+        for ((_, resource), status) in statuses {
+            assert_eq!(resource, target);
+            assert_eq!(status, ("not_applicable".into(), "no_tls_service".into()));
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_service_is_an_error_and_fails_the_task() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let plugin = TlsCertificate::new(vec![]);
+        let (result, items) = run(&plugin, &format!("127.0.0.1:{port}")).await;
+        let error = result.unwrap_err();
+        assert_eq!(
+            (error.code.as_str(), error.retryable),
+            ("connection_refused", true)
+        );
+        let on_service = coverage::testing::on(&items, &format!("tls://127.0.0.1:{port}"));
+        assert_eq!(on_service.len(), RULES.len());
+        assert!(on_service.values().all(|status| *status == "error"));
     }
 
     #[test]

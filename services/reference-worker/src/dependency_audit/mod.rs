@@ -11,6 +11,12 @@
 //! key is stable over (lockfile, ecosystem, package, version, advisory). Its `cve_ids` are the
 //! advisory's CVE ids, which enrichment looks up.
 //!
+//! Its rule ids come from the advisory database, so the one rule it declares ([`RULES`]) is
+//! `dependency-audit-truncated`, on the target: PASS when every vulnerable package version
+//! found is reported, FAIL after the informational finding (on the target) that says
+//! [`FINDINGS_MAX`] stopped the audit. Each (advisory, lockfile) with findings also reads FAIL,
+//! after them, naming the first: shown in the scan's coverage, not required by a declaration.
+//!
 //! All files are read and checked before the first finding is sent: a malformed lockfile or
 //! advisory fails the task without findings. Bounded: at most [`LOCKFILES_MAX`] lockfiles,
 //! [`DIRECTORY_ENTRIES_MAX`] directory entries searched, [`FINDINGS_MAX`] findings, and the
@@ -25,7 +31,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use walkdir::WalkDir;
-use worker::{BoxFuture, Plugin, PluginError, ResultSink, TaskInput, v1};
+use worker::{BoxFuture, Plugin, PluginError, ResultSink, Rule, TaskInput, v1};
 
 use lockfile::{Ecosystem, Lockfile, LockfileError, LockfileKind};
 use osv::{Advisory, DatabaseError};
@@ -44,7 +50,12 @@ const TITLE_CHARS_MAX: usize = 200;
 /// A finding's description shows at most this many characters of the advisory's details.
 const DETAILS_CHARS_MAX: usize = 4_000;
 /// The rule of the informational finding that says [`FINDINGS_MAX`] stopped the audit.
-const TRUNCATED_RULE_ID: &str = "dependency-audit-truncated";
+pub const TRUNCATED_RULE_ID: &str = "dependency-audit-truncated";
+/// What it declares: whether the audit reported everything it found, on the target.
+pub const RULES: [Rule; 1] = [Rule {
+    id: TRUNCATED_RULE_ID,
+    applies_to: &[messages::TARGET_RESOURCE_KIND],
+}];
 /// Directories a lockfile search does not enter: installed packages, build output, history.
 const SKIPPED_DIRECTORIES: [&str; 3] = ["node_modules", "target", ".git"];
 
@@ -68,6 +79,10 @@ impl Plugin for DependencyAudit {
         "dependency_audit"
     }
 
+    fn rules(&self) -> &'static [Rule] {
+        &RULES
+    }
+
     fn run<'a>(
         &'a self,
         task: TaskInput,
@@ -82,13 +97,18 @@ impl Plugin for DependencyAudit {
                     "this worker has no advisory database: set PALISADE_OSV_DIR to a directory of OSV JSON advisories and restart it",
                 )
             })?;
+            let target = task.target.clone();
             let report = crate::target::run_blocking("audit", &cancel, move |cancel| {
-                audit(&root, &database, cancel)
+                audit(&root, &target, &database, cancel)
             })
             .await?;
             let summary = report.summary();
+            let evaluations = report.evaluations(&task.target);
             for finding in report.findings {
                 sink.finding(finding).await?;
+            }
+            for evaluation in evaluations {
+                sink.evaluation(evaluation).await?;
             }
             Ok(summary)
         })
@@ -107,6 +127,20 @@ struct Report {
 }
 
 impl Report {
+    /// FAIL for each (advisory, lockfile) found, and `dependency-audit-truncated` on `target`.
+    fn evaluations(&self, target: &str) -> Vec<v1::Evaluation> {
+        let mut evaluations = crate::coverage::failed(&self.findings);
+        if !self.truncated {
+            evaluations.push(
+                v1::Evaluation::pass(TRUNCATED_RULE_ID, target).with_evidence(format!(
+                    "{} lockfiles, {} packages",
+                    self.n_lockfiles, self.n_packages
+                )),
+            );
+        }
+        evaluations
+    }
+
     fn summary(&self) -> String {
         let n_vulnerable = self.findings.len() - usize::from(self.truncated);
         format!(
@@ -123,10 +157,11 @@ impl Report {
     }
 }
 
-/// Reads the lockfiles under `root` and the advisories naming their packages, and matches
-/// them. Blocking: runs on the blocking pool.
+/// Reads the lockfiles under `root` (which the target `target` names) and the advisories
+/// naming their packages, and matches them. Blocking: runs on the blocking pool.
 fn audit(
     root: &Path,
+    target: &str,
     database: &osv::Database,
     cancel: &CancellationToken,
 ) -> Result<Report, PluginError> {
@@ -162,7 +197,7 @@ fn audit(
     if report.truncated {
         report.findings.push(v1::Finding {
             rule_id: TRUNCATED_RULE_ID.into(),
-            resource: root.display().to_string(),
+            resource: target.to_owned(),
             severity: "info".into(),
             title: "Dependency audit stopped at a limit".into(),
             description: format!(

@@ -19,7 +19,38 @@ async fn run(
     plugin: &DependencyAudit,
     target: &str,
 ) -> (Result<String, PluginError>, Vec<v1::Finding>) {
-    let (sink, mut receiver) = ResultSink::channel(64);
+    let (result, items) = run_items(plugin, target).await;
+    let mut findings = vec![];
+    let mut evaluations = vec![];
+    for item in &items {
+        match item {
+            ResultItem::Finding(finding) => findings.push(finding.clone()),
+            ResultItem::Asset(asset) => panic!("no assets expected, got {asset:?}"),
+            ResultItem::Evaluation(evaluation) => evaluations.push(evaluation.clone()),
+        }
+    }
+    if result.is_ok() {
+        let task = TaskInput::for_target("dependency_audit", target);
+        crate::coverage::testing::assert_covered(&RULES, &task, &items);
+        // Every (advisory, lockfile) found fails once, then the target passes.
+        let mut expected = crate::coverage::failed(&findings);
+        expected.push(v1::Evaluation::pass(TRUNCATED_RULE_ID, target));
+        for evaluation in &mut evaluations {
+            evaluation.evidence.clear();
+        }
+        assert_eq!(evaluations, expected);
+    } else {
+        assert!(evaluations.is_empty(), "{evaluations:?}");
+    }
+    (result, findings)
+}
+
+/// The result of a run on `target`, and everything it sent.
+async fn run_items(
+    plugin: &DependencyAudit,
+    target: &str,
+) -> (Result<String, PluginError>, Vec<ResultItem>) {
+    let (sink, mut receiver) = ResultSink::channel(1024);
     let result = plugin
         .run(
             TaskInput::for_target("dependency_audit", target),
@@ -27,15 +58,11 @@ async fn run(
             CancellationToken::new(),
         )
         .await;
-    let mut findings = vec![];
+    let mut items = vec![];
     while let Ok(item) = receiver.try_recv() {
-        match item {
-            ResultItem::Finding(finding) => findings.push(finding),
-            ResultItem::Asset(asset) => panic!("no assets expected, got {asset:?}"),
-            ResultItem::Evaluation(_) => {}
-        }
+        items.push(item);
     }
-    (result, findings)
+    (result, items)
 }
 
 /// (rule_id, discriminator, severity, cve_ids) of each finding, in order.
@@ -338,13 +365,34 @@ fn findings_stop_at_the_limit_with_a_finding_saying_so() {
         .unwrap();
     }
     let database = osv::Database::new(database.path().to_owned());
-    let report = audit(project.path(), &database, &CancellationToken::new()).unwrap();
+    let target = format!("file://{}", project.path().display());
+    let report = audit(
+        project.path(),
+        &target,
+        &database,
+        &CancellationToken::new(),
+    )
+    .unwrap();
     assert!(report.truncated);
     assert_eq!(report.findings.len(), FINDINGS_MAX + 1);
     let last = report.findings.last().unwrap();
     assert_eq!(
-        (last.rule_id.as_str(), last.severity.as_str()),
-        (TRUNCATED_RULE_ID, "info")
+        (
+            last.rule_id.as_str(),
+            last.severity.as_str(),
+            last.resource.as_str()
+        ),
+        (TRUNCATED_RULE_ID, "info", target.as_str())
+    );
+    let evaluations = report.evaluations(&target);
+    assert_eq!(
+        evaluations.len(),
+        FINDINGS_MAX + 1,
+        "one per advisory, then the target"
+    );
+    assert_eq!(
+        evaluations.last().unwrap(),
+        &v1::Evaluation::fail(TRUNCATED_RULE_ID, &target, "")
     );
     assert!(report.summary().ends_with("stopped at a limit"));
 }
