@@ -860,15 +860,12 @@ async fn completion_verdict(
 
 /// Marks attempts that sent a batch running and completed ones succeeded (with their tasks and
 /// scan jobs), after removing what superseded attempts of the completed jobs left behind.
-/// Returns each completed scan job's published finding and asset counts.
-async fn finish_attempts(
+/// Deletes what earlier attempts of each completing scan job left (findings, evaluations,
+/// asset links): one statement, none when every completing attempt is its task's first.
+async fn delete_superseded(
     conn: &mut PgConnection,
-    running: &[&LockedRow],
     completed: &[(&CompleteParams<'_>, &LockedRow, Job)],
-) -> Result<HashMap<Uuid, (i32, i32)>, StoreError> {
-    if running.is_empty() && completed.is_empty() {
-        return Ok(HashMap::new());
-    }
+) -> Result<(), StoreError> {
     // An attempt numbered 1 is its task's first: nothing was superseded.
     let superseded: Vec<&(&CompleteParams<'_>, &LockedRow, Job)> = completed
         .iter()
@@ -888,9 +885,23 @@ async fn finish_attempts(
             attempts: &attempts,
         }
         .query()
-        .execute(&mut *conn)
+        .execute(conn)
         .await?;
     }
+
+    Ok(())
+}
+
+/// Returns each completed scan job's published finding and asset counts.
+async fn finish_attempts(
+    conn: &mut PgConnection,
+    running: &[&LockedRow],
+    completed: &[(&CompleteParams<'_>, &LockedRow, Job)],
+) -> Result<HashMap<Uuid, (i32, i32)>, StoreError> {
+    if running.is_empty() && completed.is_empty() {
+        return Ok(HashMap::new());
+    }
+    delete_superseded(conn, completed).await?;
 
     // Per attempt and task: done (completed) wins over running.
     let mut done: BTreeMap<Uuid, (Uuid, bool)> = BTreeMap::new();

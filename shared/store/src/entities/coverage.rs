@@ -259,24 +259,14 @@ pub fn assemble(
     }
     let mut entries = Vec::new();
     for job in jobs {
-        let unknown = |reason: &str| Entry {
-            plugin: job.plugin.clone(),
-            rule_id: String::new(),
-            resource: target.clone(),
-            status: CoverageStatus::Unknown,
-            reason_code: reason.to_owned(),
-            evidence: String::new(),
-            required: true,
-            finding_id: None,
-            finding_status: None,
-        };
+        let job_unknown = |reason: &str| unknown(&job.plugin, "", &target, reason);
         if job.state != ScanJobState::Completed.as_str() {
-            entries.push(unknown(unknown_reason::JOB_NOT_COMPLETED));
+            entries.push(job_unknown(unknown_reason::JOB_NOT_COMPLETED));
             continue;
         }
         let rules = job.required_rules.as_deref().unwrap_or_default();
         if rules.is_empty() && !plugins_evaluated.contains(&job.plugin) {
-            entries.push(unknown(unknown_reason::NO_RULES_DECLARED));
+            entries.push(job_unknown(unknown_reason::NO_RULES_DECLARED));
         }
         for rule in rules {
             for (kind, resource) in &resources {
@@ -288,45 +278,56 @@ pub fn assemble(
                     rule.rule.clone(),
                     (*resource).to_owned(),
                 );
-                let entry = match evaluated.remove(&key) {
+                entries.push(match evaluated.remove(&key) {
                     Some(evaluation) => entry(evaluation, true)?,
-                    None => Entry {
-                        plugin: key.0,
-                        rule_id: key.1,
-                        resource: key.2,
-                        status: CoverageStatus::Unknown,
-                        reason_code: unknown_reason::NOT_EVALUATED.to_owned(),
-                        evidence: String::new(),
-                        required: true,
-                        finding_id: None,
-                        finding_status: None,
-                    },
-                };
-                entries.push(entry);
+                    None => unknown(&key.0, &key.1, &key.2, unknown_reason::NOT_EVALUATED),
+                });
             }
         }
     }
     for evaluation in evaluated.into_values() {
         entries.push(entry(evaluation, false)?);
     }
-    entries.sort_by(|a, b| {
-        (&a.plugin, &a.rule_id, &a.resource).cmp(&(&b.plugin, &b.rule_id, &b.resource))
-    });
-    let mut by_resource: BTreeMap<String, Vec<CoverageStatus>> = BTreeMap::new();
-    for entry in &entries {
-        by_resource
-            .entry(entry.resource.clone())
-            .or_default()
-            .push(entry.status);
+    Ok(Coverage::of(entries))
+}
+
+/// A required entry nobody evaluated, for `reason`.
+fn unknown(plugin: &str, rule_id: &str, resource: &str, reason: &str) -> Entry {
+    Entry {
+        plugin: plugin.to_owned(),
+        rule_id: rule_id.to_owned(),
+        resource: resource.to_owned(),
+        status: CoverageStatus::Unknown,
+        reason_code: reason.to_owned(),
+        evidence: String::new(),
+        required: true,
+        finding_id: None,
+        finding_status: None,
     }
-    Ok(Coverage {
-        summary: CoverageSummary::of(&entries),
-        by_resource: by_resource
-            .into_iter()
-            .map(|(resource, statuses)| (resource, CoverageStatus::aggregate(statuses)))
-            .collect(),
-        entries,
-    })
+}
+
+impl Coverage {
+    /// `entries` sorted by (plugin, rule, resource), summarized and aggregated per resource.
+    fn of(mut entries: Vec<Entry>) -> Self {
+        entries.sort_by(|a, b| {
+            (&a.plugin, &a.rule_id, &a.resource).cmp(&(&b.plugin, &b.rule_id, &b.resource))
+        });
+        let mut by_resource: BTreeMap<String, Vec<CoverageStatus>> = BTreeMap::new();
+        for entry in &entries {
+            by_resource
+                .entry(entry.resource.clone())
+                .or_default()
+                .push(entry.status);
+        }
+        Self {
+            summary: CoverageSummary::of(&entries),
+            by_resource: by_resource
+                .into_iter()
+                .map(|(resource, statuses)| (resource, CoverageStatus::aggregate(statuses)))
+                .collect(),
+            entries,
+        }
+    }
 }
 
 fn entry(evaluation: Evaluated, required: bool) -> Result<Entry, StoreError> {
@@ -731,6 +732,65 @@ pub enum DiffRefusal {
     NotLater,
 }
 
+/// A finding as `findings/diff_inputs.sql` aggregates it: key, plugin, rule, resource,
+/// severity, title, id, disposition.
+type FindingRow = (String, String, String, String, String, String, Uuid, String);
+
+/// Every finding of `base` and `later` in one class; `fixed` says whether the later scan
+/// passed a (plugin, rule, resource) and ended completed.
+fn classify(
+    target: String,
+    base: Vec<FindingRow>,
+    later: Vec<FindingRow>,
+    fixed: impl Fn(&str, &str, &str) -> bool,
+    scan_complete: bool,
+) -> Diff {
+    let as_diff = |row: FindingRow, base_finding_id: Option<Uuid>, finding_id: Option<Uuid>| {
+        let (finding_key, plugin, rule_id, resource, severity, title, _, status) = row;
+        DiffFinding {
+            finding_key,
+            plugin,
+            rule_id,
+            resource,
+            severity,
+            title,
+            base_finding_id,
+            finding_id,
+            status,
+        }
+    };
+    let base_ids: BTreeMap<String, Uuid> = base.iter().map(|f| (f.0.clone(), f.6)).collect();
+    let later_keys: std::collections::HashSet<String> = later.iter().map(|f| f.0.clone()).collect();
+    let mut diff = Diff {
+        target,
+        scan_complete,
+        new: Vec::new(),
+        still_present: Vec::new(),
+        no_longer_seen: Vec::new(),
+        unknown: Vec::new(),
+    };
+    for finding in later {
+        let id = finding.6;
+        match base_ids.get(&finding.0).copied() {
+            Some(base_id) => diff
+                .still_present
+                .push(as_diff(finding, Some(base_id), Some(id))),
+            None => diff.new.push(as_diff(finding, None, Some(id))),
+        }
+    }
+    for finding in base.into_iter().filter(|f| !later_keys.contains(&f.0)) {
+        let no_longer_seen = fixed(&finding.1, &finding.2, &finding.3);
+        let id = finding.6;
+        let entry = as_diff(finding, Some(id), None);
+        if no_longer_seen {
+            diff.no_longer_seen.push(entry);
+        } else {
+            diff.unknown.push(entry);
+        }
+    }
+    diff
+}
+
 /// [`Diff`] of `base_scan_id` and the later `scan_id`, of one target, read in one statement.
 pub async fn diff(
     conn: &mut PgConnection,
@@ -770,7 +830,6 @@ pub async fn diff(
             "diff of {base_scan_id} and {scan_id}: {what}: {error}"
         ))
     };
-    type FindingRow = (String, String, String, String, String, String, Uuid, String);
     let base: Vec<FindingRow> =
         serde_json::from_value(row.base_findings).map_err(|e| corrupt("base findings", e))?;
     let later: Vec<FindingRow> =
@@ -783,48 +842,10 @@ pub async fn diff(
         .map(|(plugin, rule, resource, _)| (plugin, rule, resource))
         .collect();
     let scan_complete = row.state == crate::states::ScanState::Completed.as_str();
-    let as_diff = |(key, plugin, rule_id, resource, severity, title, id, status): FindingRow,
-                   base_id: Option<Uuid>,
-                   later_id: Option<Uuid>| DiffFinding {
-        finding_key: key,
-        plugin,
-        rule_id,
-        resource,
-        severity,
-        title,
-        base_finding_id: base_id.or((later_id.is_none()).then_some(id)),
-        finding_id: later_id,
-        status,
+    let fixed = |plugin: &str, rule: &str, resource: &str| {
+        scan_complete && passed.contains(&(plugin.to_owned(), rule.to_owned(), resource.to_owned()))
     };
-    let base_ids: BTreeMap<String, Uuid> = base.iter().map(|f| (f.0.clone(), f.6)).collect();
-    let later_keys: std::collections::HashSet<String> = later.iter().map(|f| f.0.clone()).collect();
-    let mut diff = Diff {
-        target: redact(&row.locator),
-        scan_complete,
-        new: Vec::new(),
-        still_present: Vec::new(),
-        no_longer_seen: Vec::new(),
-        unknown: Vec::new(),
-    };
-    for finding in later {
-        let id = finding.6;
-        match base_ids.get(&finding.0) {
-            Some(base_id) => diff
-                .still_present
-                .push(as_diff(finding, Some(*base_id), Some(id))),
-            None => diff.new.push(as_diff(finding, None, Some(id))),
-        }
-    }
-    for finding in base.into_iter().filter(|f| !later_keys.contains(&f.0)) {
-        let evaluated = (finding.1.clone(), finding.2.clone(), finding.3.clone());
-        let fixed = scan_complete && passed.contains(&evaluated);
-        let entry = as_diff(finding, None, None);
-        if fixed {
-            diff.no_longer_seen.push(entry);
-        } else {
-            diff.unknown.push(entry);
-        }
-    }
+    let diff = classify(redact(&row.locator), base, later, fixed, scan_complete);
     Ok(Ok(diff))
 }
 

@@ -468,6 +468,37 @@ pub struct Summary {
     pub gate_refusal: Option<String>,
 }
 
+/// Adds the findings counted by (status, severity) to `summary`: by status, by severity, and
+/// toward the gate at `threshold`, shown or suppressed as each disposition says.
+fn count_findings(
+    summary: &mut Summary,
+    counts: Vec<(String, String, i64)>,
+    threshold: Severity,
+) -> Result<(), StoreError> {
+    for (status_text, severity_text, n) in counts {
+        *summary.by_status.entry(status_text.clone()).or_default() += n;
+        *summary
+            .by_severity
+            .entry(severity_text.clone())
+            .or_default() += n;
+        let status = FindingStatus::parse(&status_text)
+            .ok_or_else(|| StoreError::Corrupt(format!("finding status {status_text:?}")))?;
+        let severity = Severity::parse(&severity_text)
+            .ok_or_else(|| StoreError::Corrupt(format!("finding severity {severity_text:?}")))?;
+        if status.counts_toward_gate() {
+            *summary.gate_counted.entry(severity_text).or_default() += n;
+            if severity >= threshold {
+                summary.blocking += n;
+            }
+        } else if status.suppresses() {
+            summary.suppressed += n;
+        } else {
+            summary.gate_exempt += n;
+        }
+    }
+    Ok(())
+}
+
 /// Why `summary`'s gate does not pass: each reason, joined; `None` when it passes.
 fn gate_refusal(summary: &Summary) -> Option<String> {
     let mut reasons = Vec::new();
@@ -546,27 +577,7 @@ pub async fn summary(
         gate_passed: false,
         gate_refusal: None,
     };
-    for (status_text, severity_text, n) in counts {
-        *summary.by_status.entry(status_text.clone()).or_default() += n;
-        *summary
-            .by_severity
-            .entry(severity_text.clone())
-            .or_default() += n;
-        let status = FindingStatus::parse(&status_text)
-            .ok_or_else(|| StoreError::Corrupt(format!("finding status {status_text:?}")))?;
-        let severity = Severity::parse(&severity_text)
-            .ok_or_else(|| StoreError::Corrupt(format!("finding severity {severity_text:?}")))?;
-        if status.counts_toward_gate() {
-            *summary.gate_counted.entry(severity_text).or_default() += n;
-            if severity >= threshold {
-                summary.blocking += n;
-            }
-        } else if status.suppresses() {
-            summary.suppressed += n;
-        } else {
-            summary.gate_exempt += n;
-        }
-    }
+    count_findings(&mut summary, counts, threshold)?;
     summary.gate_refusal = gate_refusal(&summary);
     summary.gate_passed = summary.gate_refusal.is_none();
     Ok(Some(summary))
