@@ -19,7 +19,8 @@ pull consumer of its own: that needs a NATS user that may read them (an open ser
 `palisade dev` runs), never a client's; it is a developer's aid, not the client protocol.
 NATS_CREDS (a .creds file from `palisade client add --creds`) authenticates the client; its
 replies arrive under the inbox prefix _INBOX_<prefix>.client-<client_id>.
-Prints JSON lines; the last one is {"event": "result", ...}. Exit code 0 if the outcome was
+Prints JSON lines; the last one is {"event": "result", ...}; a completed scan's carries its
+coverage summary (status, score, whether the required coverage is complete). Exit code 0 if the outcome was
 received (whatever it is), 1 on timeout.
 """
 import argparse
@@ -243,6 +244,17 @@ async def read_events(nc, subject, org, client_id, after, from_now=False, wait_m
     return rep
 
 
+def coverage_dict(ev):
+    """scan.completed's coverage summary (reference 13): complete is not the gate, and a scan
+    may complete with its required coverage incomplete (unknown or error entries)."""
+    if not ev.HasField("coverage"):
+        return None
+    c = ev.coverage
+    return {"status": c.status, "complete": c.complete,
+            "required_incomplete": c.required_incomplete,
+            "score": c.score if c.HasField("score") else None, "counts": dict(c.counts)}
+
+
 def on_event(kind, data, me, scan_id, seq=None):
     """One event named `kind` (`scan.completed`, `task.failed`, …) with its message bytes: logs
     it; returns (the outcome if it ends our request, else None; the scan id)."""
@@ -271,9 +283,11 @@ def on_event(kind, data, me, scan_id, seq=None):
         log(kind, error=err_dict(ev), seq=mid)
         return {"outcome": "rejected", "error": err_dict(ev)}, scan_id
     if kind == "scan.completed":
+        coverage = coverage_dict(ev)
         log(kind, scan_id=ev.scan_id, finding_count=ev.finding_count,
-            enrichment_job_id=ev.enrichment_job_id, seq=mid)
-        return {"outcome": "completed", "scan_id": ev.scan_id, "finding_count": ev.finding_count}, ev.scan_id
+            enrichment_job_id=ev.enrichment_job_id, coverage=coverage, seq=mid)
+        return {"outcome": "completed", "scan_id": ev.scan_id, "finding_count": ev.finding_count,
+                "coverage": coverage}, ev.scan_id
     if kind == "scan.failed":
         log(kind, scan_id=ev.scan_id, error=err_dict(ev), seq=mid)
         return {"outcome": "failed", "scan_id": ev.scan_id, "error": err_dict(ev)}, ev.scan_id

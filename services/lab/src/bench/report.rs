@@ -8,7 +8,7 @@ use telemetry::cost::LaneCost;
 
 use super::ceiling::{CEILING_STATEMENTS_PER_STEP, Ceiling};
 use super::stages::Stages;
-use super::{BenchReport, BurnDown, Steady, TableWrites, cpu, round};
+use super::{BenchReport, BurnDown, Steady, TableWrites, cpu, round, statements};
 use crate::harness::{print_cost, total_cost};
 
 /// A named check and whether it held.
@@ -132,7 +132,7 @@ fn print_statements(run: &BurnDown) {
         Some(Ok(statements)) => {
             println!("  per statement (pg_stat_statements), costliest first, per scan:");
             let scans = run.completed.max(1) as f64;
-            for statement in statements {
+            for statement in statements.iter().take(statements::LISTED) {
                 let text: String = statement.query.chars().take(TABLE_WIDTH - 30).collect();
                 println!(
                     "    {:>8.3} ms {:>6.2} calls  {text}",
@@ -247,6 +247,7 @@ fn print_burn_down(name: &str, run: &BurnDown, ceiling: CeilingRates) {
         per_scan(run.quota_refused)
     );
     print_cost(&run.cost, run.completed, TABLE_WIDTH);
+    print_evaluations(run);
     print_writes(&run.writes, run.completed);
     print_statements(run);
     if let Some(cpu) = &run.cpu {
@@ -288,6 +289,33 @@ fn print_steady(steady: &Steady, ceiling: CeilingRates) {
     );
     print_stages(&steady.stages);
     rule();
+}
+
+/// The start of the statement that writes evaluations (`sql/evaluations/upsert_many.sql`), as
+/// `pg_stat_statements` shows it.
+const EVALUATIONS_UPSERT: &str = "INSERT INTO evaluations";
+
+/// Evaluations stored per completed scan (rows inserted into `evaluations`) and, where
+/// `pg_stat_statements` is read, what their upsert cost PostgreSQL per scan.
+fn print_evaluations(run: &BurnDown) {
+    let scans = run.completed.max(1) as f64;
+    let written = run.writes.get("evaluations").copied().unwrap_or_default();
+    let cost = match &run.statements {
+        Some(Ok(spent)) => match statements::of(spent, EVALUATIONS_UPSERT) {
+            Some(upsert) => format!(
+                "their upsert {:.3} ms and {:.2} calls per scan",
+                upsert.total_ms / scans,
+                upsert.calls as f64 / scans
+            ),
+            None => "their upsert did not run".to_owned(),
+        },
+        _ => "their upsert's time unknown (no pg_stat_statements)".to_owned(),
+    };
+    println!(
+        "  evaluations per scan {:.1} stored, {:.1} replaced; {cost}",
+        written.inserted as f64 / scans,
+        written.updated as f64 / scans,
+    );
 }
 
 /// Row versions written per completed scan, in all and per table.
@@ -452,6 +480,10 @@ fn burn_down_json(run: &BurnDown, ceiling: Option<&Ceiling>) -> serde_json::Valu
         "later_plugins_handed_on": run.handed_on.0,
         "later_plugins": run.handed_on.1,
         "quota_refused": run.quota_refused,
+        "evaluations_per_scan": round(
+            run.writes.get("evaluations").map_or(0, |written| written.inserted) as f64
+                / run.completed.max(1) as f64
+        ),
         "time": stages_json(&run.stages),
         "cost_per_scan": cost_json(&run.cost, run.completed),
         "writes_per_scan": run.writes.iter().map(|(table, spent)| {
@@ -467,7 +499,7 @@ fn burn_down_json(run: &BurnDown, ceiling: Option<&Ceiling>) -> serde_json::Valu
         "statements_per_scan": match &run.statements {
             None => serde_json::Value::Null,
             Some(Err(reason)) => json!({ "unknown": reason }),
-            Some(Ok(statements)) => json!(statements.iter().map(|statement| json!({
+            Some(Ok(statements)) => json!(statements.iter().take(statements::LISTED).map(|statement| json!({
                 "query": statement.query,
                 "calls": round(statement.calls as f64 / run.completed.max(1) as f64),
                 "ms": round(statement.total_ms / run.completed.max(1) as f64),

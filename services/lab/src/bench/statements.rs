@@ -60,7 +60,8 @@ pub async fn snapshot(pool: &PgPool) -> Result<Snapshot, String> {
         .collect())
 }
 
-/// What each statement spent between two snapshots, costliest first, at most [`LISTED`].
+/// What each statement spent between two snapshots, costliest first (a report lists the first
+/// [`LISTED`]).
 pub fn spent(before: &Snapshot, after: &Snapshot) -> Vec<StatementCost> {
     let mut spent: Vec<StatementCost> = after
         .iter()
@@ -77,13 +78,19 @@ pub fn spent(before: &Snapshot, after: &Snapshot) -> Vec<StatementCost> {
         .filter(|cost| cost.calls > 0)
         .collect();
     spent.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
-    spent.truncate(LISTED);
     spent
 }
 
 /// The statements a run spent, given the snapshots around it.
 pub fn between(before: Result<Snapshot, String>, after: Result<Snapshot, String>) -> Statements {
     Ok(spent(&before?, &after?))
+}
+
+/// What the statement whose text starts with `start` spent, if it ran.
+pub fn of<'s>(statements: &'s [StatementCost], start: &str) -> Option<&'s StatementCost> {
+    statements
+        .iter()
+        .find(|statement| statement.query.starts_with(start))
 }
 
 fn collapse(query: &str) -> String {

@@ -537,7 +537,7 @@ pub async fn summary(
     }
     // One snapshot for the findings and the coverage.
     let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    sql::query(sql::database::READ_ONE_SNAPSHOT)
         .execute(&mut *tx)
         .await?;
     let row: Option<Row> = sql::scans::FindingSummary {
