@@ -192,6 +192,57 @@ async fn one_shot_commands_print_only_their_answer_and_log_to_stderr_when_asked(
     strict.assert_status(Status::NotPassed);
     assert_eq!(strict.json()["gate_passed"], false, "{strict:?}");
 
+    // Coverage: synthetic declares synthetic-0..4 on the target and evaluates each (its one
+    // finding's rule fails, the others pass), so the required coverage is complete.
+    assert_eq!(scan["coverage"]["summary"]["complete"], true, "{shown:?}");
+    assert_eq!(scan["coverage"]["summary"]["status"], "fail", "{shown:?}");
+    assert_eq!(
+        gate.json()["coverage"]["required_incomplete"],
+        0,
+        "{gate:?}"
+    );
+    // A second scan of the target: the diff names the finding still present, and the target
+    // shows both scans and the finding seen in two.
+    let again = palisade(&system, &[&submit[..], &["--output", "json"]].concat()).await;
+    again.assert_status(Status::Ok);
+    let later = again.json()["scan_id"]
+        .as_str()
+        .expect("a scan id")
+        .to_owned();
+    system.wait_scan_state(&later, "completed").await;
+    let diff = palisade(
+        &system,
+        &[
+            "scan",
+            "diff",
+            scan_id.as_str(),
+            later.as_str(),
+            "--output",
+            "json",
+        ],
+    )
+    .await;
+    diff.assert_status(Status::Ok);
+    assert_eq!(
+        diff.json()["still_present"].as_array().map(Vec::len),
+        Some(1),
+        "{diff:?}"
+    );
+    let backwards = palisade(&system, &["scan", "diff", later.as_str(), scan_id.as_str()]).await;
+    backwards.assert_status(Status::Refused);
+    let shown_target = palisade(&system, &["target", "show", target, "--output", "json"]).await;
+    shown_target.assert_status(Status::Ok);
+    let history = &shown_target.json()[0];
+    assert_eq!(
+        history["scans"].as_array().map(Vec::len),
+        Some(2),
+        "{shown_target:?}"
+    );
+    assert_eq!(history["latest_completed"], later.as_str());
+    assert_eq!(history["findings"][0]["scans"], 2, "{shown_target:?}");
+    let unknown = palisade(&system, &["target", "show", "synthetic://nowhere"]).await;
+    unknown.assert_status(Status::NotFound);
+
     let check = palisade(&system, &["migrate", "--check", "--output", "json"]).await;
     check.assert_status(Status::Ok);
     assert_eq!(check.json()["status"], "up_to_date");

@@ -244,9 +244,11 @@ async fn statements_per_batch_do_not_grow_with_the_batch() {
     );
     // BEGIN, lock, the attempts, the tasks (retried: no scan moves), outbox, COMMIT.
     assert!(failures_100 <= 6, "failures: {failures_100} statements");
-    // BEGIN, lock, replays, batches, assets, findings, attempt/task update, COMMIT.
+    // BEGIN, lock, batches, assets, findings, evaluations (the payload carries some: issue
+    // 47), attempt/task update, COMMIT (the replays read is skipped: no key was taken).
     assert!(results_100 <= 8, "results: {results_100} statements");
-    // BEGIN, lock, count, finish, lock scans, complete scans, outbox, COMMIT.
+    // Of BEGIN, lock, count, finish, lock scans, complete scans, their coverage for
+    // scan.completed, outbox and COMMIT, each skipped when it has nothing to do.
     assert!(
         completions_100 <= 8,
         "completions: {completions_100} statements"
