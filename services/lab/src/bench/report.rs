@@ -291,7 +291,7 @@ fn print_steady(steady: &Steady, ceiling: CeilingRates) {
     rule();
 }
 
-/// The start of the statement that writes evaluations (`sql/evaluations/upsert_many.sql`), as
+/// Part of the statement that writes evaluations (`sql/evaluations/upsert_many.sql`), as
 /// `pg_stat_statements` shows it.
 const EVALUATIONS_UPSERT: &str = "INSERT INTO evaluations";
 

@@ -86,11 +86,12 @@ pub fn between(before: Result<Snapshot, String>, after: Result<Snapshot, String>
     Ok(spent(&before?, &after?))
 }
 
-/// What the statement whose text starts with `start` spent, if it ran.
-pub fn of<'s>(statements: &'s [StatementCost], start: &str) -> Option<&'s StatementCost> {
+/// What the statement whose text holds `part` spent, if it ran (the text begins with the
+/// statement file's comment).
+pub fn of<'s>(statements: &'s [StatementCost], part: &str) -> Option<&'s StatementCost> {
     statements
         .iter()
-        .find(|statement| statement.query.starts_with(start))
+        .find(|statement| statement.query.contains(part))
 }
 
 fn collapse(query: &str) -> String {
@@ -116,5 +117,6 @@ mod tests {
         assert_eq!(spent[1].calls, 20);
         assert!((spent[1].total_ms - 2.0).abs() < 1e-9);
         assert_eq!(collapse("UPDATE  t\n SET x"), "UPDATE t SET x");
+        assert_eq!(of(&spent, "SET x").map(|s| s.calls), Some(5));
     }
 }
