@@ -233,10 +233,10 @@ async fn coverage_summaries(
     if scan_ids.is_empty() {
         return Ok(HashMap::new());
     }
-    Ok(crate::coverage::of_scans(conn, None, scan_ids)
+    Ok(crate::coverage::summaries(conn, None, scan_ids)
         .await?
         .into_iter()
-        .map(|(scan_id, (_, coverage))| (scan_id, coverage.summary.to_wire()))
+        .map(|(scan_id, summary)| (scan_id, summary.to_wire()))
         .collect())
 }
 

@@ -354,17 +354,32 @@ pub async fn of_scan(
     organization_id: Option<Uuid>,
     scan_id: Uuid,
 ) -> Result<Option<(String, Coverage)>, StoreError> {
-    Ok(of_scans(conn, organization_id, &[scan_id])
+    Ok(read(conn, organization_id, &[scan_id], true)
         .await?
         .remove(&scan_id))
 }
 
-/// The coverage of each of `scan_ids` that exists (in `organization_id`, when given), with its
-/// state, read in one statement on `conn`.
-pub async fn of_scans(
+/// The coverage summary of each of `scan_ids` that exists (in `organization_id`, when given),
+/// read in one statement on `conn` without the evaluations' evidence.
+pub async fn summaries(
     conn: &mut PgConnection,
     organization_id: Option<Uuid>,
     scan_ids: &[Uuid],
+) -> Result<BTreeMap<Uuid, CoverageSummary>, StoreError> {
+    Ok(read(conn, organization_id, scan_ids, false)
+        .await?
+        .into_iter()
+        .map(|(scan_id, (_, coverage))| (scan_id, coverage.summary))
+        .collect())
+}
+
+/// The coverage of each of `scan_ids` that exists (in `organization_id`, when given), with its
+/// state, read in one statement on `conn`; entries' evidence empty unless `with_evidence`.
+async fn read(
+    conn: &mut PgConnection,
+    organization_id: Option<Uuid>,
+    scan_ids: &[Uuid],
+    with_evidence: bool,
 ) -> Result<BTreeMap<Uuid, (String, Coverage)>, StoreError> {
     #[derive(sqlx::FromRow)]
     struct Row {
@@ -378,6 +393,7 @@ pub async fn of_scans(
     let rows: Vec<Row> = sql::scans::CoverageInputs {
         scan_ids,
         organization_id,
+        with_evidence,
     }
     .query_as()
     .fetch_all(conn)
@@ -910,7 +926,7 @@ pub async fn target_history(
         let scans: Vec<(Uuid, String, i64)> = serde_json::from_value(scans)
             .map_err(|error| StoreError::Corrupt(format!("scans of target {id}: {error}")))?;
         let ids: Vec<Uuid> = scans.iter().map(|scan| scan.0).collect();
-        let mut coverages = of_scans(conn, Some(organization_id), &ids).await?;
+        let mut coverages = summaries(conn, Some(organization_id), &ids).await?;
         let latest_completed = scans
             .iter()
             .find(|(_, state, _)| state == crate::states::ScanState::Completed.as_str())
@@ -927,12 +943,11 @@ pub async fn target_history(
         let scans = scans
             .into_iter()
             .filter_map(|(id, state, created_at_unix_ms)| {
-                let (_, coverage) = coverages.remove(&id)?;
                 Some(TargetScan {
                     id,
                     state,
                     created_at_unix_ms,
-                    coverage: coverage.summary,
+                    coverage: coverages.remove(&id)?,
                 })
             })
             .collect();

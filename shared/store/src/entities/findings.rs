@@ -551,9 +551,9 @@ pub async fn summary(
     let Some(row) = row else {
         return Ok(None);
     };
-    let coverage = crate::coverage::of_scan(&mut tx, organization_id, scan_id)
+    let coverage = crate::coverage::summaries(&mut tx, organization_id, &[scan_id])
         .await?
-        .map(|(_, coverage)| coverage.summary)
+        .remove(&scan_id)
         .ok_or_else(|| StoreError::Corrupt(format!("scan {scan_id} vanished in a snapshot")))?;
     tx.commit().await?;
     let counts: Vec<(String, String, i64)> = serde_json::from_value(row.counts)
