@@ -13,11 +13,12 @@ pub enum Status {
     Error,
     /// 2: the command line is wrong (clap's own status).
     Usage,
-    /// 3: what the command names does not exist (a scan, task, finding, worker, client).
+    /// 3: what the command names does not exist (a scan, task, finding, target, worker, client).
     NotFound,
-    /// 4: refused: admission refused the scan, a finding change was refused, the migrate
-    /// preflight refused the database (PostgreSQL too old, a privilege missing, a schema newer
-    /// than this build), enrichment refused.
+    /// 4: refused: admission refused the scan, a finding change was refused, `scan diff` of
+    /// scans of different targets or in the wrong order, the migrate preflight refused the
+    /// database (PostgreSQL too old, a privilege missing, a schema newer than this build),
+    /// enrichment refused.
     Refused,
     /// 5: the answer is "no": `scan submit --wait` followed a scan that ended other than
     /// completed, `scan gate` did not pass.
