@@ -88,14 +88,6 @@ pub fn parse_diff(query: v1::ScanDiff) -> Result<DiffQuery, v1::Error> {
     })
 }
 
-fn cut(text: &str, bytes_max: usize) -> String {
-    let mut end = text.len().min(bytes_max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
-}
-
 fn entry(entry: &store::coverage::Entry) -> v1::CoverageEntry {
     v1::CoverageEntry {
         plugin: entry.plugin.clone(),
@@ -103,7 +95,11 @@ fn entry(entry: &store::coverage::Entry) -> v1::CoverageEntry {
         resource: entry.resource.clone(),
         status: entry.status.as_str().to_owned(),
         reason_code: entry.reason_code.clone(),
-        evidence: cut(&entry.evidence, EVIDENCE_BYTES_MAX),
+        evidence: {
+            let mut evidence = entry.evidence.clone();
+            messages::limits::truncate_at_char_boundary(&mut evidence, EVIDENCE_BYTES_MAX);
+            evidence
+        },
         required: entry.required,
         finding_id: entry
             .finding_id

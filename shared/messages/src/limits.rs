@@ -66,3 +66,16 @@ pub const ENROLLMENT_ORGANIZATIONS_MAX: usize = 256;
 
 /// Longest enrollment token secret accepted, in bytes (palisade's are 43).
 pub const ENROLLMENT_SECRET_BYTES_MAX: usize = 128;
+
+/// Cuts `text` to at most `bytes_max` bytes, at a character boundary (a field cut to its
+/// limit rather than refused: the SDK's finding text, an evaluation's evidence on the bus).
+pub fn truncate_at_char_boundary(text: &mut String, bytes_max: usize) {
+    if text.len() <= bytes_max {
+        return;
+    }
+    let mut end = bytes_max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+}

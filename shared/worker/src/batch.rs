@@ -110,7 +110,7 @@ pub(crate) fn clamp_finding(mut finding: v1::Finding) -> v1::Finding {
         &mut finding.description,
         &mut finding.evidence,
     ] {
-        truncate_at_char_boundary(field, limits::FINDING_FIELD_BYTES_MAX);
+        limits::truncate_at_char_boundary(field, limits::FINDING_FIELD_BYTES_MAX);
     }
     finding
 }
@@ -118,19 +118,8 @@ pub(crate) fn clamp_finding(mut finding: v1::Finding) -> v1::Finding {
 /// Cuts an evaluation's evidence to the protocol's per-field limit, as [`clamp_finding`]
 /// does a finding's text.
 pub(crate) fn clamp_evaluation(mut evaluation: v1::Evaluation) -> v1::Evaluation {
-    truncate_at_char_boundary(&mut evaluation.evidence, limits::FINDING_FIELD_BYTES_MAX);
+    limits::truncate_at_char_boundary(&mut evaluation.evidence, limits::FINDING_FIELD_BYTES_MAX);
     evaluation
-}
-
-fn truncate_at_char_boundary(text: &mut String, bytes_max: usize) {
-    if text.len() <= bytes_max {
-        return;
-    }
-    let mut end = bytes_max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
 }
 
 /// `{attempt_id}:{sequence_number}`: unique per task, the same for every resend.

@@ -207,7 +207,7 @@ impl CoverageSummary {
     }
 }
 
-/// A scan job as coverage reads it.
+/// A scan job as coverage reads it (fields in `scans/coverage_inputs.sql`'s order).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Job {
     pub plugin: String,
@@ -216,7 +216,8 @@ pub struct Job {
     pub required_rules: Option<Vec<DeclaredRule>>,
 }
 
-/// A stored evaluation as coverage reads it, with the finding a failure names.
+/// A stored evaluation as coverage reads it, with the finding a failure names (fields in
+/// `scans/coverage_inputs.sql`'s order).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Evaluated {
     pub plugin: String,
@@ -408,19 +409,8 @@ async fn read(
     Ok(coverages)
 }
 
-/// One stored evaluation as `scans/coverage_inputs.sql` aggregates it.
-type EvaluationRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    Option<Uuid>,
-    Option<String>,
-);
-
-/// `scans/coverage_inputs.sql`'s aggregates decoded.
+/// `scans/coverage_inputs.sql`'s aggregates decoded: each job and evaluation is a JSON array
+/// of its fields in declaration order, which serde reads into the struct directly.
 #[allow(clippy::type_complexity)]
 fn inputs(
     scan_id: Uuid,
@@ -431,45 +421,9 @@ fn inputs(
     let corrupt = |what: &str, error: serde_json::Error| {
         StoreError::Corrupt(format!("coverage of scan {scan_id}: {what}: {error}"))
     };
-    let jobs: Vec<(String, String, Option<Vec<DeclaredRule>>)> =
-        serde_json::from_value(jobs).map_err(|e| corrupt("jobs", e))?;
-    let jobs = jobs
-        .into_iter()
-        .map(|(plugin, state, required_rules)| Job {
-            plugin,
-            state,
-            required_rules,
-        })
-        .collect();
+    let jobs = serde_json::from_value(jobs).map_err(|e| corrupt("jobs", e))?;
     let assets = serde_json::from_value(assets).map_err(|e| corrupt("assets", e))?;
-    let evaluations: Vec<EvaluationRow> =
-        serde_json::from_value(evaluations).map_err(|e| corrupt("evaluations", e))?;
-    let evaluations = evaluations
-        .into_iter()
-        .map(
-            |(
-                plugin,
-                rule_id,
-                resource,
-                status,
-                reason_code,
-                evidence,
-                finding_id,
-                finding_status,
-            )| {
-                Evaluated {
-                    plugin,
-                    rule_id,
-                    resource,
-                    status,
-                    reason_code,
-                    evidence,
-                    finding_id,
-                    finding_status,
-                }
-            },
-        )
-        .collect();
+    let evaluations = serde_json::from_value(evaluations).map_err(|e| corrupt("evaluations", e))?;
     Ok((jobs, assets, evaluations))
 }
 

@@ -142,27 +142,42 @@ async fn write_assets(
     Ok(())
 }
 
-/// One finding of an accepted batch, with the batch it came in.
-type KeyedFinding<'e, 'p, 'r> = (&'e v1::Finding, &'e Evidence<'p, 'r>);
+/// One item (a finding, an evaluation) of an accepted batch, with the batch it came in.
+type Keyed<'e, 'p, 'r, T> = (&'e T, &'e Evidence<'p, 'r>);
 
-/// The accepted batches' findings by (scan, key), the last message winning, in key order: one
-/// statement never touches a row twice, and concurrent writers lock in one order.
-fn findings_by_key<'e, 'p, 'r>(
+/// The accepted batches' items (`items` of each batch) by (scan, `key` of the item under the
+/// batch's plugin), the last message winning, in key order: one statement never touches a row
+/// twice, and concurrent writers lock in one order.
+fn by_key<'e, 'p, 'r, T: 'r>(
     accepted: &'e [Evidence<'p, 'r>],
-) -> BTreeMap<(Uuid, String), KeyedFinding<'e, 'p, 'r>> {
+    items: impl Fn(&'p BatchParams<'r>) -> &'r [T],
+    key: impl Fn(&str, &T) -> String,
+) -> BTreeMap<(Uuid, String), Keyed<'e, 'p, 'r, T>> {
     let mut by_key = BTreeMap::new();
     for batch in accepted {
-        for finding in batch.params.findings {
-            let key = finding_key(
-                batch.plugin,
-                &finding.rule_id,
-                &finding.resource,
-                &finding.discriminator,
-            );
-            by_key.insert((batch.scan_id, key), (finding, batch));
+        for item in items(batch.params) {
+            by_key.insert((batch.scan_id, key(batch.plugin, item)), (item, batch));
         }
     }
     by_key
+}
+
+/// The accepted batches' findings by (scan, `finding_key`) ([`by_key`]).
+fn findings_by_key<'e, 'p, 'r>(
+    accepted: &'e [Evidence<'p, 'r>],
+) -> BTreeMap<(Uuid, String), Keyed<'e, 'p, 'r, v1::Finding>> {
+    by_key(
+        accepted,
+        |params| params.findings,
+        |plugin, finding: &v1::Finding| {
+            finding_key(
+                plugin,
+                &finding.rule_id,
+                &finding.resource,
+                &finding.discriminator,
+            )
+        },
+    )
 }
 
 /// Writes the accepted batches' findings ([`findings_by_key`]) in one statement.
@@ -230,19 +245,17 @@ async fn write_findings(
     Ok(())
 }
 
-/// The accepted batches' evaluations by (scan, key), the last message winning, in key order
-/// (as [`findings_by_key`]).
+/// The accepted batches' evaluations by (scan, `evaluation_key`) ([`by_key`]).
 fn evaluations_by_key<'e, 'p, 'r>(
     accepted: &'e [Evidence<'p, 'r>],
-) -> BTreeMap<(Uuid, String), (&'e v1::Evaluation, &'e Evidence<'p, 'r>)> {
-    let mut by_key = BTreeMap::new();
-    for batch in accepted {
-        for evaluation in batch.params.evaluations {
-            let key = evaluation_key(batch.plugin, &evaluation.rule_id, &evaluation.resource);
-            by_key.insert((batch.scan_id, key), (evaluation, batch));
-        }
-    }
-    by_key
+) -> BTreeMap<(Uuid, String), Keyed<'e, 'p, 'r, v1::Evaluation>> {
+    by_key(
+        accepted,
+        |params| params.evaluations,
+        |plugin, evaluation: &v1::Evaluation| {
+            evaluation_key(plugin, &evaluation.rule_id, &evaluation.resource)
+        },
+    )
 }
 
 /// Writes the accepted batches' evaluations ([`evaluations_by_key`]) in one statement. A
