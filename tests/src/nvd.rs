@@ -86,8 +86,10 @@ struct Inner {
     /// Faults for the window query's page at a start index, answered in order.
     page_faults: HashMap<u64, VecDeque<Fault>>,
     /// CVEs modified (id, new lastModified) once the window query's page at a start index
-    /// has been served.
-    modified_after: HashMap<u64, Vec<(String, DateTime<Utc>)>>,
+    /// has been served: one batch per serving, in order.
+    modified_after: HashMap<u64, VecDeque<Vec<(String, DateTime<Utc>)>>>,
+    /// JSON strings replaced in every body by text that is not JSON (`"marker"` → `NaN`).
+    corruptions: Vec<(String, String)>,
     requests: Vec<Request>,
 }
 
@@ -160,7 +162,8 @@ impl FakeNvd {
     }
 
     /// Modifies CVE `id` (its `lastModified` becomes `at`) right after the window query's page
-    /// at `start_index` is next served.
+    /// at `start_index` is served next after those already queued for it: each call is one
+    /// more serving.
     pub fn modify_after_page(&self, start_index: u64, id: &str, at: DateTime<Utc>) {
         self.shared
             .inner
@@ -169,7 +172,18 @@ impl FakeNvd {
             .modified_after
             .entry(start_index)
             .or_default()
-            .push((id.to_owned(), at));
+            .push_back(vec![(id.to_owned(), at)]);
+    }
+
+    /// Serves the JSON string `"marker"` as `raw` wherever a body holds it, so that a record
+    /// can be made to hold what is not JSON (`NaN`, an invalid escape).
+    pub fn corrupt(&self, marker: &str, raw: &str) {
+        self.shared
+            .inner
+            .lock()
+            .expect("not poisoned")
+            .corruptions
+            .push((format!("{marker:?}"), raw.to_owned()));
     }
 
     /// Every request so far, in arrival order.
@@ -274,10 +288,15 @@ async fn answer(
             "vulnerabilities": page,
         })
         .to_string();
+        let body = inner
+            .corruptions
+            .iter()
+            .fold(body, |body, (marker, raw)| body.replace(marker, raw));
         if window.is_some() && fault.is_none() {
             for (id, at) in inner
                 .modified_after
-                .remove(&params.start_index)
+                .get_mut(&params.start_index)
+                .and_then(VecDeque::pop_front)
                 .unwrap_or_default()
             {
                 if let Some(cve) = inner.cves.iter_mut().find(|cve| cve.id == id) {

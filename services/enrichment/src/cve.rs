@@ -47,7 +47,9 @@ pub const LOOKUP_BATCH: usize = 8;
 /// the last window closed, but published to the API after, is not missed.
 const SYNC_OVERLAP: chrono::TimeDelta = chrono::TimeDelta::hours(1);
 /// A window whose total keeps changing is read again at most this many times; then the sync
-/// goes on (the next sync's overlap and lookups by id cover what moved).
+/// pages on, but the watermark stays at that window's start ([`SyncProgress::unsettled`]), so
+/// the next sync reads it again: a record that moved across a page boundary is never skipped
+/// for good.
 const MAX_WINDOW_REREADS: u32 = 3;
 
 /// Which source enriches jobs (`PALISADE_CVE_SOURCE`).
@@ -174,6 +176,9 @@ pub struct Progress {
     /// The sync stopped at `PALISADE_NVD_SYNC_MAX_PAGES`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sync_capped: bool,
+    /// A window of the sync kept changing while paged: the watermark stayed at its start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sync_unsettled: bool,
     /// Once done: the CVE findings of the scan, and how many changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub findings: Option<u64>,
@@ -213,6 +218,10 @@ pub struct SyncProgress {
     /// Times this window was read again from its first page.
     #[serde(default)]
     pub rereads: u32,
+    /// The start of the first window that still changed after [`MAX_WINDOW_REREADS`]: the
+    /// watermark moves no further than this, so the next sync reads it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsettled: Option<DateTime<Utc>>,
 }
 
 impl SyncProgress {
@@ -317,16 +326,28 @@ impl CveEnricher {
         let mut records = Vec::new();
         let mut quarantined = Vec::new();
         for id in misses.iter().take(LOOKUP_BATCH) {
-            let page = nvd
+            let mut page = nvd
                 .page(&Query::Id(id.clone()), 0)
                 .await
                 .map_err(nvd_failure)?;
-            let set_aside = page.quarantined.iter().any(|entry| {
-                entry.cve_id.as_ref() == Some(id) && entry.action == QuarantineAction::SetAside
-            });
-            quarantined.extend(page.quarantined);
-            // A record set aside is not recorded unknown: NVD knows it.
-            if let Some(record) = page.records.into_iter().find(|record| record.id == *id) {
+            page.locate(&format!("the NVD answer for {id}"));
+            let found = page.records.into_iter().find(|record| record.id == *id);
+            let mut set_aside = false;
+            for mut entry in page.quarantined {
+                if entry.action == QuarantineAction::SetAside
+                    && found.is_none()
+                    && entry.cve_id.as_ref().is_none_or(|named| named == id)
+                {
+                    // The answer for `id` holds a record palisade cannot read, even its id:
+                    // NVD knows it, so it is set aside as `id` (its findings say `missing`,
+                    // and it is not asked for again until the recheck), never `unknown`.
+                    set_aside = true;
+                    entry.key.clone_from(id);
+                    entry.cve_id = Some(id.clone());
+                }
+                quarantined.push(entry);
+            }
+            if let Some(record) = found {
                 records.push(record);
             } else if !set_aside {
                 records.push(CveRecord::unknown(id));
@@ -371,8 +392,10 @@ impl CveEnricher {
                  sync goes on from this window"
             );
             metrics::sync_capped();
-            self.finish_sync(fence, sync.window_start).await?;
+            self.finish_sync(fence, sync.unsettled.unwrap_or(sync.window_start))
+                .await?;
             progress.sync_capped = true;
+            progress.sync_unsettled |= sync.unsettled.is_some();
             progress.phase = Phase::Lookup;
             return Ok(Step::Progress(to_value(&progress)));
         }
@@ -380,32 +403,40 @@ impl CveEnricher {
             start: sync.window_start,
             end: sync.window_end(),
         };
-        let page = nvd
+        let mut page = nvd
             .page(&query, sync.start_index)
             .await
             .map_err(nvd_failure)?;
+        page.locate(&format!(
+            "the NVD window {} to {}",
+            nvd::format::api_date(sync.window_start),
+            nvd::format::api_date(sync.window_end())
+        ));
         match self.write(fence, &page.records).await? {
             Some(written) => progress.written += written,
             None => return Ok(Step::Lost),
         }
         progress.quarantined += self.quarantine(&page.quarantined).await?;
         sync.pages += 1;
-        match self.after_page(fence, sync, &page).await? {
-            Some(sync) => progress.sync = Some(sync),
-            None => progress.phase = Phase::Lookup,
+        let goes_on = self.after_page(fence, &mut sync, &page).await?;
+        progress.sync_unsettled |= sync.unsettled.is_some();
+        if goes_on {
+            progress.sync = Some(sync);
+        } else {
+            progress.phase = Phase::Lookup;
         }
         Ok(Step::Progress(to_value(&progress)))
     }
 
     /// Where the sync goes after `page`: the window again from its first page (its total
     /// changed while paged), its next page, the next window, or, after the last window,
-    /// nowhere (`None`: the sync is finished and recorded).
+    /// nowhere (`false`: the sync is finished and recorded).
     async fn after_page(
         &self,
         fence: JobFence,
-        mut sync: SyncProgress,
+        sync: &mut SyncProgress,
         page: &nvd::Page,
-    ) -> Result<Option<SyncProgress>, StepError> {
+    ) -> Result<bool, StepError> {
         let next = sync.start_index + page.count;
         let moved = sync
             .window_total
@@ -423,10 +454,14 @@ impl CveEnricher {
             metrics::window_reread();
             sync.rereads += 1;
             sync.start_index = 0;
-            Ok(Some(sync))
-        } else if page.count > 0 && next < page.total_results {
+            return Ok(true);
+        }
+        if moved && sync.rereads == MAX_WINDOW_REREADS {
+            unsettled(sync);
+        }
+        if page.count > 0 && next < page.total_results {
             sync.start_index = next;
-            Ok(Some(sync))
+            Ok(true)
         } else if page.count == 0 && sync.start_index < page.total_results {
             Err(StepError {
                 error: v1::Error {
@@ -444,10 +479,11 @@ impl CveEnricher {
             sync.start_index = 0;
             sync.window_total = None;
             sync.rereads = 0;
-            Ok(Some(sync))
+            Ok(true)
         } else {
-            self.finish_sync(fence, sync.until).await?;
-            Ok(None)
+            self.finish_sync(fence, sync.unsettled.unwrap_or(sync.until))
+                .await?;
+            Ok(false)
         }
     }
 
@@ -504,6 +540,7 @@ impl CveEnricher {
                 pages: 0,
                 window_total: None,
                 rereads: 0,
+                unsettled: None,
             })),
             _ => {
                 self.finish_sync(fence, taken.until).await?;
@@ -566,6 +603,21 @@ pub async fn quarantine(
         metrics::quarantined(record.action);
     }
     Ok(records.len() as u64)
+}
+
+/// The window of `sync` still changed after [`MAX_WINDOW_REREADS`]: said once (WARN and
+/// `palisade_nvd_windows_unsettled_total`), and the watermark kept at its start.
+fn unsettled(sync: &mut SyncProgress) {
+    tracing::warn!(
+        window_start = %sync.window_start,
+        window_end = %sync.window_end(),
+        rereads = sync.rereads,
+        "the NVD window kept changing while paged; the sync pages on, but the watermark stays \
+         at the window's start so that the next sync reads it again"
+    );
+    metrics::window_unsettled();
+    sync.rereads += 1;
+    sync.unsettled.get_or_insert(sync.window_start);
 }
 
 fn to_value(progress: &Progress) -> serde_json::Value {

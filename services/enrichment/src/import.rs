@@ -122,8 +122,10 @@ fn read_page(path: &Path) -> Result<format::Page, ImportError> {
             .read_to_end(&mut body)
             .map_err(read)?;
     }
-    format::parse(&body).map_err(|source| ImportError::Format {
+    let mut page = format::parse(&body).map_err(|source| ImportError::Format {
         path: path.to_owned(),
         source,
-    })
+    })?;
+    page.locate(&path.display().to_string());
+    Ok(page)
 }

@@ -64,6 +64,7 @@ struct Metrics {
     quarantined: Family<ActionLabels, Counter>,
     syncs_capped: Counter,
     windows_reread: Counter,
+    windows_unsettled: Counter,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
@@ -74,6 +75,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         quarantined: Family::default(),
         syncs_capped: Counter::default(),
         windows_reread: Counter::default(),
+        windows_unsettled: Counter::default(),
     };
     for action in [QuarantineAction::Sanitised, QuarantineAction::SetAside] {
         let _ = metrics.quarantined.get_or_create(&ActionLabels {
@@ -130,6 +132,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
          while they were paged",
         metrics.windows_reread.clone(),
     );
+    registry.register(
+        "nvd_windows_unsettled",
+        "NVD sync windows that still changed after being read again three times: the sync paged \
+         on, and the watermark stayed at the window's start so that the next sync reads it again",
+        metrics.windows_unsettled.clone(),
+    );
     metrics
 });
 
@@ -184,4 +192,8 @@ pub(crate) fn sync_capped() {
 
 pub(crate) fn window_reread() {
     METRICS.windows_reread.inc();
+}
+
+pub(crate) fn window_unsettled() {
+    METRICS.windows_unsettled.inc();
 }

@@ -211,8 +211,13 @@ async fn an_import_keeps_every_record_but_the_unreadable_and_reports_both() {
         "format": "NVD_CVE", "version": "2.0", "timestamp": "2026-12-01T00:00:00.000",
         "vulnerabilities": cves.iter().map(|cve| cve.json.clone()).collect::<Vec<_>>(),
     });
+    // Issue 48, item 1: and a record that is not JSON at all (a `\q` escape), which today's
+    // code let fail the whole file.
+    let feed = feed
+        .to_string()
+        .replace(r#""CVE-2026-10030: a test vulnerability""#, r#""a \q b""#);
     let folder = tempfile::tempdir().unwrap();
-    std::fs::write(folder.path().join("nvdcve-2.0-2026.json"), feed.to_string()).unwrap();
+    std::fs::write(folder.path().join("nvdcve-2.0-2026.json"), feed).unwrap();
     let mut lines = Vec::new();
     let summary =
         palisade::commands::import_cves(&system.pool, folder.path(), |line| lines.push(line))
@@ -220,23 +225,180 @@ async fn an_import_keeps_every_record_but_the_unreadable_and_reports_both() {
             .unwrap();
     assert_eq!(
         summary,
-        serde_json::json!({"files": 1, "records": 599, "written": 599, "quarantined": 2})
+        serde_json::json!({"files": 1, "records": 598, "written": 598, "quarantined": 3})
     );
     assert!(
-        lines[0].ends_with("2 quarantined (see palisade cve status)"),
+        lines[0].ends_with("3 quarantined (see palisade cve status)"),
         "{lines:?}"
     );
     let status = store::cves::status(&system.pool, 20).await.unwrap();
     assert_eq!(
         (status.quarantined, status.imported),
-        (2, 599),
+        (3, 598),
         "{status:?}"
+    );
+    let not_json = status
+        .recent_quarantined
+        .iter()
+        .find(|entry| entry.record_key == "CVE-2026-10030")
+        .expect("the record that is not JSON, named by the id it starts with");
+    assert!(
+        not_json.reason.contains(
+            "nvdcve-2.0-2026.json: record 31 of 600 on the page at startIndex 0: unreadable"
+        ),
+        "{not_json:?}"
     );
     assert!(
         status
             .recent_quarantined
             .iter()
             .all(|entry| entry.source == "import")
+    );
+    system.finish().await;
+}
+
+/// Issue 48, item 1: a record that is not JSON at all — a bare `NaN` score, a `\q` escape —
+/// failed its whole page, then every later sync at that page (`nvd_unavailable`). Now each is
+/// set aside with where it was (named by its id where that much reads), and the rest of its
+/// page is kept. Item 3: a record whose id cannot be read either, when it answers a lookup by
+/// id, is set aside under the id looked up (its finding says `missing`, never `unknown`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_is_not_json_is_set_aside_with_its_place_and_its_page_kept() {
+    let system = TestSystem::spawn().await;
+    let mut cves = served(600);
+    cves[100].json["cve"]["metrics"]["cvssMetricV31"][0]["cvssData"]["baseScore"] =
+        "NAN-HERE".into();
+    cves[300].json["cve"]["descriptions"][0]["value"] = "ESCAPE-HERE".into();
+    cves[400].json["cve"]["id"] = "ID-HERE".into();
+    let nvd = FakeNvd::start(cves).await;
+    nvd.corrupt("NAN-HERE", "NaN");
+    nvd.corrupt("ESCAPE-HERE", r#""a \q b""#);
+    nvd.corrupt("ID-HERE", r#""CVE-2026-10400\q""#);
+    synced_days_ago(&system, 2).await;
+    let (scan, job) = system
+        .scan_to_enrich(&["CVE-2026-10300", "CVE-2026-10400", "CVE-2026-10001"])
+        .await;
+    let enrichment = service(&system, &nvd, 200, |_| {});
+    runs_to_completion(&enrichment, job).await;
+    let done = checkpoint(&system, job).await;
+    assert_eq!(done["phase"], "done", "{done}");
+    assert_eq!(
+        scalar::<i64>(&system, "SELECT count(*) FROM cves").await,
+        597,
+        "every record but the three, none recorded unknown"
+    );
+    let quarantined: Vec<(String, String)> =
+        sqlx::query_as("SELECT record_key, reason FROM cve_quarantine ORDER BY record_key")
+            .fetch_all(&system.pool)
+            .await
+            .unwrap();
+    let keys: Vec<&str> = quarantined.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys.len(), 4, "{quarantined:?}");
+    assert_eq!(
+        keys[..3],
+        ["CVE-2026-10100", "CVE-2026-10300", "CVE-2026-10400"],
+        "{quarantined:?}"
+    );
+    assert!(keys[3].starts_with("sha256:"), "{quarantined:?}");
+    let reason = |key: &str| {
+        quarantined
+            .iter()
+            .find(|(named, _)| named == key)
+            .map(|(_, reason)| reason.as_str())
+            .unwrap()
+    };
+    assert!(
+        reason("CVE-2026-10100").starts_with("the NVD window ")
+            && reason("CVE-2026-10100")
+                .contains(": record 101 of 200 on the page at startIndex 0: unreadable"),
+        "{quarantined:?}"
+    );
+    assert!(
+        reason(keys[3]).contains(": record 1 of 200 on the page at startIndex 400: unreadable"),
+        "{quarantined:?}"
+    );
+    assert!(
+        reason("CVE-2026-10400").starts_with("the NVD answer for CVE-2026-10400: record 1 of 1"),
+        "{quarantined:?}"
+    );
+    let looked_up: Vec<String> = nvd
+        .requests()
+        .into_iter()
+        .filter_map(|request| request.cve_id)
+        .collect();
+    assert_eq!(
+        looked_up,
+        ["CVE-2026-10400"],
+        "a record set aside by its id is not asked for again"
+    );
+    let data: Vec<serde_json::Value> =
+        sqlx::query_scalar("SELECT cve_data FROM findings WHERE scan_id = $1")
+            .bind(scan)
+            .fetch_all(&system.pool)
+            .await
+            .unwrap();
+    let mut statuses: Vec<(String, String)> = data
+        .iter()
+        .flat_map(|entries| entries.as_array().into_iter().flatten())
+        .map(|entry| (entry["id"].to_string(), entry["status"].to_string()))
+        .collect();
+    statuses.sort();
+    statuses.dedup();
+    assert_eq!(
+        statuses,
+        [
+            (r#""CVE-2026-10001""#.into(), r#""known""#.into()),
+            (r#""CVE-2026-10300""#.into(), r#""missing""#.into()),
+            (r#""CVE-2026-10400""#.into(), r#""missing""#.into()),
+        ]
+    );
+    system.finish().await;
+}
+
+/// Issue 48, item 2: a window whose records keep changing while it is paged was read again
+/// three times, then paged on, and the watermark moved past it: a record that moved across a
+/// page boundary was skipped for good, with nothing logged above INFO. Now the sync pages on
+/// but keeps the watermark at the window's start (WARN, a metric, the checkpoint says so), and
+/// the next sync reads the window again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_that_never_settles_keeps_the_watermark_at_its_start() {
+    let system = TestSystem::spawn().await;
+    let nvd = FakeNvd::start(served(16)).await;
+    synced_days_ago(&system, 2).await;
+    let before: chrono::DateTime<Utc> =
+        scalar(&system, "SELECT synced_through FROM cve_sync").await;
+    // Each of the first four servings of the first page modifies one more record: the window
+    // changes on every read, its three rereads included.
+    for n in 0..4 {
+        let id = format!("CVE-2026-{}", 10_000 + n);
+        nvd.modify_after_page(0, &id, Utc::now() + TimeDelta::minutes(5));
+    }
+    let enrichment = service(&system, &nvd, 4, |_| {});
+    let (_, job) = system.scan_to_enrich(&["CVE-2026-10015"]).await;
+    runs_to_completion(&enrichment, job).await;
+    let done = checkpoint(&system, job).await;
+    assert_eq!(done["sync_unsettled"], true, "{done}");
+    assert_eq!(counter("palisade_nvd_windows_reread_total "), 3);
+    assert_eq!(counter("palisade_nvd_windows_unsettled_total "), 1);
+    let after: chrono::DateTime<Utc> = scalar(&system, "SELECT synced_through FROM cve_sync").await;
+    assert_eq!(
+        after, before,
+        "the watermark stays before the unsettled window"
+    );
+
+    // The next sync reads the window again; settled now, it moves the watermark on.
+    synced_days_ago(&system, 2).await;
+    let (_, job) = system.scan_to_enrich(&["CVE-2026-10015"]).await;
+    runs_to_completion(&enrichment, job).await;
+    let done = checkpoint(&system, job).await;
+    assert!(done.get("sync_unsettled").is_none(), "{done}");
+    let settled: chrono::DateTime<Utc> =
+        scalar(&system, "SELECT synced_through FROM cve_sync").await;
+    assert!(settled > Utc::now() - TimeDelta::minutes(5), "{settled}");
+    assert_eq!(
+        scalar::<i64>(&system, "SELECT count(*) FROM cves").await,
+        16,
+        "nothing skipped"
     );
     system.finish().await;
 }
