@@ -209,12 +209,11 @@ impl TestSystem {
         let token = stop.clone();
         let handle = match component {
             Component::Admission => {
-                let mut settings = self.settings.admission.clone();
-                settings.crash_after_commit = Some(self.admission_crash.clone());
                 let service = admission::Service::from_connections(
-                    settings,
+                    self.settings.admission.clone(),
                     self.connections(Component::Admission),
-                );
+                )
+                .crash_after_commit(self.admission_crash.clone());
                 tokio::spawn(service.run_until_stopped(token))
             }
             Component::Dispatch => {
@@ -225,12 +224,11 @@ impl TestSystem {
                 tokio::spawn(service.run_until_stopped(token))
             }
             Component::Ingestion => {
-                let mut settings = self.settings.ingestion();
-                settings.crash_after_commit = Some(self.ingestion_crash.clone());
                 let service = ingestion::Service::from_connections(
-                    settings,
+                    self.settings.ingestion(),
                     self.connections(Component::Ingestion),
-                );
+                )
+                .crash_after_commit(self.ingestion_crash.clone());
                 tokio::spawn(service.run_until_stopped(token))
             }
             Component::Reaper => {

@@ -42,10 +42,6 @@ pub struct Settings {
     /// When set, profiles may only name these plugins; others get `unknown_plugin`
     /// (`PALISADE_KNOWN_PLUGINS`, comma-separated; unset accepts any plugin name).
     pub known_plugins: Option<Vec<String>>,
-    /// Test fault injection (feature `testing`, never in a release build): crash after
-    /// commit, before ack.
-    #[cfg(feature = "testing")]
-    pub crash_after_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -77,8 +73,6 @@ impl Settings {
                     .collect::<Vec<_>>(),
             )
             .filter(|names| !names.is_empty()),
-            #[cfg(feature = "testing")]
-            crash_after_commit: None,
             http_addr: runtime::health::http_addr_from_env()?,
         })
     }
@@ -93,6 +87,9 @@ pub struct Service {
     submissions: mpsc::UnboundedReceiver<Submission>,
     /// The health server and the outbox relay, started by `run_until_stopped`.
     plumbing: Plumbing,
+    /// [`Service::crash_after_commit`].
+    #[cfg(feature = "testing")]
+    crash_after_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Service {
@@ -126,7 +123,17 @@ impl Service {
             admission,
             submissions,
             plumbing,
+            #[cfg(feature = "testing")]
+            crash_after_commit: None,
         }
+    }
+
+    /// The consumer's test fault injection ([`bus::consume::ConsumerSpec::crash_after_commit`]),
+    /// given to the built service, never among the [`Settings`] an operator sets.
+    #[cfg(feature = "testing")]
+    pub fn crash_after_commit(mut self, crash: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.crash_after_commit = Some(crash);
+        self
     }
 
     /// Runs the consumer, the request/reply server and the outbox relay until `shutdown`,
@@ -179,7 +186,7 @@ impl Service {
         self.settings.consumer.apply(&mut spec);
         #[cfg(feature = "testing")]
         {
-            spec.crash_after_commit = self.settings.crash_after_commit.clone();
+            spec.crash_after_commit = self.crash_after_commit.clone();
         }
         spec.removes_decided = true;
         spec

@@ -442,6 +442,33 @@ impl Dispatch {
         self.waiters.wake_all();
     }
 
+    /// Decides a cancel; a cancel racing a completion can lose a deadlock, and the cancel is
+    /// idempotent, so a transient failure is retried.
+    async fn decide_cancel(
+        &self,
+        organization_id: Uuid,
+        target: store::cancel::CancelTarget,
+        reason: &str,
+    ) -> Result<CancelOutcome, store::StoreError> {
+        let cancel = || {
+            store::cancel::cancel(
+                &self.pool,
+                self.bus.subjects(),
+                Some(organization_id),
+                target,
+                reason,
+            )
+        };
+        let mut outcome = cancel().await;
+        for _ in 0..CANCEL_TRANSIENT_RETRIES_MAX {
+            match &outcome {
+                Err(error) if error.is_transient() => outcome = cancel().await,
+                _ => break,
+            }
+        }
+        outcome
+    }
+
     /// Cancels a scan or a task of the organization the subject names; persisted before the
     /// reply says so.
     async fn cancel(&self, subject: &str, payload: &[u8]) -> v1::CancelReply {
@@ -457,39 +484,26 @@ impl Dispatch {
             Ok(cancel) => cancel,
             Err(error) => return refuse(error),
         };
-        // A cancel racing a completion can lose a deadlock; the cancel is idempotent, retry it.
-        let mut outcome = store::cancel::cancel(
-            &self.pool,
-            self.bus.subjects(),
-            Some(organization_id),
-            target,
-            &reason,
-        )
-        .await;
-        for _ in 0..CANCEL_TRANSIENT_RETRIES_MAX {
-            match &outcome {
-                Err(error) if error.is_transient() => {
-                    outcome = store::cancel::cancel(
-                        &self.pool,
-                        self.bus.subjects(),
-                        Some(organization_id),
-                        target,
-                        &reason,
-                    )
-                    .await;
-                }
-                _ => break,
-            }
-        }
+        let outcome = self.decide_cancel(organization_id, target, &reason).await;
         if let Ok(
-            CancelOutcome::Cancelled { scan_id } | CancelOutcome::AlreadyTerminal { scan_id, .. },
+            CancelOutcome::Cancelled { scan_id, .. }
+            | CancelOutcome::AlreadyTerminal { scan_id, .. },
         ) = &outcome
         {
             // The request's span names the scan it acted on.
             tracing::Span::current().record("palisade.scan_id", tracing::field::display(scan_id));
         }
         match outcome {
-            Ok(CancelOutcome::Cancelled { scan_id }) => {
+            Ok(CancelOutcome::Cancelled {
+                scan_id,
+                trace_context,
+            }) => {
+                let by = self
+                    .bus
+                    .subjects()
+                    .client_of(subject)
+                    .map_or_else(String::new, |client| format!("client {}", client.client_id));
+                runtime::trace_cancel(scan_id, trace_context.as_deref(), &by, &reason);
                 self.relay.notify();
                 v1::CancelReply {
                     error: None,
@@ -764,7 +778,7 @@ impl Dispatch {
                 None => waiter.insert(self.waiters.join(eligibility)),
             };
             let pause = (deadline - now).min(self.settings.acquire_poll);
-            let _ = tokio::time::timeout(pause, waiter.woken()).await;
+            let _ = bus::serve::long_poll(tokio::time::timeout(pause, waiter.woken())).await;
         }
     }
 

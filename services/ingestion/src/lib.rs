@@ -51,10 +51,6 @@ pub struct Settings {
     /// The durable consumer (`PALISADE_INGESTION_BATCH_SIZE` 128, `PALISADE_INGESTION_ACK_WAIT_MS`
     /// 5000, `PALISADE_INGESTION_MAX_DELIVER` 10, `PALISADE_INGESTION_BATCHES_IN_FLIGHT` 4).
     pub consumer: ConsumerTuning,
-    /// Test fault injection (feature `testing`, never in a release build): crash after
-    /// commit, before ack.
-    #[cfg(feature = "testing")]
-    pub crash_after_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Where `/healthz` and `/readyz` listen (`PALISADE_HTTP_ADDR`, default `0.0.0.0:9090`,
     /// `off` for none); `None` where one process runs many services and serves them once.
     pub http_addr: Option<std::net::SocketAddr>,
@@ -80,8 +76,6 @@ impl Settings {
             retry,
             lease_ttl: runtime::LeaseSettings::ttl_from_env()?,
             consumer,
-            #[cfg(feature = "testing")]
-            crash_after_commit: None,
             http_addr: runtime::health::http_addr_from_env()?,
         })
     }
@@ -99,6 +93,9 @@ pub struct Service {
     ingestion: Arc<Ingestion>,
     /// The health server and the outbox relay, started by `run_until_stopped`.
     plumbing: Plumbing,
+    /// [`Service::crash_after_commit`].
+    #[cfg(feature = "testing")]
+    crash_after_commit: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Service {
@@ -128,7 +125,17 @@ impl Service {
             bus: connections.bus,
             ingestion,
             plumbing,
+            #[cfg(feature = "testing")]
+            crash_after_commit: None,
         }
+    }
+
+    /// The consumer's test fault injection ([`bus::consume::ConsumerSpec::crash_after_commit`]),
+    /// given to the built service, never among the [`Settings`] an operator sets.
+    #[cfg(feature = "testing")]
+    pub fn crash_after_commit(mut self, crash: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.crash_after_commit = Some(crash);
+        self
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -173,7 +180,7 @@ impl Service {
         self.settings.consumer.apply(&mut spec);
         #[cfg(feature = "testing")]
         {
-            spec.crash_after_commit = self.settings.crash_after_commit.clone();
+            spec.crash_after_commit = self.crash_after_commit.clone();
         }
         spec.removes_decided = true;
         spec
@@ -251,6 +258,7 @@ impl Service {
         tokio::task::JoinHandle<()>,
     )> {
         let subjects = self.bus.subjects().clone();
+        events::register_metrics();
         let waiters = Arc::new(events::Waiters::default());
         let published = self
             .bus

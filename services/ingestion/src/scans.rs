@@ -31,7 +31,9 @@ pub fn parse(subjects: &Subjects, subject: &str, bytes: &[u8]) -> Result<ScanFil
         .and_then(|tokens| Uuid::parse_str(tokens.organization_id).ok())
         .ok_or_else(|| {
             invalid(format!(
-                "{subject:?} names no organization: ask on <prefix>.v1.org.<organization_id>.client.<client_id>.scans"
+                "{subject:?} is not a client subject: ask on \
+                 <prefix>.v1.org.<organization_id>.client.<client_id>.scans, the organization a \
+                 UUID, the client id 1..=64 characters of [A-Za-z0-9_-]"
             ))
         })?;
     let Some(v1::scans_request::Query::List(list)) = request.query else {
@@ -114,7 +116,12 @@ pub async fn reply(
         Err(error) => return refuse(error),
     };
     match store::admin::scans(pool, &filter).await {
-        Ok(scans) => {
+        Ok(None) => refuse(v1::Error::new(
+            messages::ErrorCode::NotFound,
+            "list.after names no scan of this organization: start from the first page \
+             (after empty) and pass next_after as given",
+        )),
+        Ok(Some(scans)) => {
             let full = i64::try_from(scans.len()).unwrap_or(i64::MAX) >= filter.limit;
             let next_after = if full {
                 scans

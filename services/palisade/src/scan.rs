@@ -327,7 +327,14 @@ async fn list(common: &CommonSettings, args: ListArgs) -> anyhow::Result<()> {
         limit,
     };
     let pool = store::connect(&common.database).await?;
-    let scans = store::admin::scans(&pool, &filter).await?;
+    let Some(scans) = store::admin::scans(&pool, &filter).await? else {
+        return Err(exit::not_found(format!(
+            "--after {}: no such scan{}; give the last id of the previous page",
+            after.map(|id| id.to_string()).unwrap_or_default(),
+            org.map(|org| format!(" in organization {org}"))
+                .unwrap_or_default()
+        )));
+    };
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&scans)?),
         Output::Text => {
@@ -470,8 +477,25 @@ pub async fn cancel(
 ) -> anyhow::Result<()> {
     use store::cancel::CancelOutcome;
     let pool = store::connect(&common.database).await?;
-    match store::cancel::cancel(&pool, &common.subjects, None, target, reason).await? {
-        CancelOutcome::Cancelled { scan_id } => println!("scan {scan_id}: cancelled (cancelled)"),
+    // The command's span is a trace of its own, linked from the scan's `cancel` span.
+    let span = tracing::info_span!(
+        "scan cancel",
+        otel.name = "palisade scan cancel",
+        palisade.service = "cli",
+    );
+    let outcome = store::cancel::cancel(&pool, &common.subjects, None, target, reason)
+        .instrument(span.clone())
+        .await?;
+    match outcome {
+        CancelOutcome::Cancelled {
+            scan_id,
+            trace_context,
+        } => {
+            span.in_scope(|| {
+                runtime::trace_cancel(scan_id, trace_context.as_deref(), "operator", reason)
+            });
+            println!("scan {scan_id}: cancelled (cancelled)")
+        }
         CancelOutcome::AlreadyTerminal { scan_id, state } => {
             println!("scan {scan_id}: {state} (already_terminal)")
         }

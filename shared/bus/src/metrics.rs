@@ -220,7 +220,7 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
     );
     registry.register(
         "request_seconds",
-        "Time from receiving a request to sending its reply (acquire includes its long-poll)",
+        "Time from receiving a request to sending its reply, less any long-poll wait (an acquire waiting for a task)",
         bus.request_seconds.clone(),
     );
     bus

@@ -1,6 +1,8 @@
 //! Core-NATS request/reply serving: every request runs in its own task (long-polls must not
 //! block others, and it works in the lane of the server), with a bound on how many run at
-//! once. Each server counts its requests by outcome and observes how long they took.
+//! once. Each server counts its requests by outcome and observes how long they took, less
+//! the time a handler spent in a long-poll wait ([`long_poll`]): an idle acquire's wait is
+//! not a slow request.
 
 use std::sync::Arc;
 
@@ -16,6 +18,20 @@ use crate::{Bus, BusError};
 
 /// Requests handled at once per subscription; beyond it, requests wait in the subscription.
 pub const IN_FLIGHT_MAX: usize = 4_096;
+
+tokio::task_local! {
+    /// The long-poll waits of the request this task serves, so far.
+    static LONG_POLLED: std::cell::Cell<std::time::Duration>;
+}
+
+/// Runs `wait`, a handler's long-poll wait for something to answer (dispatch's acquire
+/// waiting for a task), and leaves its time out of the request's `palisade_request_seconds`.
+pub async fn long_poll<F: Future>(wait: F) -> F::Output {
+    let started = std::time::Instant::now();
+    let output = wait.await;
+    let _ = LONG_POLLED.try_with(|waited| waited.set(waited.get() + started.elapsed()));
+    output
+}
 
 /// Answers requests on `subject` (queue group `queue_group`, so replicas share them) with
 /// `handler`, until `shutdown`. A handler returning `None` sends no reply. `server` names
@@ -111,8 +127,13 @@ where
         );
         let trace_id = crate::trace::trace_id_of(&span);
         tokio::spawn(telemetry::cost::inherit(async move {
-            let outcome = handle_one(&client, handler.as_ref(), message, span).await;
-            let seconds = received.elapsed().as_secs_f64();
+            let (outcome, waited) = LONG_POLLED
+                .scope(std::cell::Cell::default(), async {
+                    let outcome = handle_one(&client, handler.as_ref(), message, span).await;
+                    (outcome, LONG_POLLED.with(std::cell::Cell::get))
+                })
+                .await;
+            let seconds = received.elapsed().saturating_sub(waited).as_secs_f64();
             crate::metrics::record_request(server, outcome, seconds, trace_id);
             drop(permit);
         }));

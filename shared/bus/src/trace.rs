@@ -85,6 +85,24 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
         .map(|value| value.as_str().to_owned())
 }
 
+/// `traceparent` (W3C: `00-<trace id>-<span id>-<flags>`) naming the span `span_id` of the
+/// same trace instead: the context of a child of that parent whose id is known
+/// ([`telemetry::with_span_id`]). `None` when `traceparent` is not one.
+pub fn traceparent_with_span(traceparent: &str, span_id: [u8; 8]) -> Option<String> {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    let hex =
+        |text: &str, len: usize| text.len() == len && text.bytes().all(|b| b.is_ascii_hexdigit());
+    match parts[..] {
+        [version, trace_id, parent, flags]
+            if hex(version, 2) && hex(trace_id, 32) && hex(parent, 16) && hex(flags, 2) =>
+        {
+            let span: String = span_id.iter().map(|byte| format!("{byte:02x}")).collect();
+            Some(format!("{version}-{trace_id}-{span}-{flags}"))
+        }
+        _ => None,
+    }
+}
+
 /// The W3C trace id of `span` (32 hex digits), `None` when it has no OpenTelemetry context: what
 /// a person pastes into the tracing UI.
 pub fn trace_id_of(span: &tracing::Span) -> Option<String> {
@@ -165,4 +183,21 @@ pub fn process_span(
     );
     set_parent_from(&span, headers);
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceparent_names_another_span_of_its_trace() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(
+            traceparent_with_span(parent, [0x80, 1, 2, 3, 4, 5, 6, 0xff]).as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-80010203040506ff-01")
+        );
+        for bad in ["", "00-4bf9-00f067aa0ba902b7-01", "garbage", "00-x-y-z-w"] {
+            assert_eq!(traceparent_with_span(bad, [1; 8]), None, "{bad:?}");
+        }
+    }
 }

@@ -206,9 +206,9 @@ impl Subjects {
                 .strip_prefix(&self.inbox_prefix(identity))
                 .is_some_and(|rest| rest.starts_with('.'))
         };
-        let requester = if let Some(client) = self.client_of(subject) {
+        let requester = if let Some(client_id) = self.client_token_of(subject) {
             Some(Identity::Client {
-                client_id: client.client_id.to_owned(),
+                client_id: client_id.to_owned(),
                 organizations: Vec::new(),
             })
         } else {
@@ -574,6 +574,9 @@ mod tests {
         let acquire = s.worker(&worker_id.to_string(), WorkerVerb::Acquire);
         let submit = format!("p.v1.org.{}.client.ci.submit", Uuid::now_v7());
         let chunk = s.upload(&worker_id.to_string(), &Uuid::new_v4().to_string());
+        let long = "c".repeat(65);
+        let long_submit = format!("p.v1.org.{}.client.{long}.submit", Uuid::now_v7());
+        let odd_submit = format!("p.v1.org.{}.client.c:d.submit", Uuid::now_v7());
         for (subject, reply) in [
             (&acquire, format!("_INBOX_p.worker-{worker_id}.abc.1")),
             (&chunk, format!("_INBOX_p.worker-{worker_id}.abc.1")),
@@ -581,6 +584,10 @@ mod tests {
             (&acquire, "_R_.Ab12Cd.x9".to_owned()),
             (&acquire, "_INBOX_p.operator.abc.1".to_owned()),
             (&submit, "_INBOX_p.client-ci.abc.1".to_owned()),
+            // Issue 48, item 9: a client id no credential can hold (65 characters, a `:`) is
+            // refused `invalid_field`, and the refusal reaches the inbox that id names.
+            (&long_submit, format!("_INBOX_p.client-{long}.abc.1")),
+            (&odd_submit, "_INBOX_p.client-c:d.abc.1".to_owned()),
         ] {
             assert!(s.may_answer(subject, &reply), "{subject} -> {reply}");
         }
@@ -600,6 +607,9 @@ mod tests {
             (&acquire, format!("_INBOX_p.worker-{worker_id}.>")),
             (&acquire, "_INBOX.abc.1".to_owned()),
             (&submit, "_INBOX_p.client-cix.abc".to_owned()),
+            (&long_submit, "_INBOX_p.client-ci.abc.1".to_owned()),
+            (&long_submit, format!("_INBOX_p.client-{long}x.abc")),
+            (&odd_submit, "_INBOX_p.client-c.abc".to_owned()),
             (&submit, format!("p.v1.org.{other}.event.scan.completed")),
             (&submit, format!("p.v1.org.{other}.client.ci.request")),
             (&submit, String::new()),

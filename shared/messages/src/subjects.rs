@@ -322,6 +322,23 @@ impl Subjects {
         })
     }
 
+    /// The client token of `<prefix>.v1.org.<organization_id>.client.<client_id>.<verb>` as
+    /// NATS delivered it, whatever its spelling: a token [`Subjects::client_of`] refuses (65
+    /// characters, a `:`) is still where the refusal of its request is answered, at the inbox
+    /// that token names ([`Subjects::may_answer`]), which no other identity's inbox can be.
+    pub fn client_token_of<'s>(&self, subject: &'s str) -> Option<&'s str> {
+        let rest = subject
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(".v1.org.")?;
+        let (_, rest) = rest.split_once('.')?;
+        let (client_id, verb) = rest.strip_prefix("client.")?.split_once('.')?;
+        let plain = !client_id.is_empty()
+            && client_id != "*"
+            && client_id != ">"
+            && !client_id.bytes().any(|b| b.is_ascii_whitespace());
+        (plain && token("verb", verb).is_ok()).then_some(client_id)
+    }
+
     /// An event of the services' own (`EventKind::audience` is `Services`):
     /// `<prefix>.v1.event.<name>`.
     pub fn event(&self, kind: EventKind) -> String {

@@ -461,8 +461,14 @@ pub fn traced_lease(
     service: &'static str,
 ) -> messages::v1::Lease {
     let mut wire = lease.to_wire();
+    // The lease span's id is the attempt's, so a replayed acquire (a worker asking again with
+    // the same request id, to this replica or another) sends the context of the span opened
+    // when the lease was granted, and the worker's work hangs under it.
+    let span_id = lease_span_id(lease.attempt_id);
     if lease.replayed {
-        // Its span was opened when it was granted; the worker's work joins the scan's trace.
+        if let Some(traceparent) = bus::trace::traceparent_with_span(&wire.traceparent, span_id) {
+            wire.traceparent = traceparent;
+        }
         return wire;
     }
     let span = tracing::info_span!(
@@ -477,10 +483,39 @@ pub fn traced_lease(
     );
     bus::trace::set_parent_from_traceparent(&span, &wire.traceparent);
     bus::trace::link_to(&span, &tracing::Span::current());
-    if let Some(traceparent) = bus::trace::traceparent_of(&span) {
+    if let Some(traceparent) =
+        telemetry::with_span_id(span_id, || bus::trace::traceparent_of(&span))
+    {
         wire.traceparent = traceparent;
     }
     wire
+}
+
+/// Records in the scan's trace that `by` cancelled it: a `cancel` span, a child of the scan's
+/// stored context (`trace_context`), linked to the current span (the canceller's request or
+/// command, in a trace of its own), so each trace leads to the other.
+pub fn trace_cancel(scan_id: uuid::Uuid, trace_context: Option<&str>, by: &str, reason: &str) {
+    let span = tracing::info_span!(
+        parent: None,
+        "cancel",
+        otel.kind = "internal",
+        palisade.scan_id = %scan_id,
+        palisade.cancelled_by = by,
+        palisade.reason = reason,
+    );
+    if let Some(traceparent) = trace_context {
+        bus::trace::set_parent_from_traceparent(&span, traceparent);
+    }
+    bus::trace::link_to(&span, &tracing::Span::current());
+    span.in_scope(|| tracing::info!(%scan_id, by, "scan cancelled"));
+}
+
+/// The id of the lease span of attempt `attempt_id`: the random half of the attempt's UUID
+/// (never zero: its variant bits are set).
+fn lease_span_id(attempt_id: uuid::Uuid) -> [u8; 8] {
+    let mut span_id = [0; 8];
+    span_id.copy_from_slice(&attempt_id.as_bytes()[8..]);
+    span_id
 }
 
 #[cfg(test)]

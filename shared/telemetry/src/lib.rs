@@ -224,11 +224,47 @@ fn tracer_provider(
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| service_name.to_owned());
     let resource = Resource::builder().with_service_name(service_name).build();
-    let builder = SdkTracerProvider::builder().with_resource(resource);
+    let builder = SdkTracerProvider::builder()
+        .with_resource(resource)
+        .with_id_generator(SpanIds::default());
     let Some(otlp) = otlp else {
         return Ok(builder.build());
     };
     Ok(builder.with_batch_exporter(span_exporter(otlp)?).build())
+}
+
+thread_local! {
+    /// The id the next span this thread starts gets ([`with_span_id`]).
+    static NEXT_SPAN_ID: std::cell::Cell<Option<opentelemetry::trace::SpanId>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Random ids, but for a span started inside [`with_span_id`].
+#[derive(Debug, Default)]
+struct SpanIds(opentelemetry_sdk::trace::RandomIdGenerator);
+
+impl opentelemetry_sdk::trace::IdGenerator for SpanIds {
+    fn new_trace_id(&self) -> opentelemetry::trace::TraceId {
+        self.0.new_trace_id()
+    }
+
+    fn new_span_id(&self) -> opentelemetry::trace::SpanId {
+        NEXT_SPAN_ID
+            .with(std::cell::Cell::take)
+            .unwrap_or_else(|| self.0.new_span_id())
+    }
+}
+
+/// Runs `start`, which starts one span on this thread (reads its context), giving that span
+/// `span_id` instead of a random one: a span whose id another process must find again
+/// without asking (a lease's span, whose context a replayed acquire sends again). Any other
+/// span started inside `start` takes the id instead, so start only the one.
+pub fn with_span_id<T>(span_id: [u8; 8], start: impl FnOnce() -> T) -> T {
+    let span_id = opentelemetry::trace::SpanId::from_bytes(span_id);
+    NEXT_SPAN_ID.with(|next| next.set(Some(span_id)));
+    let started = start();
+    NEXT_SPAN_ID.with(|next| next.set(None));
+    started
 }
 
 fn span_exporter(otlp: &OtlpSettings) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {

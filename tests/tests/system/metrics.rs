@@ -519,3 +519,43 @@ async fn the_reaper_leader_vacuums_a_hot_table_that_churned() {
     horizon.rollback().await.expect("rollback");
     system.finish().await;
 }
+
+/// Issue 48, item 6: `palisade_request_seconds` (the dashboard's "Request p99") counted an
+/// acquire's long-poll, so an idle worker's acquire read as a 1.5 s request and its exemplar
+/// led to an idle wait. The wait is left out now; the acquire's own work stays in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquires_long_poll_wait_is_not_request_time() {
+    const WAIT: Duration = Duration::from_millis(1_500);
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    let worker = system.manual_worker(organization, 1).await;
+    assert!(worker.hello(&["alpha"]).await.error.is_none());
+    let started = std::time::Instant::now();
+    let reply = worker
+        .acquire(Uuid::new_v4(), 1, WAIT.as_millis() as u32)
+        .await;
+    assert!(
+        reply.error.is_none() && reply.leases.is_empty(),
+        "{reply:?}"
+    );
+    assert!(
+        started.elapsed() >= WAIT,
+        "the acquire waited its long-poll"
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &telemetry::metrics::registry())
+        .expect("encoded");
+    let series = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}{{server=\"dispatch.acquire\"}} ")))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} of dispatch.acquire in:\n{text}"))
+    };
+    assert_eq!(series("palisade_request_seconds_count"), 1.0);
+    let seconds = series("palisade_request_seconds_sum");
+    assert!(
+        seconds < WAIT.as_secs_f64() / 3.0,
+        "the acquire's {seconds} s include its long-poll of {WAIT:?}"
+    );
+    system.finish().await;
+}

@@ -1,9 +1,19 @@
 //! `palisade scan list` (issue 27, item 4): scans newest first, filtered by organization,
 //! target, reported state, plugin, admission time and client, a page at a time.
 
-use store::admin::{ScanFilter, scans};
+use store::admin::ScanFilter;
 use store::states::ScanState;
 use tests::TestSystem;
+
+/// A page of scans whose cursor (if any) names a scan of the filter's organization.
+async fn scans(
+    pool: &store::PgPool,
+    filter: &ScanFilter,
+) -> Result<Vec<store::admin::ScanView>, store::StoreError> {
+    Ok(store::admin::scans(pool, filter)
+        .await?
+        .expect("the cursor names a scan"))
+}
 
 fn ids(listed: &[store::admin::ScanView]) -> Vec<String> {
     listed.iter().map(|scan| scan.id.to_string()).collect()
@@ -230,5 +240,76 @@ async fn a_client_lists_its_organizations_scans_over_the_bus_and_never_anothers(
         .await
         .unwrap();
     assert_eq!(refused.error.unwrap().code, "invalid_field");
+    system.finish().await;
+}
+
+/// Issue 48, item 9: a `scans` cursor naming no scan, or another organization's, answered an
+/// empty page where `cancel` answers `not_found`; and a request whose client id no credential
+/// can hold (65 characters) got no answer at all, where README 3 says `invalid_field`
+/// whatever its subject. Both are refused now, at the requester's inbox.
+#[tokio::test]
+async fn a_cursor_of_no_scan_of_mine_and_a_client_id_too_long_are_refused_at_the_inbox() {
+    use prost::Message as _;
+    let system = TestSystem::spawn().await;
+    let mine = system.organization().await;
+    let other = system.organization().await;
+    let theirs = system
+        .submit(&system.request(other, "http://theirs.test", &["alpha"]))
+        .await;
+    let client = system.client();
+    for after in [uuid::Uuid::now_v7().to_string(), theirs.scan_id.clone()] {
+        let reply = client
+            .scans(
+                &mine,
+                messages::v1::ListScans {
+                    after: after.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            reply.error.map(|error| error.code).as_deref(),
+            Some("not_found"),
+            "after {after}: {:?}",
+            reply.answer
+        );
+    }
+
+    let long = "c".repeat(65);
+    let requester = bus::Bus::connect(
+        system.nats.url(),
+        &tests::unrestricted_credentials(system.nats.authority.as_ref().expect("secured")),
+        &bus::NatsTls::default(),
+        system.subjects.clone(),
+        &messages::Identity::Client {
+            client_id: long.clone(),
+            organizations: Vec::new(),
+        },
+    )
+    .await
+    .expect("connected");
+    let subject = format!(
+        "{}.v1.org.{mine}.client.{long}.scans",
+        system.subjects.prefix()
+    );
+    let request = messages::v1::ScansRequest {
+        schema_version: messages::SCHEMA_VERSION,
+        query: Some(messages::v1::scans_request::Query::List(Default::default())),
+    };
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        requester
+            .client()
+            .request(subject, request.encode_to_vec().into()),
+    )
+    .await
+    .expect("an answer at the inbox the client id names")
+    .expect("a reply");
+    let reply = messages::v1::ScansReply::decode(answer.payload).expect("a ScansReply");
+    assert_eq!(
+        reply.error.map(|error| error.code).as_deref(),
+        Some("invalid_field")
+    );
     system.finish().await;
 }

@@ -224,6 +224,28 @@ fn the_configuration_reference_names_exactly_the_settings_the_code_reads() {
     );
 }
 
+/// Issue 48, item 12: the settings an operator sets hold no test hook. The fault injection
+/// `crash_after_commit` sat in admission's and ingestion's `Settings` (behind the `testing`
+/// feature these tests build with); it is now given to the built service by the tests alone.
+#[test]
+fn the_settings_operators_set_hold_no_test_hook() {
+    let common = runtime::CommonSettings::from_env().expect("valid environment");
+    let admission = format!(
+        "{:?}",
+        admission::Settings::from_common(common.clone()).expect("admission settings")
+    );
+    let ingestion = format!(
+        "{:?}",
+        ingestion::Settings::from_common(common).expect("ingestion settings")
+    );
+    for (service, settings) in [("admission", admission), ("ingestion", ingestion)] {
+        assert!(
+            !settings.contains("crash"),
+            "{service}'s settings hold a test hook: {settings}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn every_migration_can_run_again_over_its_own_result() {
     // A re-run after a partial failure meets objects that already exist: every statement

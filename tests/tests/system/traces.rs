@@ -121,6 +121,14 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         1,
         "the resent acquire is answered again: {again:?}"
     );
+    // Issue 48, item 4: the replayed lease carries the context of the lease span opened the
+    // first time (it carried the scan's, so the work hung under admission's span beside an
+    // empty lease span).
+    assert!(!first.leases[0].traceparent.is_empty(), "{first:?}");
+    assert_eq!(
+        again.leases[0].traceparent, first.leases[0].traceparent,
+        "the replayed lease's context"
+    );
     let lease = first.leases[0].clone();
     let mut forged = lease.clone();
     forged
@@ -174,6 +182,12 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
             "failed",
         ),
         (
+            "cancelled by the operator",
+            "synthetic://cancelled-by-the-operator?duration_ms=20000".to_owned(),
+            vec!["synthetic"],
+            "cancelled",
+        ),
+        (
             "cancelled",
             "synthetic://cancelled?duration_ms=20000".to_owned(),
             vec!["synthetic"],
@@ -196,6 +210,15 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         .await
         .expect("dispatch answers");
     assert_eq!(reply.outcome, "cancelled", "{reply:?}");
+    let by_operator = scan_ids[scan_ids.len() - 2].1.clone();
+    system.wait_scan_state(&by_operator, "running").await;
+    palisade::scan::cancel(
+        &system.settings.common,
+        store::cancel::CancelTarget::Scan(by_operator.parse().expect("a scan id")),
+        "cancelled from the command line",
+    )
+    .await
+    .expect("the operator's cancel");
     for ((_, scan_id, _), (_, _, _, state)) in scan_ids.iter().skip(1).zip(&scans) {
         system.wait_scan_state(scan_id, state).await;
     }
@@ -290,6 +313,42 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         );
     }
     assert!(names.len() <= 60, "{} span names: {names:?}", names.len());
+
+    // Issue 48, item 5: who cancelled is in the scan's trace: a `cancel` span of the scan's
+    // trace naming the canceller, linked to the canceller's own trace (the client's request,
+    // the operator's command), which did not reach the scan's before.
+    for (scan_id, by) in [(&cancelled, "client "), (&by_operator, "operator")] {
+        let trace_id: String = sqlx::query_scalar(
+            "SELECT split_part(trace_context, '-', 2) FROM scans WHERE id = $1::uuid",
+        )
+        .bind(scan_id)
+        .fetch_one(&system.pool)
+        .await
+        .expect("the scan's trace");
+        let cancel = spans
+            .iter()
+            .find(|span| span.span.name == "cancel" && hex(&span.span.trace_id) == trace_id)
+            .unwrap_or_else(|| panic!("no cancel span in the trace of {scan_id} ({by})"));
+        assert!(
+            cancel
+                .attribute("palisade.cancelled_by")
+                .is_some_and(|who| who.starts_with(by)),
+            "{:?}",
+            cancel.span.attributes
+        );
+        let linked: Vec<String> = cancel
+            .span
+            .links
+            .iter()
+            .map(|link| hex(&link.trace_id))
+            .collect();
+        assert!(
+            linked
+                .iter()
+                .any(|linked| *linked != trace_id && traced.contains(linked)),
+            "the cancel of {scan_id} links no exported trace of the canceller: {linked:?}"
+        );
+    }
 
     // One `lease` span per attempt.
     let mut leases: HashMap<(String, String), usize> = HashMap::new();

@@ -10,7 +10,8 @@
 -- $5 admitted_from: timestamptz — admitted at or after
 -- $6 admitted_before: timestamptz
 -- $7 client_id: text — who requested it
--- $8 after_scan_id: uuid — the last scan of the previous page
+-- $8 after_scan_id: uuid — the last scan of the previous page (of the organization $1: another's
+--    reads as none, an empty page, which the caller refuses through scans/cursor_known.sql)
 -- $9 limit: int8
 -- $10 unfinished_scan_states: text[] — [ScanState::Pending.as_str(), ScanState::Running.as_str()] (stored while unfinished)
 -- $11 running_scan_state: text — ScanState::Running.as_str()
@@ -39,6 +40,7 @@ WHERE ($1::uuid IS NULL OR s.organization_id = $1)
   AND ($6::timestamptz IS NULL OR s.created_at < $6)
   AND ($7::text IS NULL OR s.client_id = $7)
   AND ($8::uuid IS NULL
-       OR (s.created_at, s.id) < (SELECT p.created_at, p.id FROM scans p WHERE p.id = $8))
+       OR (s.created_at, s.id) < (SELECT p.created_at, p.id FROM scans p
+                                  WHERE p.id = $8 AND ($1::uuid IS NULL OR p.organization_id = $1)))
 ORDER BY s.created_at DESC, s.id DESC
 LIMIT $9

@@ -36,6 +36,8 @@ pub enum CancelOutcome {
     /// This request cancelled it.
     Cancelled {
         scan_id: Uuid,
+        /// The scan's W3C trace context, as admission stored it: where the cancel is traced.
+        trace_context: Option<String>,
     },
     /// It had already ended (completed, failed or cancelled); nothing changed.
     AlreadyTerminal {
@@ -102,6 +104,7 @@ async fn cancel_scan(
         });
     }
     let cancelled_at_unix_ms = end_scan(conn, scan_id, reason).await?;
+    let trace_context = scan.trace_context.clone();
     let event = v1::ScanCancelled {
         scan_id: scan_id.to_string(),
         organization_id: scan.organization_id.to_string(),
@@ -121,7 +124,10 @@ async fn cancel_scan(
         .in_trace_of(scan_id)],
     )
     .await?;
-    Ok(CancelOutcome::Cancelled { scan_id })
+    Ok(CancelOutcome::Cancelled {
+        scan_id,
+        trace_context,
+    })
 }
 
 /// A scan as a cancel locked it.
@@ -130,6 +136,7 @@ struct LockedScan {
     organization_id: Uuid,
     client_id: String,
     idempotency_key: String,
+    trace_context: Option<String>,
 }
 
 /// Locks the scan's live attempts, its tasks, then the scan (attempt → task → scan, like
@@ -149,16 +156,18 @@ async fn lock_scan(
         .query()
         .execute(&mut *conn)
         .await?;
-    let scan: Option<(String, Uuid, String, String)> = sql::scans::LockForCancel { scan_id }
+    type Row = (String, Uuid, String, String, Option<String>);
+    let scan: Option<Row> = sql::scans::LockForCancel { scan_id }
         .query_as()
         .fetch_optional(&mut *conn)
         .await?;
     Ok(scan.map(
-        |(state, organization_id, client_id, idempotency_key)| LockedScan {
+        |(state, organization_id, client_id, idempotency_key, trace_context)| LockedScan {
             state,
             organization_id,
             client_id,
             idempotency_key,
+            trace_context,
         },
     ))
 }

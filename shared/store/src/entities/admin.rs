@@ -177,9 +177,15 @@ pub struct ScanFilter {
     pub limit: i64,
 }
 
-/// Scans newest first by admission, each with its state as reported, in one statement.
-pub async fn scans(pool: &PgPool, filter: &ScanFilter) -> Result<Vec<ScanView>, StoreError> {
-    Ok(sql::scans::List {
+/// Scans newest first by admission, each with its state as reported, in one statement; `None`
+/// when `filter.after` names no scan of `filter.organization_id` (none at all, or another
+/// organization's: the two read alike), which an empty page alone could not tell apart from
+/// the end (a second statement, on an empty page after a cursor only).
+pub async fn scans(
+    pool: &PgPool,
+    filter: &ScanFilter,
+) -> Result<Option<Vec<ScanView>>, StoreError> {
+    let scans = sql::scans::List {
         organization_id: filter.organization_id,
         target: filter.target.as_deref(),
         state: filter.state.map(ScanState::as_str),
@@ -195,7 +201,20 @@ pub async fn scans(pool: &PgPool, filter: &ScanFilter) -> Result<Vec<ScanView>, 
     }
     .query_as::<ScanView>()
     .fetch_all(pool)
-    .await?)
+    .await?;
+    if let (true, Some(after)) = (scans.is_empty(), filter.after) {
+        let known: bool = sql::scans::CursorKnown {
+            scan_id: after,
+            organization_id: filter.organization_id,
+        }
+        .query_scalar()
+        .fetch_one(pool)
+        .await?;
+        if !known {
+            return Ok(None);
+        }
+    }
+    Ok(Some(scans))
 }
 
 /// The scan's plugin jobs, each with its state as reported ([`ScanJobState::reported`]).
