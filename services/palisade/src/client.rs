@@ -1,10 +1,10 @@
 //! `palisade client`: clients, services that submit scans for the organizations they are bound
-//! to: register one (and issue its NATS credentials), revoke and re-enable it.
+//! to: register one (and issue its NATS credentials), revoke and re-enable it, list them.
 
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::Why;
+use crate::cli_support::{Output, Why, ids_or_dash, instant, instant_or_dash};
 use crate::exit;
 use crate::nats::{
     CredentialsArgs, credentials_cutoff, issue_credentials, push_accounts, reissue_after_enable,
@@ -50,6 +50,17 @@ pub enum ClientCommand {
         #[command(flatten)]
         why: Why,
     },
+    /// Clients in id order, a page at a time: the organizations each is bound to, and whether
+    /// it is revoked.
+    List {
+        /// The next page: the last id of the previous one.
+        #[arg(long)]
+        after: Option<String>,
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        limit: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
 }
 
 /// Runs one `palisade client` command.
@@ -84,7 +95,44 @@ pub async fn run(common: &CommonSettings, command: ClientCommand) -> anyhow::Res
             credentials,
             why,
         } => enable(common, id, &credentials, why).await,
+        ClientCommand::List {
+            after,
+            limit,
+            output,
+        } => {
+            let pool = store::connect(&common.database).await?;
+            let clients = store::admin::clients(&pool, after.as_deref(), limit).await?;
+            print_list(output, &clients, limit)
+        }
     }
+}
+
+/// `palisade client list` as text or JSON.
+fn print_list(
+    output: Output,
+    clients: &[store::admin::ClientSummary],
+    limit: i64,
+) -> anyhow::Result<()> {
+    crate::cli_support::print_page(
+        output,
+        clients,
+        limit,
+        &format!(
+            "{:<24} {:<20} {:<20} {:<20} organizations",
+            "id", "name", "revoked", "created"
+        ),
+        |client| {
+            format!(
+                "{:<24} {:<20} {:<20} {:<20} {}",
+                client.id,
+                client.name,
+                instant_or_dash(client.revoked_at.as_ref()),
+                instant(&client.created_at),
+                ids_or_dash(&client.organization_ids)
+            )
+        },
+        |client| client.id.clone(),
+    )
 }
 
 /// `palisade client enable`.

@@ -17,9 +17,10 @@ use store::dead_letters::{self, DeadLetterRow, ListFilter};
 use store::states::DeadLetterResolution;
 use uuid::Uuid;
 
+use crate::cli_support::{ChangeArgs, Output, instant};
 use crate::exit;
 
-/// `palisade dead-letter …`; every answer is JSON on standard output.
+/// `palisade dead-letter …`; each answers as text, or as JSON with `--output json`.
 #[derive(Debug, clap::Subcommand)]
 pub enum DeadLetterCommand {
     /// The open dead letters, newest first (`--all`: resolved ones too), without payloads.
@@ -34,31 +35,21 @@ pub enum DeadLetterCommand {
         after: Option<Uuid>,
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
         limit: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// One dead letter: why it died, its deliveries, its payload (hex, and decoded when it is a
     /// scan request).
-    Show { id: Uuid },
+    Show {
+        id: Uuid,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Publishes a dead scan request again on its subject, decided by admission as any
     /// request (its idempotency key admits it once), then marks it replayed.
-    Replay {
-        id: Uuid,
-        /// Why (kept with it).
-        #[arg(long)]
-        reason: String,
-        /// Who (default: $USER).
-        #[arg(long)]
-        by: Option<String>,
-    },
+    Replay(ChangeArgs),
     /// Closes a dead letter without deciding it.
-    Discard {
-        id: Uuid,
-        /// Why (kept with it).
-        #[arg(long)]
-        reason: String,
-        /// Who (default: $USER).
-        #[arg(long)]
-        by: Option<String>,
-    },
+    Discard(ChangeArgs),
 }
 
 /// Runs one `palisade dead-letter` command.
@@ -68,35 +59,116 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
     let actor = crate::commands::actor;
-    let answer = match command {
+    let (answer, output, text) = match command {
         DeadLetterCommand::List {
             consumer,
             all,
             after,
             limit,
-        } => serde_json::to_value(
-            list(
-                &pool,
-                &ListFilter {
-                    consumer: consumer.as_deref(),
-                    all,
-                    after,
-                    limit,
-                },
-            )
-            .await?,
-        )?,
-        DeadLetterCommand::Show { id } => show(&pool, id).await?,
-        DeadLetterCommand::Replay { id, reason, by } => {
-            let bus = crate::commands::operator_bus(common).await?;
-            replay(&pool, &bus, id, &actor(by), reason.trim()).await?
+            output,
+        } => {
+            let filter = ListFilter {
+                consumer: consumer.as_deref(),
+                all,
+                after,
+                limit,
+            };
+            let listed = list(&pool, &filter).await?;
+            return print_list(output, &listed, limit);
         }
-        DeadLetterCommand::Discard { id, reason, by } => {
-            discard(&pool, id, &actor(by), reason.trim()).await?
+        DeadLetterCommand::Show { id, output } => {
+            let (letter, payload) = read(&pool, id).await?;
+            let text = shown_text(&letter, &payload);
+            (shown(&letter, &payload)?, output, text)
+        }
+        DeadLetterCommand::Replay(args) => {
+            let bus = crate::commands::operator_bus(common).await?;
+            let answer = replay(&pool, &bus, args.id, &actor(args.by), args.reason.trim()).await?;
+            let text = format!(
+                "dead letter {} replayed on {} (stream sequence {}{})",
+                args.id,
+                answer["subject"].as_str().unwrap_or_default(),
+                answer["stream_sequence"],
+                if answer["duplicate"] == true {
+                    ", a duplicate of an earlier replay"
+                } else {
+                    ""
+                }
+            );
+            (answer, args.output, text)
+        }
+        DeadLetterCommand::Discard(args) => {
+            let answer = discard(&pool, args.id, &actor(args.by), args.reason.trim()).await?;
+            (
+                answer,
+                args.output,
+                format!("dead letter {} discarded", args.id),
+            )
         }
     };
-    println!("{}", serde_json::to_string_pretty(&answer)?);
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
+        Output::Text => println!("{text}"),
+    }
     Ok(())
+}
+
+/// `palisade dead-letter list` as text or JSON.
+fn print_list(output: Output, listed: &[Listed], limit: i64) -> anyhow::Result<()> {
+    crate::cli_support::print_page(
+        output,
+        listed,
+        limit,
+        &format!(
+            "{:<36} {:<10} {:>9} {:<20} {:<10} {:>8} reason",
+            "id", "consumer", "delivered", "died", "resolution", "bytes"
+        ),
+        |listed| {
+            let letter = &listed.letter;
+            format!(
+                "{:<36} {:<10} {:>9} {:<20} {:<10} {:>8} {}",
+                letter.id,
+                letter.consumer,
+                letter.delivered,
+                instant(&letter.created_at),
+                letter.resolution.as_deref().unwrap_or("open"),
+                listed.payload_bytes,
+                letter.reason
+            )
+        },
+        |listed| listed.letter.id.to_string(),
+    )
+}
+
+/// `palisade dead-letter show` as text: the record, then the payload decoded, or in hex.
+fn shown_text(letter: &DeadLetterRow, payload: &[u8]) -> String {
+    let resolution = match (&letter.resolution, letter.resolved_at) {
+        (Some(resolution), Some(at)) => format!(
+            "{resolution} at {} by {}: {}",
+            instant(&at),
+            letter.resolved_by,
+            letter.resolution_note
+        ),
+        _ => "open".to_owned(),
+    };
+    let payload_text = match decode(&letter.consumer, payload) {
+        Some(decoded) => format!("{} bytes, {decoded}", payload.len()),
+        None => format!("{} bytes, hex {}", payload.len(), hex::encode(payload)),
+    };
+    [
+        format!("dead letter {}", letter.id),
+        format!("consumer    {}", letter.consumer),
+        format!("subject     {}", letter.subject),
+        format!(
+            "delivered   {} times (stream sequence {})",
+            letter.delivered, letter.stream_sequence
+        ),
+        format!("died        {}", instant(&letter.created_at)),
+        format!("reason      {}", letter.reason),
+        format!("resolution  {resolution}"),
+        format!("payload     {payload_text}"),
+    ]
+    .join("\n")
 }
 
 /// What `list` prints per dead letter.
@@ -123,9 +195,14 @@ pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> anyhow::Result<Vec<
 /// message its consumer reads, that message as JSON.
 pub async fn show(pool: &PgPool, id: Uuid) -> anyhow::Result<serde_json::Value> {
     let (letter, payload) = read(pool, id).await?;
-    let decoded = decode(&letter.consumer, &payload);
-    let mut shown = serde_json::to_value(&letter)?;
-    shown["payload_hex"] = hex::encode(&payload).into();
+    shown(&letter, &payload)
+}
+
+/// `show`'s answer for a dead letter read.
+fn shown(letter: &DeadLetterRow, payload: &[u8]) -> anyhow::Result<serde_json::Value> {
+    let decoded = decode(&letter.consumer, payload);
+    let mut shown = serde_json::to_value(letter)?;
+    shown["payload_hex"] = hex::encode(payload).into();
     shown["payload"] = decoded.unwrap_or(serde_json::Value::Null);
     Ok(shown)
 }

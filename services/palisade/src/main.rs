@@ -44,6 +44,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Migrate, provision, and run all five services and N reference workers in one process.
+    /// Enrichment reads the local CVE table (`palisade cve import`) unless PALISADE_CVE_SOURCE
+    /// says otherwise.
     Dev {
         #[arg(long, default_value_t = 2)]
         workers: usize,
@@ -217,6 +219,11 @@ async fn dev(mut common: CommonSettings, workers: usize, capacity: u32) -> anyho
     if std::env::var_os(runtime::health::HTTP_ADDR_VAR).is_none() {
         settings.http_addr = Some(DEV_HTTP_ADDR);
     }
+    // A development machine may have no internet: with NVD, every enrichment job would fail.
+    let cve_defaulted = std::env::var_os(CVE_SOURCE_VAR).is_none();
+    if cve_defaulted {
+        settings.enrichment.cve.source = enrichment::cve::CveSource::Local;
+    }
     let mut system = System::start(settings).await?;
     let organization_id = Uuid::from_u128(0x0000_0000_0000_7000_8000_0000_0000_0001);
     store::admin::create_organization(&system.connections.pool, organization_id, "dev", None)
@@ -231,6 +238,11 @@ async fn dev(mut common: CommonSettings, workers: usize, capacity: u32) -> anyho
     if let Some(health) = system.health_addr() {
         println!("health: http://{health}/readyz, metrics: http://{health}/metrics");
     }
+    if cve_defaulted {
+        println!(
+            "enrichment reads the local CVE table (palisade cve import fills it); set {CVE_SOURCE_VAR}=nvd to sync from NVD"
+        );
+    }
     println!("organization `dev`: {organization_id}");
     println!("a local web application to scan: http://{target}/");
     println!(
@@ -241,6 +253,9 @@ async fn dev(mut common: CommonSettings, workers: usize, capacity: u32) -> anyho
     drop(private_nats);
     ended
 }
+
+/// Where enrichment's CVE data comes from; `palisade dev` chooses `local` when it is unset.
+const CVE_SOURCE_VAR: &str = "PALISADE_CVE_SOURCE";
 
 /// Where `palisade dev` serves `/healthz`, `/readyz` and `/metrics` unless
 /// `PALISADE_HTTP_ADDR` says otherwise: loopback, not every interface.

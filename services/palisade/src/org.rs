@@ -1,9 +1,9 @@
-//! `palisade org`: organizations (tenants): add one, change its limits, show it.
+//! `palisade org`: organizations (tenants): add one, change its limits, show it, list them.
 
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::Why;
+use crate::cli_support::{Output, PageArgs, Why};
 
 /// `palisade org …`.
 #[derive(Debug, clap::Subcommand)]
@@ -47,6 +47,9 @@ pub enum OrgCommand {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
         changes: i64,
     },
+    /// Organizations in id order, a page at a time: their limits and how many workers serve
+    /// them, clients act for them and schedules they have.
+    List(PageArgs),
 }
 
 /// Runs one `palisade org` command.
@@ -82,7 +85,44 @@ pub async fn run(common: &CommonSettings, command: OrgCommand) -> anyhow::Result
             println!("{}", serde_json::to_string_pretty(&shown)?);
             Ok(())
         }
+        OrgCommand::List(page) => {
+            let pool = store::connect(&common.database).await?;
+            let organizations = store::admin::organizations(&pool, page.after, page.limit).await?;
+            print_list(page.output, &organizations, page.limit)
+        }
     }
+}
+
+/// `palisade org list` as text or JSON.
+fn print_list(
+    output: Output,
+    organizations: &[store::admin::OrganizationSummary],
+    limit: i64,
+) -> anyhow::Result<()> {
+    let limit_text = |limit: Option<i32>| limit.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    crate::cli_support::print_page(
+        output,
+        organizations,
+        limit,
+        &format!(
+            "{:<36} {:>12} {:>11} {:>7} {:>7} {:>9} {:<20} name",
+            "id", "hourly quota", "max running", "workers", "clients", "schedules", "created"
+        ),
+        |organization| {
+            format!(
+                "{:<36} {:>12} {:>11} {:>7} {:>7} {:>9} {:<20} {}",
+                organization.id,
+                limit_text(organization.hourly_scan_quota),
+                limit_text(organization.max_running_tasks),
+                organization.workers,
+                organization.clients,
+                organization.schedules,
+                crate::cli_support::instant(&organization.created_at),
+                organization.name
+            )
+        },
+        |organization| organization.id.to_string(),
+    )
 }
 
 /// `palisade org set`: `None` leaves a limit as it is, `Some(None)` removes it.

@@ -2,16 +2,17 @@
 //! submitted by, at every slot of a cron expression in a time zone or of an interval. The
 //! reaper's leader fires each slot once, through the admission script (`store::schedules` says
 //! how, and the catch-up rule); these commands create, read, pause, resume and delete them,
-//! recording who changed one and why. Every answer is JSON on standard output.
+//! recording who changed one and why. Each answers as text, or as JSON with `--output json`.
 
 use std::time::Duration;
 
 use chrono::Utc;
 use store::PgPool;
-use store::schedules::{self, Created, ScheduleRow};
+use store::schedules::{self, Created, FireRow, ScheduleRow};
 use store::states::ScheduleOverlap;
 use uuid::Uuid;
 
+use crate::cli_support::{ChangeArgs, Output, instant};
 use crate::exit;
 
 /// `palisade schedule …`.
@@ -29,6 +30,8 @@ pub enum ScheduleCommand {
         after: Option<Uuid>,
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
         limit: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// One schedule, its next slot and its latest fired slots (what admission answered).
     Show {
@@ -36,6 +39,8 @@ pub enum ScheduleCommand {
         /// How many fired slots to show, newest first.
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
         fires: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Stops firing a schedule until it is resumed.
     Pause(ChangeArgs),
@@ -43,7 +48,11 @@ pub enum ScheduleCommand {
     /// was paused never fire).
     Resume(ChangeArgs),
     /// Removes a schedule and its fire records; the scans it submitted stay.
-    Delete { id: Uuid },
+    Delete {
+        id: Uuid,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
 }
 
 /// `palisade schedule add`.
@@ -95,18 +104,8 @@ pub struct AddArgs {
     /// Who (default: $USER).
     #[arg(long)]
     pub by: Option<String>,
-}
-
-/// `palisade schedule pause` and `resume`.
-#[derive(Debug, clap::Args)]
-pub struct ChangeArgs {
-    pub id: Uuid,
-    /// Why (kept with it).
-    #[arg(long)]
-    pub reason: String,
-    /// Who (default: $USER).
-    #[arg(long)]
-    pub by: Option<String>,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
 }
 
 /// `--overlap`.
@@ -128,29 +127,176 @@ impl From<Overlap> for ScheduleOverlap {
 /// Runs one `palisade schedule` command.
 pub async fn run(common: &runtime::CommonSettings, command: ScheduleCommand) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
-    let answer = match command {
-        ScheduleCommand::Add(args) => add(&pool, &args).await?,
-        ScheduleCommand::List { org, after, limit } => {
-            serde_json::to_value(schedules::list(&pool, org, after, limit).await?)?
+    match command {
+        ScheduleCommand::Add(args) => print_schedule(args.output, &add(&pool, &args).await?),
+        ScheduleCommand::List {
+            org,
+            after,
+            limit,
+            output,
+        } => print_list(
+            output,
+            &schedules::list(&pool, org, after, limit).await?,
+            limit,
+        ),
+        ScheduleCommand::Show { id, fires, output } => {
+            let schedule = read(&pool, id).await?;
+            let fires = schedules::fires(&pool, id, fires).await?;
+            print_shown(output, &schedule, &fires)
         }
-        ScheduleCommand::Show { id, fires } => show(&pool, id, fires).await?,
-        ScheduleCommand::Pause(change) => set_paused(&pool, &change, true).await?,
-        ScheduleCommand::Resume(change) => set_paused(&pool, &change, false).await?,
-        ScheduleCommand::Delete { id } => {
+        ScheduleCommand::Pause(change) => {
+            print_schedule(change.output, &set_paused(&pool, &change, true).await?)
+        }
+        ScheduleCommand::Resume(change) => {
+            print_schedule(change.output, &set_paused(&pool, &change, false).await?)
+        }
+        ScheduleCommand::Delete { id, output } => {
             let schedule = read(&pool, id).await?;
             if !schedules::delete(&pool, id).await? {
                 return Err(not_found(id));
             }
-            serde_json::json!({ "deleted": schedule })
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "deleted": schedule }))?
+                ),
+                Output::Text => println!(
+                    "schedule {id} ({}) deleted; the scans it submitted stay",
+                    schedule.name
+                ),
+            }
+            Ok(())
         }
-    };
-    println!("{}", serde_json::to_string_pretty(&answer)?);
+    }
+}
+
+/// A schedule as `add`, `pause` and `resume` answer.
+fn print_schedule(output: Output, schedule: &ScheduleRow) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::to_value(schedule)?)?
+        ),
+        Output::Text => println!("{}", schedule_text(schedule)),
+    }
     Ok(())
+}
+
+/// `palisade schedule show`: the schedule, then its latest fired slots, newest first.
+fn print_shown(output: Output, schedule: &ScheduleRow, fires: &[FireRow]) -> anyhow::Result<()> {
+    if output == Output::Json {
+        let mut shown = serde_json::to_value(schedule)?;
+        shown["fires"] = serde_json::to_value(fires)?;
+        println!("{}", serde_json::to_string_pretty(&shown)?);
+        return Ok(());
+    }
+    println!("{}", schedule_text(schedule));
+    println!(
+        "\n{:<20} {:<20} {:<18} {:<36} {:>6} detail",
+        "slot", "fired", "outcome", "scan", "missed"
+    );
+    for fire in fires {
+        println!(
+            "{:<20} {:<20} {:<18} {:<36} {:>6} {}",
+            instant(&fire.slot),
+            instant(&fire.fired_at),
+            fire.outcome,
+            fire.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+            fire.missed_before,
+            fire.detail
+        );
+    }
+    Ok(())
+}
+
+/// `palisade schedule list` as text or JSON.
+fn print_list(output: Output, listed: &[ScheduleRow], limit: i64) -> anyhow::Result<()> {
+    crate::cli_support::print_page(
+        output,
+        listed,
+        limit,
+        &format!(
+            "{:<36} {:<24} {:<7} {:<20} {:<32} target",
+            "id", "name", "state", "next slot", "when"
+        ),
+        |schedule| {
+            format!(
+                "{:<36} {:<24} {:<7} {:<20} {:<32} {}",
+                schedule.id,
+                schedule.name,
+                state(schedule),
+                instant(&schedule.next_slot),
+                when(schedule),
+                schedule.target
+            )
+        },
+        |schedule| schedule.id.to_string(),
+    )
+}
+
+/// A schedule as text, a field a line.
+fn schedule_text(schedule: &ScheduleRow) -> String {
+    let changed = if schedule.update_reason.is_empty() {
+        format!(
+            "{} by {}",
+            instant(&schedule.updated_at),
+            schedule.updated_by
+        )
+    } else {
+        format!(
+            "{} by {}: {}",
+            instant(&schedule.updated_at),
+            schedule.updated_by,
+            schedule.update_reason
+        )
+    };
+    [
+        format!("schedule    {} ({})", schedule.id, schedule.name),
+        format!("org         {}", schedule.organization_id),
+        format!("state       {}", state(schedule)),
+        format!(
+            "when        {}, jitter {} s, overlap {}",
+            when(schedule),
+            schedule.jitter_seconds,
+            schedule.overlap
+        ),
+        format!("next slot   {}", instant(&schedule.next_slot)),
+        format!("target      {}", schedule.target),
+        format!("profile     {}", schedule.plugins.join(" -> ")),
+        format!(
+            "client      {}, priority {}",
+            schedule.client_id, schedule.priority
+        ),
+        format!(
+            "created     {} by {}",
+            instant(&schedule.created_at),
+            schedule.created_by
+        ),
+        format!("changed     {changed}"),
+    ]
+    .join("\n")
+}
+
+/// `active` or `paused`.
+fn state(schedule: &ScheduleRow) -> &'static str {
+    if schedule.paused { "paused" } else { "active" }
+}
+
+/// `cron 0 3 * * * Europe/Berlin` or `every 6h`.
+fn when(schedule: &ScheduleRow) -> String {
+    match (&schedule.cron, schedule.interval_seconds) {
+        (Some(cron), _) => format!("cron {cron} {}", schedule.time_zone),
+        (None, Some(seconds)) => format!(
+            "every {}",
+            humantime::format_duration(Duration::from_secs(seconds.unsigned_abs()))
+        ),
+        (None, None) => "never".to_owned(),
+    }
 }
 
 /// `palisade schedule add`: the request is checked as admission checks one off the wire, the
 /// timing by `store::schedules`; exit 4 with what to fix when either is refused.
-pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<serde_json::Value> {
+pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<ScheduleRow> {
     let (schedule, _) = admission::schedules::check(admission::schedules::Definition {
         organization_id: args.org,
         name: args.name.clone(),
@@ -174,7 +320,7 @@ pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<serde_json::Va
         .await?
         .map_err(|invalid| exit::refused(format!("invalid_field: {invalid}")))?;
     match created {
-        Created::Created(id) => Ok(serde_json::to_value(read(pool, id).await?)?),
+        Created::Created(id) => read(pool, id).await,
         Created::UnknownOrganization => Err(exit::refused(format!(
             "unknown_organization: no organization {}; create it with palisade org add",
             args.org
@@ -192,19 +338,11 @@ pub async fn add(pool: &PgPool, args: &AddArgs) -> anyhow::Result<serde_json::Va
     }
 }
 
-/// `palisade schedule show`.
-pub async fn show(pool: &PgPool, id: Uuid, fires: i64) -> anyhow::Result<serde_json::Value> {
-    let schedule = read(pool, id).await?;
-    let mut shown = serde_json::to_value(&schedule)?;
-    shown["fires"] = serde_json::to_value(schedules::fires(pool, id, fires).await?)?;
-    Ok(shown)
-}
-
 async fn set_paused(
     pool: &PgPool,
     change: &ChangeArgs,
     paused: bool,
-) -> anyhow::Result<serde_json::Value> {
+) -> anyhow::Result<ScheduleRow> {
     let reason = change.reason.trim();
     if reason.is_empty() {
         return Err(exit::refused(
@@ -212,10 +350,9 @@ async fn set_paused(
         ));
     }
     let by = crate::commands::actor(change.by.clone());
-    let changed = schedules::set_paused(pool, change.id, paused, Utc::now(), &by, reason)
+    schedules::set_paused(pool, change.id, paused, Utc::now(), &by, reason)
         .await?
-        .ok_or_else(|| not_found(change.id))?;
-    Ok(serde_json::to_value(changed)?)
+        .ok_or_else(|| not_found(change.id))
 }
 
 async fn read(pool: &PgPool, id: Uuid) -> anyhow::Result<ScheduleRow> {

@@ -1,11 +1,11 @@
 //! `palisade worker`: worker identities: register one (and issue its NATS credentials), issue
 //! the one-time tokens workers enroll with, let a worker serve an organization, revoke and
-//! re-enable it, show it.
+//! re-enable it, show it, list them.
 
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::Why;
+use crate::cli_support::{PageArgs, Why, ids_or_dash, instant_or_dash};
 use crate::exit;
 use crate::nats::{
     CredentialsArgs, credentials_cutoff, issue_credentials, push_accounts, reissue_after_enable,
@@ -74,6 +74,9 @@ pub enum WorkerCommand {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
         changes: i64,
     },
+    /// Workers in id order, a page at a time: enabled or revoked, capacity, live leases, last
+    /// hello, capabilities and the organizations each serves.
+    List(PageArgs),
 }
 
 /// `palisade worker token …`.
@@ -174,7 +177,47 @@ pub async fn run(common: &CommonSettings, command: WorkerCommand) -> anyhow::Res
             println!("{}", serde_json::to_string_pretty(&shown)?);
             Ok(())
         }
+        WorkerCommand::List(page) => {
+            let pool = store::connect(&common.database).await?;
+            let workers = store::admin::workers(&pool, page.after, page.limit).await?;
+            print_list(page.output, &workers, page.limit)
+        }
     }
+}
+
+/// `palisade worker list` as text or JSON.
+fn print_list(
+    output: crate::cli_support::Output,
+    workers: &[store::admin::WorkerSummary],
+    limit: i64,
+) -> anyhow::Result<()> {
+    crate::cli_support::print_page(
+        output,
+        workers,
+        limit,
+        &format!(
+            "{:<36} {:<20} {:<8} {:>8} {:>6} {:<20} {:<28} organizations",
+            "id", "name", "state", "capacity", "leases", "last hello", "capabilities"
+        ),
+        |worker| {
+            format!(
+                "{:<36} {:<20} {:<8} {:>8} {:>6} {:<20} {:<28} {}",
+                worker.id,
+                worker.name,
+                if worker.enabled { "enabled" } else { "revoked" },
+                worker.capacity,
+                worker.live_leases,
+                instant_or_dash(worker.last_seen_at.as_ref()),
+                if worker.capabilities.is_empty() {
+                    "-".to_owned()
+                } else {
+                    worker.capabilities.join(",")
+                },
+                ids_or_dash(&worker.organization_ids)
+            )
+        },
+        |worker| worker.id.to_string(),
+    )
 }
 
 /// `palisade worker revoke`.

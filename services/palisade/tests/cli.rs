@@ -557,6 +557,8 @@ async fn schedule_commands_create_read_pause_and_refuse_what_cannot_fire() {
                 "Europe/Berlin",
                 "--jitter",
                 "5m",
+                "--output",
+                "json",
             ],
         ),
     )
@@ -592,25 +594,73 @@ async fn schedule_commands_create_read_pause_and_refuse_what_cannot_fire() {
         run.assert_status(Status::Refused);
         assert!(run.stderr.contains(says), "{says}: {run:?}");
     }
-    let listed = palisade(&system, &["schedule", "list", "--org", org.as_str()]).await;
+    let listed = palisade(
+        &system,
+        &[
+            "schedule",
+            "list",
+            "--org",
+            org.as_str(),
+            "--output",
+            "json",
+        ],
+    )
+    .await;
     assert_eq!(listed.json().as_array().unwrap().len(), 1);
 
     let paused = palisade(
         &system,
         &[
-            "schedule", "pause", &id, "--reason", "freeze", "--by", "alice",
+            "schedule", "pause", &id, "--reason", "freeze", "--by", "alice", "--output", "json",
         ],
     )
     .await;
     paused.assert_status(Status::Ok);
     assert_eq!(paused.json()["paused"], true);
     assert_eq!(paused.json()["updated_by"], "alice");
-    let shown = palisade(&system, &["schedule", "show", &id]).await.json();
+    let shown = palisade(&system, &["schedule", "show", &id, "--output", "json"])
+        .await
+        .json();
     assert_eq!(shown["update_reason"], "freeze");
     assert_eq!(shown["fires"], serde_json::json!([]));
-    palisade(&system, &["schedule", "delete", &id])
-        .await
-        .assert_status(Status::Ok);
+
+    // Text by default (issue 48, item 11): a table, a field a line.
+    let listed = palisade(&system, &["schedule", "list", "--org", org.as_str()]).await;
+    listed.assert_status(Status::Ok);
+    let lines: Vec<&str> = listed.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("id ") && lines[0].contains("next slot"),
+        "{listed:?}"
+    );
+    assert_eq!(lines.len(), 2, "a header and one schedule: {listed:?}");
+    for wanted in [
+        id.as_str(),
+        "nightly",
+        "paused",
+        "cron 0 3 * * * Europe/Berlin",
+        "https://nightly.example",
+    ] {
+        assert!(lines[1].contains(wanted), "{wanted}: {listed:?}");
+    }
+    let shown = palisade(&system, &["schedule", "show", &id]).await;
+    shown.assert_status(Status::Ok);
+    for wanted in [
+        format!("schedule    {id} (nightly)"),
+        "state       paused".to_owned(),
+        "by alice: freeze".to_owned(),
+        "profile     tcp_connect".to_owned(),
+    ] {
+        assert!(shown.stdout.contains(&wanted), "{wanted}: {shown:?}");
+    }
+    let resumed = palisade(&system, &["schedule", "resume", &id, "--reason", "thaw"]).await;
+    resumed.assert_status(Status::Ok);
+    assert!(resumed.stdout.contains("state       active"), "{resumed:?}");
+    let deleted = palisade(&system, &["schedule", "delete", &id]).await;
+    deleted.assert_status(Status::Ok);
+    assert_eq!(
+        deleted.stdout,
+        format!("schedule {id} (nightly) deleted; the scans it submitted stay\n")
+    );
     palisade(&system, &["schedule", "show", &id])
         .await
         .assert_status(Status::NotFound);
@@ -709,6 +759,191 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
     palisade(&system, &["worker", "show", &Uuid::now_v7().to_string()])
         .await
         .assert_status(Status::NotFound);
+    system.finish().await;
+}
+
+/// `palisade dead-letter` (issue 48, item 11): text by default, as the other commands print;
+/// with `--output json`, the JSON it always printed.
+#[tokio::test]
+async fn dead_letter_commands_print_text_or_json() {
+    let system = TestSystem::spawn().await;
+    store::dead_letters::record(
+        &system.pool,
+        &store::dead_letters::DeadLetter {
+            consumer: "ingestion",
+            subject: "test.result",
+            stream_sequence: 7,
+            delivered: 10,
+            reason: "refused by the test",
+            payload: &[1, 2],
+        },
+    )
+    .await
+    .unwrap();
+    let listed = palisade(&system, &["dead-letter", "list", "--output", "json"]).await;
+    listed.assert_status(Status::Ok);
+    let listed = listed.json();
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(listed[0]["payload_bytes"], 2);
+    assert_eq!(listed[0]["delivered"], 10);
+
+    let text = palisade(&system, &["dead-letter", "list"]).await;
+    text.assert_status(Status::Ok);
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("id ") && lines[0].contains("consumer"),
+        "{text:?}"
+    );
+    assert!(lines[1].starts_with(&id), "{text:?}");
+    for wanted in ["ingestion", "open", "refused by the test"] {
+        assert!(lines[1].contains(wanted), "{wanted}: {text:?}");
+    }
+    let shown = palisade(&system, &["dead-letter", "show", &id]).await;
+    shown.assert_status(Status::Ok);
+    for wanted in [
+        format!("dead letter {id}"),
+        "subject     test.result".to_owned(),
+        "reason      refused by the test".to_owned(),
+        "resolution  open".to_owned(),
+        "payload     2 bytes, hex 0102".to_owned(),
+    ] {
+        assert!(shown.stdout.contains(&wanted), "{wanted}: {shown:?}");
+    }
+    let shown = palisade(&system, &["dead-letter", "show", &id, "--output", "json"]).await;
+    assert_eq!(shown.json()["payload_hex"], "0102");
+
+    let discarded = palisade(
+        &system,
+        &[
+            "dead-letter",
+            "discard",
+            &id,
+            "--reason",
+            "a test",
+            "--by",
+            "ops",
+        ],
+    )
+    .await;
+    discarded.assert_status(Status::Ok);
+    assert_eq!(discarded.stdout, format!("dead letter {id} discarded\n"));
+    let open = palisade(&system, &["dead-letter", "list"]).await;
+    assert_eq!(open.stdout.lines().count(), 1, "the header alone: {open:?}");
+    let all = palisade(
+        &system,
+        &["dead-letter", "list", "--all", "--output", "json"],
+    )
+    .await;
+    assert_eq!(all.json()[0]["resolution"], "discarded");
+    system.finish().await;
+}
+
+/// `palisade worker list`, `org list` and `client list` (issue 48, item 11): a table by
+/// default, the rows as JSON with `--output json`, a page at a time.
+#[tokio::test]
+async fn worker_org_and_client_lists_print_a_table_or_json_a_page_at_a_time() {
+    let system = TestSystem::spawn().await;
+    let organization = system.organization().await;
+    let org = organization.to_string();
+    let worker = system.registered_worker(organization, 3).await.to_string();
+    for args in [
+        &["org", "set", &org, "--hourly-quota", "7", "--reason", "r"][..],
+        &[
+            "client", "add", "--id", "billing", "--name", "Billing", "--org", &org,
+        ],
+        &["client", "add", "--id", "audit", "--org", &org],
+        &["client", "revoke", "--id", "audit"],
+    ] {
+        palisade(&system, args).await.assert_status(Status::Ok);
+    }
+
+    let workers = palisade(&system, &["worker", "list"]).await;
+    workers.assert_status(Status::Ok);
+    let header = workers.stdout.lines().next().unwrap();
+    assert!(
+        header.starts_with("id ") && header.contains("capacity"),
+        "{workers:?}"
+    );
+    let row = workers
+        .stdout
+        .lines()
+        .find(|line| line.starts_with(&worker))
+        .unwrap_or_else(|| panic!("{workers:?}"));
+    assert!(row.contains("enabled") && row.ends_with(&org), "{row}");
+    let workers = palisade(&system, &["worker", "list", "--output", "json"])
+        .await
+        .json();
+    let listed = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|listed| listed["id"] == worker.as_str())
+        .unwrap_or_else(|| panic!("{workers}"));
+    assert_eq!(listed["capacity"], 3);
+    assert_eq!(listed["organization_ids"], serde_json::json!([org]));
+
+    let organizations = palisade(&system, &["org", "list"]).await;
+    organizations.assert_status(Status::Ok);
+    let row = organizations
+        .stdout
+        .lines()
+        .find(|line| line.starts_with(&org))
+        .unwrap_or_else(|| panic!("{organizations:?}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(columns[1..6], ["7", "-", "1", "1", "0"], "{row}");
+    let organizations = palisade(&system, &["org", "list", "--output", "json"])
+        .await
+        .json();
+    let listed = organizations
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|listed| listed["id"] == org.as_str())
+        .unwrap_or_else(|| panic!("{organizations}"));
+    assert_eq!(
+        (
+            &listed["hourly_scan_quota"],
+            &listed["workers"],
+            &listed["clients"]
+        ),
+        (
+            &serde_json::json!(7),
+            &serde_json::json!(1),
+            &serde_json::json!(1)
+        ),
+        "{organizations}"
+    );
+
+    let clients = palisade(&system, &["client", "list", "--limit", "1"]).await;
+    clients.assert_status(Status::Ok);
+    let lines: Vec<&str> = clients.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "header, audit, more: {clients:?}");
+    assert!(
+        lines[1].starts_with("audit ") && lines[1].ends_with(&org),
+        "{clients:?}"
+    );
+    assert!(!lines[1].contains(" - "), "audit is revoked: {clients:?}");
+    assert_eq!(lines[2], "more: --after audit");
+    let clients = palisade(
+        &system,
+        &["client", "list", "--after", "audit", "--output", "json"],
+    )
+    .await
+    .json();
+    assert_eq!(clients.as_array().unwrap().len(), 1, "{clients}");
+    assert_eq!(
+        (
+            &clients[0]["id"],
+            &clients[0]["name"],
+            &clients[0]["revoked_at"]
+        ),
+        (
+            &serde_json::json!("billing"),
+            &serde_json::json!("Billing"),
+            &serde_json::Value::Null
+        )
+    );
+    assert_eq!(clients[0]["organization_ids"], serde_json::json!([org]));
     system.finish().await;
 }
 
@@ -813,7 +1048,8 @@ async fn worker_token_commands_print_one_token_per_line_and_name_what_is_missing
 
 /// `palisade dev` as a newcomer runs it (issue 45, item 2): it serves a local web application
 /// and prints a command that completes a scan against it; its health endpoint is on loopback;
-/// its logs, written to a file, carry no colour codes.
+/// enrichment reads the local CVE table unless PALISADE_CVE_SOURCE says otherwise, and dev says
+/// so (issue 48, item 11); its logs, written to a file, carry no colour codes.
 #[tokio::test]
 async fn palisade_devs_suggested_command_completes_a_scan() {
     let nats = tests::servers::NatsServer::start().await;
@@ -830,6 +1066,7 @@ async fn palisade_devs_suggested_command_completes_a_scan() {
         .args(["dev", "--workers", "1"])
         .envs(env.iter().cloned())
         .env_remove("PALISADE_HTTP_ADDR")
+        .env_remove("PALISADE_CVE_SOURCE")
         .env_remove("NO_COLOR")
         .env_remove("RUST_LOG")
         .stdout(logs.reopen().unwrap())
@@ -855,6 +1092,15 @@ async fn palisade_devs_suggested_command_completes_a_scan() {
             .lines()
             .any(|line| line.starts_with("health: http://127.0.0.1:9090/")),
         "health on loopback: {}",
+        written()
+    );
+    // Offline by default: enrichment reads the local CVE table, and dev says so once.
+    assert_eq!(
+        written()
+            .matches("enrichment reads the local CVE table")
+            .count(),
+        1,
+        "{}",
         written()
     );
 

@@ -1,5 +1,6 @@
-//! Administration and inspection: organizations, workers and their assignments, and the
-//! read models `palisade scan show` and the tests use.
+//! Administration and inspection: organizations, workers and their assignments, the pages
+//! `palisade worker list`, `org list` and `client list` print, and the read models
+//! `palisade scan show` and the tests use.
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -260,5 +261,102 @@ pub async fn scan_counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
     }
     .query_as()
     .fetch_one(pool)
+    .await?)
+}
+
+/// A worker as `palisade worker list` prints it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct WorkerSummary {
+    pub id: Uuid,
+    pub name: String,
+    /// False from `worker revoke` until `worker enable`.
+    pub enabled: bool,
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Tasks it may hold at once.
+    pub capacity: i32,
+    /// What its last hello declared: plugin names and other capabilities.
+    pub capabilities: Vec<String>,
+    pub software_version: String,
+    /// Its last hello; `None` until its first.
+    pub last_seen_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub live_leases: i64,
+    /// The organizations it serves now (its enabled assignments).
+    pub organization_ids: Vec<Uuid>,
+}
+
+/// A page of workers in id order, after `after`.
+pub async fn workers(
+    pool: &PgPool,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<WorkerSummary>, StoreError> {
+    Ok(sql::workers::List {
+        after_id: after,
+        limit,
+        live_statuses: crate::lease::LIVE_ATTEMPT_STATUSES,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?)
+}
+
+/// An organization as `palisade org list` prints it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct OrganizationSummary {
+    pub id: Uuid,
+    pub name: String,
+    /// Scans admitted per rolling hour; `None`: no quota.
+    pub hourly_scan_quota: Option<i32>,
+    /// Tasks in flight at once over every worker; `None`: no cap.
+    pub max_running_tasks: Option<i32>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// Workers serving it now (enabled assignments).
+    pub workers: i64,
+    /// Unrevoked clients acting for it.
+    pub clients: i64,
+    pub schedules: i64,
+}
+
+/// A page of organizations in id order, after `after`.
+pub async fn organizations(
+    pool: &PgPool,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<OrganizationSummary>, StoreError> {
+    Ok(sql::organizations::List {
+        after_id: after,
+        limit,
+    }
+    .query_as()
+    .fetch_all(pool)
+    .await?)
+}
+
+/// A client as `palisade client list` prints it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct ClientSummary {
+    pub id: String,
+    pub name: String,
+    /// The organizations it may submit, cancel and read events for.
+    pub organization_ids: Vec<Uuid>,
+    /// Set from `client revoke` until `client enable`.
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub revocation_reason: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A page of clients in id order, after `after`.
+pub async fn clients(
+    pool: &PgPool,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ClientSummary>, StoreError> {
+    Ok(sql::clients::List {
+        after_id: after,
+        limit,
+    }
+    .query_as()
+    .fetch_all(pool)
     .await?)
 }
