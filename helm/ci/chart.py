@@ -15,6 +15,10 @@ tools are pinned below and installed outside the clone, under $PALISADE_TOOLS_DI
     chart.py render [--values FILE] [--values-json JSON]
                                 render the chart, print its manifests as JSON (the render test
                                 in tests/tests/system/helm.rs reads it)
+    chart.py lint-log [--values FILE] [--values-json JSON]
+                                lint the chart as `helm lint` does, without a namespace, and
+                                print what Helm logged (a template's `fail` is logged in lint
+                                mode: the secure-defaults refusal, read by helm.rs)
     chart.py readme [--write]   check (or rewrite) the chart README's values table
 """
 
@@ -165,6 +169,35 @@ def lint(values: dict, label: str) -> None:
     if result.get("errors"):
         messages = "\n  ".join(str(error).strip() for error in result["errors"])
         raise CheckFailed(f"helm lint --strict ({label}) failed:\n  {messages}")
+
+
+def lint_log(values: dict) -> str:
+    """What Helm logs while linting the chart as `helm lint` does, without a namespace: in lint
+    mode a template's `fail` is logged rather than raised. Helm (Go) writes the log to file
+    descriptor 2, captured here around the call."""
+    module = helm()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            module.lint(str(CHART), values, strict=True)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return log.read().decode(errors="replace")
+
+
+def check_kubectl_commands(minimal: dict) -> None:
+    """The kubectl commands the chart prints are usable as printed, where the render has no
+    namespace too (`helm lint`): `kubectl create secret …`, never `kubectl -n  create secret`."""
+    logged = lint_log({}) + lint_log(merge(minimal, {"worker": {"enabled": True}}))
+    for secret in ("palisade-nats-credentials", "palisade-nats-tls", "palisade-worker-enrollment"):
+        if f"kubectl create secret generic {secret}" not in logged:
+            raise CheckFailed(f"helm lint without a namespace did not log `kubectl create secret generic {secret}`:\n{logged}")
+    if "kubectl -n  " in logged or "kubectl -n %" in logged:
+        raise CheckFailed(f"a kubectl command the chart prints has an empty namespace:\n{logged}")
 
 
 def validate_manifests(rendered: dict[str, str], label: str) -> None:
@@ -409,6 +442,8 @@ def check() -> int:
         ("render and validate, every option on", lambda: validate_manifests(render(all_on), "every option on")),
         ("secure by default: the defaults refuse to render without NATS credentials and TLS, "
          "naming the INSECURE opt-outs", lambda: check_secure_defaults(minimal, insecure)),
+        ("the kubectl commands the chart prints name no empty namespace (helm lint renders without one)",
+         lambda: check_kubectl_commands(minimal)),
         ("the schema refuses wrong types, unknown keys and inline secrets", check_schema_refusals),
         ("the reference worker's pods hold only an enrollment token, never a seed",
          lambda: check_worker_holds_no_seed(all_on, insecure)),
@@ -439,6 +474,9 @@ def main() -> int:
     render_parser = commands.add_parser("render")
     render_parser.add_argument("--values", type=Path)
     render_parser.add_argument("--values-json", help="values as JSON, applied over --values")
+    lint_log_parser = commands.add_parser("lint-log")
+    lint_log_parser.add_argument("--values", type=Path)
+    lint_log_parser.add_argument("--values-json", help="values as JSON, applied over --values")
     readme_parser = commands.add_parser("readme")
     readme_parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
@@ -453,6 +491,12 @@ def main() -> int:
             if args.values_json:
                 values = merge(values, json.loads(args.values_json))
             json.dump({"manifests": documents(render(values))}, sys.stdout)
+            return 0
+        if args.command == "lint-log":
+            values = load_values(args.values)
+            if args.values_json:
+                values = merge(values, json.loads(args.values_json))
+            print(lint_log(values), end="")
             return 0
         readme(write=args.write)
         return 0

@@ -51,6 +51,14 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+`-n <namespace> ` for the kubectl commands the chart prints, or nothing where the render has no
+namespace (`helm lint`), so the command uses kubectl's current namespace: never `kubectl -n  …`.
+*/}}
+{{- define "palisade.kubectlNamespace" -}}
+{{- with .Release.Namespace }}-n {{ . }} {{ end -}}
+{{- end -}}
+
 {{/* The Secret DATABASE_URL comes from; required. */}}
 {{- define "palisade.databaseSecret" -}}
 {{- required "database.existingSecret is required: create a Secret holding DATABASE_URL (kubectl create secret generic palisade-database --from-literal=DATABASE_URL=postgres://...) and name it here" .Values.database.existingSecret -}}
@@ -65,13 +73,13 @@ Fails the render naming every problem at once: what to provide, and how to opt o
 {{- $nats := .Values.nats -}}
 {{- $problems := list -}}
 {{- if and (not $nats.credentials.existingSecret) (not $nats.insecureNoCredentials) -}}
-{{- $problems = append $problems (printf "nats.credentials.existingSecret is empty: palisade connects to NATS with credentials. Run `palisade nats init --dir palisade-authority --resolver-dir /data/jwt`, include the nats-server-auth.conf it writes in every NATS server's configuration (docs/deploy.md, section 3), then `kubectl -n %s create secret generic palisade-nats-credentials --from-file=palisade-authority/admission.creds --from-file=palisade-authority/dispatch.creds --from-file=palisade-authority/ingestion.creds --from-file=palisade-authority/enrichment.creds --from-file=palisade-authority/reaper.creds --from-file=palisade-authority/enrollment.nk` and set nats.credentials.existingSecret=palisade-nats-credentials. To run against a server that authenticates nobody (INSECURE: any process may act as any service, worker or tenant), set nats.insecureNoCredentials=true instead." .Release.Namespace) -}}
+{{- $problems = append $problems (printf "nats.credentials.existingSecret is empty: palisade connects to NATS with credentials. Run `palisade nats init --dir palisade-authority --resolver-dir /data/jwt`, include the nats-server-auth.conf it writes in every NATS server's configuration (docs/deploy.md, section 3), then `kubectl %screate secret generic palisade-nats-credentials --from-file=palisade-authority/admission.creds --from-file=palisade-authority/dispatch.creds --from-file=palisade-authority/ingestion.creds --from-file=palisade-authority/enrichment.creds --from-file=palisade-authority/reaper.creds --from-file=palisade-authority/enrollment.nk` and set nats.credentials.existingSecret=palisade-nats-credentials. To run against a server that authenticates nobody (INSECURE: any process may act as any service, worker or tenant), set nats.insecureNoCredentials=true instead." (include "palisade.kubectlNamespace" .)) -}}
 {{- end -}}
 {{- if and $nats.credentials.existingSecret $nats.insecureNoCredentials -}}
 {{- $problems = append $problems "nats.insecureNoCredentials is true and nats.credentials.existingSecret is set: remove nats.insecureNoCredentials (the credentials are used) or empty the Secret's name." -}}
 {{- end -}}
 {{- if and (not $nats.tls.existingSecret) (not $nats.insecureNoTls) -}}
-{{- $problems = append $problems (printf "nats.tls.existingSecret is empty: palisade requires TLS to NATS. Create a Secret with ca.crt, the authority that signed the NATS servers' certificates (`kubectl -n %s create secret generic palisade-nats-tls --from-file=ca.crt`; add tls.crt and tls.key and set nats.tls.clientCertificate=true for servers that verify clients), and set nats.tls.existingSecret=palisade-nats-tls. To connect in clear (INSECURE: targets, findings and lease tokens readable on the network, the server unauthenticated), set nats.insecureNoTls=true instead." .Release.Namespace) -}}
+{{- $problems = append $problems (printf "nats.tls.existingSecret is empty: palisade requires TLS to NATS. Create a Secret with ca.crt, the authority that signed the NATS servers' certificates (`kubectl %screate secret generic palisade-nats-tls --from-file=ca.crt`; add tls.crt and tls.key and set nats.tls.clientCertificate=true for servers that verify clients), and set nats.tls.existingSecret=palisade-nats-tls. To connect in clear (INSECURE: targets, findings and lease tokens readable on the network, the server unauthenticated), set nats.insecureNoTls=true instead." (include "palisade.kubectlNamespace" .)) -}}
 {{- end -}}
 {{- if and $nats.tls.existingSecret $nats.insecureNoTls -}}
 {{- $problems = append $problems "nats.insecureNoTls is true and nats.tls.existingSecret is set: a CA without TLS required could connect in clear; remove nats.insecureNoTls (TLS is then required) or empty the Secret's name." -}}

@@ -7,7 +7,7 @@
 //! palisade binary reads is settable; no secret is inline; the probes ask paths a running
 //! system serves; the hook Job runs `palisade migrate`; every metric the PrometheusRule and the
 //! Grafana dashboard name is one a running system's `/metrics` exports; a value of the wrong
-//! type is refused, naming it.
+//! type is refused, naming it; the kubectl commands the chart prints are usable as printed.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -280,6 +280,57 @@ fn helm_chart_requires_nats_credentials_and_tls_unless_loudly_insecure() {
             }
         }
     }
+}
+
+/// The kubectl commands the chart prints (issue 48, item 11) name the release's namespace, and
+/// where a render has none (`helm lint`, which logs a template's refusal instead of failing)
+/// no namespace at all: never `kubectl -n  create secret`, which kubectl refuses.
+#[test]
+fn helm_chart_kubectl_commands_name_the_namespace_or_none() {
+    let refusal = render(None, None).expect_err("the bare defaults are refused");
+    assert!(
+        refusal.contains("`kubectl -n palisade create secret generic palisade-nats-credentials"),
+        "{refusal}"
+    );
+    for (values, secrets) in [
+        (
+            None,
+            &["palisade-nats-credentials", "palisade-nats-tls"][..],
+        ),
+        (
+            Some(r#"{"worker": {"enabled": true}}"#),
+            &["palisade-worker-enrollment"][..],
+        ),
+    ] {
+        let logged = lint_log(values.map(|json| (MINIMAL_VALUES, json)));
+        for secret in secrets {
+            assert!(
+                logged.contains(&format!("`kubectl create secret generic {secret} ")),
+                "helm lint's log (no namespace) names no usable command for {secret}: {logged}"
+            );
+        }
+        assert!(!logged.contains("kubectl -n  "), "{logged}");
+    }
+}
+
+/// What Helm logs linting the chart without a namespace (`helm/ci/chart.py lint-log`), with a
+/// values file and values as JSON over it.
+fn lint_log(values: Option<(&str, &str)>) -> String {
+    let mut command = Command::new("python3");
+    command
+        .current_dir(repository())
+        .arg("helm/ci/chart.py")
+        .arg("lint-log");
+    if let Some((file, json)) = values {
+        command
+            .arg("--values")
+            .arg(file)
+            .arg("--values-json")
+            .arg(json);
+    }
+    let output = command.output().expect("python3 runs helm/ci/chart.py");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// The settings ConfigMap's data.
