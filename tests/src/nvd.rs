@@ -80,6 +80,9 @@ pub struct Request {
     pub api_key: Option<String>,
 }
 
+/// CVEs modified after one serving of a page: (id, new lastModified).
+type Modifications = Vec<(String, DateTime<Utc>)>;
+
 #[derive(Default)]
 struct Inner {
     cves: Vec<ServedCve>,
@@ -87,7 +90,7 @@ struct Inner {
     page_faults: HashMap<u64, VecDeque<Fault>>,
     /// CVEs modified (id, new lastModified) once the window query's page at a start index
     /// has been served: one batch per serving, in order.
-    modified_after: HashMap<u64, VecDeque<Vec<(String, DateTime<Utc>)>>>,
+    modified_after: HashMap<u64, VecDeque<Modifications>>,
     /// JSON strings replaced in every body by text that is not JSON (`"marker"` → `NaN`).
     corruptions: Vec<(String, String)>,
     requests: Vec<Request>,
