@@ -124,14 +124,16 @@ mod tests {
         }
     }
 
-    async fn was_woken(waiter: &Waiter<'_>) -> bool {
-        tokio::time::timeout(std::time::Duration::from_millis(20), waiter.woken())
-            .await
-            .is_ok()
+    /// Whether the waiter holds a wake-up now. `task_ready` and `wake_all` wake synchronously
+    /// (a wake-up is a permit stored in the waiter's `Notify`), so one poll answers exactly: no
+    /// timeout to outwait, and a wake-up that arrives late counts as none.
+    fn was_woken(waiter: &Waiter<'_>) -> bool {
+        use futures::FutureExt as _;
+        waiter.woken().now_or_never().is_some()
     }
 
-    #[tokio::test]
-    async fn a_ready_task_wakes_one_eligible_waiter_in_turn() {
+    #[test]
+    fn a_ready_task_wakes_one_eligible_waiter_in_turn() {
         let waiters = Waiters::default();
         let organization = Uuid::now_v7();
         let other = Uuid::now_v7();
@@ -141,33 +143,33 @@ mod tests {
         let required = ["a".to_owned()];
 
         assert!(waiters.task_ready(organization, &required));
-        assert!(was_woken(&first).await);
-        assert!(!was_woken(&second).await, "one task wakes one waiter");
-        assert!(!was_woken(&wrong_org).await);
+        assert!(was_woken(&first));
+        assert!(!was_woken(&second), "one task wakes one waiter");
+        assert!(!was_woken(&wrong_org));
 
         // The first went to the back: the next task wakes the second.
         assert!(waiters.task_ready(organization, &required));
-        assert!(was_woken(&second).await);
-        assert!(!was_woken(&first).await);
+        assert!(was_woken(&second));
+        assert!(!was_woken(&first));
 
         // Nobody can run a task needing `c`.
         assert!(!waiters.task_ready(organization, &["c".to_owned()]));
         assert!(!waiters.task_ready(Uuid::now_v7(), &required));
     }
 
-    #[tokio::test]
-    async fn a_wake_up_while_querying_is_kept_and_a_hint_wakes_everyone() {
+    #[test]
+    fn a_wake_up_while_querying_is_kept_and_a_hint_wakes_everyone() {
         let waiters = Waiters::default();
         let organization = Uuid::now_v7();
         let waiter = waiters.join(eligible(organization, &["a"]));
         // Woken before it waits (it was querying): the wake-up is not lost.
         waiters.task_ready(organization, &["a".to_owned()]);
-        assert!(was_woken(&waiter).await);
+        assert!(was_woken(&waiter));
 
         let other = waiters.join(eligible(Uuid::now_v7(), &["z"]));
         waiters.wake_all();
-        assert!(was_woken(&waiter).await);
-        assert!(was_woken(&other).await);
+        assert!(was_woken(&waiter));
+        assert!(was_woken(&other));
         drop(other);
         assert_eq!(waiters.len(), 1);
         drop(waiter);

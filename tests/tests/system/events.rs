@@ -24,6 +24,18 @@ fn request(organization_id: Uuid, after_sequence: u64, max_events: u32) -> v1::E
     }
 }
 
+/// `palisade_events_requests_waiting` as this process exports it: the long-polls ingestion
+/// holds waiting for their organization's next event.
+fn events_requests_waiting() -> i64 {
+    telemetry::metrics::encode_text()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("palisade_events_requests_waiting ")
+                .map(|value| value.trim().parse().expect("a number"))
+        })
+        .expect("ingestion exports palisade_events_requests_waiting")
+}
+
 /// Sends `request` on `subject_organization`'s events subject of the test client.
 async fn ask_on(
     system: &TestSystem,
@@ -150,7 +162,9 @@ async fn a_client_reads_its_events_once_each_in_order_across_requests_and_a_woke
     assert_eq!(quiet.cursor, cursor);
 
     // A long-poll waiting when the next event is published answers with it at once: before
-    // the first recheck, so the organization's event woke it.
+    // the first recheck, so the organization's event woke it. The event is published only
+    // once ingestion holds the request waiting, having read nothing: then nothing but the
+    // wake-up answers it within the recheck interval.
     let poll = {
         let (bus, subjects) = (system.bus.clone(), system.subjects.clone());
         let request = v1::EventsRequest {
@@ -176,9 +190,11 @@ async fn a_client_reads_its_events_once_each_in_order_across_requests_and_a_woke
             )
         })
     };
-    // Let the request reach ingestion and wait there (if it does not, it reads the event
-    // at once and the test still holds, without testing the wake-up).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    system
+        .wait_for("the long-poll to wait in ingestion", || async {
+            (events_requests_waiting() == 1).then_some(())
+        })
+        .await;
     let second = system
         .submit(&system.request(organization, "http://two.test", &["alpha"]))
         .await;

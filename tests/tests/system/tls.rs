@@ -5,6 +5,7 @@
 
 use bus::{Bus, ClientCertificate, NatsCredentials, NatsTls};
 use messages::{Identity, Subjects};
+use rustls::{AlertDescription, CertificateError, InvalidMessage};
 use tests::servers::{NatsServer, PostgresServer};
 use tests::tls::TestCertificates;
 
@@ -25,6 +26,39 @@ async fn connect(url: &str, tls: &NatsTls) -> Result<Bus, bus::BusError> {
         &Identity::Operator,
     )
     .await
+}
+
+/// How the server's certificate is refused when it was signed by another test authority: every
+/// test authority has the same name, so the verifier takes the configured one for the issuer
+/// and its signature does not match.
+const SIGNED_BY_ANOTHER_AUTHORITY: rustls::Error =
+    rustls::Error::InvalidCertificate(CertificateError::BadSignature);
+
+/// The TLS failure under a connection error, however the client wrapped it (an `io::Error`
+/// does not name the error it holds as its `source`); `None` for a failure of anything else,
+/// such as a server that does not run.
+fn tls_failure<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    /// Causes followed at most (a source cycle would loop forever).
+    const CAUSES_MAX: usize = 16;
+    let mut causes = std::iter::successors(Some(error), |error| error.source()).take(CAUSES_MAX);
+    causes.find_map(|error| {
+        error.downcast_ref::<rustls::Error>().or_else(|| {
+            error
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        })
+    })
+}
+
+/// Asserts that the TLS failure under `error` is `expected`, naming the whole error when not.
+fn assert_tls_refusal(error: &(dyn std::error::Error + 'static), expected: &rustls::Error) {
+    assert_eq!(
+        tls_failure(error),
+        Some(expected),
+        "not the refusal expected: {}",
+        telemetry::chain(error)
+    );
 }
 
 #[tokio::test]
@@ -75,9 +109,13 @@ async fn nats_over_tls_trusts_only_its_authority_and_presents_the_client_certifi
         client: None,
         ..trusted.clone()
     };
-    assert!(
-        connect(&url, &without_certificate).await.is_err(),
-        "a server that verifies clients accepted one without a certificate"
+    let error = connect(&url, &without_certificate)
+        .await
+        .expect_err("a server that verifies clients accepted one without a certificate");
+    // The server's alert: it requires a certificate.
+    assert_tls_refusal(
+        &error,
+        &rustls::Error::AlertReceived(AlertDescription::CertificateRequired),
     );
 
     let other_dir = tempfile::tempdir().expect("a directory");
@@ -89,6 +127,7 @@ async fn nats_over_tls_trusts_only_its_authority_and_presents_the_client_certifi
     let error = connect(&url, &foreign_authority)
         .await
         .expect_err("a server signed by another authority is not trusted");
+    assert_tls_refusal(&error, &SIGNED_BY_ANOTHER_AUTHORITY);
     assert!(
         error.to_string().contains("NATS_TLS"),
         "the refusal says what to check: {error}"
@@ -102,15 +141,17 @@ async fn nats_tls_required_refuses_a_server_without_tls() {
         required: true,
         ..Default::default()
     };
-    assert!(
-        connect(&server.url(), &required).await.is_err(),
-        "NATS_TLS_REQUIRED connected to a server in clear"
-    );
+    // The client starts a handshake the server does not speak: what comes back is no TLS.
+    let in_clear = rustls::Error::InvalidMessage(InvalidMessage::InvalidContentType);
+    let error = connect(&server.url(), &required)
+        .await
+        .expect_err("NATS_TLS_REQUIRED connected to a server in clear");
+    assert_tls_refusal(&error, &in_clear);
     let tls_url = server.url().replace("nats://", "tls://");
-    assert!(
-        connect(&tls_url, &NatsTls::default()).await.is_err(),
-        "a tls:// URL connected to a server in clear"
-    );
+    let error = connect(&tls_url, &NatsTls::default())
+        .await
+        .expect_err("a tls:// URL connected to a server in clear");
+    assert_tls_refusal(&error, &in_clear);
     connect(&server.url(), &NatsTls::default())
         .await
         .expect("without TLS asked for, a server in clear is accepted");
@@ -144,8 +185,8 @@ async fn postgres_over_tls_verifies_the_server_against_the_configured_authority(
     let other = TestCertificates::generate(other_dir.path());
     let mut settings = store::DatabaseSettings::new(url(&other.ca));
     settings.acquire_timeout = std::time::Duration::from_secs(3);
-    assert!(
-        store::connect(&settings).await.is_err(),
-        "a server signed by another authority is not trusted"
-    );
+    let error = store::connect(&settings)
+        .await
+        .expect_err("a server signed by another authority is not trusted");
+    assert_tls_refusal(&error, &SIGNED_BY_ANOTHER_AUTHORITY);
 }
