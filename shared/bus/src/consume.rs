@@ -23,7 +23,13 @@
 //! held, or waiting its turn (at most one batch waits), and all three get in-progress
 //! acknowledgements every third of the ack wait, so only a crashed consumer's messages are
 //! redelivered: waiting for a connection, for a hung statement or for a batch slot never spends
-//! a delivery. No new request is made while a batch is full or messages are held, so the
+//! a delivery. One exception: a link that stalls (half-open: nothing answers, nothing closes)
+//! strands the pull request open when it began. Once the link resumes the server delivers
+//! into it, on the connection the consumer abandoned, and those messages come back one ack
+//! wait later, a delivery spent each. Later requests are not stranded (the consumer gave each
+//! up, and its unsubscription follows it on the same connection), so a stall costs at most one
+//! request's worth. Each request given up is counted (`palisade_pull_requests_abandoned_total`)
+//! so the redeliveries that follow can be placed. No new request is made while a batch is full or messages are held, so the
 //! pool's acquire timeout may be longer than the ack wait. A deadlock or a statement timeout is
 //! a [`Decision::Retry`].
 
@@ -442,6 +448,7 @@ impl Pulling<'_> {
                     if connects() != connects_seen {
                         connects_seen = connects();
                         if self.pull.take().is_some() {
+                            crate::metrics::record_pull_abandoned(&spec.durable_name);
                             tracing::info!(consumer = %spec.durable_name, "NATS connection re-established; pulling again");
                         }
                     }
@@ -480,6 +487,7 @@ impl Pulling<'_> {
     /// Gives up the open pull request, its expiry long past with no word from the server.
     fn pull_lost(&mut self) {
         tracing::warn!(consumer = %self.spec.durable_name, "pull request not ended past its expiry; pulling again");
+        crate::metrics::record_pull_abandoned(&self.spec.durable_name);
         self.pull = None;
     }
 

@@ -115,6 +115,7 @@ fn handler_seconds_histogram() -> TracedHistogram {
 pub struct BusMetrics {
     pub messages: Family<DecisionLabels, Counter>,
     pub redeliveries: Family<ConsumerLabels, Counter>,
+    pub pulls_abandoned: Family<ConsumerLabels, Counter>,
     pub handler_seconds: Family<ConsumerLabels, TracedHistogram, fn() -> TracedHistogram>,
     pub refusals: Family<RefusalLabels, Counter>,
     pub leader: Family<LeaseLabels, Gauge>,
@@ -135,6 +136,7 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
     let bus = BusMetrics {
         messages: Family::default(),
         redeliveries: Family::default(),
+        pulls_abandoned: Family::default(),
         handler_seconds: Family::new_with_constructor(handler_seconds_histogram),
         refusals: Family::default(),
         leader: Family::default(),
@@ -199,6 +201,13 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
         bus.redeliveries.clone(),
     );
     registry.register(
+        "pull_requests_abandoned",
+        "Pull requests a durable consumer gave up while the server might still deliver into \
+         them (no word past their expiry, or the connection made again): what the server \
+         delivered into one comes back an ack wait later, as redeliveries",
+        bus.pulls_abandoned.clone(),
+    );
+    registry.register(
         "handler_seconds",
         "Time a consumer's handler took for one batch",
         bus.handler_seconds.clone(),
@@ -255,6 +264,7 @@ pub fn register_consumer(consumer: &str) {
         });
     }
     let _ = metrics.redeliveries.get_or_create(&labels);
+    let _ = metrics.pulls_abandoned.get_or_create(&labels);
     let _ = metrics.handler_seconds.get_or_create(&labels);
     let _ = metrics.held.get_or_create(&labels);
 }
@@ -277,6 +287,16 @@ pub fn record_decision(consumer: &str, decision: &'static str, redelivered: bool
             })
             .inc();
     }
+}
+
+/// Counts one pull request `consumer` gave up while the server might still deliver into it.
+pub fn record_pull_abandoned(consumer: &str) {
+    bus_metrics()
+        .pulls_abandoned
+        .get_or_create(&ConsumerLabels {
+            consumer: consumer.to_owned(),
+        })
+        .inc();
 }
 
 /// Adds `change` (negative to release) to the messages `consumer` holds undecided.

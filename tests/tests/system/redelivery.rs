@@ -497,3 +497,119 @@ async fn a_message_its_handler_panics_on_is_recorded_dead_and_the_rest_decided()
         .expect("no panic escaped")
         .expect("stopped cleanly");
 }
+
+/// Issue 48, item 7: with the link to NATS stalled (here the server frozen: its kernel still
+/// takes what the consumer writes) the consumer gives up its pull requests one after another,
+/// and on resumption JetStream delivers into the one still open when the consumer abandoned
+/// the connection: those messages are decided one ack wait later, a delivery spent each. At
+/// most that one request's worth comes back (each earlier one's unsubscription follows it on
+/// the same connection), and every request given up is counted, so the redeliveries can be
+/// placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_link_strands_at_most_the_one_pull_request_open_when_it_began() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bus::consume::{BatchHandler, ConsumerSpec, Decision, Delivery};
+
+    const BATCH: usize = 20;
+    const BACKLOG: usize = 1_000;
+
+    /// Acknowledges every message, slowly; keeps which it decided and counts redeliveries.
+    #[derive(Default)]
+    struct Slow {
+        decided: std::sync::Mutex<std::collections::BTreeSet<Vec<u8>>>,
+        again: AtomicUsize,
+    }
+
+    impl BatchHandler for Slow {
+        fn handle(
+            &self,
+            batch: &[Delivery],
+        ) -> impl std::future::Future<Output = Vec<Decision>> + Send {
+            let again = batch
+                .iter()
+                .filter(|delivery| delivery.is_redelivery())
+                .count();
+            self.again.fetch_add(again, Ordering::SeqCst);
+            self.decided
+                .lock()
+                .unwrap()
+                .extend(batch.iter().map(|delivery| delivery.payload().to_vec()));
+            let decisions = vec![Decision::Ack; batch.len()];
+            async move {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                decisions
+            }
+        }
+    }
+
+    let server = tests::servers::NatsServer::start().await;
+    let subjects = messages::Subjects::new("stalled").expect("valid prefix");
+    let bus = tests::servers::operator_bus(&server.url(), subjects).await;
+    let jetstream = bus.jetstream();
+    jetstream
+        .create_stream(bus::async_nats::jetstream::stream::Config {
+            name: "STALLED".into(),
+            subjects: vec!["stalled.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("a stream");
+    for index in 0..BACKLOG {
+        jetstream
+            .publish("stalled.message", index.to_string().into())
+            .await
+            .expect("published")
+            .await
+            .expect("confirmed");
+    }
+    let mut spec = ConsumerSpec::new("STALLED".into(), "stalled", "stalled.>".into());
+    spec.ack_wait = std::time::Duration::from_secs(2);
+    spec.batch_size = BATCH;
+    spec.batches_in_flight = 1;
+    let handler = Arc::new(Slow::default());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let consumer = tokio::spawn({
+        let (bus, handler, shutdown) = (bus.clone(), handler.clone(), shutdown.clone());
+        async move { bus::consume::run(&bus, spec, handler, shutdown).await }
+    });
+    let decided = || handler.decided.lock().unwrap().len();
+    let wait_until = async |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(90);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "{what}: timed out");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    wait_until("a few batches decided", &|| decided() >= 3 * BATCH).await;
+
+    server.pause();
+    tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+    server.resume();
+    wait_until("the backlog decided", &|| decided() >= BACKLOG).await;
+    // What a stranded pull request took comes back one ack wait later.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let again = handler.again.load(Ordering::SeqCst);
+    assert_eq!(decided(), BACKLOG, "every message decided");
+    assert!(
+        again <= BATCH,
+        "{again} messages delivered again: more than the one pull request (of {BATCH}) open \
+         when the link stalled"
+    );
+    // Accounted for: the pull requests the consumer gave up are counted, so the redeliveries
+    // that follow them can be placed.
+    let abandoned = telemetry::metrics::encode_text()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("palisade_pull_requests_abandoned_total{consumer=\"stalled\"} ")
+                .map(|value| value.trim().parse::<f64>().expect("a number"))
+        })
+        .expect("the consumer's abandoned pull requests are counted");
+    assert!(abandoned >= 1.0, "{abandoned} pull requests abandoned");
+    shutdown.cancel();
+    consumer
+        .await
+        .expect("no panic escaped")
+        .expect("stopped cleanly");
+}
