@@ -3,7 +3,7 @@
 //! budget is spent), execution deadlines (enforced even while a worker renews), wake-ups for
 //! retried tasks that became due, expired upload sessions (and what ended ones left on the
 //! bus: chunks, objects), retention, the slots of recurring scan schedules
-//! (`store::schedules`: each fired once, through the admission script), and the outbox relay
+//! (`store::fire`: each fired once, through the admission script), and the outbox relay
 //! (rows whose claim lapsed are re-published). Each sweep is a bounded `run_once` that tests
 //! call directly; it logs only when it acted.
 //!
@@ -271,10 +271,10 @@ impl Service {
         })
     }
 
-    /// Fires the schedules due now by this replica's clock (`store::schedules`), in one
+    /// Fires the schedules due now by this replica's clock (`store::fire`), in one
     /// transaction; each slot's scan joins a trace of its own, rooted at the fire's span.
-    async fn fire_schedules(&self) -> Result<Vec<store::schedules::Fire>, StoreError> {
-        let trace_context = |schedule: &store::schedules::DueSchedule,
+    async fn fire_schedules(&self) -> Result<Vec<store::fire::Fire>, StoreError> {
+        let trace_context = |schedule: &store::fire::DueSchedule,
                              slot: chrono::DateTime<chrono::Utc>| {
             let span = tracing::info_span!(
                 parent: None,
@@ -285,7 +285,7 @@ impl Service {
             );
             bus::trace::traceparent_of(&span)
         };
-        let script = store::schedules::FireDue {
+        let script = store::fire::FireDue {
             subjects: self.bus.subjects(),
             now: self.clock.now(),
             limit: self.settings.batch,
@@ -472,7 +472,7 @@ pub struct SweepOutcome {
     pub uploads_removed: u64,
     pub pruned: Pruned,
     /// Schedule slots fired (or still queued behind their target's active scan).
-    pub schedules: Vec<store::schedules::Fire>,
+    pub schedules: Vec<store::fire::Fire>,
     /// `retry_wait` tasks due now (a wake-up was published for them).
     pub due_retries: i64,
 }

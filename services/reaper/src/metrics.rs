@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use store::schedules::Fire;
+use store::fire::Fire;
 use store::states::ScheduleFireOutcome;
 
 /// The `outcome` label of a slot still waiting behind its target's active scan.

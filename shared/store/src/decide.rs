@@ -3,13 +3,14 @@
 //! statements under `sql/`.
 //!
 //! Who owns the transaction: the consumers' hot paths (`admit`, `ingest`, and
-//! `schedules::FireDue`) implement [`Script`] and run through [`decide_batch`], which opens one
+//! `fire::FireDue`) implement [`Script`] and run through [`decide_batch`], which opens one
 //! transaction per fetched batch. `lease`, `cancel`, `recover` and `revoke` take the pool and
 //! open and commit their own, one per call (a call may carry a batch). `progress` is the one
 //! place a scan advances: a step inside the caller's transaction.
 
 pub mod admit;
 pub mod cancel;
+pub mod fire;
 pub mod ingest;
 pub mod lease;
 pub mod progress;

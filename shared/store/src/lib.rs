@@ -2,8 +2,8 @@
 //! each under `sql/<table>/`; `base/sql.rs` says how they become constants).
 //!
 //! Services never write SQL; they call this crate, which decides what is true. Its three parts:
-//! - the decisions (folder `decide/`: admit, lease, ingest, advance, cancel, recover, revoke),
-//!   with [`Script`] and [`decide_batch`], the one way a consumer decides a fetched batch;
+//! - the decisions (folder `decide/`: admit, lease, ingest, advance, cancel, recover, revoke,
+//!   fire), with [`Script`] and [`decide_batch`], the one way a consumer decides a fetched batch;
 //! - the repositories ([`admin`], [`findings`], [`schedules`], …; folder `entities/`);
 //! - the base (folder `base/`): errors, connecting and migrating, statements, states, the
 //!   lease fence, the outbox, the retry policy.
@@ -38,7 +38,7 @@ pub use base::sql::{STATEMENTS, Statement};
 pub(crate) use base::{fence, sql};
 pub use base::{online_indexes, outbox, retry, schema, states, upkeep};
 pub use decide::{
-    Script, admit, cancel, decide_batch, ingest, lease, progress, recover, revoke, savepoint,
+    Script, admit, cancel, decide_batch, fire, ingest, lease, progress, recover, revoke, savepoint,
 };
 pub use entities::{
     admin, artifacts, audit, bus_identities, coverage, cves, dead_letters, enrichment, enrollment,

@@ -1,5 +1,5 @@
 //! The decision scripts (`store::Script`: `admit::Admit`, `ingest::Ingest`,
-//! `schedules::FireDue`) against PostgreSQL, in the store's own tests: for each, its two forms
+//! `fire::FireDue`) against PostgreSQL, in the store's own tests: for each, its two forms
 //! decide the same batch alike (outcomes, rows and events), `store::decide_batch` commits what
 //! the set-wise form decided, and where a message can be one the schema refuses, the fallback
 //! refuses it alone while its neighbours go through. Each test has a database of its own

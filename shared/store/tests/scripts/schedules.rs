@@ -1,4 +1,4 @@
-//! `schedules::FireDue`: due schedules of every outcome fired alike set-wise, one by one and by
+//! `fire::FireDue`: due schedules of every outcome fired alike set-wise, one by one and by
 //! `decide_batch`.
 //!
 //! It has no case of a message the schema refuses: its one-by-one form decides each slot's
@@ -6,7 +6,8 @@
 //! schedule row is validated when it is created, not when it fires).
 
 use chrono::{DateTime, TimeDelta, Utc};
-use store::schedules::{self, Created, Fire, FireDue, NewSchedule};
+use store::fire::{Fire, FireDue};
+use store::schedules::{self, Created, NewSchedule};
 use store::states::{ScheduleFireOutcome, ScheduleOverlap};
 use uuid::Uuid;
 
