@@ -47,39 +47,48 @@ pub(crate) async fn start(
     Ok((servers, waker))
 }
 
+/// Serves `subject` in ingestion's queue group with `handler`. Not stopped by the shutdown:
+/// a server ends when the consumer has (the select in `serve_until_stopped` drops it), so a
+/// decision in flight at shutdown is finished, not dropped.
+fn serve<F, Fut>(
+    bus: &Bus,
+    server: &'static str,
+    subject: String,
+    handler: F,
+) -> impl Future<Output = Result<(), bus::BusError>> + 'static
+where
+    F: Fn(bus::async_nats::Message) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Option<bytes::Bytes>> + Send + 'static,
+{
+    let bus = bus.clone();
+    async move {
+        bus::serve::serve(
+            &bus,
+            server,
+            subject,
+            QUEUE_GROUP,
+            handler,
+            CancellationToken::new(),
+        )
+        .await
+    }
+}
+
 /// A tenant's findings: listed, shown, dispositioned and gated for it.
 fn findings_server(
     bus: &Bus,
     pool: &PgPool,
 ) -> impl Future<Output = Result<(), bus::BusError>> + 'static {
-    let (bus, pool) = (bus.clone(), pool.clone());
-    let subjects = bus.subjects().clone();
-    async move {
-        bus::serve::serve(
-            &bus,
-            REQUEST_SERVER,
-            subjects.client_wildcard(messages::ClientVerb::Findings),
-            QUEUE_GROUP,
-            move |message| {
-                let (pool, subjects) = (pool.clone(), subjects.clone());
-                async move {
-                    let reply = findings::reply(
-                        &pool,
-                        &subjects,
-                        message.subject.as_str(),
-                        &message.payload,
-                    )
-                    .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // Not stopped by the shutdown: the server ends when the consumer has (the
-            // select in `serve_until_stopped` drops it), so a decision in flight at
-            // shutdown is finished, not dropped.
-            CancellationToken::new(),
-        )
-        .await
-    }
+    let (pool, subjects) = (pool.clone(), bus.subjects().clone());
+    let subject = subjects.client_wildcard(messages::ClientVerb::Findings);
+    serve(bus, REQUEST_SERVER, subject, move |message| {
+        let (pool, subjects) = (pool.clone(), subjects.clone());
+        async move {
+            let reply =
+                findings::reply(&pool, &subjects, message.subject.as_str(), &message.payload).await;
+            Some(reply.encode_to_vec().into())
+        }
+    })
 }
 
 /// A tenant's scans, listed for it.
@@ -87,28 +96,16 @@ fn scans_server(
     bus: &Bus,
     pool: &PgPool,
 ) -> impl Future<Output = Result<(), bus::BusError>> + 'static {
-    let (bus, pool) = (bus.clone(), pool.clone());
-    let subjects = bus.subjects().clone();
-    async move {
-        bus::serve::serve(
-            &bus,
-            scans::REQUEST_SERVER,
-            subjects.client_wildcard(messages::ClientVerb::Scans),
-            QUEUE_GROUP,
-            move |message| {
-                let (pool, subjects) = (pool.clone(), subjects.clone());
-                async move {
-                    let reply =
-                        scans::reply(&pool, &subjects, message.subject.as_str(), &message.payload)
-                            .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        )
-        .await
-    }
+    let (pool, subjects) = (pool.clone(), bus.subjects().clone());
+    let subject = subjects.client_wildcard(messages::ClientVerb::Scans);
+    serve(bus, scans::REQUEST_SERVER, subject, move |message| {
+        let (pool, subjects) = (pool.clone(), subjects.clone());
+        async move {
+            let reply =
+                scans::reply(&pool, &subjects, message.subject.as_str(), &message.payload).await;
+            Some(reply.encode_to_vec().into())
+        }
+    })
 }
 
 /// A tenant's events: read from the events stream after the client's cursor; a waiting
@@ -133,27 +130,16 @@ async fn events_server(
         subjects.clone(),
         waiters.clone(),
     )));
-    let (bus, events_bus) = (bus.clone(), bus.clone());
-    let server = async move {
-        bus::serve::serve(
-            &bus,
-            events::REQUEST_SERVER,
-            subjects.client_wildcard(messages::ClientVerb::Events),
-            QUEUE_GROUP,
-            move |message| {
-                let (bus, waiters) = (events_bus.clone(), waiters.clone());
-                async move {
-                    let reply =
-                        events::reply(&bus, &waiters, message.subject.as_str(), &message.payload)
-                            .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        )
-        .await
-    };
+    let events_bus = bus.clone();
+    let subject = subjects.client_wildcard(messages::ClientVerb::Events);
+    let server = serve(bus, events::REQUEST_SERVER, subject, move |message| {
+        let (bus, waiters) = (events_bus.clone(), waiters.clone());
+        async move {
+            let reply =
+                events::reply(&bus, &waiters, message.subject.as_str(), &message.payload).await;
+            Some(reply.encode_to_vec().into())
+        }
+    });
     Ok((server, waker))
 }
 
@@ -164,27 +150,16 @@ fn upload_server(
     pool: &PgPool,
     limits: ArtifactLimits,
 ) -> impl Future<Output = Result<(), bus::BusError>> + 'static {
-    let bus = bus.clone();
     let uploads = Arc::new(uploads::Uploads {
         pool: pool.clone(),
         bus: bus.clone(),
         limits,
     });
-    async move {
-        bus::serve::serve(
-            &bus,
-            uploads::REQUEST_SERVER,
-            bus.subjects().upload_wildcard(),
-            QUEUE_GROUP,
-            move |message| {
-                let uploads = uploads.clone();
-                async move { Some(uploads.reply(&message).await) }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        )
-        .await
-    }
+    let subject = bus.subjects().upload_wildcard();
+    serve(bus, uploads::REQUEST_SERVER, subject, move |message| {
+        let uploads = uploads.clone();
+        async move { Some(uploads.reply(&message).await) }
+    })
 }
 
 /// Workers' upload sessions, prepared and committed into the artifact store (opened
@@ -202,27 +177,21 @@ async fn artifact_server(
             .context("failed to open the artifact store")?,
         limits: settings.artifact_limits,
     });
-    let bus = bus.clone();
-    Ok(async move {
-        bus::serve::serve(
-            &bus,
-            artifacts::REQUEST_SERVER,
-            bus.subjects().worker_wildcard(WorkerVerb::Artifact),
-            QUEUE_GROUP,
-            move |message| {
-                let artifacts = artifacts.clone();
-                async move {
-                    let reply = artifacts
-                        .reply(message.subject.as_str(), &message.payload)
-                        .await;
-                    Some(reply.encode_to_vec().into())
-                }
-            },
-            // As the findings server: ends when the consumer has.
-            CancellationToken::new(),
-        )
-        .await
-    })
+    let subject = bus.subjects().worker_wildcard(WorkerVerb::Artifact);
+    Ok(serve(
+        bus,
+        artifacts::REQUEST_SERVER,
+        subject,
+        move |message| {
+            let artifacts = artifacts.clone();
+            async move {
+                let reply = artifacts
+                    .reply(message.subject.as_str(), &message.payload)
+                    .await;
+                Some(reply.encode_to_vec().into())
+            }
+        },
+    ))
 }
 
 /// Wakes the `events` reads waiting for an organization whenever one of its events is
