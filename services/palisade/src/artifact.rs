@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::Output;
+use crate::cli_support::{Json, Output, print, table};
 
 /// `palisade artifact …`.
 #[derive(Debug, clap::Subcommand)]
@@ -33,25 +33,24 @@ pub async fn run(common: &CommonSettings, command: ArtifactCommand) -> anyhow::R
     match command {
         ArtifactCommand::List { scan, output } => {
             let artifacts = crate::commands::list_artifacts(&pool, scan).await?;
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&artifacts)?),
-                Output::Text => {
-                    println!(
+            print(output, Json::Pretty, &artifacts, |artifacts| {
+                table(
+                    &format!(
                         "{:<36} {:>10} {:<64} {:<30} name",
                         "id", "bytes", "sha256", "content type"
-                    );
-                    for artifact in &artifacts {
-                        println!(
+                    ),
+                    artifacts.iter().map(|artifact| {
+                        format!(
                             "{:<36} {:>10} {:<64} {:<30} {}",
                             artifact.id,
                             artifact.size_bytes.unwrap_or_default(),
                             artifact.sha256,
                             artifact.content_type,
                             artifact.original_name
-                        );
-                    }
-                }
-            }
+                        )
+                    }),
+                )
+            })?;
         }
         ArtifactCommand::Get { id, out } => {
             let bus = crate::commands::operator_bus(common).await?;

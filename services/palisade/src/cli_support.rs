@@ -1,13 +1,25 @@
 //! What several `palisade` command groups share on the command line: how a command prints its
-//! answer (`--output`, and a page of a list as text or JSON), who makes a change and why
+//! answer (`--output`: [`print`], the one place every answer is printed, a page of a list, a
+//! table, a record's fields), who makes a change and why
 //! (`--reason`, `--by`), and the severity parser (`scan gate --threshold`, `finding list
 //! --severity`).
 
-/// How a command prints its answer.
+/// How a command prints its answer (`--output`): text for a person, the default; JSON for a
+/// script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
     Text,
     Json,
+}
+
+/// How an answer is laid out as JSON: each command keeps the layout it has always printed, since
+/// scripts parse it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Json {
+    /// Indented, over several lines: the reads and most changes.
+    Pretty,
+    /// One line: `scan submit`, `scan enrich`, `cve import`, `org set`, `finding set` / `delete`.
+    Line,
 }
 
 /// Which page of a list in id order to print, and how (`worker list`, `org list`).
@@ -22,10 +34,30 @@ pub struct PageArgs {
     pub output: Output,
 }
 
+/// Prints a command's answer on standard output, the one place every command does: as JSON,
+/// `answer` laid out as `json` says (a `serde_json::Value` with its keys in alphabetical order, a
+/// struct in its fields' order: whichever the command has always printed); as text, what `text`
+/// makes of it (a table for a list, a [`field`] a line for a record, a sentence for a change).
+pub fn print<T: serde::Serialize + ?Sized>(
+    output: Output,
+    json: Json,
+    answer: &T,
+    text: impl FnOnce(&T) -> String,
+) -> anyhow::Result<()> {
+    let printed = match (output, json) {
+        (Output::Json, Json::Pretty) => serde_json::to_string_pretty(answer)?,
+        (Output::Json, Json::Line) => serde_json::to_string(answer)?,
+        (Output::Text, _) => text(answer),
+    };
+    println!("{printed}");
+    Ok(())
+}
+
 /// A page of a list read in id order (`worker list`, `schedule list`, …): as JSON, its rows
 /// (through a `serde_json::Value`, so each row's keys in alphabetical order, as `dead-letter
-/// list` and `schedule list` have always printed them); as text, `header`, a `line` per row and, when the page is full, how to ask for the next
-/// (`more: --after <the last row's id>`, as `finding list` says).
+/// list` and `schedule list` have always printed them); as text, a [`table`] and, when the page
+/// is full, how to ask for the next (`more: --after <the last row's id>`, as `finding list`
+/// says).
 pub fn print_page<T: serde::Serialize>(
     output: Output,
     rows: &[T],
@@ -34,22 +66,29 @@ pub fn print_page<T: serde::Serialize>(
     line: impl Fn(&T) -> String,
     id: impl Fn(&T) -> String,
 ) -> anyhow::Result<()> {
-    match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::to_value(rows)?)?
-        ),
-        Output::Text => {
-            println!("{header}");
-            for row in rows {
-                println!("{}", line(row));
-            }
-            if let Some(last) = rows.last().filter(|_| rows.len() as i64 >= limit) {
-                println!("more: --after {}", id(last));
-            }
+    print(output, Json::Pretty, &serde_json::to_value(rows)?, |_| {
+        let mut text = table(header, rows.iter().map(line));
+        if let Some(last) = rows.last().filter(|_| rows.len() as i64 >= limit) {
+            text.push_str(&format!("\nmore: --after {}", id(last)));
         }
+        text
+    })
+}
+
+/// A table as text: its header line, then a line per row.
+pub fn table(header: &str, rows: impl IntoIterator<Item = String>) -> String {
+    let mut text = header.to_owned();
+    for row in rows {
+        text.push('\n');
+        text.push_str(&row);
     }
-    Ok(())
+    text
+}
+
+/// One field of a record as text: its name in a column of 11, then its value
+/// (`state       running`).
+pub fn field(name: &str, value: impl std::fmt::Display) -> String {
+    format!("{name:<11} {value}")
 }
 
 /// An instant as text output prints it, to the second: `2026-12-07T07:05:00Z`.

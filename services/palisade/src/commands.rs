@@ -1,5 +1,5 @@
-//! What the `palisade` subcommands that answer in JSON do, apart from printing: the system
-//! tests run them as the command does.
+//! What some `palisade` subcommands do, apart from printing (`cli_support::print` does that):
+//! the system tests run them as the command does.
 
 use std::path::Path;
 

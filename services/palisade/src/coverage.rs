@@ -1,4 +1,4 @@
-//! How the commands print a scan's coverage (docs/protocol/reference.md section 13): one
+//! How the commands show a scan's coverage as text (docs/protocol/reference.md section 13): one
 //! summary line, then the entries that are not a pass.
 
 use store::coverage::{Coverage, CoverageStatus, CoverageSummary};
@@ -29,10 +29,13 @@ pub fn summary_line(summary: &CoverageSummary) -> String {
     )
 }
 
-/// The summary line, then every entry that is not a pass (worst first, at most
-/// [`ENTRIES_SHOWN_MAX`]).
-pub fn print(coverage: &Coverage) {
-    println!("coverage    {}", summary_line(&coverage.summary));
+/// The summary line (after `coverage`, as a [`crate::cli_support::field`]), then every entry
+/// that is not a pass (worst first, at most [`ENTRIES_SHOWN_MAX`]).
+pub fn text(coverage: &Coverage) -> String {
+    let mut lines = vec![crate::cli_support::field(
+        "coverage",
+        summary_line(&coverage.summary),
+    )];
     let mut shown: Vec<_> = coverage
         .entries
         .iter()
@@ -51,18 +54,19 @@ pub fn print(coverage: &Coverage) {
             format!(" ({})", entry.reason_code)
         };
         let required = if entry.required { "" } else { ", not required" };
-        println!(
+        lines.push(format!(
             "  [{:<14}] {:<14} {:<32} {}{reason}{required}",
             entry.status.as_str(),
             entry.plugin,
             rule,
             entry.resource
-        );
+        ));
     }
     if shown.len() > ENTRIES_SHOWN_MAX {
-        println!(
+        lines.push(format!(
             "  … {} more (`--output json` lists every entry)",
             shown.len() - ENTRIES_SHOWN_MAX
-        );
+        ));
     }
+    lines.join("\n")
 }

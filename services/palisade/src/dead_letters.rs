@@ -17,7 +17,7 @@ use store::dead_letters::{self, DeadLetterRow, ListFilter};
 use store::states::DeadLetterResolution;
 use uuid::Uuid;
 
-use crate::cli_support::{ChangeArgs, Output, instant};
+use crate::cli_support::{ChangeArgs, Json, Output, field, instant};
 use crate::exit;
 
 /// `palisade dead-letter …`; each answers as text, or as JSON with `--output json`.
@@ -106,11 +106,7 @@ pub async fn run(
             )
         }
     };
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
-        Output::Text => println!("{text}"),
-    }
-    Ok(())
+    crate::cli_support::print(output, Json::Pretty, &answer, |_| text)
 }
 
 /// `palisade dead-letter list` as text or JSON.
@@ -156,17 +152,20 @@ fn shown_text(letter: &DeadLetterRow, payload: &[u8]) -> String {
         None => format!("{} bytes, hex {}", payload.len(), hex::encode(payload)),
     };
     [
-        format!("dead letter {}", letter.id),
-        format!("consumer    {}", letter.consumer),
-        format!("subject     {}", letter.subject),
-        format!(
-            "delivered   {} times (stream sequence {})",
-            letter.delivered, letter.stream_sequence
+        field("dead letter", letter.id),
+        field("consumer", &letter.consumer),
+        field("subject", &letter.subject),
+        field(
+            "delivered",
+            format!(
+                "{} times (stream sequence {})",
+                letter.delivered, letter.stream_sequence
+            ),
         ),
-        format!("died        {}", instant(&letter.created_at)),
-        format!("reason      {}", letter.reason),
-        format!("resolution  {resolution}"),
-        format!("payload     {payload_text}"),
+        field("died", instant(&letter.created_at)),
+        field("reason", &letter.reason),
+        field("resolution", resolution),
+        field("payload", payload_text),
     ]
     .join("\n")
 }

@@ -3,7 +3,7 @@
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::{Output, parse_severity};
+use crate::cli_support::{Json, Output, parse_severity, print};
 
 /// `palisade finding …`.
 #[derive(Debug, clap::Subcommand)]
@@ -114,13 +114,19 @@ pub async fn run(common: &CommonSettings, command: FindingCommand) -> anyhow::Re
         FindingCommand::Set { status, change } => {
             let answer =
                 crate::commands::set_finding_status(&pool, &change.change(), status).await?;
-            let text = format!("finding {} is {status}", change.finding_id);
-            print_answer(change.output, &answer, &text);
+            print_change(
+                change.output,
+                &answer,
+                &format!("finding {} is {status}", change.finding_id),
+            )?;
         }
         FindingCommand::Delete { change } => {
             let answer = crate::commands::delete_finding(&pool, &change.change()).await?;
-            let text = format!("finding {} deleted", change.finding_id);
-            print_answer(change.output, &answer, &text);
+            print_change(
+                change.output,
+                &answer,
+                &format!("finding {} deleted", change.finding_id),
+            )?;
         }
     }
     Ok(())
@@ -136,80 +142,88 @@ async fn list(
     output: Output,
 ) -> anyhow::Result<()> {
     let page = crate::commands::list_findings(pool, scan, filter, after, limit).await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&page)?),
-        Output::Text => {
-            println!(
-                "scan {scan} ({}), collection revision {}",
-                page.scan_state, page.collection_revision
-            );
-            for finding in &page.findings {
-                println!(
-                    "{}  r{}  {:<14} {:<8} {}  {}",
-                    finding.id,
-                    finding.revision,
-                    finding.status,
-                    finding.severity,
-                    finding.title,
-                    finding.resource
-                );
-            }
-            if let Some(next) = &page.next_after {
-                println!("more: --after {next}");
-            }
+    print(output, Json::Pretty, &page, |page| {
+        let mut lines = vec![format!(
+            "scan {scan} ({}), collection revision {}",
+            page.scan_state, page.collection_revision
+        )];
+        for finding in &page.findings {
+            lines.push(format!(
+                "{}  r{}  {:<14} {:<8} {}  {}",
+                finding.id,
+                finding.revision,
+                finding.status,
+                finding.severity,
+                finding.title,
+                finding.resource
+            ));
         }
-    }
-    Ok(())
+        lines.extend(
+            page.next_after
+                .as_ref()
+                .map(|next| format!("more: --after {next}")),
+        );
+        lines.join("\n")
+    })
 }
 
 /// `palisade finding show`.
 async fn show(pool: &store::PgPool, finding_id: Uuid, output: Output) -> anyhow::Result<()> {
     let detail = crate::commands::show_finding(pool, finding_id).await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&detail)?),
-        Output::Text => {
-            let finding = &detail.finding;
-            println!(
-                "{} [{}] {}\n  {} at revision {} (collection revision {}){}\n  {} {} {}",
-                finding.id,
-                finding.severity,
-                finding.title,
-                finding.status,
-                finding.revision,
-                detail.collection_revision,
-                if finding.status_reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", finding.status_reason)
-                },
-                finding.plugin,
-                finding.rule_id,
-                finding.resource
-            );
-            for entry in &detail.history {
-                println!(
-                    "  {} r{} {} -> {} by {} at {}: {}",
-                    entry.action,
-                    entry.revision,
-                    entry.from_status,
-                    entry.to_status,
-                    entry.actor,
-                    entry.changed_at,
-                    entry.reason
-                );
-            }
-            println!(
-                "  occurrences in this target's scans: {}",
-                detail.occurrences.len()
-            );
-        }
-    }
-    Ok(())
+    print(output, Json::Pretty, &detail, show_text)
 }
 
-fn print_answer(output: Output, answer: &serde_json::Value, text: &str) {
-    match output {
-        Output::Json => println!("{answer}"),
-        Output::Text => println!("{text}: {answer}"),
+/// `palisade finding show` as text: the finding, its history, how often its target's scans
+/// found it.
+fn show_text(detail: &store::findings::Detail) -> String {
+    let finding = &detail.finding;
+    let mut lines = vec![format!(
+        "{} [{}] {}\n  {} at revision {} (collection revision {}){}\n  {} {} {}",
+        finding.id,
+        finding.severity,
+        finding.title,
+        finding.status,
+        finding.revision,
+        detail.collection_revision,
+        if finding.status_reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", finding.status_reason)
+        },
+        finding.plugin,
+        finding.rule_id,
+        finding.resource
+    )];
+    for entry in &detail.history {
+        lines.push(format!(
+            "  {} r{} {} -> {} by {} at {}: {}",
+            entry.action,
+            entry.revision,
+            entry.from_status,
+            entry.to_status,
+            entry.actor,
+            entry.changed_at,
+            entry.reason
+        ));
     }
+    lines.push(format!(
+        "  occurrences in this target's scans: {}",
+        detail.occurrences.len()
+    ));
+    lines.join("\n")
+}
+
+/// `finding set` / `delete`: as JSON, the outcome on one line, as they have always printed it;
+/// as text, what happened and the revisions to decide on next.
+fn print_change(output: Output, answer: &serde_json::Value, done: &str) -> anyhow::Result<()> {
+    print(output, Json::Line, answer, |answer| {
+        let revision = match &answer["revision"] {
+            serde_json::Value::Null => String::new(),
+            revision => format!("revision {revision}, "),
+        };
+        format!(
+            "{done}: {revision}collection revision {}",
+            answer["collection_revision"]
+        )
+    })
 }

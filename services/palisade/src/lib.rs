@@ -2,9 +2,10 @@
 //! arguments and its `run` (`main.rs` only parses and dispatches): `scan`, `finding`, `worker`,
 //! `org`, `client`, `nats` (also the credentials and account pushes `worker` and `client` use),
 //! `artifact`, `cve`, `task`, `queue`, `health`, `schedules`, `dead_letters`, `migrate`, with
-//! the arguments they share in `cli_support` and the exit statuses of every command in `exit`.
+//! the arguments they share and the one way every answer is printed (text, or JSON with
+//! `--output json`) in `cli_support`, and the exit statuses of every command in `exit`.
 //! Besides: the NATS accounts of workers and clients (`accounts`), the health probe (`probe`),
-//! the subcommands that answer in JSON (`commands`), `scan show` and `scan submit --wait`
+//! what some subcommands do apart from printing (`commands`), `scan show` and `scan submit --wait`
 //! (`scans`), and `worker show` and `org show` (`tenants`). The in-process system, the demo
 //! and the benchmark are the `lab` crate's (`system` is re-exported for the system tests).
 

@@ -7,7 +7,7 @@ use lab::bench::BenchArgs;
 use lab::demo::DemoArgs;
 use lab::system::{self, System, SystemSettings};
 use palisade::artifact::ArtifactCommand;
-use palisade::cli_support::Output;
+use palisade::cli_support::{Json, Output};
 use palisade::client::ClientCommand;
 use palisade::cve::CveCommand;
 use palisade::finding::FindingCommand;
@@ -198,10 +198,7 @@ async fn migrate(common: &CommonSettings, check: bool, output: Output) -> anyhow
         answer.streams = Some(migrate::provision_streams(common).await?);
         answer
     };
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
-        Output::Text => println!("{}", answer.text()),
-    }
+    palisade::cli_support::print(output, Json::Pretty, &answer, migrate::Answer::text)?;
     answer.status()
 }
 

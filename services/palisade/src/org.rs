@@ -3,7 +3,7 @@
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::{Output, PageArgs, Why};
+use crate::cli_support::{Json, Output, PageArgs, Why, print};
 
 /// `palisade org …`.
 #[derive(Debug, clap::Subcommand)]
@@ -20,7 +20,7 @@ pub enum OrgCommand {
     },
     /// Change a live organization's limits; admission applies the quota from its next decision,
     /// dispatch the cap on tasks in flight from its next grant.
-    /// Prints the organization's limits before and after, as JSON.
+    /// Prints the limits it changed, before and after (with `--output json`, on one line).
     Set {
         id: Uuid,
         /// Scans admitted per rolling hour (0 admits none).
@@ -38,14 +38,18 @@ pub enum OrgCommand {
         no_max_running_tasks: bool,
         #[command(flatten)]
         why: Why,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// An organization: its limits, workers, clients and schedules, and the latest changes of
-    /// its access and limits (who and why), as JSON.
+    /// its access and limits (who and why).
     Show {
         id: Uuid,
         /// How many changes to show, newest first.
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
         changes: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Organizations in id order, a page at a time: their limits and how many workers serve
     /// them, clients act for them and schedules they have.
@@ -73,17 +77,25 @@ pub async fn run(common: &CommonSettings, command: OrgCommand) -> anyhow::Result
             max_running_tasks,
             no_max_running_tasks,
             why,
+            output,
         } => {
             let quota = (hourly_quota.is_some() || no_hourly_quota).then_some(hourly_quota);
             let cap =
                 (max_running_tasks.is_some() || no_max_running_tasks).then_some(max_running_tasks);
-            set(common, id, quota, cap, why).await
+            let answer = set(common, id, quota, cap, why).await?;
+            print(output, Json::Line, &answer, set_text)
         }
-        OrgCommand::Show { id, changes } => {
+        OrgCommand::Show {
+            id,
+            changes,
+            output,
+        } => {
             let pool = store::connect(&common.database).await?;
             let shown = crate::tenants::organization(&pool, id, changes).await?;
-            println!("{}", serde_json::to_string_pretty(&shown)?);
-            Ok(())
+            // Through a `serde_json::Value`: its keys in alphabetical order, as it always printed.
+            print(output, Json::Pretty, &serde_json::to_value(&shown)?, |_| {
+                crate::tenants::organization_text(&shown)
+            })
         }
         OrgCommand::List(page) => {
             let pool = store::connect(&common.database).await?;
@@ -125,14 +137,16 @@ fn print_list(
     )
 }
 
-/// `palisade org set`: `None` leaves a limit as it is, `Some(None)` removes it.
+/// `palisade org set`: `None` leaves a limit as it is, `Some(None)` removes it. The answer:
+/// `{id, hourly_quota: {before, after}, max_running_tasks: {before, after}}`, each limit only
+/// when it was set.
 async fn set(
     common: &CommonSettings,
     id: Uuid,
     quota: Option<Option<i32>>,
     cap: Option<Option<i32>>,
     why: Why,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<serde_json::Value> {
     let by = crate::commands::actor(why.by);
     let change = store::audit::Change::new(&by, why.reason.trim());
     if quota.is_none() && cap.is_none() {
@@ -155,6 +169,33 @@ async fn set(
             .map_err(missing)?;
         answer["max_running_tasks"] = serde_json::json!({"before": previous, "after": cap});
     }
-    println!("{answer}");
-    Ok(())
+    Ok(answer)
+}
+
+/// `palisade org set` as text: `organization <id>: hourly quota 7 -> none, max running tasks
+/// none -> 3`.
+fn set_text(answer: &serde_json::Value) -> String {
+    let limit = |value: &serde_json::Value| match value {
+        serde_json::Value::Null => "none".to_owned(),
+        value => value.to_string(),
+    };
+    let changed: Vec<String> = [
+        ("hourly quota", "hourly_quota"),
+        ("max running tasks", "max_running_tasks"),
+    ]
+    .into_iter()
+    .filter(|(_, key)| answer.get(key).is_some())
+    .map(|(name, key)| {
+        format!(
+            "{name} {} -> {}",
+            limit(&answer[key]["before"]),
+            limit(&answer[key]["after"])
+        )
+    })
+    .collect();
+    format!(
+        "organization {}: {}",
+        answer["id"].as_str().unwrap_or_default(),
+        changed.join(", ")
+    )
 }

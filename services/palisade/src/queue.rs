@@ -2,22 +2,21 @@
 
 use runtime::CommonSettings;
 
-use crate::cli_support::Output;
+use crate::cli_support::{Json, Output, print, table};
 
 /// Runs `palisade queue`: how many unfinished tasks, how many due, how long the oldest due one
 /// has waited, by organization, plugin and state.
 pub async fn run(common: &CommonSettings, output: Output) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
     let backlog = store::observability::backlog(&pool).await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&backlog)?),
-        Output::Text => {
-            println!(
+    print(output, Json::Pretty, &backlog, |backlog| {
+        table(
+            &format!(
                 "{:<36} {:<16} {:<10} {:>8} {:>8} {:>16}",
                 "organization", "plugin", "state", "tasks", "due", "oldest due (s)"
-            );
-            for row in &backlog {
-                println!(
+            ),
+            backlog.iter().map(|row| {
+                format!(
                     "{:<36} {:<16} {:<10} {:>8} {:>8} {:>16.1}",
                     row.organization_id,
                     row.plugin,
@@ -25,9 +24,8 @@ pub async fn run(common: &CommonSettings, output: Output) -> anyhow::Result<()> 
                     row.tasks,
                     row.due,
                     row.oldest_due_age_seconds
-                );
-            }
-        }
-    }
-    Ok(())
+                )
+            }),
+        )
+    })
 }

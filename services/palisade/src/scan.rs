@@ -9,7 +9,7 @@ use runtime::CommonSettings;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::cli_support::{Output, parse_severity};
+use crate::cli_support::{Json, Output, field, parse_severity, print, table};
 use crate::{exit, scans};
 
 /// `palisade scan …`.
@@ -31,11 +31,18 @@ pub enum ScanCommand {
         scan_id: Uuid,
         #[arg(long, default_value = "cancelled from the command line")]
         reason: String,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
-    /// Ask for a completed scan's enrichment: prints {scan_id, job_id, status, outcome,
-    /// message} as JSON. A failed job is requeued with a fresh retry budget; a pending,
-    /// running or completed one is left as it is.
-    Enrich { scan_id: Uuid },
+    /// Ask for a completed scan's enrichment: a failed job is requeued with a fresh retry
+    /// budget; a pending, running or completed one is left as it is. Prints what was done;
+    /// with `--output json`, the answer a client gets on the wire, {scan_id, job_id, status,
+    /// outcome, message}, on one line.
+    Enrich {
+        scan_id: Uuid,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// The scan's finding summary and gate: its state, whether it is complete (every plugin
     /// completed with its evidence), and whether the gate passes (complete, and no open or
     /// needs_review finding at or above --threshold); exits 5 when it does not.
@@ -127,10 +134,15 @@ pub async fn run(common: &CommonSettings, command: ScanCommand) -> anyhow::Resul
         ScanCommand::Submit(args) => submit(common, args).await,
         ScanCommand::Show { scan_id, output } => show(common, scan_id, output).await,
         ScanCommand::List(args) => list(common, args).await,
-        ScanCommand::Cancel { scan_id, reason } => {
-            cancel(common, store::cancel::CancelTarget::Scan(scan_id), &reason).await
+        ScanCommand::Cancel {
+            scan_id,
+            reason,
+            output,
+        } => {
+            let target = store::cancel::CancelTarget::Scan(scan_id);
+            cancel(common, target, &reason, output).await
         }
-        ScanCommand::Enrich { scan_id } => enrich(common, scan_id).await,
+        ScanCommand::Enrich { scan_id, output } => enrich(common, scan_id, output).await,
         ScanCommand::Gate {
             scan_id,
             threshold,
@@ -189,8 +201,7 @@ async fn submit(common: &CommonSettings, args: SubmitArgs) -> anyhow::Result<()>
             ask_until_answered(&client, &request, &span, &key, timeout_secs).await?
         }
         ::client::Submitted::Queued { reason } => {
-            print_queued(&key, &reason, trace_id, output);
-            return Ok(());
+            return print_queued(&key, &reason, trace_id, output);
         }
     };
     if let Some(error) = reply.error {
@@ -202,8 +213,7 @@ async fn submit(common: &CommonSettings, args: SubmitArgs) -> anyhow::Result<()>
     if let Some(pool) = pool {
         return follow(&pool, &reply, timeout, output).await;
     }
-    print_submitted(&reply, trace_id, output);
-    Ok(())
+    print_submitted(&reply, trace_id, output)
 }
 
 /// `scan submit --wait` when admission did not answer: the same request again until it does,
@@ -231,19 +241,19 @@ async fn ask_until_answered(
 }
 
 /// `scan submit` without `--wait` when admission did not answer: the request is queued.
-fn print_queued(key: &str, reason: &str, trace_id: Option<String>, output: Output) {
+fn print_queued(
+    key: &str,
+    reason: &str,
+    trace_id: Option<String>,
+    output: Output,
+) -> anyhow::Result<()> {
     let message = format!(
         "queued {key}: admission did not answer ({reason}); the request is on the \
          durable stream and will be decided once admission can; run the same \
          command with `--key {key}` to see its scan (a replay answers with it)"
     );
-    match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({ "queued": true, "idempotency_key": key, "message": message, "trace_id": trace_id })
-        ),
-        Output::Text => println!("{message}"),
-    }
+    let answer = serde_json::json!({ "queued": true, "idempotency_key": key, "message": message, "trace_id": trace_id });
+    print(output, Json::Line, &answer, |_| message.clone())
 }
 
 /// `scan submit --wait` once admitted: follows the scan to its end and prints it.
@@ -258,38 +268,36 @@ async fn follow(
         .parse()
         .context("admission answered with a scan id that is not a UUID")?;
     let detail = scans::follow(pool, scan_id, timeout, |line| eprintln!("{line}")).await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&detail)?),
-        Output::Text => println!("{} {}", detail.scan.id, detail.scan.state),
-    }
+    print(output, Json::Pretty, &detail, |detail| {
+        format!("{} {}", detail.scan.id, detail.scan.state)
+    })?;
     scans::outcome(&detail)
 }
 
 /// `scan submit`'s answer without `--wait`.
-fn print_submitted(reply: &v1::ScanRequestReply, trace_id: Option<String>, output: Output) {
+fn print_submitted(
+    reply: &v1::ScanRequestReply,
+    trace_id: Option<String>,
+    output: Output,
+) -> anyhow::Result<()> {
     // A replay's scan is in the trace of the request that created it (`scan show`).
     let trace_id = trace_id.filter(|_| !reply.deduplicated);
-    match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "scan_id": reply.scan_id,
-                "state": reply.state,
-                "deduplicated": reply.deduplicated,
-                "trace_id": trace_id,
-            })
-        ),
-        Output::Text => {
-            let note = match &trace_id {
-                _ if reply.deduplicated => {
-                    " (replay: the original scan; `scan show` names its trace)".to_owned()
-                }
-                Some(trace_id) => format!(" trace {trace_id}"),
-                None => String::new(),
-            };
-            println!("{} {}{note}", reply.scan_id, reply.state);
-        }
-    }
+    let answer = serde_json::json!({
+        "scan_id": reply.scan_id,
+        "state": reply.state,
+        "deduplicated": reply.deduplicated,
+        "trace_id": trace_id,
+    });
+    print(output, Json::Line, &answer, |_| {
+        let note = match &trace_id {
+            _ if reply.deduplicated => {
+                " (replay: the original scan; `scan show` names its trace)".to_owned()
+            }
+            Some(trace_id) => format!(" trace {trace_id}"),
+            None => String::new(),
+        };
+        format!("{} {}{note}", reply.scan_id, reply.state)
+    })
 }
 
 /// `palisade scan list`.
@@ -335,15 +343,14 @@ async fn list(common: &CommonSettings, args: ListArgs) -> anyhow::Result<()> {
                 .unwrap_or_default()
         )));
     };
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&scans)?),
-        Output::Text => {
-            println!(
+    print(output, Json::Pretty, &scans, |scans| {
+        table(
+            &format!(
                 "{:<36} {:<10} {:>8} {:<25} {:<24} target",
                 "id", "state", "findings", "admitted", "plugins"
-            );
-            for scan in &scans {
-                println!(
+            ),
+            scans.iter().map(|scan| {
+                format!(
                     "{:<36} {:<10} {:>8} {:<25} {:<24} {}",
                     scan.id,
                     scan.state,
@@ -351,11 +358,10 @@ async fn list(common: &CommonSettings, args: ListArgs) -> anyhow::Result<()> {
                     scan.created_at.format("%Y-%m-%dT%H:%M:%SZ"),
                     scan.plugins.join(","),
                     scan.target
-                );
-            }
-        }
-    }
-    Ok(())
+                )
+            }),
+        )
+    })
 }
 
 /// `palisade scan gate`: exits 5 when the gate does not pass.
@@ -367,36 +373,7 @@ async fn gate(
 ) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
     let gate = crate::commands::scan_gate(&pool, scan_id, threshold).await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&gate)?),
-        Output::Text => {
-            println!(
-                "scan {scan_id}: {} ({}), {} of {} plugins complete; gate at {}: {} ({} blocking; counted {:?}, exempt {}, suppressed {})",
-                gate.scan_state,
-                if gate.complete {
-                    "complete"
-                } else {
-                    "incomplete"
-                },
-                gate.plugins_complete,
-                gate.plugins,
-                gate.threshold,
-                if gate.gate_passed {
-                    "passed"
-                } else {
-                    "not passed"
-                },
-                gate.blocking,
-                gate.gate_counted,
-                gate.gate_exempt,
-                gate.suppressed
-            );
-            println!(
-                "coverage: {}",
-                crate::coverage::summary_line(&gate.coverage)
-            );
-        }
-    }
+    print(output, Json::Pretty, &gate, |gate| gate_text(scan_id, gate))?;
     match gate.gate_refusal {
         None => Ok(()),
         Some(refusal) => Err(exit::failure(
@@ -404,6 +381,32 @@ async fn gate(
             format!("gate not passed: {refusal}"),
         )),
     }
+}
+
+/// `palisade scan gate` as text: the scan's state and gate, then its coverage.
+fn gate_text(scan_id: Uuid, gate: &store::findings::Summary) -> String {
+    format!(
+        "scan {scan_id}: {} ({}), {} of {} plugins complete; gate at {}: {} ({} blocking; counted {:?}, exempt {}, suppressed {})\ncoverage: {}",
+        gate.scan_state,
+        if gate.complete {
+            "complete"
+        } else {
+            "incomplete"
+        },
+        gate.plugins_complete,
+        gate.plugins,
+        gate.threshold,
+        if gate.gate_passed {
+            "passed"
+        } else {
+            "not passed"
+        },
+        gate.blocking,
+        gate.gate_counted,
+        gate.gate_exempt,
+        gate.suppressed,
+        crate::coverage::summary_line(&gate.coverage)
+    )
 }
 
 /// `palisade scan diff`: exits 3 when a scan is missing, 4 when the two cannot be compared.
@@ -438,11 +441,14 @@ async fn diff(
             ));
         }
     };
-    if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&diff)?);
-        return Ok(());
-    }
-    println!(
+    print(output, Json::Pretty, &diff, |diff| {
+        diff_text(base, scan, diff)
+    })
+}
+
+/// `palisade scan diff` as text: the target, then each class of findings.
+fn diff_text(base: Uuid, scan: Uuid, diff: &store::coverage::Diff) -> String {
+    let mut lines = vec![format!(
         "target {}: {base} -> {scan}{}",
         diff.target,
         if diff.scan_complete {
@@ -450,30 +456,32 @@ async fn diff(
         } else {
             " (not completed: nothing can be no longer seen)"
         }
-    );
+    )];
     for (class, findings) in [
         ("new", &diff.new),
         ("still present", &diff.still_present),
         ("no longer seen", &diff.no_longer_seen),
         ("unknown", &diff.unknown),
     ] {
-        println!("\n{} {class}", findings.len());
+        lines.push(format!("\n{} {class}", findings.len()));
         for finding in findings {
-            println!(
+            lines.push(format!(
                 "  [{:<8}] {:<14} {:<32} {} ({})",
                 finding.severity, finding.plugin, finding.rule_id, finding.resource, finding.status
-            );
+            ));
         }
     }
-    Ok(())
+    lines.join("\n")
 }
 
 /// Cancels in PostgreSQL, as dispatch's cancel does (the operator may cancel any
-/// organization's scan); the event goes out through a running service's outbox relay.
+/// organization's scan); the event goes out through a running service's outbox relay. Prints
+/// `scan <id>: <state> (<outcome>)`, or `{scan_id, state, outcome}` as JSON.
 pub async fn cancel(
     common: &CommonSettings,
     target: store::cancel::CancelTarget,
     reason: &str,
+    output: Output,
 ) -> anyhow::Result<()> {
     use store::cancel::CancelOutcome;
     let pool = store::connect(&common.database).await?;
@@ -486,7 +494,7 @@ pub async fn cancel(
     let outcome = store::cancel::cancel(&pool, &common.subjects, None, target, reason)
         .instrument(span.clone())
         .await?;
-    match outcome {
+    let (scan_id, state, outcome) = match outcome {
         CancelOutcome::Cancelled {
             scan_id,
             trace_context,
@@ -494,56 +502,74 @@ pub async fn cancel(
             span.in_scope(|| {
                 runtime::trace_cancel(scan_id, trace_context.as_deref(), "operator", reason)
             });
-            println!("scan {scan_id}: cancelled (cancelled)")
+            (scan_id, "cancelled".to_owned(), "cancelled")
         }
-        CancelOutcome::AlreadyTerminal { scan_id, state } => {
-            println!("scan {scan_id}: {state} (already_terminal)")
-        }
+        CancelOutcome::AlreadyTerminal { scan_id, state } => (scan_id, state, "already_terminal"),
         CancelOutcome::NotFound => return Err(exit::not_found("no such scan or task")),
-    }
-    Ok(())
+    };
+    let answer = serde_json::json!({ "scan_id": scan_id, "state": state, "outcome": outcome });
+    print(output, Json::Pretty, &answer, |_| {
+        format!("scan {scan_id}: {state} ({outcome})")
+    })
 }
 
 /// `palisade scan enrich`: the answer a client gets on the wire, for any organization's scan.
-async fn enrich(common: &CommonSettings, scan_id: Uuid) -> anyhow::Result<()> {
+async fn enrich(common: &CommonSettings, scan_id: Uuid, output: Output) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
-    println!("{}", crate::commands::enrich(&pool, scan_id).await?);
-    Ok(())
+    let answer = crate::commands::enrich(&pool, scan_id).await?;
+    print(output, Json::Line, &answer, |answer| {
+        let text = |key: &str| answer[key].as_str().unwrap_or_default().to_owned();
+        format!(
+            "scan {scan_id}: enrichment job {} {} ({}): {}",
+            text("job_id"),
+            text("outcome"),
+            text("status"),
+            text("message")
+        )
+    })
 }
 
 /// `palisade scan show`.
 async fn show(common: &CommonSettings, scan_id: Uuid, output: Output) -> anyhow::Result<()> {
     let pool = store::connect(&common.database).await?;
     let detail = scans::show(&pool, scan_id).await?;
-    if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&detail)?);
-        return Ok(());
-    }
+    print(output, Json::Pretty, &detail, show_text)
+}
+
+/// `palisade scan show` as text: the scan a field a line, its jobs, up to 50 findings, its
+/// coverage.
+fn show_text(detail: &scans::ScanDetail) -> String {
     let scan = &detail.scan;
-    println!("scan        {}", scan.id);
-    println!("state       {}", scan.state);
-    println!("target      {}", scan.target);
-    println!("profile     {}", scan.plugins.join(" -> "));
-    println!("client/key  {} / {}", scan.client_id, scan.idempotency_key);
-    println!("admitted    {}", scan.created_at);
-    if let Some(started) = scan.started_at {
-        println!("started     {started}");
-    }
-    if let Some(finished) = scan.finished_at {
-        println!("finished    {finished}");
-    }
+    let mut lines = vec![
+        field("scan", scan.id),
+        field("state", &scan.state),
+        field("target", &scan.target),
+        field("profile", scan.plugins.join(" -> ")),
+        field(
+            "client/key",
+            format!("{} / {}", scan.client_id, scan.idempotency_key),
+        ),
+        field("admitted", scan.created_at),
+    ];
+    lines.extend(scan.started_at.map(|started| field("started", started)));
+    lines.extend(scan.finished_at.map(|finished| field("finished", finished)));
     if !scan.failure_code.is_empty() {
-        println!("failure     {}: {}", scan.failure_code, scan.failure_reason);
+        lines.push(field(
+            "failure",
+            format!("{}: {}", scan.failure_code, scan.failure_reason),
+        ));
     }
-    if let Some(trace_id) = &scan.trace_id {
-        println!("trace       {trace_id}");
-    }
-    println!(
+    lines.extend(
+        scan.trace_id
+            .as_ref()
+            .map(|trace_id| field("trace", trace_id)),
+    );
+    lines.push(format!(
         "\n{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",
         "#", "plugin", "job", "task", "attempts", "findings", "assets"
-    );
+    ));
     for job in &detail.jobs {
-        println!(
+        lines.push(format!(
             "{:<4} {:<16} {:<10} {:<16} {:>8} {:>9} {:>7}",
             job.position,
             job.plugin,
@@ -552,23 +578,22 @@ async fn show(common: &CommonSettings, scan_id: Uuid, output: Output) -> anyhow:
             job.attempt_count.unwrap_or_default(),
             job.finding_count,
             job.asset_count
-        );
-        if let Some(task_id) = job.task_id {
-            println!("     task {task_id}");
-        }
+        ));
+        lines.extend(job.task_id.map(|task_id| format!("     task {task_id}")));
         if !job.error_code.is_empty() {
-            println!("     error {}: {}", job.error_code, job.error_message);
+            lines.push(format!(
+                "     error {}: {}",
+                job.error_code, job.error_message
+            ));
         }
     }
-    let findings = &detail.findings;
-    println!("\n{} findings", findings.len());
-    for finding in findings.iter().take(50) {
-        println!(
+    lines.push(format!("\n{} findings", detail.findings.len()));
+    for finding in detail.findings.iter().take(50) {
+        lines.push(format!(
             "  [{:<8}] {:<14} {:<32} {}",
             finding.severity, finding.plugin, finding.rule_id, finding.resource
-        );
+        ));
     }
-    println!();
-    crate::coverage::print(&detail.coverage);
-    Ok(())
+    lines.push(format!("\n{}", crate::coverage::text(&detail.coverage)));
+    lines.join("\n")
 }

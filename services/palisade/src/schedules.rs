@@ -12,7 +12,7 @@ use store::schedules::{self, Created, FireRow, ScheduleRow};
 use store::states::ScheduleOverlap;
 use uuid::Uuid;
 
-use crate::cli_support::{ChangeArgs, Output, instant};
+use crate::cli_support::{ChangeArgs, Json, Output, field, instant, print, table};
 use crate::exit;
 
 /// `palisade schedule …`.
@@ -155,58 +155,55 @@ pub async fn run(common: &runtime::CommonSettings, command: ScheduleCommand) -> 
             if !schedules::delete(&pool, id).await? {
                 return Err(not_found(id));
             }
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "deleted": schedule }))?
-                ),
-                Output::Text => println!(
-                    "schedule {id} ({}) deleted; the scans it submitted stay",
-                    schedule.name
-                ),
-            }
-            Ok(())
+            print(
+                output,
+                Json::Pretty,
+                &serde_json::json!({ "deleted": schedule }),
+                |_| {
+                    format!(
+                        "schedule {id} ({}) deleted; the scans it submitted stay",
+                        schedule.name
+                    )
+                },
+            )
         }
     }
 }
 
 /// A schedule as `add`, `pause` and `resume` answer.
 fn print_schedule(output: Output, schedule: &ScheduleRow) -> anyhow::Result<()> {
-    match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::to_value(schedule)?)?
-        ),
-        Output::Text => println!("{}", schedule_text(schedule)),
-    }
-    Ok(())
+    print(
+        output,
+        Json::Pretty,
+        &serde_json::to_value(schedule)?,
+        |_| schedule_text(schedule),
+    )
 }
 
 /// `palisade schedule show`: the schedule, then its latest fired slots, newest first.
 fn print_shown(output: Output, schedule: &ScheduleRow, fires: &[FireRow]) -> anyhow::Result<()> {
-    if output == Output::Json {
-        let mut shown = serde_json::to_value(schedule)?;
-        shown["fires"] = serde_json::to_value(fires)?;
-        println!("{}", serde_json::to_string_pretty(&shown)?);
-        return Ok(());
-    }
-    println!("{}", schedule_text(schedule));
-    println!(
-        "\n{:<20} {:<20} {:<18} {:<36} {:>6} detail",
-        "slot", "fired", "outcome", "scan", "missed"
-    );
-    for fire in fires {
-        println!(
-            "{:<20} {:<20} {:<18} {:<36} {:>6} {}",
-            instant(&fire.slot),
-            instant(&fire.fired_at),
-            fire.outcome,
-            fire.scan_id.map(|id| id.to_string()).unwrap_or_default(),
-            fire.missed_before,
-            fire.detail
+    let mut shown = serde_json::to_value(schedule)?;
+    shown["fires"] = serde_json::to_value(fires)?;
+    print(output, Json::Pretty, &shown, |_| {
+        let fired = table(
+            &format!(
+                "{:<20} {:<20} {:<18} {:<36} {:>6} detail",
+                "slot", "fired", "outcome", "scan", "missed"
+            ),
+            fires.iter().map(|fire| {
+                format!(
+                    "{:<20} {:<20} {:<18} {:<36} {:>6} {}",
+                    instant(&fire.slot),
+                    instant(&fire.fired_at),
+                    fire.outcome,
+                    fire.scan_id.map(|id| id.to_string()).unwrap_or_default(),
+                    fire.missed_before,
+                    fire.detail
+                )
+            }),
         );
-    }
-    Ok(())
+        format!("{}\n\n{fired}", schedule_text(schedule))
+    })
 }
 
 /// `palisade schedule list` as text or JSON.
@@ -251,28 +248,34 @@ fn schedule_text(schedule: &ScheduleRow) -> String {
         )
     };
     [
-        format!("schedule    {} ({})", schedule.id, schedule.name),
-        format!("org         {}", schedule.organization_id),
-        format!("state       {}", state(schedule)),
-        format!(
-            "when        {}, jitter {} s, overlap {}",
-            when(schedule),
-            schedule.jitter_seconds,
-            schedule.overlap
+        field("schedule", format!("{} ({})", schedule.id, schedule.name)),
+        field("org", schedule.organization_id),
+        field("state", state(schedule)),
+        field(
+            "when",
+            format!(
+                "{}, jitter {} s, overlap {}",
+                when(schedule),
+                schedule.jitter_seconds,
+                schedule.overlap
+            ),
         ),
-        format!("next slot   {}", instant(&schedule.next_slot)),
-        format!("target      {}", schedule.target),
-        format!("profile     {}", schedule.plugins.join(" -> ")),
-        format!(
-            "client      {}, priority {}",
-            schedule.client_id, schedule.priority
+        field("next slot", instant(&schedule.next_slot)),
+        field("target", &schedule.target),
+        field("profile", schedule.plugins.join(" -> ")),
+        field(
+            "client",
+            format!("{}, priority {}", schedule.client_id, schedule.priority),
         ),
-        format!(
-            "created     {} by {}",
-            instant(&schedule.created_at),
-            schedule.created_by
+        field(
+            "created",
+            format!(
+                "{} by {}",
+                instant(&schedule.created_at),
+                schedule.created_by
+            ),
         ),
-        format!("changed     {changed}"),
+        field("changed", changed),
     ]
     .join("\n")
 }

@@ -5,7 +5,7 @@
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::Output;
+use crate::cli_support::{Json, Output, field, print};
 use crate::exit;
 
 #[derive(Debug, clap::Subcommand)]
@@ -42,14 +42,13 @@ pub async fn run(common: &CommonSettings, command: TargetCommand) -> anyhow::Res
                 .unwrap_or_default()
         )));
     }
-    if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&targets)?);
-        return Ok(());
-    }
-    for target in &targets {
-        print_target(target);
-    }
-    Ok(())
+    print(output, Json::Pretty, &targets, |targets| {
+        targets
+            .iter()
+            .map(target_text)
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    })
 }
 
 fn at(unix_ms: i64) -> String {
@@ -58,43 +57,46 @@ fn at(unix_ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn print_target(target: &store::coverage::TargetHistory) {
-    println!("target      {} ({})", target.locator, target.id);
-    println!("org         {}", target.organization_id);
-    println!(
-        "\n{:<36} {:<10} {:<20} coverage",
-        "scan", "state", "admitted"
-    );
+/// One target as text: its locator and organization, its scans with their coverage, and its
+/// latest completed scan's findings with their occurrences.
+fn target_text(target: &store::coverage::TargetHistory) -> String {
+    let mut lines = vec![
+        field("target", format!("{} ({})", target.locator, target.id)),
+        field("org", target.organization_id),
+        format!(
+            "\n{:<36} {:<10} {:<20} coverage",
+            "scan", "state", "admitted"
+        ),
+    ];
     for scan in &target.scans {
-        println!(
+        lines.push(format!(
             "{:<36} {:<10} {:<20} {}",
             scan.id,
             scan.state,
             at(scan.created_at_unix_ms),
             crate::coverage::summary_line(&scan.coverage)
-        );
+        ));
     }
-    match target.latest_completed {
-        None => println!("\nno completed scan yet"),
-        Some(scan_id) => {
-            println!(
-                "\n{} findings in the latest completed scan {scan_id}",
-                target.findings.len()
-            );
-            for finding in &target.findings {
-                println!(
-                    "  [{:<8}] {:<14} {:<28} {:<40} {:<14} seen in {} scan(s), first {}, last {}",
-                    finding.severity,
-                    finding.plugin,
-                    finding.rule_id,
-                    finding.resource,
-                    finding.status,
-                    finding.scans,
-                    at(finding.first_seen_unix_ms),
-                    at(finding.last_seen_unix_ms)
-                );
-            }
-        }
+    let Some(scan_id) = target.latest_completed else {
+        lines.push("\nno completed scan yet".to_owned());
+        return lines.join("\n");
+    };
+    lines.push(format!(
+        "\n{} findings in the latest completed scan {scan_id}",
+        target.findings.len()
+    ));
+    for finding in &target.findings {
+        lines.push(format!(
+            "  [{:<8}] {:<14} {:<28} {:<40} {:<14} seen in {} scan(s), first {}, last {}",
+            finding.severity,
+            finding.plugin,
+            finding.rule_id,
+            finding.resource,
+            finding.status,
+            finding.scans,
+            at(finding.first_seen_unix_ms),
+            at(finding.last_seen_unix_ms)
+        ));
     }
-    println!();
+    lines.join("\n")
 }

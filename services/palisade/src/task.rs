@@ -11,14 +11,21 @@ pub enum TaskCommand {
         task_id: Uuid,
         #[arg(long, default_value = "cancelled from the command line")]
         reason: String,
+        #[arg(long, value_enum, default_value_t = crate::cli_support::Output::Text)]
+        output: crate::cli_support::Output,
     },
 }
 
 /// Runs one `palisade task` command.
 pub async fn run(common: &CommonSettings, command: TaskCommand) -> anyhow::Result<()> {
     match command {
-        TaskCommand::Cancel { task_id, reason } => {
-            crate::scan::cancel(common, store::cancel::CancelTarget::Task(task_id), &reason).await
+        TaskCommand::Cancel {
+            task_id,
+            reason,
+            output,
+        } => {
+            let target = store::cancel::CancelTarget::Task(task_id);
+            crate::scan::cancel(common, target, &reason, output).await
         }
     }
 }

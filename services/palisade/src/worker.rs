@@ -5,7 +5,9 @@
 use runtime::CommonSettings;
 use uuid::Uuid;
 
-use crate::cli_support::{PageArgs, Why, ids_or_dash, instant_or_dash};
+use crate::cli_support::{
+    Json, Output, PageArgs, Why, ids_or_dash, instant, instant_or_dash, print, table,
+};
 use crate::exit;
 use crate::nats::{
     CredentialsArgs, credentials_cutoff, issue_credentials, push_accounts, reissue_after_enable,
@@ -67,12 +69,14 @@ pub enum WorkerCommand {
     #[command(subcommand)]
     Token(TokenCommand),
     /// A worker: its registration, its organizations and the latest changes of its access
-    /// (who and why), as JSON.
+    /// (who and why).
     Show {
         worker: Uuid,
         /// How many changes to show, newest first.
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(0..=1000))]
         changes: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Workers in id order, a page at a time: enabled or revoked, capacity, live leases, last
     /// hello, capabilities and the organizations each serves.
@@ -110,14 +114,15 @@ pub enum TokenCommand {
         #[command(flatten)]
         why: Why,
     },
-    /// Enrollment tokens as JSON, newest first (never their secrets): by default those still
-    /// usable.
+    /// Enrollment tokens, newest first (never their secrets): by default those still usable.
     List {
         /// Used, revoked and expired ones too.
         #[arg(long)]
         all: bool,
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=10000))]
         limit: i64,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Revoke an enrollment token that was not used yet.
     Revoke {
@@ -171,11 +176,17 @@ pub async fn run(common: &CommonSettings, command: WorkerCommand) -> anyhow::Res
             why,
         } => enable(common, worker, &credentials, why).await,
         WorkerCommand::Token(command) => token(common, command).await,
-        WorkerCommand::Show { worker, changes } => {
+        WorkerCommand::Show {
+            worker,
+            changes,
+            output,
+        } => {
             let pool = store::connect(&common.database).await?;
             let shown = crate::tenants::worker(&pool, worker, changes).await?;
-            println!("{}", serde_json::to_string_pretty(&shown)?);
-            Ok(())
+            // Through a `serde_json::Value`: its keys in alphabetical order, as it always printed.
+            print(output, Json::Pretty, &serde_json::to_value(&shown)?, |_| {
+                crate::tenants::worker_text(&shown)
+            })
         }
         WorkerCommand::List(page) => {
             let pool = store::connect(&common.database).await?;
@@ -321,11 +332,10 @@ async fn token(common: &CommonSettings, command: TokenCommand) -> anyhow::Result
             };
             create_tokens(common, &request, worker, count, why).await
         }
-        TokenCommand::List { all, limit } => {
+        TokenCommand::List { all, limit, output } => {
             let pool = store::connect(&common.database).await?;
             let tokens = store::enrollment::list_tokens(&pool, all, limit).await?;
-            println!("{}", serde_json::to_string_pretty(&tokens)?);
-            Ok(())
+            print(output, Json::Pretty, &tokens, |tokens| tokens_text(tokens))
         }
         TokenCommand::Revoke { token, why } => {
             let pool = store::connect(&common.database).await?;
@@ -340,6 +350,39 @@ async fn token(common: &CommonSettings, command: TokenCommand) -> anyhow::Result
             Ok(())
         }
     }
+}
+
+/// `palisade worker token list` as text: a table, a token a line.
+fn tokens_text(tokens: &[store::enrollment::TokenView]) -> String {
+    let now = chrono::Utc::now();
+    table(
+        &format!(
+            "{:<36} {:<36} {:<20} {:<8} {:<20} {:<16} {:<28} organizations",
+            "id", "worker", "name", "state", "expires", "issued by", "capabilities"
+        ),
+        tokens.iter().map(|token| {
+            let state = if token.used_at.is_some() {
+                "used"
+            } else if token.revoked_at.is_some() {
+                "revoked"
+            } else if token.expires_at <= now {
+                "expired"
+            } else {
+                "usable"
+            };
+            format!(
+                "{:<36} {:<36} {:<20} {:<8} {:<20} {:<16} {:<28} {}",
+                token.id,
+                token.worker_id,
+                token.worker_name,
+                state,
+                instant(&token.expires_at),
+                token.issued_by,
+                token.capabilities.join(","),
+                ids_or_dash(&token.organization_ids)
+            )
+        }),
+    )
 }
 
 /// What each token of one `worker token create` carries.

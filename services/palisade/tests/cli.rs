@@ -298,6 +298,274 @@ async fn exit_statuses_say_what_happened() {
     system.finish().await;
 }
 
+/// Runs `args` twice: as text (the default), which is not JSON and holds each of `wanted`;
+/// and with `--output json`, which is `json` byte for byte, the JSON the command has always
+/// printed.
+async fn text_and_json(system: &TestSystem, args: &[&str], wanted: &[&str], json: &str) -> Run {
+    let text = palisade(system, args).await;
+    text.assert_status(Status::Ok);
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&text.stdout).is_err(),
+        "text by default: {text:?}"
+    );
+    for wanted in wanted {
+        assert!(text.stdout.contains(wanted), "{wanted}: {text:?}");
+    }
+    let as_json = palisade(system, &[args, &["--output", "json"]].concat()).await;
+    as_json.assert_status(Status::Ok);
+    assert_eq!(as_json.stdout, format!("{json}\n"), "{args:?}");
+    text
+}
+
+/// `value` as a command printed it with `--output json` before issue 48 item 13 (indented).
+fn pretty(value: &impl serde::Serialize) -> String {
+    serde_json::to_string_pretty(value).unwrap()
+}
+
+/// `palisade scan list --org <organization>`'s rows, read as the command reads them.
+async fn scan_list(pool: &store::PgPool, organization: Uuid) -> Vec<store::admin::ScanView> {
+    let filter = store::admin::ScanFilter {
+        organization_id: Some(organization),
+        target: None,
+        state: None,
+        plugin: None,
+        admitted_from: None,
+        admitted_before: None,
+        client_id: None,
+        after: None,
+        limit: 50,
+    };
+    store::admin::scans(pool, &filter).await.unwrap().unwrap()
+}
+
+/// `palisade target show <locator>`'s answer, read as the command reads it.
+async fn target_history(
+    pool: &store::PgPool,
+    locator: &str,
+) -> Vec<store::coverage::TargetHistory> {
+    let mut conn = pool.acquire().await.unwrap();
+    store::coverage::target_history(&mut conn, None, locator, 10)
+        .await
+        .unwrap()
+}
+
+/// Every command that prints an answer prints it one way (issue 48, item 13): text by default,
+/// and with `--output json` the JSON it has always printed, byte for byte (a struct's fields in
+/// their order, a `serde_json::Value`'s keys in alphabetical order; indented, or on one line
+/// where the command always printed one line).
+#[tokio::test]
+async fn reads_and_changes_print_text_or_the_json_they_always_printed() {
+    let system = TestSystem::spawn().await;
+    let organization_id = system.organization().await;
+    system.reference_worker(organization_id, 2).await;
+    let org = organization_id.to_string();
+    let target = "synthetic://printed?findings=1";
+    let submitted = palisade(
+        &system,
+        &[
+            "scan",
+            "submit",
+            "--org",
+            &org,
+            "--target",
+            target,
+            "--plugins",
+            "synthetic",
+        ],
+    )
+    .await;
+    submitted.assert_status(Status::Ok);
+    let scan_id = submitted.stdout.split(' ').next().unwrap().to_owned();
+    let scan: Uuid = scan_id.parse().expect("text: the scan id first");
+    system.wait_scan_state(&scan_id, "completed").await;
+    let pool = &system.pool;
+
+    let detail = palisade::scans::show(pool, scan).await.unwrap();
+    let page = palisade::commands::list_findings(pool, scan, &Default::default(), "", 100)
+        .await
+        .unwrap();
+    let finding_id = page.findings[0].id.to_string();
+    for (args, wanted, json) in [
+        (
+            vec!["scan", "show", scan_id.as_str()],
+            vec![
+                format!("scan        {scan_id}"),
+                "state       completed".to_owned(),
+                "1 findings".to_owned(),
+                "coverage    fail".to_owned(),
+            ],
+            pretty(&detail),
+        ),
+        (
+            vec!["scan", "list", "--org", org.as_str()],
+            vec![format!("{scan_id} completed")],
+            pretty(&scan_list(pool, organization_id).await),
+        ),
+        (
+            vec!["scan", "gate", scan_id.as_str()],
+            vec![format!("scan {scan_id}: completed (complete)")],
+            pretty(
+                &palisade::commands::scan_gate(pool, scan, store::states::Severity::High)
+                    .await
+                    .unwrap(),
+            ),
+        ),
+        (
+            vec!["target", "show", target],
+            vec![
+                format!("target      {target}"),
+                format!("{scan_id} completed"),
+            ],
+            pretty(&target_history(pool, target).await),
+        ),
+        (
+            vec!["finding", "list", "--scan", scan_id.as_str()],
+            vec![format!("scan {scan_id} (completed), collection revision 0")],
+            pretty(&page),
+        ),
+        (
+            vec!["finding", "show", finding_id.as_str()],
+            vec![format!("{finding_id} [info]")],
+            pretty(
+                &palisade::commands::show_finding(pool, finding_id.parse().unwrap())
+                    .await
+                    .unwrap(),
+            ),
+        ),
+        (
+            vec!["queue"],
+            vec!["organization".to_owned()],
+            pretty(&store::observability::backlog(pool).await.unwrap()),
+        ),
+    ] {
+        let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+        text_and_json(&system, &args, &wanted, &json).await;
+    }
+
+    // Answers built as JSON: keys in alphabetical order, on one line or indented as always.
+    let enrich = palisade(&system, &["scan", "enrich", &scan_id, "--output", "json"]).await;
+    enrich.assert_status(Status::Ok);
+    let answer = enrich.json();
+    assert_eq!(enrich.stdout, format!("{answer}\n"), "one line");
+    let keys: Vec<&String> = answer.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["job_id", "message", "outcome", "scan_id", "status"]);
+    let enrich = palisade(&system, &["scan", "enrich", &scan_id]).await;
+    enrich.assert_status(Status::Ok);
+    assert!(
+        enrich
+            .stdout
+            .starts_with(&format!("scan {scan_id}: enrichment job ")),
+        "{enrich:?}"
+    );
+    let cancelled = serde_json::json!({
+        "outcome": "already_terminal", "scan_id": scan_id, "state": "completed"
+    });
+    text_and_json(
+        &system,
+        &["scan", "cancel", &scan_id],
+        &[&format!("scan {scan_id}: completed (already_terminal)")],
+        &format!("{cancelled:#}"),
+    )
+    .await;
+
+    // A finding's change: a sentence, or the outcome on one line.
+    let set = |revision: &'static str, status: &'static str| {
+        vec![
+            "finding",
+            "set",
+            finding_id.as_str(),
+            "--status",
+            status,
+            "--revision",
+            revision,
+            "--reason",
+            "a test",
+            "--actor",
+            "tester",
+        ]
+    };
+    let text = palisade(&system, &set("1", "accepted_risk")).await;
+    text.assert_status(Status::Ok);
+    assert_eq!(
+        text.stdout,
+        format!("finding {finding_id} is accepted_risk: revision 2, collection revision 1\n")
+    );
+    let json = palisade(
+        &system,
+        &[&set("2", "open")[..], &["--output", "json"]].concat(),
+    )
+    .await;
+    json.assert_status(Status::Ok);
+    assert_eq!(
+        json.stdout,
+        "{\"collection_revision\":2,\"outcome\":\"changed\",\"revision\":3}\n"
+    );
+    let deleted = palisade(
+        &system,
+        &[
+            "finding",
+            "delete",
+            &finding_id,
+            "--revision",
+            "3",
+            "--actor",
+            "tester",
+            "--output",
+            "json",
+        ],
+    )
+    .await;
+    deleted.assert_status(Status::Ok);
+    assert_eq!(
+        deleted.stdout,
+        "{\"collection_revision\":3,\"outcome\":\"changed\",\"revision\":null}\n"
+    );
+    system.finish().await;
+}
+
+/// `palisade cve import` and `cve status` (issue 48, item 13): text by default; with
+/// `--output json`, the summary on one line and the status indented, as they always printed.
+#[tokio::test]
+async fn cve_import_and_status_print_text_or_json() {
+    let system = TestSystem::spawn().await;
+    let now = chrono::Utc::now();
+    let cves: Vec<serde_json::Value> = (0..3)
+        .map(|n| tests::nvd::ServedCve::numbered(&format!("CVE-2026-{}", 2000 + n), n, now).json)
+        .collect();
+    let folder = tempfile::tempdir().unwrap();
+    let feed = serde_json::json!({
+        "resultsPerPage": 3, "startIndex": 0, "totalResults": 3,
+        "format": "NVD_CVE", "version": "2.0", "timestamp": "2026-12-01T00:00:00.000",
+        "vulnerabilities": cves,
+    });
+    std::fs::write(folder.path().join("nvdcve-2.0-2026.json"), feed.to_string()).unwrap();
+    let path = folder.path().to_str().unwrap();
+
+    let imported = palisade(&system, &["cve", "import", path]).await;
+    imported.assert_status(Status::Ok);
+    assert_eq!(
+        imported.stdout,
+        "1 file(s) imported: 3 CVE records, 3 written, 0 quarantined\n"
+    );
+    assert!(imported.stderr.starts_with("[1/1] "), "{imported:?}");
+    let again = palisade(&system, &["cve", "import", path, "--output", "json"]).await;
+    again.assert_status(Status::Ok);
+    assert_eq!(
+        again.stdout,
+        "{\"files\":1,\"quarantined\":0,\"records\":3,\"written\":0}\n"
+    );
+
+    let status = store::cves::status(&system.pool, 20).await.unwrap();
+    text_and_json(
+        &system,
+        &["cve", "status"],
+        &["known       3", "imported    3", "quarantined 0"],
+        &serde_json::to_string_pretty(&status).unwrap(),
+    )
+    .await;
+    system.finish().await;
+}
+
 #[tokio::test]
 async fn scan_submit_wait_follows_the_scan_to_its_end_and_exits_by_its_outcome() {
     let system = TestSystem::spawn().await;
@@ -686,13 +954,16 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
             "noisy tenant",
             "--by",
             "alice",
+            "--output",
+            "json",
         ],
     )
     .await;
     set.assert_status(Status::Ok);
+    // On one line, keys in alphabetical order, as `org set` always printed it.
     assert_eq!(
-        set.json()["max_running_tasks"],
-        serde_json::json!({"before": null, "after": 3})
+        set.stdout,
+        format!("{{\"id\":\"{org}\",\"max_running_tasks\":{{\"after\":3,\"before\":null}}}}\n")
     );
     palisade(
         &system,
@@ -713,8 +984,24 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
     .await
     .assert_status(Status::Ok);
 
-    let shown = palisade(&system, &["worker", "show", &worker]).await;
+    let shown = palisade(&system, &["worker", "show", &worker, "--output", "json"]).await;
     shown.assert_status(Status::Ok);
+    // As `worker show` always printed it: the worker's keys and `changes` in alphabetical order.
+    let worker_id: Uuid = worker.parse().unwrap();
+    let mut before = serde_json::to_value(
+        store::audit::worker(&system.pool, worker_id)
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
+    before["changes"] = serde_json::to_value(
+        store::audit::recent(&system.pool, Some(worker_id), None, &[], 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(shown.stdout, format!("{before:#}\n"));
     let shown = shown.json();
     assert_eq!(shown["organizations"][0]["enabled"], true);
     let changes: Vec<(String, String, String)> = shown["changes"]
@@ -743,7 +1030,13 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
         "newest first: {shown}"
     );
 
-    let organization_shown = palisade(&system, &["org", "show", &org]).await.json();
+    let organization_shown = palisade(&system, &["org", "show", &org, "--output", "json"]).await;
+    assert_eq!(
+        organization_shown.stdout,
+        format!("{:#}\n", organization_shown.json()),
+        "indented, keys in alphabetical order, as `org show` always printed it"
+    );
+    let organization_shown = organization_shown.json();
     assert_eq!(organization_shown["max_running_tasks"], 3);
     let limits = organization_shown["changes"]
         .as_array()
@@ -756,6 +1049,53 @@ async fn worker_show_and_org_show_say_who_changed_access_and_limits_and_why() {
         (Some("alice"), Some("noisy tenant"))
     );
     assert_eq!(limits["detail"]["max_running_tasks"]["after"], 3);
+
+    // Text by default: a field a line, then tables.
+    let set = palisade(&system, &["org", "set", &org, "--hourly-quota", "9"]).await;
+    set.assert_status(Status::Ok);
+    assert_eq!(
+        set.stdout,
+        format!("organization {org}: hourly quota none -> 9\n")
+    );
+    let text = palisade(&system, &["worker", "show", &worker]).await;
+    text.assert_status(Status::Ok);
+    for wanted in [
+        format!("worker      {worker}"),
+        "state       enabled".to_owned(),
+        "capacity    2, 0 live leases".to_owned(),
+    ] {
+        assert!(text.stdout.contains(&wanted), "{wanted}: {text:?}");
+    }
+    let assignment = text
+        .stdout
+        .lines()
+        .find(|line| line.starts_with(&org))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(assignment.contains(" enabled "), "{text:?}");
+    let change = text
+        .stdout
+        .lines()
+        .find(|line| line.contains("assign_worker"))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(
+        change.contains(" carol ") && change.ends_with(" back"),
+        "{text:?}"
+    );
+    let text = palisade(&system, &["org", "show", &org]).await;
+    text.assert_status(Status::Ok);
+    for wanted in [
+        format!("org         {org}"),
+        "quota       9 scans an hour".to_owned(),
+        "in flight   0 tasks, at most 3".to_owned(),
+    ] {
+        assert!(text.stdout.contains(&wanted), "{wanted}: {text:?}");
+    }
+    assert!(
+        text.stdout
+            .lines()
+            .any(|line| line.contains("set_organization_limits") && line.ends_with("noisy tenant")),
+        "{text:?}"
+    );
     palisade(&system, &["worker", "show", &Uuid::now_v7().to_string()])
         .await
         .assert_status(Status::NotFound);
@@ -993,13 +1333,44 @@ async fn worker_token_commands_print_one_token_per_line_and_name_what_is_missing
     assert_eq!(tokens[0].capabilities, ["tcp_connect", "http_headers"]);
     assert!(run.stderr.contains("usable once until"), "{run:?}");
 
-    let listed = palisade(&system, &["worker", "token", "list"]).await;
+    let listed = palisade(&system, &["worker", "token", "list", "--output", "json"]).await;
     listed.assert_status(Status::Ok);
     assert_eq!(listed.json().as_array().unwrap().len(), 2, "{listed:?}");
     assert!(
         !listed.stdout.contains(&tokens[0].secret),
         "a listed token shows its secret"
     );
+    // As `token list` always printed it: each token's fields in their order.
+    let before = store::enrollment::list_tokens(&system.pool, false, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.stdout,
+        format!("{}\n", serde_json::to_string_pretty(&before).unwrap())
+    );
+    // Text by default: a table, a token a line.
+    let text = palisade(&system, &["worker", "token", "list"]).await;
+    text.assert_status(Status::Ok);
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("id ") && lines[0].contains("expires"),
+        "{text:?}"
+    );
+    assert_eq!(lines.len(), 3, "a header and two tokens: {text:?}");
+    for token in &tokens {
+        let line = lines
+            .iter()
+            .find(|line| line.starts_with(&token.token_id.to_string()))
+            .unwrap_or_else(|| panic!("{text:?}"));
+        assert!(
+            line.contains(&token.worker_id.to_string())
+                && line.contains(" usable ")
+                && line.contains("tcp_connect,http_headers")
+                && line.ends_with(&org),
+            "{line}"
+        );
+        assert!(!line.contains(&token.secret), "{line}");
+    }
     let token_id = tokens[0].token_id.to_string();
     palisade(
         &system,
@@ -1013,7 +1384,7 @@ async fn worker_token_commands_print_one_token_per_line_and_name_what_is_missing
     )
     .await
     .assert_status(Status::NotFound);
-    let listed = palisade(&system, &["worker", "token", "list"]).await;
+    let listed = palisade(&system, &["worker", "token", "list", "--output", "json"]).await;
     assert_eq!(listed.json().as_array().unwrap().len(), 1, "{listed:?}");
 
     // No authority: nothing issued, and the error says what to set.
