@@ -216,6 +216,7 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
         &system.settings.common,
         store::cancel::CancelTarget::Scan(by_operator.parse().expect("a scan id")),
         "cancelled from the command line",
+        palisade::cli_support::Output::Text,
     )
     .await
     .expect("the operator's cancel");
@@ -434,8 +435,8 @@ async fn every_scan_is_one_clean_trace_across_separate_processes() {
                 "{what}: no {service} in {services:?}"
             );
         }
-        // A cancelled scan's worker sends nothing more to ingestion.
-        if *what != "cancelled" {
+        // A cancelled scan's worker may have sent nothing to ingestion.
+        if !what.starts_with("cancelled") {
             assert!(
                 services.contains("palisade-ingestion"),
                 "{what}: {services:?}"
