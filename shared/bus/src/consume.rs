@@ -26,10 +26,11 @@
 //! a delivery. One exception: a link that stalls (half-open: nothing answers, nothing closes)
 //! strands the pull request open when it began. Once the link resumes the server delivers
 //! into it, on the connection the consumer abandoned, and those messages come back one ack
-//! wait later, a delivery spent each. Later requests are not stranded (the consumer gave each
-//! up, and its unsubscription follows it on the same connection), so a stall costs at most one
-//! request's worth. Each request given up is counted (`palisade_pull_requests_abandoned_total`)
-//! so the redeliveries that follow can be placed. No new request is made while a batch is full or messages are held, so the
+//! wait later, a delivery spent each. The requests made and given up during the stall cost
+//! nothing (each one's unsubscription follows it on the same connection, so the server finds
+//! no one to deliver to): `redelivery::a_stalled_link_strands_at_most_the_one_pull_request_open_when_it_began`
+//! pins the bound of one request's worth. Each request given up is counted
+//! (`palisade_pull_requests_abandoned_total`) so the redeliveries that follow can be placed. No new request is made while a batch is full or messages are held, so the
 //! pool's acquire timeout may be longer than the ack wait. A deadlock or a statement timeout is
 //! a [`Decision::Retry`].
 
