@@ -310,12 +310,7 @@ impl Subjects {
     /// `<prefix>.v1.org.<organization_id>.client.<client_id>.<verb>`, each of the three one
     /// token as [`token`] defines it, so nothing it returns could make another subject.
     pub fn client_of<'s>(&self, subject: &'s str) -> Option<ClientSubject<'s>> {
-        let rest = subject
-            .strip_prefix(&self.prefix)?
-            .strip_prefix(".v1.org.")?;
-        let (organization_id, rest) = rest.split_once('.')?;
-        let (client_id, verb) = rest.strip_prefix("client.")?.split_once('.')?;
-        token("verb", verb).ok()?;
+        let (organization_id, client_id) = self.client_tokens(subject)?;
         Some(ClientSubject {
             organization_id: token("organization_id", organization_id).ok()?,
             client_id: token("client_id", client_id).ok()?,
@@ -327,16 +322,24 @@ impl Subjects {
     /// characters, a `:`) is still where the refusal of its request is answered, at the inbox
     /// that token names ([`Subjects::may_answer`]), which no other identity's inbox can be.
     pub fn client_token_of<'s>(&self, subject: &'s str) -> Option<&'s str> {
-        let rest = subject
-            .strip_prefix(&self.prefix)?
-            .strip_prefix(".v1.org.")?;
-        let (_, rest) = rest.split_once('.')?;
-        let (client_id, verb) = rest.strip_prefix("client.")?.split_once('.')?;
+        let (_, client_id) = self.client_tokens(subject)?;
         let plain = !client_id.is_empty()
             && client_id != "*"
             && client_id != ">"
             && !client_id.bytes().any(|b| b.is_ascii_whitespace());
-        (plain && token("verb", verb).is_ok()).then_some(client_id)
+        plain.then_some(client_id)
+    }
+
+    /// The organization and client tokens of a client subject of this installation, as sent,
+    /// its verb one token as [`token`] defines it.
+    fn client_tokens<'s>(&self, subject: &'s str) -> Option<(&'s str, &'s str)> {
+        let rest = subject
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(".v1.org.")?;
+        let (organization_id, rest) = rest.split_once('.')?;
+        let (client_id, verb) = rest.strip_prefix("client.")?.split_once('.')?;
+        token("verb", verb).ok()?;
+        Some((organization_id, client_id))
     }
 
     /// An event of the services' own (`EventKind::audience` is `Services`):

@@ -585,8 +585,28 @@ async fn delivered_again_after_a_stall(
     tokio::time::sleep(stalled_for).await;
     resume();
     wait_until("the backlog decided", &|| decided() >= BACKLOG).await;
-    // What a stranded pull request took comes back one ack wait later.
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    // What a stranded pull request took comes back one ack wait later: counted once the
+    // server holds nothing undelivered or unacknowledged.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let info = jetstream
+            .get_stream("STALLED")
+            .await
+            .expect("the stream")
+            .consumer_info("stalled")
+            .await
+            .expect("the consumer");
+        if info.num_pending == 0 && info.num_ack_pending == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {} pending, {} unacknowledged",
+            info.num_pending,
+            info.num_ack_pending
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert_eq!(decided(), BACKLOG, "every message decided");
     shutdown.cancel();
     consumer
