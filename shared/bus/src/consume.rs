@@ -27,18 +27,24 @@
 //! pool's acquire timeout may be longer than the ack wait. A deadlock or a statement timeout is
 //! a [`Decision::Retry`].
 //!
-//! One exception: a link that stalls (half-open: nothing answers, nothing closes) strands the
-//! pull request open when it began. Once the link resumes the server delivers into it, on the
-//! connection the consumer abandoned, and those messages come back one ack wait later, a
-//! delivery spent each. The requests made and given up during the stall cost nothing (each
-//! one's unsubscription follows it on the same connection, so the server finds no one to
-//! deliver to). A server that closes the silent connection first (its `ping_interval`) also
-//! drops the acknowledgements written into it meanwhile: one batch more. Measured with a
-//! 1,000-message backlog in batches of 20: a frozen server 15 s, at most 20 again
-//! (`redelivery::a_stalled_link_strands_at_most_the_one_pull_request_open_when_it_began`); a
-//! link stalled both ways 25 s, 20 with the server's default pings, 40 with `ping_interval`
-//! 5 s (`redelivery::a_link_stalled_both_ways…`, on demand). Each request given up is counted
-//! (`palisade_pull_requests_abandoned_total`) so the redeliveries that follow can be placed.
+//! A link that stalls (half-open: nothing answers, nothing closes, then it resumes) costs no
+//! delivery either. A pull request unanswered past its expiry makes the connection silent
+//! ([`Silence`]): no request is written into it until it answers a probe or a new connection
+//! replaces it, because a request the server reads only when the link resumes expires only from
+//! then, and would be delivered into on a connection the consumer has given up. And each
+//! acknowledgement that ends a message is kept until the server answers a request made after it
+//! ([`unconfirmed`]): after a reconnection the kept ones are sent again, and confirmed, before
+//! anything is pulled, since the lost connection may have taken them with it (the client gave
+//! it up, or the server's `ping_interval` closed it first). What no client can get back is
+//! what the server wrote into the link the instant it stalled: that comes back one ack wait
+//! later, at most one pull request's worth. Measured with a 1,000-message backlog in batches
+//! of 20, before and after: a frozen server 5 s and 15 s, 0 and 20 delivered again, now 0
+//! (`redelivery::a_stalled_link_costs_no_delivery`); a link stalled both ways 25 s, 20 with
+//! the server's default pings and 40 with `ping_interval` 5 s, now 0 with either
+//! (`redelivery::a_link_stalled_both_ways_costs_at_most_what_it_swallowed`). Requests given up
+//! (`palisade_pull_requests_abandoned_total`) and acknowledgements sent again
+//! (`palisade_acknowledgements_resent_total`) are counted, so what follows a stall can be
+//! placed.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -52,6 +58,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::decisions;
 use crate::{Bus, BusError};
+
+mod unconfirmed;
+use unconfirmed::Unconfirmed;
 
 /// Everything about one durable consumer, spelled out.
 #[derive(Debug, Clone)]
@@ -223,10 +232,11 @@ fn pull_grace(spec: &ConsumerSpec) -> Duration {
     (pull_expires(spec) / 2).min(Duration::from_secs(1))
 }
 
-/// How often a consumer looks whether its connection was re-established. A pull request made
-/// on the lost connection may have been lost with it (its server gone, its subscription to be
-/// made again), and nothing would arrive until it is taken as lost: so every reconnection
-/// makes a fresh request at once.
+/// How often an idle consumer looks whether its connection was re-established (it also looks
+/// before anything it does with the server). A pull request made on the lost connection may
+/// have been lost with it (its server gone, its subscription to be made again), and nothing
+/// would arrive until it is taken as lost: so every reconnection sends the unconfirmed
+/// acknowledgements again and makes a fresh request at once.
 const RECONNECT_CHECK: Duration = Duration::from_millis(250);
 
 /// How soon a switch to interest retention that failed at start is tried again.
@@ -235,6 +245,14 @@ const RETENTION_RETRY: Duration = Duration::from_secs(2);
 /// A consumer's open pull request, read in chunks of up to its batch size; it ends once it
 /// has delivered what it asked for or the server says it expired.
 type Pull = futures::stream::ReadyChunks<pull::Batch>;
+
+/// Whether the silent connection answered its probe; never, when it is not silent.
+async fn silence_ended(silence: &mut Option<Silence>) -> bool {
+    match silence {
+        Some(silence) => (&mut silence.probe).await.unwrap_or(false),
+        None => std::future::pending().await,
+    }
+}
 
 /// The next chunk of the open pull request (none once it ended); never, when none is open.
 async fn next_chunk(
@@ -291,13 +309,18 @@ pub async fn run<H: BatchHandler>(
         tracing::warn!(consumer = %spec.durable_name, %error, "switching the stream to interest retention failed; trying again shortly");
         retention_switched = false;
     }
+    let unconfirmed = Unconfirmed::default();
     let mut pulling = Pulling {
         bus,
         spec: &spec,
         consumer,
         pull: None,
+        pull_number: 0,
+        connects_seen: bus.client().statistics().connects.load(Ordering::Relaxed),
         pull_lost_at: tokio::time::Instant::now(),
+        silence: None,
         waiting: Vec::new(),
+        unconfirmed: &unconfirmed,
     };
     crate::metrics::register_consumer(&spec.durable_name);
     let holding = Holding::new(&spec.durable_name);
@@ -366,14 +389,57 @@ struct Pulling<'a> {
     spec: &'a ConsumerSpec,
     consumer: jetstream::consumer::PullConsumer,
     pull: Option<Pull>,
+    /// The open pull request's number ([`Unconfirmed::request_made`]).
+    pull_number: u64,
     /// When the open pull request is taken as lost if it has not ended.
     pull_lost_at: tokio::time::Instant,
+    /// Connections made by the client so far, as last seen here.
+    connects_seen: u64,
+    /// Set while the connection has not answered since a pull request went unanswered past
+    /// its expiry (see [`Silence`]): no request is made into it meanwhile.
+    silence: Option<Silence>,
     waiting: Vec<Delivery>,
+    unconfirmed: &'a Unconfirmed,
+}
+
+/// A connection that left a pull request unanswered past its expiry: it may be stalled (a
+/// half-open link, a frozen server), and a pull request written into it now would reach the
+/// server whenever the link resumes, expiring only from then, to be delivered into on a
+/// connection the client has given up meanwhile: a delivery spent for every message. So none
+/// is made until the connection answers a probe (a round trip: the request was lost some
+/// other way, as when the consumer's leader moved) or is replaced by a new one.
+struct Silence {
+    probe: tokio::task::JoinHandle<bool>,
+}
+
+impl Drop for Silence {
+    fn drop(&mut self) {
+        self.probe.abort();
+    }
+}
+
+impl Silence {
+    /// A probe of the connection: asks the server for the consumer's state, and says whether
+    /// it answered (anything, an error included) within `patience`.
+    fn probe(consumer: &jetstream::consumer::PullConsumer, patience: Duration) -> Self {
+        let consumer = consumer.clone();
+        Self {
+            probe: tokio::spawn(async move {
+                use jetstream::context::ConsumerInfoErrorKind as Kind;
+                match tokio::time::timeout(patience, consumer.get_info()).await {
+                    Ok(Ok(_)) => true,
+                    Ok(Err(error)) => !matches!(error.kind(), Kind::TimedOut | Kind::Request),
+                    Err(_) => false,
+                }
+            }),
+        }
+    }
 }
 
 impl Pulling<'_> {
     /// A pull request for the room left in the waiting batch.
-    async fn open(&self) -> Result<Pull, BusError> {
+    async fn open(&mut self) -> Result<Pull, BusError> {
+        self.pull_number = self.unconfirmed.request_made();
         self.consumer
             .batch()
             .max_messages(self.spec.batch_size - self.waiting.len())
@@ -402,9 +468,6 @@ impl Pulling<'_> {
         retention_switched: bool,
     ) -> Result<(), BusError> {
         let spec = self.spec;
-        let statistics = self.bus.client().statistics();
-        let connects = || statistics.connects.load(Ordering::Relaxed);
-        let mut connects_seen = connects();
         let mut reconnect_check = interval(RECONNECT_CHECK, RECONNECT_CHECK);
         let first_retention_check = if retention_switched {
             spec.retention_check
@@ -424,10 +487,14 @@ impl Pulling<'_> {
                 && let Some(batch) = self.next_batch()
             {
                 let handler = handler.clone();
+                let unconfirmed = self.unconfirmed;
                 in_flight.push(telemetry::cost::inherit(async move {
-                    decide_and_acknowledge(spec, handler.as_ref(), batch, holding, shutdown).await
+                    let acknowledged = (holding, unconfirmed);
+                    decide_and_acknowledge(spec, handler.as_ref(), batch, acknowledged, shutdown)
+                        .await
                 }));
             }
+            self.follow_reconnection().await;
             self.open_if_due(holding).await?;
             let chunk = tokio::select! {
                 () = shutdown.cancelled() => {
@@ -451,33 +518,52 @@ impl Pulling<'_> {
                     self.check_retention().await;
                     continue;
                 }
-                _ = reconnect_check.tick() => {
-                    if connects() != connects_seen {
-                        connects_seen = connects();
-                        if self.pull.take().is_some() {
-                            crate::metrics::record_pull_abandoned(&spec.durable_name);
-                            tracing::info!(consumer = %spec.durable_name, "NATS connection re-established; pulling again");
-                        }
-                    }
-                    continue;
-                }
+                _ = reconnect_check.tick() => continue,
                 () = tokio::time::sleep_until(self.pull_lost_at), if self.pull.is_some() => {
                     self.pull_lost();
                     continue;
                 }
+                answered = silence_ended(&mut self.silence) => {
+                    self.probed(answered).await;
+                    continue;
+                }
                 chunk = next_chunk(&mut self.pull) => chunk,
             };
-            match chunk {
-                Some(chunk) => self.receive(chunk),
-                None => self.pull = None,
-            }
+            self.take(chunk).await;
+        }
+    }
+
+    /// The silent connection's probe ended, answered or not.
+    async fn probed(&mut self, answered: bool) {
+        // An answer that came on a new connection says nothing of the old one.
+        if self.follow_reconnection().await {
+            return;
+        }
+        self.silence = if answered {
+            tracing::info!(consumer = %self.spec.durable_name, "the connection answers; pulling again");
+            None
+        } else {
+            Some(Silence::probe(&self.consumer, pull_expires(self.spec)))
+        };
+    }
+
+    /// Takes what the open pull request delivered (none: it ended).
+    async fn take(&mut self, chunk: Option<Vec<Result<jetstream::Message, async_nats::Error>>>) {
+        // Anything from the server on the open request, its end included, proves it read
+        // the acknowledgements written before that request, on the same connection.
+        if !self.follow_reconnection().await {
+            self.unconfirmed.answered(self.pull_number);
+        }
+        match chunk {
+            Some(chunk) => self.receive(chunk),
+            None => self.pull = None,
         }
     }
 
     /// Opens a pull request when none is open, the waiting batch has room and nothing is held
     /// (what the server delivered but nobody decides would spend its deliveries).
     async fn open_if_due(&mut self, holding: &Holding) -> Result<(), BusError> {
-        if self.pull.is_none() && !self.waiting_full() && !holding.any() {
+        if self.pull.is_none() && self.silence.is_none() && !self.waiting_full() && !holding.any() {
             self.pull = Some(self.open().await?);
             self.pull_lost_at =
                 tokio::time::Instant::now() + pull_expires(self.spec) + pull_grace(self.spec);
@@ -491,11 +577,44 @@ impl Pulling<'_> {
         }
     }
 
-    /// Gives up the open pull request, its expiry long past with no word from the server.
+    /// Gives up the open pull request, its expiry long past with no word from the server, and
+    /// makes no other until the connection answers or is replaced ([`Silence`]).
     fn pull_lost(&mut self) {
-        tracing::warn!(consumer = %self.spec.durable_name, "pull request not ended past its expiry; pulling again");
+        tracing::warn!(consumer = %self.spec.durable_name, "pull request not ended past its expiry; pulling again once the connection answers");
         crate::metrics::record_pull_abandoned(&self.spec.durable_name);
         self.pull = None;
+        self.silence = Some(Silence::probe(&self.consumer, pull_expires(self.spec)));
+    }
+
+    /// Whether a new connection replaced the one the open pull request (if any) was made on,
+    /// and if so: the request is given up, the acknowledgements the old one may have lost are
+    /// sent again on the new one before any new request, and pulling resumes on it.
+    async fn follow_reconnection(&mut self) -> bool {
+        let connects = self
+            .bus
+            .client()
+            .statistics()
+            .connects
+            .load(Ordering::Relaxed);
+        if connects == self.connects_seen {
+            return false;
+        }
+        self.connects_seen = connects;
+        let consumer = &self.spec.durable_name;
+        if self.pull.take().is_some() {
+            crate::metrics::record_pull_abandoned(consumer);
+        }
+        self.silence = None;
+        let again = self
+            .unconfirmed
+            .send_again(self.bus.client(), pull_expires(self.spec))
+            .await;
+        if again > 0 {
+            telemetry::cost::count_messages(telemetry::cost::Direction::Sent, again as u64);
+            crate::metrics::record_acknowledgements_resent(consumer, again);
+        }
+        tracing::info!(consumer = %consumer, acknowledgements_sent_again = again, "NATS connection re-established; pulling again");
+        true
     }
 
     /// Adds a chunk's messages to the waiting ones.
@@ -623,7 +742,7 @@ async fn decide_and_acknowledge<H: BatchHandler>(
     spec: &ConsumerSpec,
     handler: &H,
     mut batch: Vec<Delivery>,
-    holding: &Holding,
+    (holding, unconfirmed): (&Holding, &Unconfirmed),
     shutdown: &CancellationToken,
 ) -> Result<(), BusError> {
     telemetry::cost::count_messages(telemetry::cost::Direction::Received, batch.len() as u64);
@@ -656,7 +775,8 @@ async fn decide_and_acknowledge<H: BatchHandler>(
         let mut held = Vec::new();
         let mut held_reason = None;
         for (delivery, decision) in batch.into_iter().zip(decisions) {
-            if let Some(reason) = acknowledge(spec, handler, &delivery, decision).await {
+            if let Some(reason) = acknowledge(spec, handler, &delivery, decision, unconfirmed).await
+            {
                 held_reason = Some(reason);
                 held.push(delivery);
             }
@@ -797,6 +917,7 @@ async fn acknowledge<H: BatchHandler>(
     handler: &H,
     delivery: &Delivery,
     decision: Decision,
+    unconfirmed: &Unconfirmed,
 ) -> Option<String> {
     let (kind, counted_as) = match decision {
         Decision::Hold { reason } => return Some(reason),
@@ -828,9 +949,16 @@ async fn acknowledge<H: BatchHandler>(
     };
     crate::metrics::record_decision(&spec.durable_name, counted_as, delivery.is_redelivery());
     telemetry::cost::count_messages(telemetry::cost::Direction::Sent, 1);
-    if let Err(error) = delivery.message.ack_with(kind).await {
+    match delivery.message.ack_with(kind).await {
+        Ok(()) => {
+            if let Some(reply) = &delivery.message.reply {
+                unconfirmed.written(reply.clone(), kind);
+            }
+        }
         // The message will be redelivered after ack_wait; handlers are idempotent.
-        tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "acknowledgement failed");
+        Err(error) => {
+            tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "acknowledgement failed");
+        }
     }
     None
 }

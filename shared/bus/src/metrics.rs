@@ -116,6 +116,7 @@ pub struct BusMetrics {
     pub messages: Family<DecisionLabels, Counter>,
     pub redeliveries: Family<ConsumerLabels, Counter>,
     pub pulls_abandoned: Family<ConsumerLabels, Counter>,
+    pub acknowledgements_resent: Family<ConsumerLabels, Counter>,
     pub handler_seconds: Family<ConsumerLabels, TracedHistogram, fn() -> TracedHistogram>,
     pub refusals: Family<RefusalLabels, Counter>,
     pub leader: Family<LeaseLabels, Gauge>,
@@ -137,6 +138,7 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
         messages: Family::default(),
         redeliveries: Family::default(),
         pulls_abandoned: Family::default(),
+        acknowledgements_resent: Family::default(),
         handler_seconds: Family::new_with_constructor(handler_seconds_histogram),
         refusals: Family::default(),
         leader: Family::default(),
@@ -202,10 +204,17 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
     );
     registry.register(
         "pull_requests_abandoned",
-        "Pull requests a durable consumer gave up while the server might still deliver into \
-         them (no word past their expiry, or the connection made again): what the server \
-         delivered into one comes back an ack wait later, as redeliveries",
+        "Pull requests a durable consumer gave up (no word past their expiry, or the connection \
+         made again); after one goes unanswered it makes no other until the connection answers \
+         or is replaced",
         bus.pulls_abandoned.clone(),
+    );
+    registry.register(
+        "acknowledgements_resent",
+        "Acknowledgements a durable consumer sent again on a new connection because the lost \
+         one may not have carried them to the server (nothing the server answered came after \
+         them): without it their messages would come back an ack wait later",
+        bus.acknowledgements_resent.clone(),
     );
     registry.register(
         "handler_seconds",
@@ -265,6 +274,7 @@ pub fn register_consumer(consumer: &str) {
     }
     let _ = metrics.redeliveries.get_or_create(&labels);
     let _ = metrics.pulls_abandoned.get_or_create(&labels);
+    let _ = metrics.acknowledgements_resent.get_or_create(&labels);
     let _ = metrics.handler_seconds.get_or_create(&labels);
     let _ = metrics.held.get_or_create(&labels);
 }
@@ -289,7 +299,7 @@ pub fn record_decision(consumer: &str, decision: &'static str, redelivered: bool
     }
 }
 
-/// Counts one pull request `consumer` gave up while the server might still deliver into it.
+/// Counts one pull request `consumer` gave up.
 pub fn record_pull_abandoned(consumer: &str) {
     bus_metrics()
         .pulls_abandoned
@@ -297,6 +307,16 @@ pub fn record_pull_abandoned(consumer: &str) {
             consumer: consumer.to_owned(),
         })
         .inc();
+}
+
+/// Counts `count` acknowledgements `consumer` sent again after a reconnection.
+pub fn record_acknowledgements_resent(consumer: &str, count: usize) {
+    bus_metrics()
+        .acknowledgements_resent
+        .get_or_create(&ConsumerLabels {
+            consumer: consumer.to_owned(),
+        })
+        .inc_by(count as u64);
 }
 
 /// Adds `change` (negative to release) to the messages `consumer` holds undecided.
