@@ -36,8 +36,10 @@
 //! ([`unconfirmed`]): after a reconnection the kept ones are sent again, and confirmed, before
 //! anything is pulled, since the lost connection may have taken them with it (the client gave
 //! it up, or the server's `ping_interval` closed it first). What no client can get back is
-//! what the server wrote into the link the instant it stalled: that comes back one ack wait
-//! later, at most one pull request's worth. Measured with a 1,000-message backlog in batches
+//! what the server wrote into the link the instant it stalled (at most one pull request's
+//! worth), and a message still undecided when the link resumes whose ack wait lapsed during
+//! the stall (held, or in a decision slower than it): the server queued it for redelivery
+//! then. Each comes back once. Measured with a 1,000-message backlog in batches
 //! of 20, before and after: a frozen server 5 s and 15 s, 0 and 20 delivered again, now 0
 //! (`redelivery::a_stalled_link_costs_no_delivery`); a link stalled both ways 25 s, 20 with
 //! the server's default pings and 40 with `ping_interval` 5 s, now 0 with either
@@ -609,10 +611,8 @@ impl Pulling<'_> {
             .unconfirmed
             .send_again(self.bus.client(), pull_expires(self.spec))
             .await;
-        if again > 0 {
-            telemetry::cost::count_messages(telemetry::cost::Direction::Sent, again as u64);
-            crate::metrics::record_acknowledgements_resent(consumer, again);
-        }
+        telemetry::cost::count_messages(telemetry::cost::Direction::Sent, again as u64);
+        crate::metrics::record_acknowledgements_resent(consumer, again);
         tracing::info!(consumer = %consumer, acknowledgements_sent_again = again, "NATS connection re-established; pulling again");
         true
     }
@@ -949,16 +949,13 @@ async fn acknowledge<H: BatchHandler>(
     };
     crate::metrics::record_decision(&spec.durable_name, counted_as, delivery.is_redelivery());
     telemetry::cost::count_messages(telemetry::cost::Direction::Sent, 1);
-    match delivery.message.ack_with(kind).await {
-        Ok(()) => {
-            if let Some(reply) = &delivery.message.reply {
-                unconfirmed.written(reply.clone(), kind);
-            }
-        }
+    let written = delivery.message.ack_with(kind).await;
+    if let Err(error) = &written {
         // The message will be redelivered after ack_wait; handlers are idempotent.
-        Err(error) => {
-            tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&*error), "acknowledgement failed");
-        }
+        tracing::warn!(subject = delivery.subject(), error = %telemetry::chain(&**error), "acknowledgement failed");
+    }
+    if let Some(reply) = &delivery.message.reply {
+        unconfirmed.decided(reply, kind, written.is_ok());
     }
     None
 }

@@ -211,9 +211,9 @@ static METRICS: LazyLock<BusMetrics> = LazyLock::new(|| {
     );
     registry.register(
         "acknowledgements_resent",
-        "Acknowledgements a durable consumer sent again on a new connection because the lost \
-         one may not have carried them to the server (nothing the server answered came after \
-         them): without it their messages would come back an ack wait later",
+        "Acknowledgements ending a message that a durable consumer sent again on a new \
+         connection because the lost one may not have carried them (written after the server's \
+         last answer): without them those messages would be delivered again",
         bus.acknowledgements_resent.clone(),
     );
     registry.register(
