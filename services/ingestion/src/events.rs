@@ -9,7 +9,8 @@
 //! `<prefix>.v1.org.*.event.>` (the outbox relays publish there); a wake-up is only a hint to
 //! read again, and a read every [`RECHECK_INTERVAL`] is the fallback for a lost one (or one
 //! heard before the stream stored its event). It decides nothing. How many requests wait is
-//! `palisade_events_requests_waiting`.
+//! `palisade_events_requests_waiting`; how many found their events only by the recheck,
+//! `palisade_events_found_by_recheck_total`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -23,6 +24,7 @@ use messages::limits::{
 use messages::validate::{client_subject, invalid, malformed, schema_version};
 use messages::{Subjects, v1};
 use prost::Message as _;
+use telemetry::metrics::prometheus_client::metrics::counter::Counter;
 use telemetry::metrics::prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -45,9 +47,24 @@ static WAITING: LazyLock<Gauge> = LazyLock::new(|| {
     waiting
 });
 
-/// Registers `palisade_events_requests_waiting`, so it is exported from start-up, at 0.
+/// The waiting requests whose events were found by the recheck, no wake-up having come: a
+/// lost hint, or one heard before the stream stored its event.
+static FOUND_BY_RECHECK: LazyLock<Counter> = LazyLock::new(|| {
+    let found = Counter::default();
+    telemetry::metrics::registry().register(
+        "events_found_by_recheck",
+        "events requests (long-polls) whose events were found by the periodic recheck, not \
+         by a wake-up: lost or early wake-ups, each answered up to a second late",
+        found.clone(),
+    );
+    found
+});
+
+/// Registers `palisade_events_requests_waiting` and `palisade_events_found_by_recheck_total`,
+/// so they are exported from start-up, at 0.
 pub fn register_metrics() {
     LazyLock::force(&WAITING);
+    LazyLock::force(&FOUND_BY_RECHECK);
 }
 
 /// A request whose fields have their documented form.
@@ -236,6 +253,7 @@ async fn read(
     let waiter = (!request.wait.is_zero()).then(|| waiters.join(request.organization_id));
     // Bounded: every round but the last waits for a wake-up or the recheck interval, and the
     // deadline ends the rounds.
+    let mut rechecking = false;
     loop {
         let page = bus
             .tenant_events_page(&request.organization_id, after_sequence, bounds)
@@ -244,13 +262,21 @@ async fn read(
         let Some(waiter) = waiter.as_ref() else {
             return Ok(page);
         };
-        if !page.events.is_empty() || now >= deadline {
+        if !page.events.is_empty() {
+            if rechecking {
+                FOUND_BY_RECHECK.inc();
+            }
+            return Ok(page);
+        }
+        if now >= deadline {
             return Ok(page);
         }
         after_sequence = page.cursor;
         let pause = (deadline - now).min(RECHECK_INTERVAL);
         let _waiting = Waiting::counted();
-        let _ = bus::serve::long_poll(tokio::time::timeout(pause, waiter.woken())).await;
+        rechecking = bus::serve::long_poll(tokio::time::timeout(pause, waiter.woken()))
+            .await
+            .is_err();
     }
 }
 
