@@ -716,13 +716,24 @@ async fn submit_until(
 }
 
 /// A web application on the suite's network for the worker's plugins to scan.
+/// The scans' target, served from a thread and a runtime of its own: the test's runtime
+/// (two threads) also runs the kubelet, whose blocking steps (`cp -al` of a pod's root, `ip`)
+/// could otherwise leave a GET unanswered past the plugin's 3 s timeout on a loaded machine.
 async fn web_app(address: std::net::Ipv4Addr) -> String {
-    let listener = tokio::net::TcpListener::bind((address, 0))
-        .await
-        .expect("binds on the bridge");
+    let listener = std::net::TcpListener::bind((address, 0)).expect("binds on the bridge");
+    listener.set_nonblocking(true).unwrap();
     let bound = listener.local_addr().unwrap();
-    let app = axum::Router::new().fallback(|| async { "hello from the chart run\n" });
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the target")
+            .block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let app = axum::Router::new().fallback(|| async { "hello from the chart run\n" });
+                axum::serve(listener, app).await
+            })
+    });
     format!("http://{bound}/")
 }
 
