@@ -55,6 +55,16 @@ pub use scenarios::*;
 pub use system::*;
 pub use workers::*;
 
+/// The value of one series (`name` or `name{labels}`) as this process exports it on
+/// `/metrics`, if it is exported.
+pub fn exported(series: &str) -> Option<f64> {
+    telemetry::metrics::encode_text().lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')
+            .map(|value| value.trim().parse().expect("a number"))
+    })
+}
+
 /// The client id of [`TestSystem::client`]'s requests.
 pub const TEST_CLIENT_ID: &str = "test-client";
 

@@ -491,8 +491,8 @@ impl Pulling<'_> {
                 let handler = handler.clone();
                 let unconfirmed = self.unconfirmed;
                 in_flight.push(telemetry::cost::inherit(async move {
-                    let acknowledged = (holding, unconfirmed);
-                    decide_and_acknowledge(spec, handler.as_ref(), batch, acknowledged, shutdown)
+                    let handler = handler.as_ref();
+                    decide_and_acknowledge(spec, handler, batch, holding, unconfirmed, shutdown)
                         .await
                 }));
             }
@@ -742,7 +742,8 @@ async fn decide_and_acknowledge<H: BatchHandler>(
     spec: &ConsumerSpec,
     handler: &H,
     mut batch: Vec<Delivery>,
-    (holding, unconfirmed): (&Holding, &Unconfirmed),
+    holding: &Holding,
+    unconfirmed: &Unconfirmed,
     shutdown: &CancellationToken,
 ) -> Result<(), BusError> {
     telemetry::cost::count_messages(telemetry::cost::Direction::Received, batch.len() as u64);

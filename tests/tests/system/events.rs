@@ -26,13 +26,7 @@ fn request(organization_id: Uuid, after_sequence: u64, max_events: u32) -> v1::E
 
 /// `metric` as this process exports it.
 fn exported(metric: &str) -> f64 {
-    telemetry::metrics::encode_text()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(&format!("{metric} "))
-                .map(|value| value.trim().parse().expect("a number"))
-        })
-        .unwrap_or_else(|| panic!("ingestion exports {metric}"))
+    tests::exported(metric).unwrap_or_else(|| panic!("ingestion exports {metric}"))
 }
 
 /// The long-polls ingestion holds waiting for their organization's next event.

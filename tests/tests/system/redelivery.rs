@@ -214,12 +214,7 @@ async fn a_decision_slower_than_the_ack_wait_is_not_redelivered() {
     )
     .await;
     assert_eq!(system.table_counts().await["scans"], 1);
-    let redeliveries = telemetry::metrics::encode_text()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("palisade_redeliveries_total{consumer=\"admission\"} ")
-                .map(|value| value.trim().parse::<f64>().expect("a number"))
-        })
+    let redeliveries = tests::exported("palisade_redeliveries_total{consumer=\"admission\"}")
         .expect("admission's redeliveries are counted");
     assert_eq!(redeliveries, 0.0, "the slow decision was never redelivered");
     system.finish().await;
@@ -668,12 +663,7 @@ async fn a_stalled_link_costs_no_delivery() {
     }
     // Accounted for: the pull requests the consumer gave up are counted, so the redeliveries
     // that follow them can be placed.
-    let abandoned = telemetry::metrics::encode_text()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("palisade_pull_requests_abandoned_total{consumer=\"stalled\"} ")
-                .map(|value| value.trim().parse::<f64>().expect("a number"))
-        })
+    let abandoned = tests::exported("palisade_pull_requests_abandoned_total{consumer=\"stalled\"}")
         .expect("the consumer's abandoned pull requests are counted");
     assert!(abandoned >= 2.0, "{abandoned} pull requests abandoned");
 }
@@ -692,15 +682,8 @@ async fn a_stalled_link_costs_no_delivery() {
 /// queued it for redelivery then. See `bus::consume::unconfirmed`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_stalled_both_ways_costs_at_most_what_it_swallowed() {
-    let counter = |name: &str| {
-        telemetry::metrics::encode_text()
-            .lines()
-            .find_map(|line| {
-                line.strip_prefix(&format!("{name}{{consumer=\"stalled\"}} "))
-                    .map(|value| value.trim().parse::<f64>().expect("a number"))
-            })
-            .unwrap_or(0.0)
-    };
+    let counter =
+        |name: &str| tests::exported(&format!("{name}{{consumer=\"stalled\"}}")).unwrap_or(0.0);
     for pings in ["", "ping_interval: \"5s\"\nping_max: 2\n"] {
         let mut network = tests::netns::Network::create().expect("network namespaces");
         // An address of this process's on the bridge, to reach the host from.
